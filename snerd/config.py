@@ -1,0 +1,127 @@
+"""Daemon settings from the environment, validated: a value that does not parse is an error
+naming the variable (exit code 2), never a silent default (upstream bug 6.4.24)."""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from snerd.core.node import SECOND, NodeConfig
+from snerd.core.ownership import OwnershipConfig
+
+__all__ = ["ConfigError", "Settings", "load_settings", "make_node_id", "parse_pools"]
+
+
+class ConfigError(ValueError):
+    """A bad environment value or argument; the message names it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Everything the shell needs to start a daemon on one directory."""
+
+    node: NodeConfig
+    #: `always` (ack after fsync), `interval` (fsync at most every few ms), `never`.
+    fsync: str = "always"
+    #: Test hook: seconds added to the wall clock (SNERD_TEST_CLOCK_OFFSET).
+    clock_offset_s: float = 0.0
+    #: Longest accepted SDK line, in bytes.
+    max_line_bytes: int = 64 * 1024 * 1024
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= {minimum}")
+    return value
+
+
+def parse_pools(raw: str, name: str = "SNERD_POOLS") -> dict[str, int]:
+    """`name=N,other=M` (upstream) or `name:N` (what its docs show) into a dict."""
+    pools: dict[str, int] = {}
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        sep = "=" if "=" in part else ":" if ":" in part else None
+        if sep is None:
+            raise ConfigError(f"{name}: {part!r} is not name=N")
+        pool, _, count = part.partition(sep)
+        pool = pool.strip()
+        try:
+            n = int(count.strip())
+        except ValueError:
+            raise ConfigError(f"{name}: {part!r}: {count.strip()!r} is not a whole number") from None
+        if not pool or n < 1:
+            raise ConfigError(f"{name}: {part!r} needs a pool name and a limit of at least 1")
+        pools[pool] = n
+    return pools
+
+
+def make_node_id(env: Mapping[str, str]) -> str:
+    """`<host>@pid-<pid>-<random>`: unique per process start even when HOSTNAME is unset on
+    two hosts (upstream bug 6.3.18), yet still in upstream's `<host>@pid-<pid>` shape."""
+    host = env.get("HOSTNAME") or env.get("COMPUTERNAME") or socket.gethostname() or "unknown-host"
+    return f"{host}@pid-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate every SNERD_* variable. Raises ConfigError naming the bad one."""
+    env = os.environ if env is None else env
+    shards = _int(env, "SNERD_SHARDS", 1, minimum=1)
+    max_shards_raw = env.get("SNERD_MAX_SHARDS")
+    max_shards = (
+        None
+        if max_shards_raw is None or max_shards_raw.strip() == ""
+        else _int(env, "SNERD_MAX_SHARDS", 1, minimum=1)
+    )
+    max_workers = _int(env, "SNERD_MAX_WORKERS", 100, minimum=1)
+    pools = parse_pools(env.get("SNERD_POOLS", ""))
+    drain = _seconds(env, "SNERD_DRAIN_TIMEOUT", 30.0, minimum=0.0)
+    skew = _seconds(env, "SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0)
+    ttl = _seconds(env, "SNERD_LEASE_TTL", 30.0, minimum=0.3)
+    fsync = env.get("SNERD_FSYNC", "always").strip() or "always"
+    if fsync not in ("always", "interval", "never"):
+        raise ConfigError(f"SNERD_FSYNC={fsync!r} must be always, interval or never")
+    backoff = env.get("SNERD_BACKOFF", "constant").strip() or "constant"
+    if backoff not in ("constant", "exponential"):
+        raise ConfigError(f"SNERD_BACKOFF={backoff!r} must be constant or exponential")
+    offset = _seconds(env, "SNERD_TEST_CLOCK_OFFSET", 0.0, minimum=-math.inf)
+    max_line = _int(env, "SNERD_MAX_LINE_BYTES", 64 * 1024 * 1024, minimum=1024)
+    node = NodeConfig(
+        node_id=make_node_id(env),
+        new_queue_shards=shards,
+        max_workers=max_workers,
+        pools=pools,
+        drain_timeout_us=int(drain * SECOND),
+        ownership=OwnershipConfig(
+            ttl_us=int(ttl * SECOND), skew_margin_us=int(skew * SECOND), max_shards=max_shards
+        ),
+        backoff=backoff,
+        jitter_seed=secrets.randbits(32),
+    )
+    return Settings(node=node, fsync=fsync, clock_offset_s=offset, max_line_bytes=max_line)

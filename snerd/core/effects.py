@@ -1,0 +1,188 @@
+"""Outputs of the core: imperative effects the shell must carry out.
+
+The shell executes effects in the order given and reports their outcomes back as events
+(`snerd.core.events`). It adds no decisions of its own: if an effect fails, it says so and the
+core decides what happens next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Append",
+    "CallWebhook",
+    "Compact",
+    "DeliverDeadLetter",
+    "Effect",
+    "Execute",
+    "Exit",
+    "KeepRange",
+    "Location",
+    "Log",
+    "NewRecord",
+    "ReadLog",
+    "ReadMembership",
+    "Send",
+    "TryLock",
+    "Unlock",
+    "WriteMembership",
+]
+
+
+class Effect:
+    """Base class of everything `Node.handle` returns."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a record sits in a shard log: the payload of a task is read from here on demand,
+    so the core never holds `task_data` in memory."""
+
+    shard: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewRecord:
+    """A record to append. `fields` are the JSON keys; when `copy_data_from` is set, the shell
+    reads that record and copies its `taskData` (and nothing else) into this one, so full
+    upstream-shaped task records can be written without the core holding payloads."""
+
+    fields: dict[str, Any]
+    copy_data_from: Location | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Append(Effect):
+    """Append records to `shard-N/tasks/tasks.log` and make them durable. Appends waiting at the
+    same moment share one write and one fsync (group commit). Answered by `AppendCommitted` or
+    `AppendFailed` with the same token."""
+
+    token: int
+    shard: int
+    records: tuple[NewRecord, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepRange:
+    """A byte range of the current log to carry into the compacted one."""
+
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compact(Effect):
+    """Rewrite a shard log: copy `keep` (in order), then append `extra`, to a temp file; fsync;
+    rename over tasks.log; fsync the directory. Answered by `Compacted` or `CompactionFailed`.
+    The core issues it only when no append to the shard is in flight."""
+
+    token: int
+    shard: int
+    keep: tuple[KeepRange, ...]
+    extra: tuple[NewRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadLog(Effect):
+    """Read the whole shard log, cutting a torn last line, and report it in `LogRecordsRead`
+    chunks. Issued right after the shard lock is taken."""
+
+    shard: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadMembership(Effect):
+    """Read membership.json under `.membership.lock`; answered by `MembershipRead`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriteMembership(Effect):
+    """Under `.membership.lock`: re-read membership.json; if its `version` is
+    `expected_version` (None: the file must not exist), replace it with `doc` atomically.
+    Answered by `MembershipWritten` or `MembershipWriteFailed`."""
+
+    doc: dict[str, Any]
+    expected_version: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TryLock(Effect):
+    """Take `shard-N/.lock` with flock(LOCK_EX | LOCK_NB); answered by `LockAcquired` or
+    `LockBusy`. The shell writes `owner` into the lock file through the locked fd."""
+
+    shard: int
+    owner: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unlock(Effect):
+    """Release `shard-N/.lock`."""
+
+    shard: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Send(Effect):
+    """Send one protocol message to the SDK (a JSON object; the shell frames it as a line)."""
+
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execute(Effect):
+    """Hand one attempt of a task to the SDK: the shell reads the payload at `location` and sends
+    `{"action":"execute",...}` (or, embedded, calls the handler). The outcome comes back as a
+    `Result` command carrying `task_id`."""
+
+    task_id: str
+    task_type: str
+    attempt: int
+    location: Location
+    max_execution_seconds: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliverDeadLetter(Effect):
+    """Tell the SDK a task exhausted its attempts: the shell reads the payload at `location` and
+    sends `{"action":"max_retries_reached",...}` (embedded: calls the max-retry handler)."""
+
+    task_id: str
+    task_type: str
+    location: Location
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallWebhook(Effect):
+    """POST the task to its webhook. The shell applies the timeout, refuses redirects and
+    refused addresses, and answers with `WebhookFinished`."""
+
+    task_id: str
+    task_type: str
+    attempt: int
+    url: str
+    location: Location
+    #: `Execute` or `MaxRetriesReached`, sent as the `X-SnerdMQ-Event` header.
+    event: str
+    timeout_seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Log(Effect):
+    """One human log line for stderr."""
+
+    level: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exit(Effect):
+    """The drain finished and every lock is released: the process may exit with `code`."""
+
+    code: int = 0

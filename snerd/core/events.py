@@ -1,0 +1,216 @@
+"""Inputs to the core: past-tense facts the shell (or the simulator) reports.
+
+Each event is a frozen, slotted, keyword-only dataclass. Time is not an event field: every call
+`Node.handle(event, now)` carries one `Now` reading of the node's clocks, so the core never reads
+a clock and a simulator can give each node its own skewed view of time.
+
+The protocol commands parsed from an SDK line (`Register`, `Enqueue`, `Result`, `Progress`,
+`StatsRequested`) live in `snerd.core.protocol` and are events too: the embedded engine hands
+them to the node directly, the daemon first parses them from stdin with `LineReceived`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "AppendCommitted",
+    "AppendFailed",
+    "Compacted",
+    "CompactionFailed",
+    "DrainRequested",
+    "Event",
+    "LineReceived",
+    "LockAcquired",
+    "LockBusy",
+    "LockLost",
+    "LogRecord",
+    "LogRecordsRead",
+    "MembershipRead",
+    "MembershipWriteFailed",
+    "MembershipWritten",
+    "Now",
+    "Started",
+    "Tick",
+    "WebhookFinished",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """One reading of a node's two clocks, in integer microseconds.
+
+    `wall` is microseconds since the Unix epoch on the node's wall clock (what RFC 3339 times in
+    the log and in `execute_at` are compared against). `mono` is the node's monotonic clock; its
+    origin is arbitrary, it never steps, and only differences of it mean anything (timeouts,
+    lease ages).
+    """
+
+    wall: int
+    mono: int
+
+
+class Event:
+    """Base class of everything `Node.handle` accepts."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Started(Event):
+    """The shell is up; the node may begin (read membership, lock shards, load logs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick(Event):
+    """Time passed. Sent when the deadline the node asked for (`Node.wake_in`) is reached."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LineReceived(Event):
+    """One line (without its newline) arrived from the SDK on stdin."""
+
+    #: The raw bytes; the core parses and validates them (`snerd.core.protocol`).
+    line: bytes
+    #: When the line was longer than the shell accepts: its full length in bytes. `line` then
+    #: holds only its first bytes (enough to find a task id for the error).
+    oversize: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrainRequested(Event):
+    """SIGTERM, SIGINT, stdin EOF or a closed stdout: stop taking work, finish, release."""
+
+    #: Human text for the log line ("SIGTERM", "stdin closed", ...).
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipRead(Event):
+    """The shell read membership.json under `.membership.lock` (None: no such file yet)."""
+
+    #: The parsed document, or None when the directory has no membership.json.
+    doc: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipWritten(Event):
+    """A `WriteMembership` effect committed (temp file, fsync, rename, fsync dir)."""
+
+    #: The document now on disk.
+    doc: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipWriteFailed(Event):
+    """A `WriteMembership` did not commit: the version on disk was not the expected one (`doc`
+    holds what is there now), or an I/O error (`error`)."""
+
+    doc: dict[str, Any] | None
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockAcquired(Event):
+    """`shard-N/.lock` is now held by this process."""
+
+    shard: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockBusy(Event):
+    """`shard-N/.lock` is held by another process (flock LOCK_NB said EWOULDBLOCK)."""
+
+    shard: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockLost(Event):
+    """An operation on the held lock fd failed (EIO, EBADF, ENOTCONN, ENOLCK): the lock may be
+    gone, so this node must stop acting for the shard."""
+
+    shard: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogRecord:
+    """One well-formed record read back from a shard log."""
+
+    #: Byte offset of the line in tasks.log.
+    offset: int
+    #: Length of the line in bytes, newline included.
+    length: int
+    #: The decoded JSON object (checksum verified when the record carries one).
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogRecordsRead(Event):
+    """A chunk of a shard's log, in file order, read after the shard was locked."""
+
+    shard: int
+    records: tuple[LogRecord, ...]
+    #: Lines that could not be decoded: (offset, reason). Skipped, never fatal.
+    corrupt: tuple[tuple[int, str], ...] = ()
+    #: True on the last chunk: the whole log has been read (a torn tail was cut).
+    final: bool = False
+    #: Size of the log after reading (and after cutting a torn tail), in bytes.
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendCommitted(Event):
+    """An `Append` is durable: written and (per the fsync policy) fsynced."""
+
+    token: int
+    #: Start offset of each appended record, in the order given.
+    offsets: tuple[int, ...]
+    #: Length of each appended record in bytes, newline included.
+    lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendFailed(Event):
+    """An `Append` did not become durable (ENOSPC, EIO, ...). Nothing of it is in the log: the
+    shell truncates a partial write away before reporting."""
+
+    token: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compacted(Event):
+    """A `Compact` finished: the log was rewritten and atomically replaced."""
+
+    token: int
+    shard: int
+    #: New offset of each kept range, in the order the effect listed them, then of each new line.
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    #: Size of the new log file.
+    size: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompactionFailed(Event):
+    """A `Compact` failed; the old log is intact and still in use."""
+
+    token: int
+    shard: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WebhookFinished(Event):
+    """A `CallWebhook` effect finished (any outcome)."""
+
+    task_id: str
+    attempt: int
+    ok: bool
+    #: Why it failed ("Webhook returned non-2xx status: 500", a timeout, a refused address).
+    error: str | None = None
+    #: True for the dead-letter notification, whose outcome changes nothing.
+    notification: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)

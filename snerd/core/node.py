@@ -1,0 +1,1542 @@
+"""A daemon's brain: one plain object, driven by events, answering with effects.
+
+Theory of operation
+-------------------
+`Node.handle(event, now)` is the only entry point. It never performs I/O: it returns a list of
+effects (`snerd.core.effects`) that the shell carries out, and the shell reports outcomes back
+as events. `Node.wake_in(now)` says when the node next needs a `Tick`.
+
+A node goes through four phases::
+
+    STARTING --(every owned shard loaded)--> RUNNING --(DrainRequested)--> DRAINING --> STOPPED
+
+While STARTING it reads membership.json, claims shards, locks them and replays their logs;
+SDK commands that arrive meanwhile are kept in order and handled once it runs (upstream simply
+left them in the pipe). Every task it knows lives in `self.tasks`, a payload-free index; the
+payload stays in the log and is read by the shell when an `Execute` needs it.
+
+A task moves through the states below, and only along the edges of `TRANSITIONS`; any other move
+is a bug and raises (TigerBeetle-style assertions are kept on)::
+
+    ENQUEUING -> WAITING | READY | BLOCKED          enqueue record durable (else: forgotten)
+    WAITING   -> READY                               its time came (execute_at, retry backoff)
+    READY     -> PARKED                              no handler registered / rate window full
+    PARKED    -> READY                               handler registered / window has room
+    READY     -> DISPATCHING                         a worker slot is free; dispatch record written
+    DISPATCHING -> RUNNING                           dispatch record durable; Execute sent
+    DISPATCHING -> READY                             dispatch record failed to commit
+    RUNNING   -> FINISHING                           result / timeout / webhook outcome
+    FINISHING -> WAITING                             retry record durable (or cron re-armed)
+    FINISHING -> (gone)                              completion or dead-letter record durable
+
+Durability rule: nothing is told to the SDK before the record that makes it true is durable. An
+`ack` follows the enqueue record's commit; an `execute` follows the dispatch record's commit, so
+after a crash the log tells which attempts may have run (crash re-executions) and the rate
+windows can be rebuilt exactly.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from snerd.core import effects as fx
+from snerd.core import events as ev
+from snerd.core import protocol as proto
+from snerd.core.cron import next_fire
+from snerd.core.ownership import (
+    OwnershipConfig,
+    ShardPhase,
+    claim_epoch,
+    claimable,
+    initial_doc,
+    owned_by,
+    shard_name,
+    with_claims,
+    without_claims,
+)
+from snerd.core.rate_limit import RateWindows
+from snerd.core.ready_queue import DueQueue, ReadyQueue
+from snerd.core.retry import attempts_allowed, retry_delay_us
+from snerd.core.timefmt import format_rfc3339, parse_rfc3339
+
+__all__ = ["TRANSITIONS", "Node", "NodeConfig", "NodePhase", "TaskState", "route_shard"]
+
+SECOND = 1_000_000
+
+#: Record kinds snerd adds to tasks.log. Task state records have no `snerdKind` (upstream shape).
+KIND_DISPATCH = "dispatch"
+KIND_CLAIM = "claim"
+
+OUTCOME_COMPLETED = "completed"
+OUTCOME_DEAD = "dead_letter"
+
+
+class NodePhase(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class TaskState(enum.Enum):
+    ENQUEUING = "enqueuing"
+    WAITING = "waiting"
+    READY = "ready"
+    PARKED = "parked"
+    BLOCKED = "blocked"
+    DISPATCHING = "dispatching"
+    RUNNING = "running"
+    FINISHING = "finishing"
+
+
+S = TaskState
+#: Every allowed task state change. `Node._move` refuses anything else.
+TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
+    {
+        (S.ENQUEUING, S.WAITING),
+        (S.ENQUEUING, S.READY),
+        (S.ENQUEUING, S.BLOCKED),
+        (S.BLOCKED, S.READY),
+        (S.BLOCKED, S.WAITING),
+        (S.BLOCKED, S.FINISHING),
+        (S.WAITING, S.READY),
+        (S.READY, S.PARKED),
+        (S.PARKED, S.READY),
+        (S.READY, S.DISPATCHING),
+        (S.DISPATCHING, S.RUNNING),
+        (S.DISPATCHING, S.READY),
+        (S.DISPATCHING, S.WAITING),
+        (S.RUNNING, S.FINISHING),
+        (S.FINISHING, S.WAITING),
+        (S.FINISHING, S.READY),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """Everything a node is told at start (parsed from the environment by the shell)."""
+
+    #: Unique per process start: host, pid and a random part (DESIGN §4.7).
+    node_id: str
+    queue: str = "snerdmq-daemon"
+    #: Shard count for a directory that has no membership.json yet (SNERD_SHARDS).
+    new_queue_shards: int = 1
+    #: Attempts in flight on this daemon at most (SNERD_MAX_WORKERS).
+    max_workers: int = 100
+    #: Per-pool limits (SNERD_POOLS). A pool not listed shares the `default` pool.
+    pools: Mapping[str, int] = field(default_factory=dict)
+    #: How long in-flight work may finish after a drain starts (SNERD_DRAIN_TIMEOUT).
+    drain_timeout_us: int = 30 * SECOND
+    ownership: OwnershipConfig = field(default_factory=OwnershipConfig)
+    #: `constant` (upstream) or `exponential` (with deterministic jitter).
+    backoff: str = "constant"
+    jitter_seed: int = 0
+    #: Webhook calls give up after this long unless the task sets `max_execution_seconds`.
+    webhook_timeout_s: float = 30.0
+    #: Compaction starts when a log is at least this big and mostly dead.
+    compact_min_bytes: int = 8 * 1024 * 1024
+    #: Finished and dead-lettered tasks kept in each log by compaction.
+    history_limit: int = 10_000
+    #: How long to wait before retrying a failed lock, membership write or log append.
+    retry_io_us: int = SECOND
+
+
+def route_shard(key: str, shards: int) -> int:
+    """The shard a routing key lands in: xxh3_64 of its UTF-8 bytes, modulo the shard count."""
+    return xxhash.xxh3_64_intdigest(key.encode()) % shards
+
+
+@dataclass(slots=True)
+class Task:
+    """One live task, without its payload (that stays in the log at `loc`)."""
+
+    task_id: str
+    task_type: str
+    shard: int
+    seq: int
+    state: TaskState
+    retry_count: int
+    max_retries: int
+    retry_after_hours: float
+    ready_at_us: int
+    urgency: float
+    pool: str
+    group: str | None
+    max_per_minute: int | None
+    payload_hash: str | None
+    cron: str | None
+    webhook_url: str | None
+    max_execution_seconds: int | None
+    trigger_after_ids: tuple[str, ...]
+    #: Where the latest full record of this task sits (None until the enqueue commits).
+    loc: fx.Location | None = None
+    #: The upstream-shaped fields of the latest record, minus `taskData`.
+    fields: dict[str, Any] = field(default_factory=dict)
+    #: Attempt number of the attempt being dispatched or run (1-based).
+    attempt: int = 0
+    #: Location of the dispatch record of the running attempt.
+    dispatch_loc: fx.Location | None = None
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class InFlight:
+    task_id: str
+    attempt: int
+    pool: str
+    deadline_mono: int | None
+
+
+@dataclass(slots=True)
+class ShardInfo:
+    phase: ShardPhase = ShardPhase.UNOWNED
+    epoch: int = 0
+    size: int = 0
+    #: Location of the latest claim record (kept by compaction).
+    claim_loc: fx.Location | None = None
+    #: Finished tasks kept in the log: (task_id, location of the tombstone).
+    history: deque[tuple[str, fx.Location]] = field(default_factory=deque)
+    #: Appends in flight to this shard (compaction waits for zero).
+    appends_in_flight: int = 0
+    compacting: bool = False
+    retry_lock_at_mono: int | None = None
+    #: Records and bytes of the latest replay, for the startup log line.
+    loaded_records: int = 0
+    corrupt_lines: int = 0
+    #: Dispatch records in the window, per group: (time, location), to keep on compaction.
+    window_records: deque[tuple[int, fx.Location]] = field(default_factory=deque)
+    #: Tasks whose replay is in progress (only during LOADING).
+    replay: dict[str, dict[str, Any]] = field(default_factory=dict)
+    replay_locs: dict[str, fx.Location] = field(default_factory=dict)
+    replay_dispatch: dict[str, tuple[int, fx.Location]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    """What an `Append` in flight will mean once it commits (or fails)."""
+
+    kind: str
+    shard: int
+    task_id: str | None = None
+    #: Tasks dropped by dedupe while this enqueue was in flight: acked when it commits.
+    dedupe_waiters: list[str] = field(default_factory=list)
+    #: For outcome appends: the effect to retry with if it fails.
+    effect: fx.Append | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Node:
+    """The decisions of one daemon. See the module docstring."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        assert config.max_workers >= 1
+        self.config = config
+        self.phase = NodePhase.STARTING
+        self.doc: dict[str, Any] | None = None
+        self.shards: dict[int, ShardInfo] = {}
+        self.tasks: dict[str, Task] = {}
+        self.registered: set[str] = set()
+        self.inflight: dict[str, InFlight] = {}
+        self.pool_busy: dict[str, int] = {}
+        self.ready: dict[str, ReadyQueue[str]] = {}
+        self.due: DueQueue[str] = DueQueue()
+        #: Tasks waiting for a handler, by type.
+        self.parked_by_type: dict[str, ReadyQueue[str]] = {}
+        #: Tasks waiting for room in their rate window, by group.
+        self.parked_by_group: dict[str, ReadyQueue[str]] = {}
+        self.group_wake: DueQueue[str] = DueQueue()
+        self.windows = RateWindows()
+        self.fingerprints: dict[str, str] = {}
+        #: Children waiting on parents (trigger_after_ids), by parent id.
+        self.children: dict[str, set[str]] = {}
+        self.pending: dict[int, PendingAppend] = {}
+        self.retry_appends: DueQueue[int] = DueQueue()
+        self.held_commands: list[ev.Event] = []
+        self.seq = 0
+        self.token = 0
+        self.started_mono: int | None = None
+        self.renew_at_mono: int | None = None
+        self.membership_busy = False
+        self.drain_deadline_mono: int | None = None
+        #: The drain is over and claims are to be handed back; `releasing`: that write is out.
+        self.released = False
+        self.releasing = False
+        self.stats = {
+            "total_enqueued": 0,
+            "total_executed": 0,
+            "total_failed": 0,
+            "total_dlq": 0,
+            "total_deduplicated": 0,
+        }
+        self._out: list[fx.Effect] = []
+        self._now = ev.Now(wall=0, mono=0)
+
+    # ------------------------------------------------------------------ public API
+
+    def handle(self, event: ev.Event, now: ev.Now) -> list[fx.Effect]:
+        """Feed one event; return the effects to carry out, in order."""
+        assert not self._out
+        self._now = now
+        if self.started_mono is None:
+            self.started_mono = now.mono
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            raise TypeError(f"Node cannot handle {type(event).__name__}")
+        handler(self, event)
+        self._on_time()
+        out, self._out = self._out, []
+        return out
+
+    def wake_in(self, now: ev.Now) -> int | None:
+        """Microseconds until the node next needs a `Tick` (None: only events will wake it)."""
+        candidates: list[int] = []
+        if self.phase is NodePhase.STOPPED:
+            return None
+        nd = self.due.next_due()
+        if nd is not None:
+            candidates.append(nd - now.wall)
+        gw = self.group_wake.next_due()
+        if gw is not None:
+            candidates.append(gw - now.wall)
+        ra = self.retry_appends.next_due()
+        if ra is not None:
+            candidates.append(ra - now.mono)
+        for flight in self.inflight.values():
+            if flight.deadline_mono is not None:
+                candidates.append(flight.deadline_mono - now.mono)
+        if self.renew_at_mono is not None:
+            candidates.append(self.renew_at_mono - now.mono)
+        if self.drain_deadline_mono is not None:
+            candidates.append(self.drain_deadline_mono - now.mono)
+        for info in self.shards.values():
+            if info.retry_lock_at_mono is not None:
+                candidates.append(info.retry_lock_at_mono - now.mono)
+        if not candidates:
+            return None
+        return max(0, min(candidates))
+
+    @property
+    def owned_shards(self) -> list[int]:
+        return sorted(s for s, i in self.shards.items() if i.phase is ShardPhase.ACTIVE)
+
+    def waiting_types(self) -> list[str]:
+        """Task types with queued tasks but no registered handler."""
+        return sorted(t for t, q in self.parked_by_type.items() if len(q))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _emit(self, effect: fx.Effect) -> None:
+        self._out.append(effect)
+
+    def _log(self, level: str, message: str) -> None:
+        self._emit(fx.Log(level=level, message=message))
+
+    def _send(self, message: dict[str, Any]) -> None:
+        self._emit(fx.Send(message=message))
+
+    def _next_token(self) -> int:
+        self.token += 1
+        return self.token
+
+    def _move(self, task: Task, new: TaskState) -> None:
+        if (task.state, new) not in TRANSITIONS:
+            raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
+        task.state = new
+
+    def _append(self, shard: int, records: Iterable[fx.NewRecord], pending: PendingAppend) -> int:
+        token = self._next_token()
+        effect = fx.Append(token=token, shard=shard, records=tuple(records))
+        pending.effect = effect
+        self.pending[token] = pending
+        self.shards[shard].appends_in_flight += 1
+        self._emit(effect)
+        return token
+
+    def _meta(self, shard: int) -> dict[str, Any]:
+        return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
+
+    def _pool_of(self, name: str | None) -> str:
+        if name is not None and name in self.config.pools:
+            return name
+        return "default"
+
+    def _pool_limit(self, pool: str) -> int:
+        return min(self.config.pools.get(pool, self.config.max_workers), self.config.max_workers)
+
+    # ------------------------------------------------------------------ startup and ownership
+
+    def _on_started(self, event: ev.Started) -> None:
+        self._emit(fx.ReadMembership())
+        self.membership_busy = True
+
+    def _on_membership_read(self, event: ev.MembershipRead) -> None:
+        self.membership_busy = False
+        if self.phase is NodePhase.STOPPED:
+            return
+        doc = event.doc
+        if doc is None:
+            doc = initial_doc(queue=self.config.queue, shards=self.config.new_queue_shards)
+            expected: int | None = None
+        else:
+            expected = int(doc.get("version", 0))
+        if self.phase is NodePhase.DRAINING and self.released:
+            self._release(doc, expected)
+            return
+        now = self._now
+        mine = set(owned_by(doc, self.config.node_id))
+        # A shard we think we hold but membership.json gives to someone else: step down.
+        for shard, info in self.shards.items():
+            if info.phase is not ShardPhase.UNOWNED and shard not in mine:
+                self._step_down(shard, "its claim in membership.json now names another owner")
+        if self.phase is NodePhase.DRAINING:
+            # Renewals go on during a drain (upstream let leases lapse), but nothing new is
+            # claimed.
+            wanted = sorted(
+                s for s, i in self.shards.items() if i.phase is not ShardPhase.UNOWNED
+            )
+        else:
+            wanted = claimable(
+                doc, node_id=self.config.node_id, wall_us=now.wall, config=self.config.ownership
+            )
+        if not wanted:
+            if self.phase is NodePhase.STARTING:
+                self._log(
+                    "warning",
+                    "every shard of this queue is claimed by a live daemon; this daemon waits "
+                    "and claims shards as their leases lapse",
+                )
+            self.doc = doc
+            self.renew_at_mono = now.mono + self.config.ownership.renew_interval_us
+            self._maybe_running()
+            return
+        new_doc = with_claims(
+            doc,
+            node_id=self.config.node_id,
+            shards=wanted,
+            wall_us=now.wall,
+            config=self.config.ownership,
+        )
+        self.membership_busy = True
+        self._emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
+
+    def _on_membership_written(self, event: ev.MembershipWritten) -> None:
+        self.membership_busy = False
+        self.doc = event.doc
+        now = self._now
+        if self.releasing:
+            self._finish_release()
+            return
+        if self.released:
+            # A renewal landed after the drain finished: now write the release itself.
+            self.membership_busy = True
+            self._emit(fx.ReadMembership())
+            return
+        self.renew_at_mono = now.mono + self.config.ownership.renew_interval_us
+        changed = False
+        for shard in owned_by(event.doc, self.config.node_id):
+            info = self.shards.setdefault(shard, ShardInfo())
+            if info.phase is ShardPhase.UNOWNED:
+                info.epoch = claim_epoch(event.doc, shard)
+                info.phase = ShardPhase.LOCKING
+                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id))
+                changed = True
+        if not changed:
+            self._maybe_running()
+
+    def _on_membership_write_failed(self, event: ev.MembershipWriteFailed) -> None:
+        self.membership_busy = False
+        self._log("warning", f"membership.json not updated ({event.error}); retrying")
+        if self.releasing:
+            # We tried to hand our shards over and could not: the leases lapse on their own.
+            self._finish_release()
+            return
+        self.renew_at_mono = self._now.mono + self.config.retry_io_us
+
+    def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
+        info = self.shards[event.shard]
+        if info.phase not in (ShardPhase.LOCKING, ShardPhase.PAUSED):
+            # Claim withdrawn meanwhile: give the lock straight back.
+            self._emit(fx.Unlock(shard=event.shard))
+            return
+        info.retry_lock_at_mono = None
+        info.phase = ShardPhase.LOADING
+        info.replay.clear()
+        self._emit(fx.ReadLog(shard=event.shard))
+
+    def _on_lock_busy(self, event: ev.LockBusy) -> None:
+        info = self.shards[event.shard]
+        if info.phase is not ShardPhase.PAUSED:
+            self._log(
+                "warning",
+                f"{shard_name(event.shard)} is claimed by this daemon but its lock is held by "
+                "another process (a daemon still running on this directory?); the shard stays "
+                "paused and the lock is retried",
+            )
+        info.phase = ShardPhase.PAUSED
+        info.retry_lock_at_mono = self._now.mono + self.config.retry_io_us
+        self._maybe_running()
+
+    def _on_lock_lost(self, event: ev.LockLost) -> None:
+        self._step_down(event.shard, f"its lock failed: {event.error}")
+
+    def _step_down(self, shard: int, why: str) -> None:
+        info = self.shards.get(shard)
+        if info is None or info.phase is ShardPhase.UNOWNED:
+            return
+        self._log("error", f"{shard_name(shard)}: this daemon stops acting for it: {why}")
+        was_locked = info.phase not in (ShardPhase.LOCKING, ShardPhase.PAUSED)
+        info.phase = ShardPhase.UNOWNED
+        info.retry_lock_at_mono = None
+        for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
+            self._forget(task_id)
+        if was_locked:
+            self._emit(fx.Unlock(shard=shard))
+        self._announce_membership()
+
+    def _forget(self, task_id: str) -> None:
+        task = self.tasks.pop(task_id)
+        self._unqueue(task)
+        flight = self.inflight.pop(task_id, None)
+        if flight is not None:
+            self.pool_busy[flight.pool] -= 1
+        if task.payload_hash is not None and self.fingerprints.get(task.payload_hash) == task_id:
+            del self.fingerprints[task.payload_hash]
+
+    def _unqueue(self, task: Task) -> None:
+        self.due.discard(task.task_id)
+        for q in (
+            self.ready.get(task.pool),
+            self.parked_by_type.get(task.task_type),
+            self.parked_by_group.get(task.group or ""),
+        ):
+            if q is not None:
+                q.discard(task.task_id)
+
+    def _renew(self) -> None:
+        if self.membership_busy:
+            return
+        self.renew_at_mono = None
+        self.membership_busy = True
+        self._emit(fx.ReadMembership())
+
+    def _maybe_running(self) -> None:
+        if self.phase is not NodePhase.STARTING:
+            return
+        if any(
+            i.phase in (ShardPhase.LOCKING, ShardPhase.LOADING, ShardPhase.FENCING)
+            for i in self.shards.values()
+        ):
+            return
+        self.phase = NodePhase.RUNNING
+        self._announce_membership()
+        owned = self.owned_shards
+        if owned:
+            self._log(
+                "info",
+                f"owning {', '.join(shard_name(s) for s in owned)}; "
+                f"{len(self.tasks)} live task(s) recovered",
+            )
+        held, self.held_commands = self.held_commands, []
+        for command in held:
+            _HANDLERS[type(command)](self, command)
+
+    def _announce_membership(self) -> None:
+        if self.doc is None or self.phase is NodePhase.STARTING:
+            return
+        self._send(
+            proto.membership(
+                self.config.queue if self.doc.get("queue") is None else str(self.doc["queue"]),
+                int(self.doc.get("shards", 0)),
+                self.owned_shards,
+                int(self.doc.get("version", 0)),
+            )
+        )
+
+    # ------------------------------------------------------------------ replay
+
+    def _on_log_records(self, event: ev.LogRecordsRead) -> None:
+        info = self.shards[event.shard]
+        if info.phase is not ShardPhase.LOADING:
+            return
+        for offset, reason in event.corrupt:
+            info.corrupt_lines += 1
+            self._log(
+                "warning",
+                f"{shard_name(event.shard)}/tasks/tasks.log: skipped a corrupt line at byte "
+                f"{offset} ({reason}); run `snerdmq fsck` for a report",
+            )
+        for record in event.records:
+            self._replay_one(event.shard, info, record)
+        if event.final:
+            info.size = event.size
+            self._finish_replay(event.shard, info)
+
+    def _replay_one(self, shard: int, info: ShardInfo, record: ev.LogRecord) -> None:
+        f = record.fields
+        info.loaded_records += 1
+        loc = fx.Location(shard, record.offset, record.length)
+        kind = f.get("snerdKind")
+        epoch = f.get("snerdEpoch")
+        # Fencing (DESIGN §4.3): a record written under an epoch older than the latest claim
+        # before it was written by a stale owner and is not part of the state.
+        if isinstance(epoch, int) and epoch < info.epoch and kind != KIND_CLAIM:
+            return
+        if kind == KIND_CLAIM:
+            e = f.get("epoch")
+            if isinstance(e, int):
+                info.epoch = max(info.epoch, e)
+            info.claim_loc = loc
+            return
+        if kind == KIND_DISPATCH:
+            task_id = f.get("task")
+            attempt = f.get("attempt")
+            if isinstance(task_id, str) and isinstance(attempt, int):
+                info.replay_dispatch[task_id] = (attempt, loc)
+                group = f.get("group")
+                at = f.get("at")
+                if isinstance(group, str) and isinstance(at, str):
+                    try:
+                        t = parse_rfc3339(at)
+                    except ValueError:
+                        return
+                    self.windows.restore(group, [t])
+                    info.window_records.append((t, loc))
+            return
+        if kind is not None:
+            return  # a record kind from a newer snerd: ignore it
+        task_id = f.get("taskId")
+        if not isinstance(task_id, str):
+            return
+        if f.get("deletedAt") is not None:
+            info.replay.pop(task_id, None)
+            info.replay_locs.pop(task_id, None)
+            info.replay_dispatch.pop(task_id, None)
+            info.history.append((task_id, loc))
+            while len(info.history) > self.config.history_limit:
+                info.history.popleft()
+            return
+        info.replay[task_id] = {k: v for k, v in f.items() if k != "taskData"}
+        info.replay_locs[task_id] = loc
+        # Only an attempt's outcome (retry, cron re-arm, tombstone) writes a full record after a
+        # dispatch record, so a later full record means the dispatched attempt was resolved.
+        info.replay_dispatch.pop(task_id, None)
+
+    def _finish_replay(self, shard: int, info: ShardInfo) -> None:
+        now = self._now
+        # Rebuild tasks in file order, which is enqueue order: FIFO survives a restart.
+        for task_id, f in info.replay.items():
+            if task_id in self.tasks:
+                self._log(
+                    "warning",
+                    f"task {task_id} is live in two shards; keeping the one in "
+                    f"{shard_name(self.tasks[task_id].shard)}",
+                )
+                continue
+            task = self._task_from_record(shard, f, info.replay_locs[task_id])
+            if task is None:
+                self._log("warning", f"task {task_id}: unreadable record in {shard_name(shard)}")
+                continue
+            d = info.replay_dispatch.get(task_id)
+            if d is not None and d[0] > task.retry_count:
+                # Dispatched, never resolved: it may have run. Run it again with the same attempt
+                # number: a crash re-execution does not use up an attempt.
+                task.attempt = d[0]
+                task.dispatch_loc = d[1]
+            self.tasks[task_id] = task
+            if task.payload_hash is not None:
+                self.fingerprints.setdefault(task.payload_hash, task_id)
+            self._schedule(task, now)
+        for task in self.tasks.values():
+            if task.state is TaskState.BLOCKED:
+                self._check_blocked(task)
+        info.replay.clear()
+        info.replay_locs.clear()
+        info.replay_dispatch.clear()
+        # Fence: our first record in this log is a claim with our epoch.
+        info.phase = ShardPhase.FENCING
+        info.epoch = max(info.epoch + 1, claim_epoch(self.doc or {}, shard))
+        record = fx.NewRecord(
+            fields={
+                "snerdKind": KIND_CLAIM,
+                "epoch": info.epoch,
+                "node": self.config.node_id,
+                "at": format_rfc3339(now.wall),
+                **self._meta(shard),
+            }
+        )
+        self._append(shard, [record], PendingAppend(kind="claim", shard=shard))
+
+    def _task_from_record(self, shard: int, f: dict[str, Any], loc: fx.Location) -> Task | None:
+        try:
+            task_id = f["taskId"]
+            task_type = f["taskType"]
+            retry_count = int(f.get("retryCount", 0))
+            max_retries = int(f.get("maxRetries", 0))
+            ready = max(
+                _parse_time(f.get("executeAt"), 0),
+                _parse_time(f.get("retryAfterTime"), 0),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        self.seq += 1
+        urgency = f.get("urgencyScore")
+        return Task(
+            task_id=task_id,
+            task_type=task_type,
+            shard=shard,
+            seq=self.seq,
+            state=TaskState.ENQUEUING,
+            retry_count=retry_count,
+            max_retries=max_retries,
+            retry_after_hours=float(f.get("retryAfterHours") or 0.0),
+            ready_at_us=ready,
+            urgency=float(urgency) if isinstance(urgency, int | float) else 0.0,
+            pool=self._pool_of(f.get("pool")),
+            group=f.get("rateLimitGroup"),
+            max_per_minute=f.get("maxPerMinute"),
+            payload_hash=f.get("payloadHash"),
+            cron=f.get("cronExpression"),
+            webhook_url=f.get("webhookUrl"),
+            max_execution_seconds=f.get("maxExecutionSeconds"),
+            trigger_after_ids=tuple(f.get("triggerAfterIds") or ()),
+            loc=loc,
+            fields=dict(f),
+            attempt=retry_count + 1,
+            last_error=f.get("LastErrorObj"),
+        )
+
+    # ------------------------------------------------------------------ SDK commands
+
+    def _hold_or(self, command: ev.Event) -> bool:
+        """While starting, keep commands in arrival order; True when the command was held."""
+        if self.phase is NodePhase.STARTING:
+            self.held_commands.append(command)
+            return True
+        return False
+
+    def _on_line(self, event: ev.LineReceived) -> None:
+        try:
+            command = proto.parse_line(event.line)
+        except proto.ProtocolError as err:
+            self._send(proto.error(err.task_id, err.message))
+            return
+        _HANDLERS[type(command)](self, command)
+
+    def _on_register(self, cmd: proto.Register) -> None:
+        if self._hold_or(cmd):
+            return
+        self.registered.add(cmd.task_type)
+        self._send(proto.ack_registered(cmd.task_type))
+        parked = self.parked_by_type.pop(cmd.task_type, None)
+        while parked:
+            task = self.tasks[parked.pop()]
+            self._move(task, TaskState.READY)
+            self._push_ready(task)
+
+    def _on_enqueue(self, cmd: proto.Enqueue) -> None:
+        if self._hold_or(cmd):
+            return
+        now = self._now
+        if self.phase is not NodePhase.RUNNING:
+            self._send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
+            return
+        existing = self.tasks.get(cmd.task_id)
+        if existing is not None:
+            self._send(
+                proto.error(
+                    cmd.task_id,
+                    proto.failed_to_enqueue(
+                        f"task_id {cmd.task_id} is already pending ({existing.state.value}); "
+                        "a task id can be reused once its task has finished"
+                    ),
+                )
+            )
+            return
+        payload_hash = None
+        if cmd.auto_dedupe:
+            payload_hash = xxhash.xxh64_hexdigest((cmd.task_type + cmd.task_data).encode())
+            # Upstream wrote the digest without zero padding.
+            payload_hash = payload_hash.lstrip("0") or "0"
+            original = self.fingerprints.get(payload_hash)
+            if original is not None and original in self.tasks:
+                self.stats["total_enqueued"] += 1
+                self.stats["total_deduplicated"] += 1
+                self._ack_duplicate(cmd.task_id, self.tasks[original])
+                return
+        shards = int((self.doc or {}).get("shards", 1))
+        key = cmd.rate_limit_group or payload_hash or cmd.task_id
+        shard = route_shard(key, shards)
+        info = self.shards.get(shard)
+        if info is None or info.phase is not ShardPhase.ACTIVE:
+            self._send(
+                proto.error(
+                    cmd.task_id,
+                    proto.failed_to_enqueue(
+                        f"[Snerd] {shard_name(shard)} is not owned by this daemon "
+                        "(another daemon holds it); enqueue rejected"
+                    ),
+                )
+            )
+            return
+        if cmd.trigger_after_ids:
+            cycle = self._cycle(cmd.task_id, cmd.trigger_after_ids)
+            if cycle is not None:
+                self._send(
+                    proto.error(
+                        cmd.task_id,
+                        proto.failed_to_enqueue(f"Cycle detected involving task {cycle}"),
+                    )
+                )
+                return
+        execute_at = cmd.execute_at_us
+        if execute_at is None and cmd.cron is not None:
+            execute_at = next_fire(cmd.cron, now.wall)
+        if execute_at is None:
+            execute_at = now.wall
+        fields: dict[str, Any] = {
+            "taskId": cmd.task_id,
+            "retryCount": 0,
+            "maxRetries": cmd.max_retries,
+            "retryAfterHours": cmd.retry_after_hours,
+            "retryAfterTime": format_rfc3339(now.wall),
+            "taskData": cmd.task_data,
+            "taskType": cmd.task_type,
+        }
+        optional: dict[str, Any] = {
+            "rateLimitGroup": cmd.rate_limit_group,
+            "maxPerMinute": cmd.max_per_minute,
+            "autoDedupe": True if cmd.auto_dedupe else None,
+            "urgencyScore": cmd.urgency_score if cmd.urgency_score else None,
+            "payloadHash": payload_hash,
+        }
+        fields.update({k: v for k, v in optional.items() if v is not None})
+        fields["executeAt"] = format_rfc3339(execute_at)
+        more: dict[str, Any] = {
+            "pool": cmd.pool,
+            "triggerAfterIds": list(cmd.trigger_after_ids) or None,
+            "cronExpression": cmd.cron,
+            "webhookUrl": cmd.webhook_url,
+            "maxExecutionSeconds": cmd.max_execution_seconds,
+        }
+        fields.update({k: v for k, v in more.items() if v is not None})
+        fields.update(self._meta(shard))
+        self.seq += 1
+        task = Task(
+            task_id=cmd.task_id,
+            task_type=cmd.task_type,
+            shard=shard,
+            seq=self.seq,
+            state=TaskState.ENQUEUING,
+            retry_count=0,
+            max_retries=cmd.max_retries,
+            retry_after_hours=cmd.retry_after_hours,
+            ready_at_us=execute_at,
+            urgency=cmd.urgency_score,
+            pool=self._pool_of(cmd.pool),
+            group=cmd.rate_limit_group if cmd.max_per_minute is not None else None,
+            max_per_minute=cmd.max_per_minute,
+            payload_hash=payload_hash,
+            cron=cmd.cron,
+            webhook_url=cmd.webhook_url,
+            max_execution_seconds=cmd.max_execution_seconds,
+            trigger_after_ids=cmd.trigger_after_ids,
+            fields={k: v for k, v in fields.items() if k != "taskData"},
+            attempt=1,
+        )
+        self.tasks[cmd.task_id] = task
+        if payload_hash is not None:
+            self.fingerprints[payload_hash] = cmd.task_id
+        self.stats["total_enqueued"] += 1
+        self._append(
+            shard,
+            [fx.NewRecord(fields=fields)],
+            PendingAppend(kind="enqueue", shard=shard, task_id=cmd.task_id),
+        )
+
+    def _ack_duplicate(self, task_id: str, original: Task) -> None:
+        if original.state is TaskState.ENQUEUING:
+            for p in self.pending.values():
+                if p.kind == "enqueue" and p.task_id == original.task_id:
+                    p.dedupe_waiters.append(task_id)
+                    return
+        self._send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))
+
+    def _cycle(self, task_id: str, parents: Iterable[str]) -> str | None:
+        """A task id on a dependency cycle through `task_id`, or None."""
+        seen: set[str] = set()
+        stack = list(parents)
+        while stack:
+            parent = stack.pop()
+            if parent == task_id:
+                return task_id
+            if parent in seen:
+                continue
+            seen.add(parent)
+            task = self.tasks.get(parent)
+            if task is not None:
+                stack.extend(task.trigger_after_ids)
+        return None
+
+    def _on_result(self, cmd: proto.Result) -> None:
+        if self._hold_or(cmd):
+            return
+        flight = self.inflight.get(cmd.task_id)
+        task = self.tasks.get(cmd.task_id)
+        if (
+            flight is None
+            or task is None
+            or task.state is not TaskState.RUNNING
+            or (cmd.attempt is not None and cmd.attempt != flight.attempt)
+        ):
+            self._send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
+            return
+        self.stats["total_executed"] += 1
+        if cmd.success:
+            self._succeeded(task)
+        else:
+            self.stats["total_failed"] += 1
+            self._failed(task, cmd.error_msg or "Unknown error")
+
+    def _on_progress(self, cmd: proto.Progress) -> None:
+        # Progress is a pass-through stream; it is not persisted (upstream does the same).
+        self._send(proto.progress(cmd.task_id, cmd.data))
+
+    def _on_stats(self, cmd: proto.StatsRequested) -> None:
+        if self._hold_or(cmd):
+            return
+        depth: dict[int, int] = {s: 0 for s in self.owned_shards}
+        for task in self.tasks.values():
+            depth[task.shard] = depth.get(task.shard, 0) + 1
+        message = proto.stats(
+            total_enqueued=self.stats["total_enqueued"],
+            total_executed=self.stats["total_executed"],
+            total_failed=self.stats["total_failed"],
+            total_dlq=self.stats["total_dlq"],
+            queue_depth=len(self.tasks),
+            uptime_secs=(self._now.mono - (self.started_mono or self._now.mono)) // SECOND,
+            per_shard=[(s, d) for s, d in sorted(depth.items())],
+        )
+        # snerd's additions, which old SDKs ignore.
+        message["in_flight"] = len(self.inflight)
+        message["total_deduplicated"] = self.stats["total_deduplicated"]
+        message["waiting_types"] = self.waiting_types()
+        message["node"] = self.config.node_id
+        self._send(message)
+
+    def _on_webhook(self, event: ev.WebhookFinished) -> None:
+        if event.notification:
+            if not event.ok:
+                self._log(
+                    "warning",
+                    f"task {event.task_id}: dead-letter webhook failed: {event.error}",
+                )
+            return
+        flight = self.inflight.get(event.task_id)
+        task = self.tasks.get(event.task_id)
+        if flight is None or task is None or flight.attempt != event.attempt:
+            return
+        self.stats["total_executed"] += 1
+        if event.ok:
+            self._succeeded(task)
+        else:
+            self.stats["total_failed"] += 1
+            self._failed(task, event.error or "Webhook failed")
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _schedule(self, task: Task, now: ev.Now) -> None:
+        """Put a task whose record is durable where it belongs: blocked, waiting or ready."""
+        if task.trigger_after_ids and any(p in self.tasks for p in task.trigger_after_ids):
+            self._move(task, TaskState.BLOCKED)
+            for parent in task.trigger_after_ids:
+                self.children.setdefault(parent, set()).add(task.task_id)
+            return
+        if task.ready_at_us > now.wall:
+            self._move(task, TaskState.WAITING)
+            self.due.push(task.task_id, task.ready_at_us, task.seq)
+            return
+        self._move(task, TaskState.READY)
+        self._push_ready(task)
+
+    def _push_ready(self, task: Task) -> None:
+        assert task.state is TaskState.READY
+        self.ready.setdefault(task.pool, ReadyQueue()).push(task.task_id, task.urgency, task.seq)
+
+    def _check_blocked(self, task: Task) -> None:
+        if any(p in self.tasks for p in task.trigger_after_ids):
+            for parent in task.trigger_after_ids:
+                if parent in self.tasks:
+                    self.children.setdefault(parent, set()).add(task.task_id)
+            return
+        if task.ready_at_us > self._now.wall:
+            self._move(task, TaskState.WAITING)
+            self.due.push(task.task_id, task.ready_at_us, task.seq)
+        else:
+            self._move(task, TaskState.READY)
+            self._push_ready(task)
+
+    def _on_time(self) -> None:
+        """Everything that depends only on time and free slots; runs after every event."""
+        now = self._now
+        if self.phase is NodePhase.STOPPED:
+            return
+        # Appends that failed and are due for another try.
+        for token in self.retry_appends.pop_due(now.mono):
+            p = self.pending.get(token)
+            if p is not None and p.effect is not None:
+                self.shards[p.shard].appends_in_flight += 1
+                self._emit(p.effect)
+        # Locks to retry.
+        for shard, info in self.shards.items():
+            if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
+                info.retry_lock_at_mono = None
+                if info.phase is ShardPhase.PAUSED:
+                    self._emit(fx.TryLock(shard=shard, owner=self.config.node_id))
+        # Leases.
+        if (
+            self.renew_at_mono is not None
+            and now.mono >= self.renew_at_mono
+            and self.phase is not NodePhase.STOPPED
+        ):
+            self._renew()
+        # Hard timeouts.
+        for flight in [f for f in self.inflight.values() if f.deadline_mono is not None]:
+            assert flight.deadline_mono is not None
+            if now.mono >= flight.deadline_mono:
+                task = self.tasks[flight.task_id]
+                if task.state is TaskState.RUNNING:
+                    self.stats["total_failed"] += 1
+                    self._failed(task, proto.timed_out(task.max_execution_seconds or 0))
+        # Delayed tasks and retries whose time came.
+        for task_id in self.due.pop_due(now.wall):
+            task = self.tasks[task_id]
+            self._move(task, TaskState.READY)
+            self._push_ready(task)
+        # Rate windows with room again.
+        for group in self.group_wake.pop_due(now.wall):
+            parked = self.parked_by_group.get(group)
+            while parked:
+                task = self.tasks[parked.pop()]
+                self._move(task, TaskState.READY)
+                self._push_ready(task)
+        if self.phase is NodePhase.RUNNING:
+            self._dispatch()
+        if self.phase is NodePhase.DRAINING:
+            self._drain_progress()
+        self._maybe_compact()
+
+    def _dispatch(self) -> None:
+        """Fill free worker slots, best task first (highest urgency, then enqueue order)."""
+        now = self._now
+        while len(self.inflight) < self.config.max_workers:
+            best: tuple[float, int, str] | None = None
+            for pool, queue in self.ready.items():
+                if not queue or self.pool_busy.get(pool, 0) >= self._pool_limit(pool):
+                    continue
+                head = queue.peek()
+                assert head is not None
+                t = self.tasks[head]
+                key = (-t.urgency, t.seq, pool)
+                if best is None or key < best:
+                    best = key
+            if best is None:
+                return
+            pool = best[2]
+            task = self.tasks[self.ready[pool].pop()]
+            if task.webhook_url is None and task.task_type not in self.registered:
+                self._move(task, TaskState.PARKED)
+                self.parked_by_type.setdefault(task.task_type, ReadyQueue()).push(
+                    task.task_id, task.urgency, task.seq
+                )
+                continue
+            if task.group is not None and task.max_per_minute is not None:
+                if not self.windows.allows(task.group, task.max_per_minute, now.wall):
+                    self._move(task, TaskState.PARKED)
+                    self.parked_by_group.setdefault(task.group, ReadyQueue()).push(
+                        task.task_id, task.urgency, task.seq
+                    )
+                    wake = self.windows.next_allowed_us(task.group, task.max_per_minute, now.wall)
+                    if task.group not in self.group_wake:
+                        self.group_wake.push(task.group, wake, 0)
+                    continue
+                self.windows.record(task.group, now.wall)
+            self._start_attempt(task, pool)
+
+    def _start_attempt(self, task: Task, pool: str) -> None:
+        now = self._now
+        self._move(task, TaskState.DISPATCHING)
+        if task.attempt <= task.retry_count:
+            task.attempt = task.retry_count + 1
+        self.inflight[task.task_id] = InFlight(
+            task_id=task.task_id, attempt=task.attempt, pool=pool, deadline_mono=None
+        )
+        self.pool_busy[pool] = self.pool_busy.get(pool, 0) + 1
+        fields: dict[str, Any] = {
+            "snerdKind": KIND_DISPATCH,
+            "task": task.task_id,
+            "attempt": task.attempt,
+            "at": format_rfc3339(now.wall),
+        }
+        if task.group is not None:
+            fields["group"] = task.group
+        fields.update(self._meta(task.shard))
+        self._append(
+            task.shard,
+            [fx.NewRecord(fields=fields)],
+            PendingAppend(kind="dispatch", shard=task.shard, task_id=task.task_id),
+        )
+
+    def _begin_execution(self, task: Task) -> None:
+        now = self._now
+        flight = self.inflight[task.task_id]
+        self._move(task, TaskState.RUNNING)
+        assert task.loc is not None
+        if task.webhook_url is not None:
+            timeout = float(task.max_execution_seconds or self.config.webhook_timeout_s)
+            self._emit(
+                fx.CallWebhook(
+                    task_id=task.task_id,
+                    task_type=task.task_type,
+                    attempt=task.attempt,
+                    url=task.webhook_url,
+                    location=task.loc,
+                    event="Execute",
+                    timeout_seconds=timeout,
+                )
+            )
+            return
+        if task.max_execution_seconds is not None:
+            flight.deadline_mono = now.mono + task.max_execution_seconds * SECOND
+        self._emit(
+            fx.Execute(
+                task_id=task.task_id,
+                task_type=task.task_type,
+                attempt=task.attempt,
+                location=task.loc,
+                max_execution_seconds=task.max_execution_seconds,
+            )
+        )
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _end_flight(self, task: Task) -> None:
+        flight = self.inflight.pop(task.task_id)
+        self.pool_busy[flight.pool] -= 1
+        self._move(task, TaskState.FINISHING)
+
+    def _succeeded(self, task: Task) -> None:
+        now = self._now
+        self._end_flight(task)
+        assert task.loc is not None
+        if task.cron is not None:
+            # Re-arm: same id, errors cleared, next tick strictly after now (missed ticks skipped).
+            nxt = next_fire(task.cron, now.wall)
+            fields = dict(task.fields)
+            for key in ("LastErrorObj", "LastJobError", "deletedAt"):
+                fields.pop(key, None)
+            fields.update(
+                {
+                    "retryCount": 0,
+                    "retryAfterTime": format_rfc3339(now.wall),
+                    "executeAt": format_rfc3339(nxt),
+                    **self._meta(task.shard),
+                }
+            )
+            self._append(
+                task.shard,
+                [fx.NewRecord(fields=fields, copy_data_from=task.loc)],
+                PendingAppend(kind="rearm", shard=task.shard, task_id=task.task_id,
+                              extra={"fields": fields, "ready_at": nxt}),
+            )
+            return
+        self._finish(task, OUTCOME_COMPLETED, None)
+
+    def _failed(self, task: Task, error: str) -> None:
+        now = self._now
+        self._end_flight(task)
+        task.last_error = error
+        if task.attempt < attempts_allowed(task.max_retries):
+            delay = retry_delay_us(
+                retry_after_hours=task.retry_after_hours,
+                failures=task.attempt,
+                policy=self.config.backoff,
+                jitter_seed=self.config.jitter_seed,
+                task_id=task.task_id,
+            )
+            fields = dict(task.fields)
+            fields.update(
+                {
+                    "retryCount": task.attempt,
+                    "retryAfterTime": format_rfc3339(now.wall + delay),
+                    "LastErrorObj": error,
+                    "LastJobError": {"error": error, "retry_worthy": True},
+                    **self._meta(task.shard),
+                }
+            )
+            self._append(
+                task.shard,
+                [fx.NewRecord(fields=fields, copy_data_from=task.loc)],
+                PendingAppend(kind="retry", shard=task.shard, task_id=task.task_id,
+                              extra={"fields": fields, "ready_at": now.wall + delay}),
+            )
+            return
+        self._finish(task, OUTCOME_DEAD, error)
+
+    def _finish(self, task: Task, outcome: str, error: str | None) -> None:
+        """Write the tombstone that ends a task (completed or dead-lettered)."""
+        now = self._now
+        fields = dict(task.fields)
+        fields.update(
+            {
+                "retryCount": task.attempt if outcome == OUTCOME_DEAD else task.retry_count,
+                "deletedAt": format_rfc3339(now.wall),
+                "snerdOutcome": outcome,
+                **self._meta(task.shard),
+            }
+        )
+        if outcome == OUTCOME_COMPLETED:
+            # Success clears the error (upstream kept it, so dashboards showed "failed").
+            fields.pop("LastErrorObj", None)
+            fields.pop("LastJobError", None)
+        elif error is not None:
+            fields["LastErrorObj"] = error
+            fields["LastJobError"] = {"error": error, "retry_worthy": False}
+        self._append(
+            task.shard,
+            [fx.NewRecord(fields=fields, copy_data_from=task.loc)],
+            PendingAppend(kind="finish", shard=task.shard, task_id=task.task_id,
+                          extra={"outcome": outcome, "error": error}),
+        )
+
+    # ------------------------------------------------------------------ append outcomes
+
+    def _on_append_committed(self, event: ev.AppendCommitted) -> None:
+        p = self.pending.pop(event.token)
+        info = self.shards[p.shard]
+        info.appends_in_flight -= 1
+        info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
+        loc = fx.Location(p.shard, event.offsets[0], event.lengths[0])
+        if info.phase is ShardPhase.UNOWNED:
+            return
+        if p.kind == "claim":
+            info.claim_loc = loc
+            info.phase = ShardPhase.ACTIVE
+            if self.phase is NodePhase.STARTING:
+                self._maybe_running()
+            else:
+                self._announce_membership()
+            return
+        task = self.tasks.get(p.task_id or "")
+        if task is None:
+            return
+        if p.kind == "enqueue":
+            task.loc = loc
+            self._send(proto.ack_enqueued(task.task_id, task.shard))
+            for dup in p.dedupe_waiters:
+                self._send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
+            self._schedule(task, self._now)
+        elif p.kind == "dispatch":
+            task.dispatch_loc = loc
+            if task.group is not None:
+                info.window_records.append((self._now.wall, loc))
+            if self.phase is NodePhase.DRAINING and task.state is TaskState.DISPATCHING:
+                # Not sent yet, and we are draining: give the slot back; it runs elsewhere.
+                self._end_flight_unsent(task)
+                return
+            self._begin_execution(task)
+        elif p.kind in ("retry", "rearm"):
+            task.loc = loc
+            task.fields = {k: v for k, v in p.extra["fields"].items() if k != "taskData"}
+            if p.kind == "retry":
+                task.retry_count = task.attempt
+            else:
+                task.retry_count = 0
+            task.attempt = task.retry_count + 1
+            task.dispatch_loc = None
+            task.ready_at_us = p.extra["ready_at"]
+            if task.ready_at_us > self._now.wall:
+                self._move(task, TaskState.WAITING)
+                self.due.push(task.task_id, task.ready_at_us, task.seq)
+            else:
+                self._move(task, TaskState.READY)
+                self._push_ready(task)
+        elif p.kind == "finish":
+            self._finished(task, p.extra["outcome"], p.extra["error"], loc)
+
+    def _end_flight_unsent(self, task: Task, delay_us: int = 0) -> None:
+        """Give back the slot of an attempt that was never sent (its dispatch record is moot)."""
+        flight = self.inflight.pop(task.task_id)
+        self.pool_busy[flight.pool] -= 1
+        if delay_us:
+            self._move(task, TaskState.WAITING)
+            self.due.push(task.task_id, self._now.wall + delay_us, task.seq)
+        else:
+            self._move(task, TaskState.READY)
+            self._push_ready(task)
+
+    def _finished(self, task: Task, outcome: str, error: str | None, loc: fx.Location) -> None:
+        info = self.shards[task.shard]
+        del self.tasks[task.task_id]
+        if task.payload_hash is not None and self.fingerprints.get(task.payload_hash) == task.task_id:
+            del self.fingerprints[task.payload_hash]
+        info.history.append((task.task_id, loc))
+        while len(info.history) > self.config.history_limit:
+            info.history.popleft()
+        if outcome == OUTCOME_DEAD:
+            self.stats["total_dlq"] += 1
+            if task.webhook_url is not None:
+                self._emit(
+                    fx.CallWebhook(
+                        task_id=task.task_id,
+                        task_type=task.task_type,
+                        attempt=task.attempt,
+                        url=task.webhook_url,
+                        location=loc,
+                        event="MaxRetriesReached",
+                        timeout_seconds=self.config.webhook_timeout_s,
+                    )
+                )
+            elif task.task_type in self.registered:
+                self._emit(
+                    fx.DeliverDeadLetter(
+                        task_id=task.task_id,
+                        task_type=task.task_type,
+                        location=loc,
+                        error=error or "",
+                    )
+                )
+        # Children waiting on this task.
+        for child_id in sorted(self.children.pop(task.task_id, set())):
+            child = self.tasks.get(child_id)
+            if child is None or child.state is not TaskState.BLOCKED:
+                continue
+            if outcome == OUTCOME_DEAD:
+                child.attempt = child.retry_count + 1
+                self._move(child, TaskState.FINISHING)
+                self._finish(child, OUTCOME_DEAD, f"blocked_by_failed_parent: {task.task_id}")
+            else:
+                self._check_blocked(child)
+
+    def _on_append_failed(self, event: ev.AppendFailed) -> None:
+        p = self.pending[event.token]
+        info = self.shards[p.shard]
+        info.appends_in_flight -= 1
+        if p.kind == "enqueue":
+            del self.pending[event.token]
+            task = self.tasks.pop(p.task_id or "", None)
+            self.stats["total_enqueued"] -= 1
+            if task is not None and task.payload_hash is not None:
+                self.fingerprints.pop(task.payload_hash, None)
+            message = proto.failed_to_enqueue(event.error)
+            self._send(proto.error(p.task_id, message))
+            for dup in p.dedupe_waiters:
+                self._send(proto.error(dup, message))
+            return
+        if p.kind == "dispatch":
+            del self.pending[event.token]
+            task = self.tasks.get(p.task_id or "")
+            self._log("warning", f"task {p.task_id}: dispatch record not written ({event.error})")
+            if task is not None and task.state is TaskState.DISPATCHING:
+                # Try again later rather than spin on a full disk.
+                self._end_flight_unsent(task, delay_us=self.config.retry_io_us)
+            return
+        # Outcome and claim records must land: retry the same append later.
+        self._log(
+            "warning",
+            f"{shard_name(p.shard)}: could not write a {p.kind} record "
+            f"({event.error}); retrying in {self.config.retry_io_us // SECOND} s",
+        )
+        self.retry_appends.push(event.token, self._now.mono + self.config.retry_io_us, 0)
+
+    # ------------------------------------------------------------------ drain
+
+    def _on_drain(self, event: ev.DrainRequested) -> None:
+        if self.phase in (NodePhase.DRAINING, NodePhase.STOPPED):
+            return
+        self._log(
+            "info",
+            f"draining ({event.reason}): no new work; {len(self.inflight)} task(s) in flight get "
+            f"up to {self.config.drain_timeout_us // SECOND} s",
+        )
+        self.phase = NodePhase.DRAINING
+        self.drain_deadline_mono = self._now.mono + self.config.drain_timeout_us
+        for command in self.held_commands:
+            if isinstance(command, proto.Enqueue):
+                self._send(proto.error(command.task_id, proto.SHUTTING_DOWN))
+        self.held_commands = []
+
+    def _drain_progress(self) -> None:
+        assert self.drain_deadline_mono is not None
+        late = self._now.mono >= self.drain_deadline_mono
+        busy = bool(self.inflight) or any(
+            p.kind != "dispatch" for p in self.pending.values()
+        )
+        if busy and not late:
+            return
+        if self.released:
+            return
+        if late and self.inflight:
+            self._log(
+                "warning",
+                f"drain timeout: {len(self.inflight)} task(s) still running will run again "
+                "on the next owner",
+            )
+        self.released = True
+        if self.doc is None or not self.owned_shards and not any(
+            i.phase is not ShardPhase.UNOWNED for i in self.shards.values()
+        ):
+            self._finish_release()
+            return
+        if not self.membership_busy:
+            self.renew_at_mono = None
+            self.membership_busy = True
+            self._emit(fx.ReadMembership())
+
+    def _release(self, doc: dict[str, Any], expected: int | None) -> None:
+        self.releasing = True
+        self.membership_busy = True
+        self._emit(
+            fx.WriteMembership(
+                doc=without_claims(doc, node_id=self.config.node_id), expected_version=expected
+            )
+        )
+
+    def _finish_release(self) -> None:
+        for shard, info in self.shards.items():
+            if info.phase not in (ShardPhase.UNOWNED, ShardPhase.LOCKING, ShardPhase.PAUSED):
+                self._emit(fx.Unlock(shard=shard))
+            info.phase = ShardPhase.UNOWNED
+        self.phase = NodePhase.STOPPED
+        self.renew_at_mono = None
+        self._log("info", "Shutdown complete.")
+        self._emit(fx.Exit(code=0))
+
+    # ------------------------------------------------------------------ compaction
+
+    def _maybe_compact(self) -> None:
+        for shard, info in self.shards.items():
+            if (
+                info.phase is not ShardPhase.ACTIVE
+                or info.compacting
+                or info.appends_in_flight
+                or info.size < self.config.compact_min_bytes
+            ):
+                continue
+            keep = self._live_ranges(shard, info)
+            live = sum(r.length for r in keep)
+            if live * 2 > info.size:
+                continue
+            self.compact(shard)
+
+    def _live_ranges(self, shard: int, info: ShardInfo) -> list[fx.KeepRange]:
+        """Every record the shard's state still needs, in file order."""
+        offsets: dict[int, int] = {}
+
+        def add(loc: fx.Location | None) -> None:
+            if loc is not None:
+                offsets[loc.offset] = loc.length
+
+        add(info.claim_loc)
+        for task in self.tasks.values():
+            if task.shard == shard:
+                add(task.loc)
+                add(task.dispatch_loc)
+        for _, loc in info.history:
+            add(loc)
+        horizon = self._now.wall - RateWindows.WINDOW_US
+        while info.window_records and info.window_records[0][0] < horizon:
+            info.window_records.popleft()
+        for _, loc in info.window_records:
+            add(loc)
+        return [fx.KeepRange(offset=o, length=offsets[o]) for o in sorted(offsets)]
+
+    def compact(self, shard: int) -> bool:
+        """Ask for a compaction of one shard now (the CLI's `compact`); False if not possible."""
+        info = self.shards.get(shard)
+        if info is None or info.phase is not ShardPhase.ACTIVE or info.compacting:
+            return False
+        if info.appends_in_flight:
+            return False
+        keep = self._live_ranges(shard, info)
+        info.compacting = True
+        token = self._next_token()
+        self.pending[token] = PendingAppend(
+            kind="compact", shard=shard, extra={"keep": keep}
+        )
+        self._emit(fx.Compact(token=token, shard=shard, keep=tuple(keep)))
+        return True
+
+    def _on_compacted(self, event: ev.Compacted) -> None:
+        p = self.pending.pop(event.token)
+        info = self.shards[event.shard]
+        info.compacting = False
+        keep: list[fx.KeepRange] = p.extra["keep"]
+        moved = {
+            r.offset: fx.Location(event.shard, event.offsets[i], event.lengths[i])
+            for i, r in enumerate(keep)
+        }
+
+        def remap(loc: fx.Location | None) -> fx.Location | None:
+            if loc is None:
+                return None
+            return moved.get(loc.offset, loc)
+
+        info.claim_loc = remap(info.claim_loc)
+        for task in self.tasks.values():
+            if task.shard == event.shard:
+                task.loc = remap(task.loc)
+                task.dispatch_loc = remap(task.dispatch_loc)
+        info.history = deque((t, moved.get(loc.offset, loc)) for t, loc in info.history)
+        info.window_records = deque((t, moved.get(loc.offset, loc)) for t, loc in info.window_records)
+        before, info.size = info.size, event.size
+        self._log(
+            "info",
+            f"{shard_name(event.shard)}: compacted tasks.log from {before} to {event.size} bytes",
+        )
+
+    def _on_compaction_failed(self, event: ev.CompactionFailed) -> None:
+        self.pending.pop(event.token, None)
+        info = self.shards[event.shard]
+        info.compacting = False
+        self._log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
+
+    def _on_tick(self, event: ev.Tick) -> None:
+        return
+
+
+def _parse_time(value: Any, default: int) -> int:
+    if not isinstance(value, str):
+        return default
+    return parse_rfc3339(value)
+
+
+_HANDLERS: dict[type[Any], Any] = {
+    ev.Started: Node._on_started,
+    ev.Tick: Node._on_tick,
+    ev.LineReceived: Node._on_line,
+    ev.DrainRequested: Node._on_drain,
+    ev.MembershipRead: Node._on_membership_read,
+    ev.MembershipWritten: Node._on_membership_written,
+    ev.MembershipWriteFailed: Node._on_membership_write_failed,
+    ev.LockAcquired: Node._on_lock_acquired,
+    ev.LockBusy: Node._on_lock_busy,
+    ev.LockLost: Node._on_lock_lost,
+    ev.LogRecordsRead: Node._on_log_records,
+    ev.AppendCommitted: Node._on_append_committed,
+    ev.AppendFailed: Node._on_append_failed,
+    ev.Compacted: Node._on_compacted,
+    ev.CompactionFailed: Node._on_compaction_failed,
+    ev.WebhookFinished: Node._on_webhook,
+    proto.Register: Node._on_register,
+    proto.Enqueue: Node._on_enqueue,
+    proto.Result: Node._on_result,
+    proto.Progress: Node._on_progress,
+    proto.StatsRequested: Node._on_stats,
+}

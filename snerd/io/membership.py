@@ -1,0 +1,175 @@
+"""membership.json and the lock files: the shell's half of ownership.
+
+Owns: reading and conditionally replacing membership.json under `.membership.lock`, and holding
+`shard-N/.lock`. It decides nothing: the core says what to write and which locks to take.
+Blocking calls here run in worker threads; a thread is never abandoned while it may still take a
+lock (trio `to_thread.run_sync` without `abandon_on_cancel`), and locks are taken with
+LOCK_NB and polled, never with a blocking flock.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import portalocker
+
+from snerd.io.log import atomic_replace
+
+__all__ = [
+    "MembershipConflict",
+    "ShardLocks",
+    "read_membership",
+    "update_membership",
+    "write_membership_locked",
+]
+
+MEMBERSHIP = "membership.json"
+MEMBERSHIP_LOCK = ".membership.lock"
+#: How long a membership read-modify-write waits for `.membership.lock` before giving up.
+LOCK_WAIT_S = 10.0
+_POLL_S = 0.002
+#: errno values that mean a held lock may be gone (DESIGN §4.4).
+LOST_LOCK_ERRNOS = {errno.EIO, errno.EBADF, errno.ENOLCK, getattr(errno, "ENOTCONN", 107)}
+
+
+class MembershipConflict(Exception):
+    """membership.json changed since it was read; carries what is there now."""
+
+    def __init__(self, doc: dict[str, Any] | None) -> None:
+        super().__init__("membership.json changed since it was read")
+        self.doc = doc
+
+
+class _MembershipLock:
+    """flock on `.membership.lock`, polled with LOCK_NB (never an abandonable blocking flock)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / MEMBERSHIP_LOCK
+        self.fd: int | None = None
+
+    def __enter__(self) -> _MembershipLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
+                break
+            except portalocker.exceptions.LockException:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise TimeoutError(
+                        f"{self.path} stayed locked for {LOCK_WAIT_S:.0f} s"
+                    ) from None
+                time.sleep(_POLL_S)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.fd is not None
+        try:
+            portalocker.unlock(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _read(directory: Path) -> dict[str, Any] | None:
+    try:
+        data = (directory / MEMBERSHIP).read_bytes()
+    except FileNotFoundError:
+        return None
+    doc = orjson.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{directory / MEMBERSHIP} is not a JSON object")
+    return doc
+
+
+def read_membership(directory: Path) -> dict[str, Any] | None:
+    """Read membership.json under its lock (None when absent)."""
+    with _MembershipLock(directory):
+        return _read(directory)
+
+
+def write_membership_locked(directory: Path, doc: dict[str, Any]) -> None:
+    """Replace membership.json atomically (caller holds the lock). Pretty-printed like upstream."""
+    atomic_replace(directory / MEMBERSHIP, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def update_membership(
+    directory: Path, doc: dict[str, Any], expected_version: int | None
+) -> dict[str, Any]:
+    """Under the lock: replace membership.json with `doc` if its version is `expected_version`
+    (None: only if there is no file). Raises MembershipConflict otherwise."""
+    with _MembershipLock(directory):
+        current = _read(directory)
+        version = None if current is None else int(current.get("version", 0))
+        if version != expected_version:
+            raise MembershipConflict(current)
+        write_membership_locked(directory, doc)
+        return doc
+
+
+class ShardLocks:
+    """The `shard-N/.lock` files this process holds, one open fd each.
+
+    The lock file is never unlinked (unlinking would let two processes lock two different
+    inodes under one name). Each renewal writes and fsyncs through the fd so that a lock lost
+    on a network filesystem surfaces as an error (DESIGN §3).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.fds: dict[int, int] = {}
+
+    def path(self, shard: int) -> Path:
+        return self.directory / f"shard-{shard}" / ".lock"
+
+    def try_lock(self, shard: int, owner: str) -> bool:
+        """flock(LOCK_EX | LOCK_NB). True when held; False when another process holds it."""
+        if shard in self.fds:
+            return True
+        path = self.path(shard)
+        (path.parent / "tasks").mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
+        except portalocker.exceptions.LockException:
+            os.close(fd)
+            return False
+        self.fds[shard] = fd
+        self.touch(shard, owner)
+        return True
+
+    def touch(self, shard: int, owner: str) -> None:
+        """Write the owner and pid through the locked fd and fsync it. Raises OSError when the
+        lock may be lost (EIO, EBADF, ENOTCONN, ENOLCK)."""
+        fd = self.fds[shard]
+        text = f"{os.getpid()}\n{owner}\n".encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text, 0)
+        os.fsync(fd)
+
+    def unlock(self, shard: int) -> None:
+        fd = self.fds.pop(shard, None)
+        if fd is None:
+            return
+        try:
+            portalocker.unlock(fd)
+        finally:
+            os.close(fd)
+
+    def unlock_all(self) -> None:
+        for shard in list(self.fds):
+            self.unlock(shard)
+
+    def holder(self, shard: int) -> str:
+        """What the lock file says about its holder (pid and owner), for error messages."""
+        try:
+            return self.path(shard).read_text().strip().replace("\n", " ")
+        except OSError:
+            return "unknown"

@@ -1,0 +1,414 @@
+"""The trio loop that runs a `snerd.core.node.Node`: it executes effects and feeds back events.
+
+Owns: the event queue, the clock readings, the timer, and the mapping of each effect onto real
+I/O (the group-commit log, membership.json, shard locks, payload reads, webhooks). It must never
+decide anything about the queue: every `if` here is about I/O (did the write fail, is the fd
+gone), never about tasks.
+
+Shape: one driver task takes every queued event in turn, hands it to the node, and carries out
+the effects. Effects that finish later (appends, log reads, membership, webhooks) post their
+outcome back onto the queue. Work is batched: all events waiting at a moment are handled before
+the peer's output is flushed, so a burst of enqueues costs one wake-up, one write to stdout and
+(through the group-commit log) one fsync.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from snerd.config import Settings
+from snerd.core import effects as fx
+from snerd.core import events as ev
+from snerd.core import protocol as proto
+from snerd.core.node import Node
+from snerd.io import log as logio
+from snerd.io.membership import (
+    LOST_LOCK_ERRNOS,
+    MembershipConflict,
+    ShardLocks,
+    read_membership,
+    update_membership,
+)
+from snerd.io.webhook import WebhookCaller
+
+__all__ = ["Clock", "Peer", "Runtime"]
+
+
+class Peer(Protocol):
+    """Where protocol messages go: the SDK over stdout, or the embedded engine's handlers."""
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        """Take one message. Must not block; the runtime flushes with `flush`."""
+
+    async def flush(self) -> None:
+        """Push out whatever `deliver` buffered."""
+
+    def log(self, level: str, message: str) -> None:
+        """One human log line."""
+
+
+class Clock:
+    """Reads the node's two clocks. `offset_s` shifts the wall clock (a test hook for clock
+    skew, SNERD_TEST_CLOCK_OFFSET); the monotonic clock is never shifted."""
+
+    def __init__(self, offset_s: float = 0.0) -> None:
+        self.offset_us = int(offset_s * 1_000_000)
+
+    def now(self) -> ev.Now:
+        return ev.Now(
+            wall=time.time_ns() // 1000 + self.offset_us, mono=time.monotonic_ns() // 1000
+        )
+
+
+class Runtime:
+    """Runs one node on one data directory until it exits."""
+
+    def __init__(
+        self,
+        directory: Path,
+        settings: Settings,
+        peer: Peer,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.directory = directory
+        self.settings = settings
+        self.peer = peer
+        self.clock = clock or Clock(settings.clock_offset_s)
+        self.node = Node(settings.node)
+        self.locks = ShardLocks(directory)
+        self.events: deque[ev.Event] = deque()
+        self._wake = trio.Event()
+        self._exit_code: int | None = None
+        self._nursery: trio.Nursery | None = None
+        self._log: logio.GroupCommitLog | None = None
+        self._webhooks: WebhookCaller | None = None
+        #: Set once the node has taken every shard it could at start (for tests and the CLI).
+        self.ready = trio.Event()
+
+    # -------------------------------------------------------------- feeding events
+
+    def submit(self, event: ev.Event) -> None:
+        """Queue an event for the node (call from the trio thread)."""
+        self.events.append(event)
+        self._wake.set()
+
+    def submit_many(self, events: list[ev.Event]) -> None:
+        self.events.extend(events)
+        self._wake.set()
+
+    def log_path(self, shard: int) -> Path:
+        return self.directory / f"shard-{shard}" / "tasks" / "tasks.log"
+
+    # -------------------------------------------------------------- the loop
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> int:
+        """Run until the node exits; returns its exit code."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        async with trio.open_nursery() as nursery, logio.GroupCommitLog(
+            fsync=self.settings.fsync
+        ) as log:
+            self._nursery = nursery
+            self._log = log
+            self._webhooks = WebhookCaller()
+            task_status.started()
+            self.submit(ev.Started())
+            try:
+                await self._drive()
+            finally:
+                self.locks.unlock_all()
+                await self._webhooks.aclose()
+                nursery.cancel_scope.cancel()
+        assert self._exit_code is not None
+        return self._exit_code
+
+    async def _drive(self) -> None:
+        node = self.node
+        while self._exit_code is None:
+            if not self.events:
+                wait = node.wake_in(self.clock.now())
+                self._wake = trio.Event()
+                if wait is None:
+                    await self._wake.wait()
+                else:
+                    with trio.move_on_after(wait / 1_000_000):
+                        await self._wake.wait()
+                if not self.events:
+                    self.events.append(ev.Tick())
+            while self.events and self._exit_code is None:
+                event = self.events.popleft()
+                effects = node.handle(event, self.clock.now())
+                for effect in effects:
+                    self._execute(effect)
+                if not self.node.phase.value == "starting" and not self.ready.is_set():
+                    self.ready.set()
+            await self.peer.flush()
+
+    # -------------------------------------------------------------- effects
+
+    def _execute(self, effect: fx.Effect) -> None:
+        handler = _EFFECTS[type(effect)]
+        handler(self, effect)
+
+    def _send(self, effect: fx.Send) -> None:
+        self.peer.deliver(effect.message)
+
+    def _log_line(self, effect: fx.Log) -> None:
+        self.peer.log(effect.level, effect.message)
+
+    def _exit(self, effect: fx.Exit) -> None:
+        self._exit_code = effect.code
+
+    def _read_payload(self, location: fx.Location) -> str:
+        record = logio.read_record(self.log_path(location.shard), location.offset, location.length)
+        data = record.get("taskData")
+        return data if isinstance(data, str) else ""
+
+    def _execute_task(self, effect: fx.Execute) -> None:
+        try:
+            data = self._read_payload(effect.location)
+        except (OSError, ValueError) as exc:
+            # The record moved or is unreadable: report it as a failed attempt so the task's
+            # retry and dead-letter rules apply instead of it hanging forever.
+            self.peer.log("error", f"task {effect.task_id}: cannot read its payload ({exc})")
+            self.submit(
+                proto.Result(
+                    task_id=effect.task_id,
+                    success=False,
+                    error_msg=f"snerd could not read the task's payload: {exc}",
+                    attempt=effect.attempt,
+                )
+            )
+            return
+        self.peer.deliver(
+            proto.execute(
+                effect.task_id,
+                effect.task_type,
+                data,
+                effect.max_execution_seconds,
+                effect.attempt,
+            )
+        )
+
+    def _dead_letter(self, effect: fx.DeliverDeadLetter) -> None:
+        try:
+            data = self._read_payload(effect.location)
+        except (OSError, ValueError) as exc:
+            self.peer.log("error", f"task {effect.task_id}: cannot read its payload ({exc})")
+            data = ""
+        message = proto.max_retries_reached(effect.task_id, effect.task_type, data)
+        message["error"] = effect.error
+        self.peer.deliver(message)
+
+    def _append(self, effect: fx.Append) -> None:
+        assert self._log is not None
+        path = self.log_path(effect.shard)
+        token = effect.token
+        try:
+            lines = logio.materialize(effect.records, self.log_path)
+        except (OSError, ValueError) as exc:
+            self.submit(ev.AppendFailed(token=token, error=f"cannot build record: {exc}"))
+            return
+
+        def done(result: tuple[int, ...] | OSError) -> None:
+            if isinstance(result, OSError):
+                self.submit(ev.AppendFailed(token=token, error=_describe(result)))
+            else:
+                self.submit(
+                    ev.AppendCommitted(
+                        token=token, offsets=result, lengths=tuple(len(x) for x in lines)
+                    )
+                )
+
+        self._log.submit(path, lines, done)
+
+    def _compact(self, effect: fx.Compact) -> None:
+        assert self._log is not None
+        path = self.log_path(effect.shard)
+        extra = logio.materialize(effect.extra, self.log_path)
+
+        def done(result: tuple[tuple[int, ...], tuple[int, ...], int] | OSError) -> None:
+            if isinstance(result, OSError):
+                self.submit(
+                    ev.CompactionFailed(
+                        token=effect.token, shard=effect.shard, error=_describe(result)
+                    )
+                )
+            else:
+                offsets, lengths, size = result
+                self.submit(
+                    ev.Compacted(
+                        token=effect.token,
+                        shard=effect.shard,
+                        offsets=offsets,
+                        lengths=lengths,
+                        size=size,
+                    )
+                )
+
+        self._log.submit_compaction(path, effect.keep, extra, done)
+
+    def _read_log(self, effect: fx.ReadLog) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._read_log_task, effect.shard)
+
+    async def _read_log_task(self, shard: int) -> None:
+        path = self.log_path(shard)
+
+        def read() -> list[ev.Event]:
+            out: list[ev.Event] = []
+            cut = logio.cut_torn_tail(path)
+            if cut:
+                self.peer.log(
+                    "warning",
+                    f"shard-{shard}/tasks/tasks.log: cut a torn last line of {cut} bytes "
+                    "(a crash mid-append; it was never acknowledged)",
+                )
+            for records, corrupt in logio.read_log(path):
+                out.append(
+                    ev.LogRecordsRead(
+                        shard=shard, records=tuple(records), corrupt=tuple(corrupt)
+                    )
+                )
+            size = path.stat().st_size if path.exists() else 0
+            out.append(ev.LogRecordsRead(shard=shard, records=(), final=True, size=size))
+            return out
+
+        try:
+            events = await trio.to_thread.run_sync(read)
+        except OSError as exc:
+            self.submit(ev.LockLost(shard=shard, error=f"cannot read tasks.log: {_describe(exc)}"))
+            return
+        self.submit_many(events)
+
+    def _read_membership(self, effect: fx.ReadMembership) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._read_membership_task)
+
+    async def _read_membership_task(self) -> None:
+        # Each membership read is also a renewal point: touch every held lock so that a lock
+        # lost on a network filesystem surfaces as an error now, not at the next append.
+        lost: list[ev.Event] = []
+        for shard in list(self.locks.fds):
+            try:
+                await trio.to_thread.run_sync(self.locks.touch, shard, self.node.config.node_id)
+            except OSError as exc:
+                if exc.errno in LOST_LOCK_ERRNOS:
+                    lost.append(ev.LockLost(shard=shard, error=_describe(exc)))
+        try:
+            doc = await trio.to_thread.run_sync(read_membership, self.directory)
+        except (OSError, ValueError) as exc:
+            self.peer.log("error", f"cannot read membership.json: {exc}; retrying")
+            self.submit_many(lost)
+            self.submit(ev.MembershipWriteFailed(doc=None, error=str(exc)))
+            return
+        self.submit_many(lost)
+        self.submit(ev.MembershipRead(doc=doc))
+
+    def _write_membership(self, effect: fx.WriteMembership) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._write_membership_task, effect)
+
+    async def _write_membership_task(self, effect: fx.WriteMembership) -> None:
+        try:
+            doc = await trio.to_thread.run_sync(
+                update_membership, self.directory, effect.doc, effect.expected_version
+            )
+        except MembershipConflict as exc:
+            self.submit(ev.MembershipWriteFailed(doc=exc.doc, error="changed meanwhile"))
+            return
+        except (OSError, ValueError) as exc:
+            self.submit(ev.MembershipWriteFailed(doc=None, error=str(exc)))
+            return
+        self.submit(ev.MembershipWritten(doc=doc))
+
+    def _try_lock(self, effect: fx.TryLock) -> None:
+        try:
+            held = self.locks.try_lock(effect.shard, effect.owner)
+        except OSError as exc:
+            self.peer.log("error", f"shard-{effect.shard}: cannot open its lock: {exc}")
+            held = False
+        if held:
+            self.submit(ev.LockAcquired(shard=effect.shard))
+        else:
+            self.peer.log(
+                "info", f"shard-{effect.shard}/.lock is held by: {self.locks.holder(effect.shard)}"
+            )
+            self.submit(ev.LockBusy(shard=effect.shard))
+
+    def _unlock(self, effect: fx.Unlock) -> None:
+        self.locks.unlock(effect.shard)
+
+    def _webhook(self, effect: fx.CallWebhook) -> None:
+        assert self._nursery is not None and self._webhooks is not None
+        try:
+            data = self._read_payload(effect.location)
+        except (OSError, ValueError) as exc:
+            self.submit(
+                ev.WebhookFinished(
+                    task_id=effect.task_id,
+                    attempt=effect.attempt,
+                    ok=False,
+                    error=f"snerd could not read the task's payload: {exc}",
+                    notification=effect.event != "Execute",
+                )
+            )
+            return
+        self._nursery.start_soon(self._webhook_task, effect, data)
+
+    async def _webhook_task(self, effect: fx.CallWebhook, data: str) -> None:
+        assert self._webhooks is not None
+        ok, error = await self._webhooks.call(
+            url=effect.url,
+            event=effect.event,
+            task_id=effect.task_id,
+            task_type=effect.task_type,
+            data=data,
+            timeout_s=effect.timeout_seconds,
+        )
+        self.submit(
+            ev.WebhookFinished(
+                task_id=effect.task_id,
+                attempt=effect.attempt,
+                ok=ok,
+                error=error,
+                notification=effect.event != "Execute",
+            )
+        )
+
+
+def _describe(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "No space left on device (os error 28)"
+    name = errno.errorcode.get(exc.errno or 0, "")
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text
+
+
+_EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
+    fx.Send: Runtime._send,
+    fx.Log: Runtime._log_line,
+    fx.Exit: Runtime._exit,
+    fx.Execute: Runtime._execute_task,
+    fx.DeliverDeadLetter: Runtime._dead_letter,
+    fx.Append: Runtime._append,
+    fx.Compact: Runtime._compact,
+    fx.ReadLog: Runtime._read_log,
+    fx.ReadMembership: Runtime._read_membership,
+    fx.WriteMembership: Runtime._write_membership,
+    fx.TryLock: Runtime._try_lock,
+    fx.Unlock: Runtime._unlock,
+    fx.CallWebhook: Runtime._webhook,
+}
+
+# Silence "imported but unused" for names kept for readers of this module.
+_ = (math, os)
