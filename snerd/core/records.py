@@ -1,0 +1,243 @@
+"""The log record codec: one JSON object per line, with a checksum snerd can verify.
+
+This module owns the byte format of a line in `tasks.log` and in the inbox logs: how a record is
+encoded (`encode_record`), how one line is checked and decoded (`decode_record`), and how a
+buffer is split into lines without ever letting one bad line hide the ones after it (`scan`).
+It is pure: no file access, no clocks, no threads. The shell (`snerd.io.log`) reads and writes
+the bytes; this module only judges them.
+
+Format. A task record keeps upstream SnerdMQ's keys and casing (`taskId`, `taskType`,
+`taskData`, `retryCount`, ... see PROTOCOL.md), so upstream tools and SDK dashboards can read a
+snerd log. snerd adds keys old readers ignore: `snerdKind` (absent: a task state record;
+otherwise e.g. "dispatch", "claim"), `snerdNode`, `snerdEpoch`, and, always last, the checksum::
+
+    {"taskId":"a",...,"snerdEpoch":3,"snerdCrc":"9c1d2e3f4a5b6c7d"}\\n
+
+`snerdCrc` is the 16 lowercase hex digits of xxh3_64 (seed 0) over every byte of the line before
+`,"snerdCrc"` — i.e. over orjson's output without its closing brace — so a flipped byte anywhere
+in the line is caught (the checksum bytes themselves are compared, so flips there are caught
+too). For the empty object the covered bytes are just `{` and the line is
+`{"snerdCrc":"..."}`. A line without a checksum (written by upstream SnerdMQ) is accepted as it
+is: it still has to be a JSON object in valid UTF-8.
+
+Why the checksum tail is matched so carefully: a flip inside the letters of the key
+`"snerdCrc"` would otherwise turn a checksummed line into a plausible "upstream" line with a
+key like `snerdCrC`, and the damage would go unnoticed. A line whose last 30 bytes are within
+one byte of the checksum tail's fixed bytes is therefore treated as a damaged checksummed line,
+not as an upstream one. Upstream records never end in an 8-letter key close to `snerdCrc`.
+
+This module must never: read or write files, parse a line it cannot verify as something else
+than what it is, or stop at a bad line (upstream bug 6.1.2: one invalid UTF-8 byte made upstream
+ignore the rest of the file and the next compaction destroyed it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import orjson
+import xxhash
+
+from snerd.core.events import LogRecord
+
+__all__ = [
+    "CHECKSUM_KEY",
+    "LINE_LIMIT",
+    "CorruptRecord",
+    "ScanResult",
+    "checksum_hex",
+    "decode_record",
+    "encode_record",
+    "scan",
+]
+
+#: The key of the checksum, always the last key of a line snerd writes.
+CHECKSUM_KEY = "snerdCrc"
+
+#: The longest line (newline included) snerd writes or accepts when reading a log back. A writer
+#: refuses bigger records (`encode_record` raises), so nothing is ever written that a reader
+#: would refuse; a reader reports a longer run of bytes without a newline as corrupt and
+#: resynchronises at the next newline instead of buffering it without bound.
+LINE_LIMIT = 64 * 1024 * 1024
+
+_TAIL_HEAD = b'"snerdCrc":"'  # 12 bytes
+_TAIL_END = b'"}'  # 2 bytes
+#: `"snerdCrc":"` + 16 hex digits + `"}`.
+_TAIL_LEN = len(_TAIL_HEAD) + 16 + len(_TAIL_END)  # 30
+#: The comma before the tail is part of the tail too.
+_SUFFIX_LEN = _TAIL_LEN + 1  # 31
+_HEX = frozenset(b"0123456789abcdef")
+#: Resynchronisation marker for lines glued together by upstream's torn writes (bug 6.1.1):
+#: upstream writes `taskId` first, and inside a JSON string a quote is always escaped, so an
+#: unescaped `{"taskId":` can only start an object.
+_TASK_START = b'{"taskId":'
+
+_dumps = orjson.dumps
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
+_xxh3_hex = xxhash.xxh3_64_hexdigest
+
+
+class CorruptRecord(ValueError):
+    """A line read from a log is not a valid record (bad input from disk, never a caller bug).
+
+    `reason` is a short human text: "checksum mismatch", "not JSON: ...", "not an object", ...
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def checksum_hex(covered: bytes) -> str:
+    """The checksum text for the covered bytes: 16 lowercase hex digits of xxh3_64, seed 0."""
+    return _xxh3_hex(covered)
+
+
+def encode_record(fields: Mapping[str, Any]) -> bytes:
+    """Encode one record as a complete log line: JSON object, checksum last, newline.
+
+    The result is one bytes object so the writer can put it in the file with a single write.
+    Raises `ValueError` (caller bug) when `fields` already holds `snerdCrc`, when the line would
+    exceed `LINE_LIMIT`, or when orjson cannot serialise a value (`orjson.JSONEncodeError` is a
+    `TypeError`: non-str keys, integers beyond 64 bits, unsupported types). Note that orjson
+    writes NaN and infinities as `null`: do not store them.
+    """
+    if CHECKSUM_KEY in fields:
+        raise ValueError(f"record fields must not contain {CHECKSUM_KEY!r}; encode_record adds it")
+    body = _dumps(fields)
+    # orjson output for a mapping always starts with `{` and ends with `}`, with no whitespace.
+    covered = body[:-1]
+    if len(body) > 2:
+        line = covered + b',"snerdCrc":"' + _xxh3_hex(covered).encode() + b'"}\n'
+    else:
+        line = b'{"snerdCrc":"' + _xxh3_hex(covered).encode() + b'"}\n'
+    if len(line) > LINE_LIMIT:
+        raise ValueError(f"record of {len(line)} bytes exceeds LINE_LIMIT ({LINE_LIMIT})")
+    return line
+
+
+def decode_record(line: bytes | bytearray) -> dict[str, Any]:
+    """Verify and decode one line (without its newline); return the record's fields.
+
+    The checksum key is verified and removed, so `decode_record(encode_record(f)[:-1]) == f`.
+    A line without a checksum (upstream SnerdMQ) is accepted when it is a JSON object. Raises
+    `CorruptRecord` for a checksum mismatch, a damaged checksum, invalid UTF-8, text that is not
+    JSON, or JSON that is not an object.
+    """
+    n = len(line)
+    if n >= _SUFFIX_LEN and line[-_TAIL_LEN:-18] == _TAIL_HEAD and line[-2:] == _TAIL_END:
+        sep = line[-_SUFFIX_LEN]
+        if sep == 0x2C:  # ',': the usual case
+            covered = line[:-_SUFFIX_LEN]
+        elif sep == 0x7B and n == _SUFFIX_LEN:  # '{': the empty object
+            covered = line[:1]
+        else:
+            raise CorruptRecord("damaged checksum separator")
+        if _xxh3_hex(covered).encode() != line[-18:-2]:
+            raise CorruptRecord("checksum mismatch")
+        try:
+            value = _loads(covered + b"}")
+        except _JSONDecodeError as exc:  # only a buggy writer gets here: the checksum matched
+            raise CorruptRecord(f"not JSON: {exc}") from None
+    else:
+        if n >= _SUFFIX_LEN and _near_checksum_tail(line):
+            raise CorruptRecord("damaged checksum")
+        try:
+            value = _loads(line)
+        except _JSONDecodeError as exc:
+            raise CorruptRecord(f"not JSON: {exc}") from None
+    if type(value) is not dict:
+        raise CorruptRecord(f"not an object: {type(value).__name__}")
+    return value
+
+
+def _near_checksum_tail(line: bytes | bytearray) -> bool:
+    """True when the last 30 bytes differ from a checksum tail's fixed bytes in exactly one place
+    (the hex digits are not fixed, so they are only required to be hex, or one of them to be the
+    damaged byte)."""
+    tail = line[-_TAIL_LEN:]
+    diffs = 0
+    for got, want in zip(tail[:12], _TAIL_HEAD, strict=True):
+        if got != want:
+            diffs += 1
+    for got in tail[12:28]:
+        if got not in _HEX:
+            diffs += 1
+    for got, want in zip(tail[28:], _TAIL_END, strict=True):
+        if got != want:
+            diffs += 1
+    # Zero differences cannot happen here (the exact tail was matched before); a damaged
+    # separator before an intact tail is caught by the exact branch.
+    return diffs == 1
+
+
+class ScanResult(NamedTuple):
+    """What `scan` found in a buffer."""
+
+    #: Every well-formed record of a complete line, in buffer order.
+    records: list[LogRecord]
+    #: Every complete line that is not a record: (absolute offset, reason), in buffer order.
+    corrupt: list[tuple[int, str]]
+    #: Absolute offset just past the last complete line (where an unterminated fragment, if
+    #: any, starts). `end - base_offset` bytes of the buffer were consumed.
+    end: int
+
+
+def scan(data: bytes | bytearray, *, base_offset: int = 0) -> ScanResult:
+    """Split a buffer into lines and decode each complete one.
+
+    `base_offset` is the position of `data[0]` in the file; offsets reported are absolute.
+    Blank lines (empty, or only spaces, tabs or `\\r`) are skipped. A corrupt line is reported
+    and scanning goes on with the next line: nothing after it is hidden. The bytes after the
+    last newline are not a record — they are a torn tail or the start of a line the next chunk
+    completes — and are left unconsumed: `end` says where they start.
+
+    Lines glued together by upstream's torn writes (a partial record, then a full one, on one
+    line) yield the full record at its own offset and report the partial part as corrupt.
+    """
+    records: list[LogRecord] = []
+    corrupt: list[tuple[int, str]] = []
+    append_record = records.append
+    find = data.find
+    pos = 0
+    while True:
+        nl = find(b"\n", pos)
+        if nl < 0:
+            break
+        if nl > pos:
+            line = data[pos:nl]
+            try:
+                fields = decode_record(line)
+            except CorruptRecord as exc:
+                if line.strip(b" \t\r"):  # a blank line is skipped, not reported
+                    _salvage(line, base_offset + pos, exc.reason, records, corrupt)
+            else:
+                append_record(
+                    LogRecord(offset=base_offset + pos, length=nl + 1 - pos, fields=fields)
+                )
+        pos = nl + 1
+    return ScanResult(records, corrupt, base_offset + pos)
+
+
+def _salvage(
+    line: bytes | bytearray,
+    offset: int,
+    reason: str,
+    records: list[LogRecord],
+    corrupt: list[tuple[int, str]],
+) -> None:
+    """Report a corrupt line, recovering a whole task record glued onto its end, if any."""
+    corrupt.append((offset, reason))
+    start = line.find(_TASK_START, 1)
+    while start > 0:
+        try:
+            fields = decode_record(line[start:])
+        except CorruptRecord:
+            start = line.find(_TASK_START, start + 1)
+            continue
+        records.append(
+            LogRecord(offset=offset + start, length=len(line) + 1 - start, fields=fields)
+        )
+        return
