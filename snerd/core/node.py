@@ -197,7 +197,11 @@ class InFlight:
 @dataclass(slots=True)
 class ShardInfo:
     phase: ShardPhase = ShardPhase.UNOWNED
+    #: The epoch this node writes under (from its claim in membership.json).
     epoch: int = 0
+    #: The latest claim epoch read so far while replaying the log (fencing is judged in log
+    #: order: a record is stale when a newer claim came before it).
+    log_epoch: int = 0
     size: int = 0
     #: Location of the latest claim record (kept by compaction).
     claim_loc: fx.Location | None = None
@@ -468,6 +472,7 @@ class Node:
         info.retry_lock_at_mono = None
         info.phase = ShardPhase.LOADING
         info.replay.clear()
+        info.log_epoch = 0
         self._emit(fx.ReadLog(shard=event.shard))
 
     def _on_lock_busy(self, event: ev.LockBusy) -> None:
@@ -586,12 +591,12 @@ class Node:
         epoch = f.get("snerdEpoch")
         # Fencing (DESIGN §4.3): a record written under an epoch older than the latest claim
         # before it was written by a stale owner and is not part of the state.
-        if isinstance(epoch, int) and epoch < info.epoch and kind != KIND_CLAIM:
+        if isinstance(epoch, int) and epoch < info.log_epoch and kind != KIND_CLAIM:
             return
         if kind == KIND_CLAIM:
             e = f.get("epoch")
             if isinstance(e, int):
-                info.epoch = max(info.epoch, e)
+                info.log_epoch = max(info.log_epoch, e)
             info.claim_loc = loc
             return
         if kind == KIND_DISPATCH:
@@ -661,7 +666,9 @@ class Node:
         info.replay_dispatch.clear()
         # Fence: our first record in this log is a claim with our epoch.
         info.phase = ShardPhase.FENCING
-        info.epoch = max(info.epoch + 1, claim_epoch(self.doc or {}, shard))
+        # Our epoch comes from our claim; should the log already hold that epoch or a newer one
+        # (membership.json lost or restored from a backup), go past it so fencing still holds.
+        info.epoch = max(info.epoch, info.log_epoch + 1)
         record = fx.NewRecord(
             fields={
                 "snerdKind": KIND_CLAIM,
@@ -722,6 +729,15 @@ class Node:
         return False
 
     def _on_line(self, event: ev.LineReceived) -> None:
+        if event.oversize:
+            self._send(
+                proto.error(
+                    proto.sniff_task_id(event.line),
+                    f"Invalid JSON: line of {event.oversize} bytes exceeds the daemon's limit "
+                    "(SNERD_MAX_LINE_BYTES); keep payloads in files and send a reference",
+                )
+            )
+            return
         try:
             command = proto.parse_line(event.line)
         except proto.ProtocolError as err:
@@ -921,13 +937,15 @@ class Node:
             total_dlq=self.stats["total_dlq"],
             queue_depth=len(self.tasks),
             uptime_secs=(self._now.mono - (self.started_mono or self._now.mono)) // SECOND,
-            per_shard=[(s, d) for s, d in sorted(depth.items())],
+            per_shard=depth,
+            # snerd's additions, which old SDKs ignore.
+            extra={
+                "in_flight": len(self.inflight),
+                "total_deduplicated": self.stats["total_deduplicated"],
+                "waiting_types": self.waiting_types(),
+                "node": self.config.node_id,
+            },
         )
-        # snerd's additions, which old SDKs ignore.
-        message["in_flight"] = len(self.inflight)
-        message["total_deduplicated"] = self.stats["total_deduplicated"]
-        message["waiting_types"] = self.waiting_types()
-        message["node"] = self.config.node_id
         self._send(message)
 
     def _on_webhook(self, event: ev.WebhookFinished) -> None:

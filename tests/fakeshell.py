@@ -1,0 +1,218 @@
+"""An in-memory shell for driving `snerd.core.node.Node` in unit tests (h11's ConnectionPair idea).
+
+It carries out every effect against plain Python structures — logs are bytearrays of real
+encoded records, membership is a dict, locks are a set — and feeds the outcomes back as events,
+so tests go through the node's public API only. Time is a number the test moves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import orjson
+
+from snerd.core import effects as fx
+from snerd.core import events as ev
+from snerd.core.node import Node, NodeConfig
+from snerd.core.records import decode_record, encode_record, scan
+
+SECOND = 1_000_000
+T0 = 1_800_000_000 * SECOND  # a wall-clock origin in 2027
+
+
+class FakeShell:
+    def __init__(self, config: NodeConfig | None = None, *, disk: dict[str, Any] | None = None):
+        self.config = config or NodeConfig(node_id="test-node@pid-1-aa")
+        #: Shared "disk", so a second FakeShell can restart on the same data.
+        self.disk = disk if disk is not None else {"logs": {}, "membership": None, "locks": {}}
+        self.node = Node(self.config)
+        self.wall = T0
+        self.mono = 5 * SECOND
+        self.sent: list[dict[str, Any]] = []
+        self.executed: list[fx.Execute] = []
+        self.webhooks: list[fx.CallWebhook] = []
+        self.dead_letters: list[fx.DeliverDeadLetter] = []
+        self.logs_out: list[tuple[str, str]] = []
+        self.exit_code: int | None = None
+        self.disk_full = False
+        #: Appends held back (not yet committed) when `hold_appends` is on.
+        self.hold_appends = False
+        self.held: deque[fx.Append] = deque()
+        self.queue: deque[ev.Event] = deque()
+
+    # -------------------------------------------------------------- driving
+
+    def now(self) -> ev.Now:
+        return ev.Now(wall=self.wall, mono=self.mono)
+
+    def feed(self, event: ev.Event) -> None:
+        self.queue.append(event)
+        self._pump()
+
+    def _pump(self) -> None:
+        while self.queue:
+            e = self.queue.popleft()
+            for effect in self.node.handle(e, self.now()):
+                self._do(effect)
+
+    def start(self) -> None:
+        self.feed(ev.Started())
+
+    def line(self, message: dict[str, Any] | bytes) -> None:
+        raw = message if isinstance(message, bytes) else orjson.dumps(message)
+        self.feed(ev.LineReceived(line=raw))
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks, waking the node at each deadline it asked for on the way."""
+        target_wall = self.wall + int(seconds * SECOND)
+        target_mono = self.mono + int(seconds * SECOND)
+        while True:
+            wait = self.node.wake_in(self.now())
+            if wait is None or self.mono + wait > target_mono:
+                break
+            self.wall += wait
+            self.mono += wait
+            self.feed(ev.Tick())
+            if wait == 0 and self.node.wake_in(self.now()) == 0:
+                break
+        self.wall, self.mono = target_wall, target_mono
+        self.feed(ev.Tick())
+
+    def release_held(self) -> None:
+        while self.held:
+            self._commit(self.held.popleft())
+        self._pump()
+
+    # -------------------------------------------------------------- shortcuts
+
+    def enqueue(self, task_id: str, task_type: str = "t", data: Any = None, **extra: Any) -> None:
+        msg = {
+            "action": "enqueue",
+            "task_id": task_id,
+            "task_type": task_type,
+            "task_data": orjson.dumps(data if data is not None else {"id": task_id}).decode(),
+            "max_retries": extra.pop("max_retries", 0),
+            "retry_after_hours": extra.pop("retry_after_hours", 0.0),
+        }
+        msg.update(extra)
+        self.line(msg)
+
+    def result(self, task_id: str, ok: bool = True, error: str | None = None) -> None:
+        msg: dict[str, Any] = {
+            "action": "result",
+            "task_id": task_id,
+            "status": "success" if ok else "error",
+        }
+        if error is not None:
+            msg["error_msg"] = error
+        self.line(msg)
+
+    def register(self, task_type: str = "t") -> None:
+        self.line({"action": "register", "task_type": task_type})
+
+    def messages(self, action: str) -> list[dict[str, Any]]:
+        return [m for m in self.sent if m.get("action") == action]
+
+    def executed_ids(self) -> list[str]:
+        return [e.task_id for e in self.executed]
+
+    def log_records(self, shard: int = 0) -> list[dict[str, Any]]:
+        data = bytes(self.disk["logs"].get(shard, b""))
+        return [decode_record(line) for line in data.splitlines() if line.strip()]
+
+    # -------------------------------------------------------------- effects
+
+    def _do(self, effect: fx.Effect) -> None:
+        if isinstance(effect, fx.Send):
+            self.sent.append(effect.message)
+        elif isinstance(effect, fx.Log):
+            self.logs_out.append((effect.level, effect.message))
+        elif isinstance(effect, fx.Execute):
+            self.executed.append(effect)
+        elif isinstance(effect, fx.CallWebhook):
+            self.webhooks.append(effect)
+        elif isinstance(effect, fx.DeliverDeadLetter):
+            self.dead_letters.append(effect)
+        elif isinstance(effect, fx.Exit):
+            self.exit_code = effect.code
+        elif isinstance(effect, fx.ReadMembership):
+            self.queue.append(ev.MembershipRead(doc=self.disk["membership"]))
+        elif isinstance(effect, fx.WriteMembership):
+            current = self.disk["membership"]
+            version = None if current is None else current.get("version")
+            if version != effect.expected_version:
+                self.queue.append(ev.MembershipWriteFailed(doc=current, error="changed"))
+            else:
+                self.disk["membership"] = effect.doc
+                self.queue.append(ev.MembershipWritten(doc=effect.doc))
+        elif isinstance(effect, fx.TryLock):
+            holder = self.disk["locks"].get(effect.shard)
+            if holder is None or holder == effect.owner:
+                self.disk["locks"][effect.shard] = effect.owner
+                self.queue.append(ev.LockAcquired(shard=effect.shard))
+            else:
+                self.queue.append(ev.LockBusy(shard=effect.shard))
+        elif isinstance(effect, fx.Unlock):
+            if self.disk["locks"].get(effect.shard) == self.config.node_id:
+                del self.disk["locks"][effect.shard]
+        elif isinstance(effect, fx.ReadLog):
+            data = bytes(self.disk["logs"].get(effect.shard, b""))
+            result = scan(data)
+            records = tuple(result.records)
+            corrupt = tuple(result.corrupt)
+            self.queue.append(
+                ev.LogRecordsRead(
+                    shard=effect.shard, records=records, corrupt=corrupt, final=True, size=len(data)
+                )
+            )
+        elif isinstance(effect, fx.Append):
+            if self.disk_full:
+                self.queue.append(ev.AppendFailed(token=effect.token, error="No space left"))
+            elif self.hold_appends:
+                self.held.append(effect)
+            else:
+                self._commit(effect)
+        elif isinstance(effect, fx.Compact):
+            log = bytes(self.disk["logs"].get(effect.shard, b""))
+            new = bytearray()
+            offsets, lengths = [], []
+            for r in effect.keep:
+                offsets.append(len(new))
+                lengths.append(r.length)
+                new += log[r.offset : r.offset + r.length]
+            self.disk["logs"][effect.shard] = new
+            self.queue.append(
+                ev.Compacted(
+                    token=effect.token,
+                    shard=effect.shard,
+                    offsets=tuple(offsets),
+                    lengths=tuple(lengths),
+                    size=len(new),
+                )
+            )
+        else:
+            raise AssertionError(f"unexpected effect {effect!r}")
+
+    def _commit(self, effect: fx.Append) -> None:
+        log = self.disk["logs"].setdefault(effect.shard, bytearray())
+        offsets, lengths = [], []
+        for record in effect.records:
+            fields = dict(record.fields)
+            if record.copy_data_from is not None:
+                loc = record.copy_data_from
+                src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
+                fields["taskData"] = decode_record(bytes(src).rstrip(b"\n"))["taskData"]
+            line = encode_record(fields)
+            offsets.append(len(log))
+            lengths.append(len(line))
+            log += line
+        self.queue.append(
+            ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
+        )
+
+    def payload(self, loc: fx.Location) -> str:
+        src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
+        data = decode_record(bytes(src).rstrip(b"\n"))["taskData"]
+        assert isinstance(data, str)
+        return data

@@ -1,0 +1,459 @@
+"""The node's decisions, driven through its public API by an in-memory shell."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from snerd.core import events as ev
+from snerd.core.node import NodeConfig, NodePhase
+from snerd.core.ownership import OwnershipConfig
+from snerd.core.timefmt import format_rfc3339
+from tests.fakeshell import SECOND, FakeShell
+
+
+def started(config: NodeConfig | None = None, **kw: Any) -> FakeShell:
+    sh = FakeShell(config, **kw)
+    sh.start()
+    assert sh.node.phase is NodePhase.RUNNING
+    return sh
+
+
+def test_enqueue_is_acked_after_commit_then_executed_then_completed() -> None:
+    sh = started()
+    sh.register("t")
+    sh.hold_appends = True
+    sh.enqueue("a", data={"x": 1})
+    assert sh.messages("ack")[-1]["message"] == "Registered handler for t"  # no enqueue ack yet
+    sh.hold_appends = False
+    sh.release_held()
+    ack = sh.messages("ack")[-1]
+    assert ack == {
+        "action": "ack",
+        "task_id": "a",
+        "message": "Enqueued successfully",
+        "shard": "shard-0",
+    }
+    # Executed at once (event-driven), with its payload read from the log.
+    assert sh.executed_ids() == ["a"]
+    assert orjson.loads(sh.payload(sh.executed[0].location)) == {"x": 1}
+    sh.result("a")
+    records = sh.log_records()
+    tomb = [r for r in records if r.get("taskId") == "a" and r.get("deletedAt")]
+    assert len(tomb) == 1 and tomb[0]["snerdOutcome"] == "completed"
+    assert tomb[0]["taskData"] == '{"x":1}'  # the tombstone is a full upstream-shaped record
+    assert sh.node.tasks == {}
+
+
+def test_membership_is_announced_and_claims_are_written() -> None:
+    sh = started()
+    doc = sh.disk["membership"]
+    claim = doc["claims"]["shard-0"]
+    assert claim["owner"] == sh.config.node_id
+    assert claim["epoch"] == 1
+    assert sh.messages("membership")[0]["owned"] == ["shard-0"]
+    # The first record of the log is the claim that fences older epochs.
+    assert sh.log_records()[0]["snerdKind"] == "claim"
+
+
+def test_unregistered_type_waits_for_register() -> None:
+    sh = started()
+    sh.enqueue("a", task_type="later")
+    assert sh.executed_ids() == []
+    sh.line({"action": "stats"})
+    assert sh.messages("stats")[-1]["waiting_types"] == ["later"]
+    sh.register("later")
+    assert sh.executed_ids() == ["a"]
+
+
+def test_priority_then_fifo_with_one_worker() -> None:
+    sh = started(NodeConfig(node_id="n@pid-1-x", max_workers=1))
+    sh.register("t")
+    sh.enqueue("blocker")
+    for i, urgency in enumerate([0.0, 5.0, 1.0, 5.0, 0.0]):
+        sh.enqueue(f"t{i}", urgency_score=urgency)
+    assert sh.executed_ids() == ["blocker"]
+    for _ in range(5):
+        sh.result(sh.executed[-1].task_id)
+    assert sh.executed_ids() == ["blocker", "t1", "t3", "t2", "t0", "t4"]
+
+
+def test_fails_twice_then_succeeds_within_its_attempts() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_retries=2, retry_after_hours=1 / 3600)  # 1 s backoff
+    sh.result("a", ok=False, error="boom 1")
+    assert len(sh.executed) == 1
+    sh.advance(0.5)
+    assert len(sh.executed) == 1  # still backing off
+    sh.advance(0.6)
+    assert len(sh.executed) == 2 and sh.executed[-1].attempt == 2
+    sh.result("a", ok=False, error="boom 2")
+    sh.advance(1.1)
+    assert sh.executed[-1].attempt == 3
+    sh.result("a")
+    retry_records = [r for r in sh.log_records() if r.get("taskId") == "a" and "LastErrorObj" in r]
+    assert [r["LastErrorObj"] for r in retry_records] == ["boom 1", "boom 2"]
+    assert sh.log_records()[-1]["snerdOutcome"] == "completed"
+    assert "LastJobError" not in sh.log_records()[-1]  # success clears the error
+    assert sh.dead_letters == []
+
+
+def test_exhausted_attempts_dead_letter_with_final_error() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_retries=1)
+    sh.result("a", ok=False, error="first")
+    sh.advance(0)
+    sh.result("a", ok=False, error="final")
+    sh.advance(10)
+    assert len(sh.executed) == 2  # 1 + max_retries attempts, never more
+    assert [d.task_id for d in sh.dead_letters] == ["a"]
+    assert sh.dead_letters[0].error == "final"
+    tomb = sh.log_records()[-1]
+    assert tomb["snerdOutcome"] == "dead_letter" and tomb["LastErrorObj"] == "final"
+    assert tomb["retryCount"] == 2
+
+
+def test_execute_at_in_the_future_waits() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", execute_at=format_rfc3339(sh.wall + 30 * SECOND))
+    assert sh.executed_ids() == []
+    sh.advance(29)
+    assert sh.executed_ids() == []
+    sh.advance(1.5)
+    assert sh.executed_ids() == ["a"]
+
+
+def test_rate_window_is_sliding_and_costs_no_attempt() -> None:
+    sh = started()
+    sh.register("t")
+    for i in range(3):
+        sh.enqueue(f"r{i}", rate_limit_group="g", max_per_minute=2)
+    assert sh.executed_ids() == ["r0", "r1"]
+    for i in range(2):
+        sh.result(f"r{i}")
+    sh.advance(59)
+    assert sh.executed_ids() == ["r0", "r1"]
+    sh.advance(1.5)
+    assert sh.executed_ids() == ["r0", "r1", "r2"]
+    assert sh.executed[-1].attempt == 1
+
+
+def test_dedupe_drops_a_pending_duplicate_and_says_so() -> None:
+    sh = started()
+    sh.enqueue("a", data={"same": 1}, auto_dedupe=True)
+    sh.enqueue("b", data={"same": 1}, auto_dedupe=True)
+    acks = {m["task_id"]: m for m in sh.messages("ack") if "task_id" in m}
+    assert acks["b"].get("deduplicated") is True
+    assert "deduplicated" not in acks["a"]
+    assert set(sh.node.tasks) == {"a"}
+    sh.register("t")
+    sh.result("a")
+    # Once the original finished, the same payload is accepted again.
+    sh.enqueue("c", data={"same": 1}, auto_dedupe=True)
+    assert "c" in sh.node.tasks
+
+
+def test_duplicate_live_task_id_is_refused_not_overwritten() -> None:
+    sh = started()
+    sh.enqueue("a", data={"v": 1})
+    sh.enqueue("a", data={"v": 2})
+    err = sh.messages("error")[-1]
+    assert err["task_id"] == "a" and "already pending" in err["message"]
+    sh.register("t")
+    assert orjson.loads(sh.payload(sh.executed[0].location)) == {"v": 1}
+
+
+def test_hard_timeout_fails_the_attempt_and_refuses_the_late_result() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_execution_seconds=5, max_retries=1)
+    sh.advance(5.1)
+    assert sh.node.tasks["a"].last_error == "Task execution timed out after 5 seconds"
+    assert len(sh.executed) == 2  # retried at once (no backoff)
+    # A result naming the first attempt is late: refused with the unknown/expired text.
+    sh.line({"action": "result", "task_id": "a", "status": "success", "attempt": 1})
+    assert sh.messages("error")[-1]["message"] == (
+        "Received result for unknown/expired task_id a"
+    )
+    sh.result("a")
+    assert "a" not in sh.node.tasks
+
+
+def test_full_disk_refuses_enqueue_and_recovers() -> None:
+    sh = started()
+    sh.disk_full = True
+    sh.enqueue("a")
+    err = sh.messages("error")[-1]
+    assert err["task_id"] == "a" and err["message"].startswith("Failed to enqueue: ")
+    assert "a" not in sh.node.tasks
+    sh.disk_full = False
+    sh.enqueue("a")
+    assert sh.messages("ack")[-1]["task_id"] == "a"
+
+
+def test_outcome_record_is_retried_until_the_disk_has_room() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a")
+    sh.disk_full = True
+    sh.result("a")
+    assert "a" in sh.node.tasks  # not finished until its tombstone is durable
+    sh.disk_full = False
+    sh.advance(1.5)
+    assert "a" not in sh.node.tasks
+    assert sh.log_records()[-1]["snerdOutcome"] == "completed"
+
+
+def test_restart_replays_the_log_and_reruns_unfinished_attempts() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("done")
+    sh.result("done")
+    sh.enqueue("running", max_retries=3)
+    sh.result("running", ok=False, error="e1")
+    sh.advance(0)  # attempt 2 dispatched, then the process dies
+    assert sh.executed[-1].attempt == 2
+    sh.line({"action": "register", "task_type": "other"})
+    sh.enqueue("q1", task_type="other2")
+    sh.enqueue("q2", task_type="other2")
+    # Crash: a new node on the same disk (the old one's lock is gone with its process).
+    sh.disk["locks"].clear()
+    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b"), disk=sh.disk)
+    sh2.wall = sh.wall + 40 * SECOND  # its lease lapsed
+    sh2.start()
+    assert sh2.node.phase is NodePhase.RUNNING
+    assert set(sh2.node.tasks) == {"running", "q1", "q2"}
+    sh2.register("t")
+    # Crash re-execution: the same attempt number again, not a new attempt.
+    assert [(e.task_id, e.attempt) for e in sh2.executed] == [("running", 2)]
+    sh2.register("other2")
+    assert sh2.executed_ids()[1:] == ["q1", "q2"]  # FIFO survives the restart
+    claims = [r for r in sh2.log_records() if r.get("snerdKind") == "claim"]
+    assert [c["epoch"] for c in claims] == [1, 2]
+
+
+def test_drain_refuses_enqueues_keeps_results_and_releases() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a")
+    sh.feed(ev.DrainRequested(reason="SIGTERM"))
+    sh.enqueue("b")
+    assert sh.messages("error")[-1] == {
+        "action": "error",
+        "task_id": "b",
+        "message": "[Snerd] Daemon is shutting down; enqueue rejected",
+    }
+    assert sh.exit_code is None  # waits for the in-flight task
+    sh.result("a")
+    assert sh.exit_code == 0
+    assert sh.log_records()[-1]["snerdOutcome"] == "completed"
+    assert sh.disk["membership"]["claims"] == {}
+    assert sh.disk["membership"]["epochs"]["shard-0"] == 1
+    assert sh.disk["locks"] == {}
+
+
+def test_drain_gives_up_on_stuck_tasks_after_the_timeout() -> None:
+    sh = started(NodeConfig(node_id="n@pid-1-x", drain_timeout_us=3 * SECOND))
+    sh.register("t")
+    sh.enqueue("stuck")
+    sh.feed(ev.DrainRequested(reason="SIGTERM"))
+    sh.advance(2.9)
+    assert sh.exit_code is None
+    sh.advance(0.2)
+    assert sh.exit_code == 0
+
+
+def test_second_node_waits_while_the_first_holds_the_shards() -> None:
+    sh = started()
+    other = FakeShell(NodeConfig(node_id="other@pid-9-z"), disk=sh.disk)
+    other.start()
+    assert other.node.owned_shards == []
+    assert any("claimed by a live daemon" in m for _, m in other.logs_out)
+    other.enqueue("x")
+    assert other.messages("error")[-1]["task_id"] == "x"
+
+
+def test_lock_held_elsewhere_pauses_the_shard_and_retries() -> None:
+    disk: dict[str, Any] = {"logs": {}, "membership": None, "locks": {0: "ghost"}}
+    sh = FakeShell(NodeConfig(node_id="n@pid-1-x"), disk=disk)
+    sh.start()
+    assert sh.node.owned_shards == []
+    assert any("lock is held by another process" in m for _, m in sh.logs_out)
+    del disk["locks"][0]
+    sh.advance(1.5)
+    assert sh.node.owned_shards == [0]
+
+
+def test_commands_sent_during_startup_are_kept_in_order() -> None:
+    sh = FakeShell()
+    sh.register("t")  # before Started: held
+    sh.enqueue("a")
+    sh.start()
+    assert sh.executed_ids() == ["a"]
+
+
+def test_compaction_keeps_live_state() -> None:
+    cfg = NodeConfig(node_id="n@pid-1-x", compact_min_bytes=4096, history_limit=5)
+    sh = started(cfg)
+    sh.register("t")
+    for i in range(60):
+        sh.enqueue(f"d{i}")
+        sh.result(f"d{i}")
+    sh.enqueue("live", task_type="nobody")
+    size_after = len(sh.disk["logs"][0])
+    assert size_after < 4096 + 2000  # compaction ran and shrank the log
+    ids = [r.get("taskId") for r in sh.log_records() if r.get("deletedAt")]
+    assert len(ids) <= 5 + 10  # bounded history
+    sh.disk["locks"].clear()
+    sh2 = FakeShell(cfg, disk=sh.disk)
+    sh2.wall = sh.wall + 40 * SECOND
+    sh2.start()
+    assert set(sh2.node.tasks) == {"live"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"not json",
+        b"[1,2]",
+        b'{"action":"fly"}',
+        b'{"action":"enqueue","task_id":"k","task_type":"t","task_data":"{}","max_retries":-1,'
+        b'"retry_after_hours":0}',
+        b'{"action":"enqueue","task_id":"k","task_type":"t","task_data":"{}","max_retries":1,'
+        b'"retry_after_hours":0,"execute_at":"tomorrow"}',
+        b'{"action":"enqueue","task_id":"k","task_type":"t","task_data":"{}","max_retries":1,'
+        b'"retry_after_hours":0,"rate_limit_group":"g","max_per_minute":0}',
+        b"\xff\xfe{",
+    ],
+)
+def test_bad_lines_get_an_error_and_the_node_keeps_serving(line: bytes) -> None:
+    sh = started()
+    sh.feed(ev.LineReceived(line=line))
+    err = sh.messages("error")[-1]
+    assert err["message"]
+    if b'"task_id":"k"' in line:
+        assert err["task_id"] == "k"
+    sh.register("t")
+    sh.enqueue("ok")
+    assert sh.executed_ids() == ["ok"]
+
+
+def test_oversize_line_is_refused_with_its_task_id() -> None:
+    sh = started()
+    prefix = b'{"action":"enqueue","task_id":"huge","task_data":"' + b"x" * 100
+    sh.feed(ev.LineReceived(line=prefix, oversize=50_000_000))
+    err = sh.messages("error")[-1]
+    assert err["task_id"] == "huge" and "50000000" in err["message"]
+
+
+def test_dependencies_wait_and_fail_through() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("parent", task_type="slow")
+    sh.enqueue("child", trigger_after_ids=["parent"])
+    assert sh.executed_ids() == []
+    sh.register("slow")
+    assert sh.executed_ids() == ["parent"]
+    sh.result("parent")
+    assert sh.executed_ids() == ["parent", "child"]
+    # A dead-lettered parent fails its children.
+    sh.enqueue("p2", task_type="slow")
+    sh.enqueue("c2", trigger_after_ids=["p2"])
+    sh.result("p2", ok=False, error="nope")
+    assert "c2" not in sh.node.tasks
+    tomb = [r for r in sh.log_records() if r.get("taskId") == "c2"][-1]
+    assert tomb["LastErrorObj"] == "blocked_by_failed_parent: p2"
+    sh.enqueue("c3", trigger_after_ids=["c3x"])
+    sh.enqueue("c3x", trigger_after_ids=["c3"])
+    assert "Cycle detected" in sh.messages("error")[-1]["message"]
+
+
+def test_cron_task_rearms_after_success() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("tick", cron="10s")
+    assert sh.executed_ids() == []
+    sh.advance(10.5)
+    assert sh.executed_ids() == ["tick"]
+    sh.result("tick")
+    assert "tick" in sh.node.tasks
+    sh.advance(10)
+    assert sh.executed_ids() == ["tick", "tick"]
+
+
+def test_lease_is_renewed() -> None:
+    sh = started(NodeConfig(node_id="n@pid-1-x", ownership=OwnershipConfig(ttl_us=30 * SECOND)))
+    first = sh.disk["membership"]["claims"]["shard-0"]["lease_expiry"]
+    sh.advance(11)
+    claim = sh.disk["membership"]["claims"]["shard-0"]
+    assert claim["lease_expiry"] > first and claim["renewals"] >= 1 and claim["epoch"] == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["enqueue", "ok", "fail", "tick", "restart"]),
+            st.integers(0, 7),
+            st.integers(0, 2),
+        ),
+        max_size=60,
+    )
+)
+def test_random_workloads_finish_every_acked_task_within_its_attempts(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    sh = started(NodeConfig(node_id="n@pid-1-x", max_workers=3))
+    sh.register("t")
+    max_retries: dict[str, int] = {}
+    runs: dict[str, list[int]] = {}
+    seen = 0
+
+    def note_executions(shell: FakeShell) -> None:
+        nonlocal seen
+        for e in shell.executed[seen:]:
+            runs.setdefault(e.task_id, []).append(e.attempt)
+        seen = len(shell.executed)
+
+    for op, n, r in ops:
+        tid = f"k{n}"
+        if op == "enqueue" and tid not in sh.node.tasks and tid not in max_retries:
+            sh.enqueue(tid, max_retries=r)
+            max_retries[tid] = r
+        elif op in ("ok", "fail") and tid in sh.node.inflight:
+            sh.result(tid, ok=op == "ok", error="x")
+        elif op == "tick":
+            sh.advance(1)
+        elif op == "restart":
+            note_executions(sh)
+            sh.disk["locks"].clear()
+            wall = sh.wall
+            sh = FakeShell(NodeConfig(node_id=f"n@pid-{n}-r", max_workers=3), disk=sh.disk)
+            sh.wall = wall + 40 * SECOND
+            sh.start()
+            sh.register("t")
+            seen = 0
+        note_executions(sh)
+    # Quiet phase: everything acked finishes.
+    for _ in range(200):
+        if not sh.node.tasks:
+            break
+        for tid in list(sh.node.inflight):
+            sh.result(tid)
+        sh.advance(1)
+        note_executions(sh)
+    assert sh.node.tasks == {}
+    acked = {m["task_id"] for m in sh.sent if m.get("action") == "ack" and "task_id" in m}
+    for tid in acked:
+        assert tid in runs
+    for tid, attempts in runs.items():
+        # Crash re-executions repeat an attempt number; distinct attempts stay within bounds.
+        assert max(attempts) <= 1 + max_retries[tid]
+        assert sorted(set(attempts)) == list(range(1, max(attempts) + 1))
