@@ -1,7 +1,69 @@
 """snerd: a background job queue with no server to run (a SnerdMQ-compatible daemon, SDK and
-embedded engine)."""
+embedded engine).
+
+The public faces are imported lazily (PEP 562 `__getattr__`): the daemon imports `snerd.core`
+and `snerd.io` through this package and must not pay for, or depend on, the SDK and the engine.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from snerd.client import SnerdQueue
+    from snerd.engine import Engine
+    from snerd.handlers import (
+        DaemonExited,
+        DuplicateTaskId,
+        Enqueued,
+        EnqueueError,
+        QueueNotRunning,
+        SnerdError,
+        TaskInfo,
+        current_task,
+        yield_progress,
+    )
+
+__all__ = [
+    "DaemonExited",
+    "DuplicateTaskId",
+    "Engine",
+    "EnqueueError",
+    "Enqueued",
+    "QueueNotRunning",
+    "SnerdError",
+    "SnerdQueue",
+    "TaskInfo",
+    "current_task",
+    "yield_progress",
+]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "SnerdQueue": "snerd.client",
+    "Engine": "snerd.engine",
+    "DaemonExited": "snerd.handlers",
+    "DuplicateTaskId": "snerd.handlers",
+    "EnqueueError": "snerd.handlers",
+    "Enqueued": "snerd.handlers",
+    "QueueNotRunning": "snerd.handlers",
+    "SnerdError": "snerd.handlers",
+    "TaskInfo": "snerd.handlers",
+    "current_task": "snerd.handlers",
+    "yield_progress": "snerd.handlers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'snerd' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

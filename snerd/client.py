@@ -1,0 +1,407 @@
+"""`SnerdQueue`: the Python SDK. It spawns a `snerdmq` daemon and speaks the wire protocol.
+
+Owns: the daemon child process (spawn, SIGTERM drain, kill as a last resort), its pipes
+(newline-delimited JSON on stdin/stdout; its stderr relayed, prefixed, to this process's
+stderr), and the tasks that read and write them. Handlers, enqueue bookkeeping and the
+`execute` -> `result` round trip are shared with the embedded engine (`snerd.handlers`).
+
+It keeps the upstream Python SDK's (snerdmq-python 0.4.2) names and argument order, so code
+written for it runs unchanged, and fixes that SDK's bugs (reference §1.5-1.6 and §6): results
+are still sent while the daemon drains, an enqueue fails fast when the daemon dies, two
+concurrent enqueues of one id are refused instead of clobbering each other, a refused enqueue
+raises the daemon's text, progress data may be any JSON value, and nothing is printed on stdout.
+It runs under asyncio and trio alike (anyio).
+
+It must never: write to this process's stdout, parse or validate task options (the daemon does,
+so its error texts reach the caller unchanged), or leave a daemon running after `shutdown()`
+returns or the `async with` block exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import orjson
+
+from snerd.handlers import (
+    DaemonExited,
+    QueueNotRunning,
+    _Background,
+    _drain_timeout,
+    _env_overrides,
+    _QueueFace,
+)
+
+__all__ = ["SnerdQueue", "default_binary"]
+
+#: Daemon stderr lines kept to explain an unexpected exit.
+_STDERR_TAIL = 20
+#: Grace after the drain timeout before a daemon that ignored SIGTERM is killed.
+_EXIT_GRACE_S = 5.0
+
+
+def default_binary() -> str:
+    """Where the `snerdmq` daemon is: the console script next to this Python interpreter (the
+    one `pip install snerd` put there, even in a venv that is not activated), else on PATH.
+
+    Raises:
+        FileNotFoundError: neither exists.
+    """
+    name = "snerdmq.exe" if os.name == "nt" else "snerdmq"
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("snerdmq")
+    if found:
+        return found
+    raise FileNotFoundError(
+        f"[Snerd] snerdmq not found at {beside} nor on PATH. Install snerd into this "
+        "environment (pip install snerd) or pass binary_path=."
+    )
+
+
+class SnerdQueue(_QueueFace):
+    """A job queue backed by a `snerdmq` daemon child process.
+
+    Two ways to run it::
+
+        async with SnerdQueue(storage_path="./.snerdata") as q:
+            @q.handler("email")
+            async def send(data): ...
+            await q.enqueue(None, "email", {"to": "a@b.c"})
+
+        q = SnerdQueue(storage_path="./.snerdata")   # the upstream SDK's shape
+        q.register_handler("email", send)
+        await q.start_listening()
+        ...
+        await q.shutdown()
+
+    Handlers may be registered before or after the start.
+    """
+
+    _log_prefix = "[snerd sdk] "
+
+    def __init__(
+        self,
+        binary_path: str | os.PathLike[str] | None = None,
+        storage_path: str | os.PathLike[str] | None = None,
+        shards: int | None = None,
+        max_local_shards: int | None = None,
+        max_workers: int | None = None,
+        *,
+        drain_timeout: float | None = None,
+        pools: Mapping[str, int] | None = None,
+        env: Mapping[str, str] | None = None,
+        stderr_prefix: str = "[snerdmq] ",
+    ) -> None:
+        """Describe the daemon to run; nothing starts until `start_listening()` / `async with`.
+
+        Args:
+            binary_path: the daemon executable; default `default_binary()`.
+            storage_path: the data directory, passed as the daemon's argument (default: the
+                daemon's own, `.snerdata` in the working directory).
+            shards: shard count for a new directory (`SNERD_SHARDS`).
+            max_local_shards: most shards this daemon owns (`SNERD_MAX_SHARDS`).
+            max_workers: concurrent executions (`SNERD_MAX_WORKERS`); also sizes the thread
+                pool for sync handlers.
+            drain_timeout: seconds in-flight tasks get at shutdown (`SNERD_DRAIN_TIMEOUT`).
+            pools: worker pools and their limits (`SNERD_POOLS`).
+            env: extra environment for the daemon (applied before the arguments above).
+            stderr_prefix: put before each daemon stderr line relayed to our stderr.
+
+        Raises:
+            FileNotFoundError: no daemon binary.
+        """
+        super().__init__(max_workers=max_workers)
+        self.binary_path = str(binary_path) if binary_path else default_binary()
+        if not Path(self.binary_path).exists() and not shutil.which(self.binary_path):
+            raise FileNotFoundError(f"[Snerd] Binary not found at {self.binary_path}.")
+        self.storage_path = None if storage_path is None else os.fspath(storage_path)
+        self.env: dict[str, str] = {
+            **os.environ,
+            **(env or {}),
+            **_env_overrides(
+                shards=shards,
+                max_local_shards=max_local_shards,
+                max_workers=max_workers,
+                drain_timeout=drain_timeout,
+                pools=pools,
+            ),
+        }
+        self.stderr_prefix = stderr_prefix
+        self._drain_timeout_s = _drain_timeout(self.env)
+        self._process: anyio.abc.Process | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._outer: anyio.abc.TaskGroup | None = None
+        self._background: _Background | None = None
+        self._outbox = bytearray()
+        self._outbox_wake: anyio.Event | None = None
+        self._pipe_broken = False
+        self._started = False
+        self._shutting_down = False
+        self._exited: anyio.Event | None = None
+        self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        #: The daemon's exit code once it has exited (negative: killed by that signal).
+        self.exit_code: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def pid(self) -> int | None:
+        """The daemon's process id while it runs."""
+        return self._process.pid if self._process is not None else None
+
+    def _claim_start(self) -> None:
+        if self._started:
+            raise RuntimeError("[Snerd] this SnerdQueue was already started; make a new one")
+        self._started = True
+
+    async def start_listening(self) -> None:
+        """Spawn the daemon and start serving it; returns once it is spawned and every handler
+        registered so far has been sent. Stop it with `shutdown()`.
+
+        Raises:
+            OSError: the daemon could not be spawned.
+            RuntimeError: already started.
+        """
+        self._claim_start()
+        self._background = _Background()
+        await self._background.start(self._serve)
+
+    #: The same as `start_listening`.
+    start = start_listening
+
+    async def __aenter__(self) -> SnerdQueue:
+        self._claim_start()
+        outer = anyio.create_task_group()
+        await outer.__aenter__()
+        try:
+            await outer.start(self._serve)
+        except BaseException:
+            if not await outer.__aexit__(*sys.exc_info()):
+                raise
+        self._outer = outer
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._outer is not None
+        try:
+            # Bounded (drain timeout + grace, then kill): safe to shield.
+            with anyio.CancelScope(shield=True):
+                await self.shutdown()
+        finally:
+            suppressed = await self._outer.__aexit__(exc_type, exc, tb)
+        return suppressed
+
+    async def shutdown(self, timeout: float | None = None) -> int | None:
+        """Drain and stop the daemon: SIGTERM, keep running handlers and sending their results
+        while it drains, wait for it to exit; kill it if it has not after `timeout` seconds
+        (default: the drain timeout + 5 s). New enqueues are refused at once.
+
+        Returns:
+            The daemon's exit code (None if it was never started).
+        """
+        process = self._process
+        if process is None or self._exited is None:
+            return None
+        if not self._shutting_down:
+            self._shutting_down = True
+            self._accepting = False
+            if self._stopped_error is None:
+                self._stopped_error = QueueNotRunning(
+                    "[Snerd] Queue is shutting down; enqueue rejected."
+                )
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.terminate()  # SIGTERM: the daemon drains, then exits
+        limit = self._drain_timeout_s + _EXIT_GRACE_S if timeout is None else timeout
+        with anyio.move_on_after(limit):
+            await self._exited.wait()
+        if not self._exited.is_set():
+            self._log(f"the daemon did not exit within {limit:g} s of SIGTERM; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await self._exited.wait()
+        if self._background is not None and self._background.done is not None:
+            await self._background.done.wait()
+        self._stopped_error = QueueNotRunning("[Snerd] Queue has been shut down.")
+        return self.exit_code
+
+    async def _serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        self._loop_thread = threading.get_ident()
+        self._exited = anyio.Event()
+        self._outbox_wake = anyio.Event()
+        args = [self.binary_path] + ([self.storage_path] if self.storage_path else [])
+        try:
+            process = await anyio.open_process(
+                args,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=self.env,
+            )
+        except BaseException:
+            self._exited.set()
+            raise
+        self._process = process
+        assert process.stdin and process.stdout and process.stderr
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                stderr_done = anyio.Event()
+                tg.start_soon(self._write_loop, process.stdin)
+                tg.start_soon(self._relay_stderr, process.stderr, stderr_done)
+                self._accepting = True
+                for task_type in self._registry.handlers:
+                    self._post({"action": "register", "task_type": task_type})
+                task_status.started()
+                await self._read_stdout(process.stdout)
+                # stdout closed: the daemon is exiting (or gone). Nothing can be answered now.
+                self._accepting = False
+                with anyio.move_on_after(2):
+                    await stderr_done.wait()
+                with anyio.move_on_after(_EXIT_GRACE_S):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                self.exit_code = await process.wait()
+                self._fail_all(self._exit_error())
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    # Leaving abnormally (cancelled, or an error in this SDK): never leave the
+                    # daemon behind. Its tasks are durable; in-flight ones run again later.
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                self.exit_code = await process.wait()
+                await process.aclose()
+                self._accepting = False
+                if self._stopped_error is None or self._pending:
+                    self._fail_all(self._exit_error())
+                self._exited.set()
+
+    def _exit_error(self) -> DaemonExited:
+        code = self.exit_code
+        how = (
+            f"was killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0 and -code in signal.valid_signals()
+            else f"exited with code {code}"
+        )
+        text = f"[Snerd] the snerdmq daemon {how} before answering"
+        if not self._shutting_down and self._stderr_tail:
+            text += "; its last words: " + " | ".join(self._stderr_tail)
+        return DaemonExited(text)
+
+    # ------------------------------------------------------------------ pipes
+
+    def _post(self, message: dict[str, Any]) -> None:
+        if self._pipe_broken or self._outbox_wake is None or self.exit_code is not None:
+            return
+        self._outbox += orjson.dumps(message)
+        self._outbox += b"\n"
+        self._outbox_wake.set()
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
+
+    def _registered(self, task_type: str) -> None:
+        if self._accepting:
+            self._post({"action": "register", "task_type": task_type})
+
+    async def _write_loop(self, stdin: anyio.abc.ByteSendStream) -> None:
+        """One writer: everything posted since the last write goes out in one write."""
+        assert self._outbox_wake is not None
+        while True:
+            await self._outbox_wake.wait()
+            self._outbox_wake = anyio.Event()
+            while self._outbox:
+                chunk = bytes(self._outbox)
+                self._outbox.clear()
+                try:
+                    await stdin.send(chunk)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    # The daemon is gone; the stdout reader sees EOF and fails what waits.
+                    self._pipe_broken = True
+                    self._outbox.clear()
+                    return
+
+    async def _read_stdout(self, stdout: anyio.abc.ByteReceiveStream) -> None:
+        buffer = bytearray()
+        while True:
+            try:
+                chunk = await stdout.receive(1 << 16)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                break
+            buffer += chunk
+            start = 0
+            while (nl := buffer.find(b"\n", start)) >= 0:
+                self._on_line(bytes(buffer[start:nl]))
+                start = nl + 1
+            del buffer[:start]
+        if buffer:
+            self._on_line(bytes(buffer))
+
+    def _on_line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            message = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            self._log(f"ignored a line from the daemon that is not JSON: {line[:200]!r}")
+            return
+        if isinstance(message, dict):
+            self._on_message(message)
+        else:
+            self._log(f"ignored a line from the daemon that is not an object: {line[:200]!r}")
+
+    async def _relay_stderr(self, stderr: anyio.abc.ByteReceiveStream, done: anyio.Event) -> None:
+        """Copy the daemon's log lines to our stderr, prefixed; keep the last few."""
+        buffer = bytearray()
+        try:
+            while True:
+                try:
+                    chunk = await stderr.receive(1 << 16)
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    break
+                buffer += chunk
+                lines = buffer.split(b"\n")
+                buffer = bytearray(lines.pop())
+                for raw in lines:
+                    self._relay_line(bytes(raw))
+            if buffer:
+                self._relay_line(bytes(buffer))
+        finally:
+            done.set()
+
+    def _relay_line(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        if not text:
+            return
+        self._stderr_tail.append(text)
+        try:
+            sys.stderr.write(f"{self.stderr_prefix}{text}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass  # our own stderr is gone; nothing sensible to do

@@ -1,0 +1,404 @@
+"""`Engine`: the snerd queue in-process: the SDK's handler API with no child process.
+
+Owns: one `snerd.io.runtime.Runtime` on a data directory (the same log, membership and shard
+locks as a daemon: an engine and daemons can share a directory), the in-process `Peer` that
+turns the runtime's protocol messages into handler calls, and the bridge between the runtime's
+trio world and the caller's event loop.
+
+Every request goes through the daemon's own parser: `enqueue`, `register` and `stats` are the
+JSON lines the SDK would write, submitted as `LineReceived`, so validation and error texts are
+the daemon's to the letter. Only a handler's outcome is handed over as a `Result` event (and
+progress as a `Progress` event), since they need no parsing.
+
+Two hosts:
+
+- trio: the runtime runs natively in a nursery of the engine's task group; messages and
+  results are plain calls on the one trio thread.
+- asyncio: the runtime runs as a trio *guest* on the running asyncio loop
+  (`trio.lowlevel.start_guest_run`, trio's own I/O wait in trio's helper thread). Trio steps and
+  asyncio callbacks alternate on the same thread, but each side may only touch its own
+  primitives: messages go to asyncio with `loop.call_soon_threadsafe`, submissions go to trio
+  with `TrioToken.run_sync_soon`. Handlers are asyncio tasks (or threads for sync handlers).
+
+It must never: decide anything about the queue (the runtime's node does), block either loop
+(the legacy-layout adoption runs in a worker thread), or leave the runtime running after
+`shutdown()` returns or the `async with` block exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import orjson
+import outcome
+import sniffio
+import trio
+
+from snerd.config import Settings, load_settings
+from snerd.core import events as ev
+from snerd.core import protocol as proto
+from snerd.handlers import (
+    DaemonExited,
+    QueueNotRunning,
+    _Background,
+    _drain_timeout,
+    _env_overrides,
+    _QueueFace,
+)
+from snerd.io.layout import adopt_legacy_layout
+from snerd.io.runtime import Runtime
+
+__all__ = ["Engine"]
+
+logger = logging.getLogger("snerd.engine")
+
+#: Grace after the drain timeout before a runtime that has not exited is cancelled.
+_EXIT_GRACE_S = 5.0
+
+
+class _EnginePeer:
+    """The runtime's `Peer`: buffers messages and hands each batch to the engine at `flush`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.batch: list[dict[str, Any]] = []
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        self.batch.append(message)
+
+    async def flush(self) -> None:
+        if self.batch:
+            batch, self.batch = self.batch, []
+            self.engine._to_host(self.engine._on_messages, batch)
+
+    def log(self, level: str, message: str) -> None:
+        number = logging.getLevelName(level.upper())
+        logger.log(number if isinstance(number, int) else logging.INFO, message)
+
+
+class _GuestStarted:
+    """A `trio.TaskStatus` that tells the asyncio host the runtime has started."""
+
+    def __init__(self, notify: Callable[[], object]) -> None:
+        self._notify = notify
+
+    def started(self, value: None = None) -> None:
+        self._notify()
+
+
+class Engine(_QueueFace):
+    """The queue, embedded: same handler API as `SnerdQueue`, no daemon process.
+
+    ::
+
+        async with Engine("./.snerdata", max_workers=8) as engine:
+            @engine.handler("email")
+            async def send(data): ...
+            await engine.enqueue(None, "email", {"to": "a@b.c"})
+
+    Runs under trio natively and under asyncio as a trio guest. `start()` / `shutdown()` work
+    too, for code shaped like the upstream SDK.
+    """
+
+    _log_prefix = "[snerd engine] "
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] = ".snerdata",
+        *,
+        shards: int | None = None,
+        max_local_shards: int | None = None,
+        max_workers: int | None = None,
+        drain_timeout: float | None = None,
+        pools: Mapping[str, int] | None = None,
+        env: Mapping[str, str] | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        """Describe the engine; nothing starts until `start()` / `async with`.
+
+        Args:
+            directory: the data directory (a daemon's `DIR`).
+            shards, max_local_shards, max_workers, drain_timeout, pools: as for `SnerdQueue`
+                (the `SNERD_*` variables they stand for).
+            env: the environment to read `SNERD_*` settings from (default `os.environ`); the
+                arguments above override it.
+            settings: ready-made settings; then `env` and the arguments above are ignored.
+
+        Raises:
+            snerd.config.ConfigError: a setting does not parse (the message names it).
+        """
+        overrides = _env_overrides(
+            shards=shards,
+            max_local_shards=max_local_shards,
+            max_workers=max_workers,
+            drain_timeout=drain_timeout,
+            pools=pools,
+        )
+        merged = {**(os.environ if env is None else env), **overrides}
+        self.settings = settings if settings is not None else load_settings(merged)
+        super().__init__(max_workers=self.settings.node.max_workers)
+        self.directory = Path(directory)
+        self._drain_timeout_s = (
+            self.settings.node.drain_timeout_us / 1_000_000
+            if settings is not None
+            else _drain_timeout(merged)
+        )
+        self._runtime: Runtime | None = None
+        self._runtime_scope: trio.CancelScope | None = None
+        self._guest = False
+        self._loop: Any = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._runtime_done = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._outer: anyio.abc.TaskGroup | None = None
+        self._background: _Background | None = None
+        self._started = False
+        self._shutting_down = False
+        self._exited: anyio.Event | None = None
+        #: The runtime's exit code once it has exited.
+        self.exit_code: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _claim_start(self) -> None:
+        if self._started:
+            raise RuntimeError("[Snerd] this Engine was already started; make a new one")
+        self._started = True
+
+    async def start(self) -> None:
+        """Start the engine; returns once its runtime runs. Stop it with `shutdown()`.
+
+        Raises:
+            snerd.io.layout.LegacyDaemonRunning: an upstream v0.2 daemon holds the directory.
+            RuntimeError: already started.
+        """
+        self._claim_start()
+        self._background = _Background()
+        await self._background.start(self._serve)
+
+    #: The upstream SDK's name for `start`.
+    start_listening = start
+
+    async def __aenter__(self) -> Engine:
+        self._claim_start()
+        outer = anyio.create_task_group()
+        await outer.__aenter__()
+        try:
+            await outer.start(self._serve)
+        except BaseException:
+            if not await outer.__aexit__(*sys.exc_info()):
+                raise
+        self._outer = outer
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._outer is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.shutdown()
+        finally:
+            suppressed = await self._outer.__aexit__(exc_type, exc, tb)
+        return suppressed
+
+    async def shutdown(self, timeout: float | None = None) -> int | None:
+        """Drain and stop: no new enqueues; running handlers finish (their results are
+        recorded) within the drain timeout; then leases are released and the runtime exits.
+        After `timeout` seconds (default: drain timeout + 5 s) the runtime is cancelled.
+
+        Returns:
+            The runtime's exit code (None if it was never started).
+        """
+        if self._exited is None:
+            return None
+        if not self._shutting_down:
+            self._shutting_down = True
+            self._accepting = False
+            if self._stopped_error is None:
+                self._stopped_error = QueueNotRunning(
+                    "[Snerd] Engine is shutting down; enqueue rejected."
+                )
+            if self._runtime is not None:
+                self._to_runtime(self._runtime.submit, ev.DrainRequested(reason="shutdown"))
+        limit = self._drain_timeout_s + _EXIT_GRACE_S if timeout is None else timeout
+        with anyio.move_on_after(limit):
+            await self._exited.wait()
+        if not self._exited.is_set():
+            self._log(f"the runtime did not exit within {limit:g} s of the drain; cancelling it")
+            if self._runtime_scope is not None:
+                self._to_runtime(self._runtime_scope.cancel)
+            await self._exited.wait()
+        if self._background is not None and self._background.done is not None:
+            await self._background.done.wait()
+        self._stopped_error = QueueNotRunning("[Snerd] Engine has been shut down.")
+        return self.exit_code
+
+    async def _serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        self._loop_thread = threading.get_ident()
+        self._exited = anyio.Event()
+        try:
+            message = await anyio.to_thread.run_sync(self._prepare_directory)
+            if message:
+                logger.info(message)
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                if sniffio.current_async_library() == "trio":
+                    await self._run_native(task_status)
+                else:
+                    await self._run_guest(task_status)
+                # The runtime has exited: handlers still running cannot report any more.
+                tg.cancel_scope.cancel()
+        finally:
+            self._accepting = False
+            self._runtime_done = True
+            if self._stopped_error is None or self._pending or self._stats_waiters:
+                self._fail_all(
+                    DaemonExited(
+                        f"[Snerd] the engine stopped (exit code {self.exit_code}) before answering"
+                    )
+                )
+            self._exited.set()
+
+    def _prepare_directory(self) -> str | None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return adopt_legacy_layout(self.directory)
+
+    def _new_runtime(self) -> Runtime:
+        runtime = Runtime(self.directory, self.settings, _EnginePeer(self))
+        self._runtime = runtime
+        return runtime
+
+    def _accept_after_start(self) -> None:
+        self._accepting = True
+        for task_type in self._registry.handlers:
+            self._post({"action": "register", "task_type": task_type})
+
+    async def _run_native(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        runtime = self._new_runtime()
+
+        async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            self.exit_code = await runtime.run(task_status=task_status)
+
+        async with trio.open_nursery() as nursery:
+            self._runtime_scope = nursery.cancel_scope
+            await nursery.start(run)
+            self._accept_after_start()
+            task_status.started()
+
+    async def _run_guest(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        self._guest = True
+        self._loop = loop
+        started = anyio.Event()
+        done = anyio.Event()
+        result: list[outcome.Outcome[None]] = []
+
+        async def trio_main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            runtime = self._new_runtime()
+            with trio.CancelScope() as scope:
+                self._runtime_scope = scope
+                status = _GuestStarted(lambda: loop.call_soon_threadsafe(started.set))
+                self.exit_code = await runtime.run(task_status=status)
+
+        def finished(out: outcome.Outcome[None]) -> None:
+            result.append(out)
+            started.set()
+            done.set()
+
+        trio.lowlevel.start_guest_run(
+            trio_main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=loop.call_soon,
+            done_callback=finished,
+            # asyncio owns signals; the runtime needs none (the engine drains on shutdown()).
+            host_uses_signal_set_wakeup_fd=True,
+        )
+        try:
+            await started.wait()
+            if not done.is_set():
+                self._accept_after_start()
+                task_status.started()
+                await done.wait()
+        finally:
+            if not done.is_set():
+                # Cancelled from the host side: stop the guest run before leaving, bounded.
+                with anyio.CancelScope(shield=True):
+                    if self._runtime_scope is not None:
+                        self._to_runtime(self._runtime_scope.cancel)
+                    with anyio.move_on_after(_EXIT_GRACE_S + self._drain_timeout_s):
+                        await done.wait()
+        result[0].unwrap()
+
+    # ------------------------------------------------------------------ bridges
+
+    def _to_runtime(self, fn: Callable[..., object], *args: Any) -> None:
+        """Call `fn(*args)` in the runtime's trio context."""
+        if self._runtime_done:
+            return
+        if not self._guest:
+            fn(*args)
+            return
+        assert self._token is not None
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(fn, *args)
+
+    def _to_host(self, fn: Callable[..., object], *args: Any) -> None:
+        """Call `fn(*args)` on the caller's event loop (from the runtime)."""
+        if self._guest:
+            self._loop.call_soon_threadsafe(fn, *args)
+        else:
+            fn(*args)
+
+    def _on_messages(self, batch: list[dict[str, Any]]) -> None:
+        for message in batch:
+            self._on_message(message)
+
+    def _post(self, message: dict[str, Any]) -> None:
+        runtime = self._runtime
+        if runtime is None:
+            return
+        action = message.get("action")
+        event: ev.Event
+        if action == "result":
+            event = proto.Result(
+                task_id=message["task_id"],
+                success=message["status"] == "success",
+                error_msg=message.get("error_msg"),
+                attempt=message.get("attempt"),
+            )
+        elif action == "progress":
+            event = proto.Progress(task_id=message["task_id"], data=message.get("data"))
+        else:
+            event = ev.LineReceived(line=orjson.dumps(message))
+        self._to_runtime(runtime.submit, event)
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
+
+    def _registered(self, task_type: str) -> None:
+        if self._accepting:
+            self._post({"action": "register", "task_type": task_type})
+
+    def _log(self, text: str) -> None:
+        logger.warning(text)

@@ -1,0 +1,757 @@
+"""Handler plumbing shared by the two public faces, `SnerdQueue` (the SDK that spawns the daemon)
+and `Engine` (the same queue in-process).
+
+Owns: the handler registry (handlers, dead-letter handlers, progress callbacks), running one
+attempt of a handler (async or sync, with the SDK-side timeout) and turning its outcome into a
+`result` message, building the `enqueue` message both faces send, matching the daemon's `ack` /
+`error` / `stats` replies to the calls waiting for them, the per-task context behind
+`yield_progress` and `current_task`, and the public exceptions.
+
+Both faces speak the wire protocol (PROTOCOL.md) as plain dicts: the SDK writes them to the
+daemon's stdin, the engine hands them to its in-process runtime. So a face only has to say how a
+message goes out (`_post`) and where a handler task runs (`_spawn`); everything else lives here
+and behaves the same in both.
+
+It must never: block the event loop (sync handlers run in worker threads), decide anything about
+the queue (retries, ordering, dedupe are the daemon's), or touch the daemon's files.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import inspect
+import json
+import sys
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+__all__ = [
+    "DaemonExited",
+    "DeadLetterHandler",
+    "DuplicateTaskId",
+    "EnqueueError",
+    "Enqueued",
+    "Handler",
+    "ProgressCallback",
+    "QueueNotRunning",
+    "SnerdError",
+    "TaskInfo",
+    "build_enqueue_message",
+    "current_task",
+    "parse_task_data",
+    "yield_progress",
+]
+
+#: A task handler: gets the parsed task data. Async functions run on the event loop; plain
+#: functions run in a worker thread. Returning normally is success; raising is a failed attempt.
+Handler: TypeAlias = Callable[[Any], Any]
+#: A dead-letter handler: gets the parsed task data, and the final error text when it takes a
+#: second positional parameter.
+DeadLetterHandler: TypeAlias = Callable[..., Any]
+#: A progress observer: `(task_id, data)`; sync or async.
+ProgressCallback: TypeAlias = Callable[[str, Any], Any]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The text the SDK reports for an attempt it cut short (the same text the daemon uses).
+TIMED_OUT = "Task execution timed out after {seconds} seconds"
+#: Prefix of the daemon's error for a `result` that matched no running attempt. Such an error
+#: carries a task id but is never the answer to an enqueue.
+_UNKNOWN_RESULT = "Received result for unknown/expired task_id"
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class SnerdError(RuntimeError):
+    """Base of every error snerd's SDK and engine raise.
+
+    A `RuntimeError` subclass, because the upstream Python SDK raised plain `RuntimeError` and
+    code written for it catches that.
+
+    Attributes:
+        message: the text, for an `EnqueueError` exactly the daemon's.
+        task_id: the task concerned, when there is one.
+    """
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task_id = task_id
+
+
+class EnqueueError(SnerdError):
+    """The daemon refused an enqueue (bad input, shutting down, disk full...); `message` is the
+    daemon's `error` text, e.g. `Failed to enqueue: max_retries must be 0 or more, got -1`."""
+
+
+class DaemonExited(SnerdError):
+    """The daemon (or the engine's runtime) stopped before it answered."""
+
+
+class QueueNotRunning(SnerdError):
+    """The queue was never started, is shutting down, or has stopped."""
+
+
+class DuplicateTaskId(SnerdError):
+    """An enqueue with this task id is already waiting for its ack in this process. (Upstream
+    SDKs silently dropped one of the two answers; the daemon itself refuses an id that is still
+    pending once the first one is stored.)"""
+
+
+# --- values ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """What an acknowledged enqueue returns: the record is durable (or was deduplicated)."""
+
+    task_id: str
+    #: The shard the task went to (`"shard-N"`), when the daemon says.
+    shard: str | None = None
+    #: True when `auto_dedupe` dropped it because an identical task is still pending.
+    deduplicated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """The attempt a handler is running, from `current_task()`."""
+
+    task_id: str
+    task_type: str
+    #: 1 for the first attempt; None when the daemon did not say (upstream daemons).
+    attempt: int | None = None
+    max_execution_seconds: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Running:
+    info: TaskInfo
+    face: _QueueFace
+    loop_thread: int
+
+
+_CURRENT: contextvars.ContextVar[_Running | None] = contextvars.ContextVar(
+    "snerd_current_task", default=None
+)
+
+
+def current_task() -> TaskInfo:
+    """The task whose handler is calling.
+
+    Raises:
+        RuntimeError: called outside a task handler.
+    """
+    running = _CURRENT.get()
+    if running is None:
+        raise RuntimeError("[Snerd] current_task() must be called within a task handler")
+    return running.info
+
+
+def yield_progress(data: Any) -> None:
+    """Report progress of the running task; observers see it through `on_progress`.
+
+    Works from async handlers and from sync handlers (in their worker thread). `data` is any
+    JSON value; snerd passes it on unchanged (upstream daemons accept only strings).
+
+    Raises:
+        RuntimeError: called outside a task handler.
+    """
+    running = _CURRENT.get()
+    if running is None:
+        raise RuntimeError("[Snerd] yield_progress must be called within a task handler context.")
+    message = {"action": "progress", "task_id": running.info.task_id, "data": data}
+    if threading.get_ident() == running.loop_thread:
+        running.face._post(message)
+    else:
+        anyio.from_thread.run_sync(running.face._post, message)
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+
+def parse_task_data(raw: Any) -> Any:
+    """Task data as handlers get it: JSON text parsed, anything else (or text that is not JSON)
+    passed as it is, like upstream SDKs."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def _format_execute_at(value: str | dt.datetime | dt.timedelta) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dt.timedelta):
+        value = dt.datetime.now(dt.UTC) + value
+    # A naive datetime is local time (datetime.astimezone's rule), never silently UTC.
+    moment = value.astimezone(dt.UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def build_enqueue_message(
+    task_id: str,
+    task_type: str,
+    data: Any,
+    *,
+    max_retries: int = 3,
+    retry_after_hours: float = 0.0,
+    rate_limit_group: str | None = None,
+    max_per_minute: int | None = None,
+    auto_dedupe: bool | None = None,
+    urgency_score: float | None = None,
+    execute_at: str | dt.datetime | dt.timedelta | None = None,
+    cron: str | None = None,
+    webhook_url: str | None = None,
+    max_execution_seconds: int | None = None,
+    pool: str | None = None,
+    trigger_after_ids: Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """The `enqueue` message, as the upstream Python SDK builds it.
+
+    `data` is serialized with `json.dumps` and its default separators, exactly as upstream did,
+    so `auto_dedupe` fingerprints match tasks enqueued by the upstream SDK. Unset options are
+    left out. Values are not checked here: the daemon validates them, so the error texts are
+    the daemon's.
+    """
+    message: dict[str, Any] = {
+        "action": "enqueue",
+        "task_id": task_id,
+        "task_type": task_type,
+        "task_data": json.dumps(data),
+        "max_retries": max_retries,
+        "retry_after_hours": retry_after_hours,
+    }
+    optional: dict[str, Any] = {
+        "rate_limit_group": rate_limit_group,
+        "max_per_minute": max_per_minute,
+        "auto_dedupe": auto_dedupe,
+        "urgency_score": urgency_score,
+        "execute_at": None if execute_at is None else _format_execute_at(execute_at),
+        "cron": cron,
+        "webhook_url": webhook_url,
+        "max_execution_seconds": max_execution_seconds,
+        "pool": pool,
+        "trigger_after_ids": None if trigger_after_ids is None else list(trigger_after_ids),
+    }
+    message.update((k, v) for k, v in optional.items() if v is not None)
+    return message
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return inspect.iscoroutinefunction(fn) or (
+        call is not None and inspect.iscoroutinefunction(call)
+    )
+
+
+def _positional_arity(fn: Callable[..., Any]) -> int:
+    """How many positional arguments `fn` accepts (a large number for `*args`)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    count = 0
+    for p in params:
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return 1 << 16
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+class _Waiter:
+    """One call waiting for the daemon's answer."""
+
+    __slots__ = ("abandoned", "error", "event", "value")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.value: Any = None
+        self.error: SnerdError | None = None
+        self.abandoned = False
+
+    def resolve(self, value: Any) -> None:
+        self.value = value
+        self.event.set()
+
+    def fail(self, error: SnerdError) -> None:
+        self.error = error
+        self.event.set()
+
+
+# --- the shared face ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Registry:
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    dead_letter: dict[str, DeadLetterHandler] = field(default_factory=dict)
+    progress: list[ProgressCallback] = field(default_factory=list)
+
+
+class _QueueFace:
+    """Everything the SDK and the engine share; subclasses say how messages go out.
+
+    Subclasses implement `_post` (send one protocol message; called on the event loop thread;
+    must not block), `_spawn` (start a task in the face's task group) and `_log`, call
+    `_on_message` for every message from the daemon and `_fail_all` when it is gone, and keep
+    `_accepting` true while enqueues may be sent.
+    """
+
+    #: Printed before log lines this face writes to stderr.
+    _log_prefix = "[snerd] "
+
+    def __init__(self, *, max_workers: int | None = None) -> None:
+        self._registry = _Registry()
+        self._pending: dict[str, _Waiter] = {}
+        self._stats_waiters: deque[_Waiter] = deque()
+        self._accepting = False
+        self._stopped_error: SnerdError | None = None
+        self._loop_thread: int | None = None
+        self._thread_limit = max_workers or 100
+        self._limiter: anyio.CapacityLimiter | None = None
+        #: The daemon's last `membership` message (which shards this daemon owns), if any.
+        self.membership: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def _post(self, message: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        raise NotImplementedError
+
+    def _log(self, text: str) -> None:
+        print(f"{self._log_prefix}{text}", file=sys.stderr, flush=True)
+
+    def _not_running_error(self) -> SnerdError:
+        if self._stopped_error is not None:
+            return self._stopped_error
+        return QueueNotRunning(
+            "[Snerd] Cannot enqueue task: Queue is not running. Call start_listening() first."
+        )
+
+    def _fail_all(self, error: SnerdError) -> None:
+        """The daemon is gone: every waiting call fails now instead of hanging."""
+        self._accepting = False
+        self._stopped_error = error
+        pending, self._pending = self._pending, {}
+        for task_id, waiter in pending.items():
+            waiter.fail(type(error)(error.message, task_id=task_id))
+        while self._stats_waiters:
+            self._stats_waiters.popleft().fail(error)
+
+    # ------------------------------------------------------------------ handler registry
+
+    def _registered(self, task_type: str) -> None:
+        """Hook: a handler for `task_type` was registered (send `register` when running)."""
+
+    def register_handler(self, task_type: str, handler: Handler) -> None:
+        """Run `handler(data)` for every task of `task_type`.
+
+        Args:
+            task_type: the task type, as given to `enqueue`.
+            handler: an async function (runs on the event loop) or a plain function (runs in a
+                worker thread). It gets the task data parsed from JSON. Returning is success;
+                raising fails the attempt with `"<ExceptionType>: <message>"` as its error.
+        """
+        self._registry.handlers[task_type] = handler
+        self._registered(task_type)
+
+    def register_max_retry_handler(self, task_type: str, handler: DeadLetterHandler) -> None:
+        """Call `handler(data)` when a task of `task_type` has used all its attempts.
+
+        Args:
+            task_type: the task type.
+            handler: async or plain function; gets the parsed task data, and, if it takes a
+                second positional parameter, the final error text (or None).
+        """
+        self._registry.dead_letter[task_type] = handler
+
+    def handler(self, task_type: str) -> Callable[[F], F]:
+        """Decorator form of `register_handler`: `@q.handler("email")`."""
+
+        def register(fn: F) -> F:
+            self.register_handler(task_type, fn)
+            return fn
+
+        return register
+
+    def max_retry_handler(self, task_type: str) -> Callable[[F], F]:
+        """Decorator form of `register_max_retry_handler`."""
+
+        def register(fn: F) -> F:
+            self.register_max_retry_handler(task_type, fn)
+            return fn
+
+        return register
+
+    def on_progress(self, callback: ProgressCallback) -> ProgressCallback:
+        """Observe `progress` messages: `callback(task_id, data)`, sync or async. Usable as a
+        decorator. Progress is a live stream; nothing is stored."""
+        self._registry.progress.append(callback)
+        return callback
+
+    def yield_progress(self, data: Any) -> None:
+        """Report progress of the task whose handler is calling (see `snerd.yield_progress`)."""
+        yield_progress(data)
+
+    async def yield_progress_async(self, data: Any) -> None:
+        """Async spelling of `yield_progress` (upstream has both)."""
+        yield_progress(data)
+
+    # ------------------------------------------------------------------ calls
+
+    async def enqueue(
+        self,
+        task_id: str | None = None,
+        task_type: str | None = None,
+        data: Any = None,
+        max_retries: int = 3,
+        retry_after_hours: float = 0.0,
+        rate_limit_group: str | None = None,
+        max_per_minute: int | None = None,
+        auto_dedupe: bool | None = None,
+        urgency_score: float | None = None,
+        execute_at: str | dt.datetime | dt.timedelta | None = None,
+        cron: str | None = None,
+        webhook_url: str | None = None,
+        max_execution_seconds: int | None = None,
+        pool: str | None = None,
+        trigger_after_ids: Iterable[str] | None = None,
+    ) -> Enqueued:
+        """Store a task and return once the daemon says it is durable.
+
+        Arguments keep the upstream SDK's names and order. Values are checked by the daemon.
+
+        Args:
+            task_id: unique id; None makes one (uuid4 hex). A finished task's id may be reused.
+            task_type: which handler runs it (required).
+            data: any JSON-serializable value; the handler gets it back parsed.
+            max_retries: retries after the first attempt (at most `1 + max_retries` runs).
+            retry_after_hours: wait between attempts.
+            rate_limit_group: name of a group limited to `max_per_minute` dispatches a minute.
+            max_per_minute: the group's limit (needs `rate_limit_group`).
+            auto_dedupe: drop this task if an identical one (same type and data) is pending.
+            urgency_score: higher runs first; equal scores run in enqueue order.
+            execute_at: not before this time: an RFC 3339 string, a datetime (a naive one is
+                local time) or a timedelta from now.
+            cron: recurring schedule (5 or 6 fields, or `30s`, `5m`, `1h`, `1d`).
+            webhook_url: POST the task to this URL instead of running a handler.
+            max_execution_seconds: hard timeout per attempt (enforced here and by the daemon).
+            pool: worker pool name (`SNERD_POOLS` limits its concurrency).
+            trigger_after_ids: run only after all these tasks completed.
+
+        Returns:
+            `Enqueued(task_id, shard, deduplicated)`.
+
+        Raises:
+            EnqueueError: the daemon refused it; `message` is its text.
+            DuplicateTaskId: an enqueue with this id is still waiting for its ack here.
+            DaemonExited: the daemon stopped before answering.
+            QueueNotRunning: not started, or shutting down.
+        """
+        if task_type is None:
+            raise TypeError("enqueue() needs a task_type")
+        if task_id is None:
+            task_id = uuid.uuid4().hex
+        message = build_enqueue_message(
+            task_id,
+            task_type,
+            data,
+            max_retries=max_retries,
+            retry_after_hours=retry_after_hours,
+            rate_limit_group=rate_limit_group,
+            max_per_minute=max_per_minute,
+            auto_dedupe=auto_dedupe,
+            urgency_score=urgency_score,
+            execute_at=execute_at,
+            cron=cron,
+            webhook_url=webhook_url,
+            max_execution_seconds=max_execution_seconds,
+            pool=pool,
+            trigger_after_ids=trigger_after_ids,
+        )
+        if not self._accepting:
+            raise self._not_running_error()
+        if task_id in self._pending:
+            raise DuplicateTaskId(
+                f"[Snerd] An enqueue of task '{task_id}' is already waiting for its ack",
+                task_id=task_id,
+            )
+        waiter = _Waiter()
+        self._pending[task_id] = waiter
+        try:
+            self._post(message)
+            await waiter.event.wait()
+        finally:
+            if self._pending.get(task_id) is waiter:
+                del self._pending[task_id]
+        if waiter.error is not None:
+            raise waiter.error
+        result: Enqueued = waiter.value
+        return result
+
+    async def stats(self, timeout: float | None = 10.0) -> dict[str, Any]:
+        """Ask the daemon for its counters (`{"action":"stats"}`) and return the reply.
+
+        Raises:
+            TimeoutError: no reply within `timeout` seconds.
+            DaemonExited, QueueNotRunning: no daemon to ask.
+        """
+        if self._stopped_error is not None or self._loop_thread is None:
+            raise self._not_running_error()
+        waiter = _Waiter()
+        self._stats_waiters.append(waiter)
+        self._post({"action": "stats"})
+        try:
+            with anyio.fail_after(timeout):
+                await waiter.event.wait()
+        finally:
+            # Replies come in request order: an abandoned request still takes its reply.
+            waiter.abandoned = True
+        if waiter.error is not None:
+            raise waiter.error
+        reply: dict[str, Any] = waiter.value
+        return reply
+
+    # ------------------------------------------------------------------ daemon messages
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        """Handle one message from the daemon (on the event loop thread)."""
+        action = message.get("action")
+        if action == "execute":
+            self._spawn(self._execute, message)
+        elif action == "ack":
+            task_id = message.get("task_id")
+            waiter = self._pending.pop(task_id, None) if isinstance(task_id, str) else None
+            if waiter is not None:
+                shard = message.get("shard")
+                waiter.resolve(
+                    Enqueued(
+                        task_id=task_id,  # type: ignore[arg-type]
+                        shard=shard if isinstance(shard, str) else None,
+                        deduplicated=message.get("deduplicated") is True,
+                    )
+                )
+        elif action == "error":
+            self._on_error(message)
+        elif action == "max_retries_reached":
+            task_type = message.get("task_type")
+            handler = (
+                self._registry.dead_letter.get(task_type) if isinstance(task_type, str) else None
+            )
+            if handler is None:
+                self._log(
+                    f"Dead Letter Queue: Task {message.get('task_id')} ({task_type}) "
+                    f"permanently failed: {message.get('error')}"
+                )
+            else:
+                self._spawn(self._dead_letter, handler, message)
+        elif action == "progress":
+            task_id = message.get("task_id")
+            for callback in list(self._registry.progress):
+                self._spawn(self._call_observer, callback, task_id, message.get("data"))
+        elif action == "stats":
+            # Replies come in request order; a request that gave up still takes its reply.
+            if self._stats_waiters:
+                waiter = self._stats_waiters.popleft()
+                if not waiter.abandoned:
+                    waiter.resolve(message)
+        elif action == "membership":
+            self.membership = message
+
+    def _on_error(self, message: dict[str, Any]) -> None:
+        task_id = message.get("task_id")
+        text = message.get("message")
+        text = text if isinstance(text, str) else json.dumps(text)
+        if isinstance(task_id, str) and not text.startswith(_UNKNOWN_RESULT):
+            waiter = self._pending.pop(task_id, None)
+            if waiter is not None:
+                waiter.fail(EnqueueError(text, task_id=task_id))
+                return
+        self._log(f"Error from daemon: {text}")
+
+    async def _call_observer(self, callback: ProgressCallback, task_id: Any, data: Any) -> None:
+        try:
+            result = callback(task_id, data)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            self._log(f"progress callback {callback!r} failed: {_describe(exc)}")
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)`: async on the loop, sync in a worker thread (abandoned on cancel,
+        so a stuck sync handler never holds up a shutdown)."""
+        if _is_async(fn):
+            await fn(*args)
+            return
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self._thread_limit)
+        context = contextvars.copy_context()
+        result = await anyio.to_thread.run_sync(
+            context.run, fn, *args, abandon_on_cancel=True, limiter=self._limiter
+        )
+        if inspect.isawaitable(result):
+            await result
+
+    async def _execute(self, message: dict[str, Any]) -> None:
+        task_id = message.get("task_id")
+        task_type = message.get("task_type")
+        if not isinstance(task_id, str) or not isinstance(task_type, str):
+            self._log(f"ignored a malformed execute message: {message!r}")
+            return
+        attempt = message.get("attempt")
+        attempt = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
+        limit = message.get("max_execution_seconds")
+        limit = limit if isinstance(limit, int | float) and not isinstance(limit, bool) else None
+        info = TaskInfo(
+            task_id=task_id,
+            task_type=task_type,
+            attempt=attempt,
+            max_execution_seconds=int(limit) if limit is not None else None,
+        )
+        error: str | None = None
+        handler = self._registry.handlers.get(task_type)
+        if handler is None:
+            error = f"No handler registered for task type '{task_type}'."
+        else:
+            data = parse_task_data(message.get("task_data"))
+            assert self._loop_thread is not None
+            token = _CURRENT.set(_Running(info, self, self._loop_thread))
+            try:
+                with anyio.move_on_after(limit if limit is not None else float("inf")) as scope:
+                    await self._call(handler, data)
+                if scope.cancelled_caught:
+                    error = TIMED_OUT.format(seconds=info.max_execution_seconds)
+            except Exception as exc:
+                error = _describe(exc)
+            finally:
+                _CURRENT.reset(token)
+        result: dict[str, Any] = {
+            "action": "result",
+            "task_id": task_id,
+            "status": "success" if error is None else "error",
+        }
+        if error is not None:
+            result["error_msg"] = error
+        if attempt is not None:
+            result["attempt"] = attempt
+        self._post(result)
+
+    async def _dead_letter(self, handler: DeadLetterHandler, message: dict[str, Any]) -> None:
+        data = parse_task_data(message.get("task_data"))
+        args: tuple[Any, ...] = (data,)
+        if _positional_arity(handler) >= 2:
+            error = message.get("error")
+            args = (data, error if isinstance(error, str) else None)
+        try:
+            await self._call(handler, *args)
+        except Exception as exc:
+            self._log(
+                f"Error in max retry handler for task {message.get('task_id')}: {_describe(exc)}"
+            )
+
+
+def _env_overrides(
+    *,
+    shards: int | None,
+    max_local_shards: int | None,
+    max_workers: int | None,
+    drain_timeout: float | None,
+    pools: Mapping[str, int] | None,
+) -> dict[str, str]:
+    """The `SNERD_*` variables the constructor arguments stand for."""
+    env: dict[str, str] = {}
+    if shards is not None:
+        env["SNERD_SHARDS"] = str(shards)
+    if max_local_shards is not None:
+        env["SNERD_MAX_SHARDS"] = str(max_local_shards)
+    if max_workers is not None:
+        env["SNERD_MAX_WORKERS"] = str(max_workers)
+    if drain_timeout is not None:
+        env["SNERD_DRAIN_TIMEOUT"] = str(drain_timeout)
+    if pools is not None:
+        env["SNERD_POOLS"] = ",".join(f"{name}={limit}" for name, limit in pools.items())
+    return env
+
+
+def _drain_timeout(env: Mapping[str, str]) -> float:
+    """SNERD_DRAIN_TIMEOUT as the daemon will read it (30 s when unset or unreadable; the
+    daemon itself refuses an unreadable value)."""
+    raw = env.get("SNERD_DRAIN_TIMEOUT", "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else 30.0
+    except ValueError:
+        return 30.0
+
+
+class _Background:
+    """Hosts a face's `serve` outside the caller's task tree, for upstream's unstructured
+    `await start_listening()` ... `await shutdown()` lifecycle. Under trio it is a system task
+    (`trio.lowlevel.spawn_system_task`: no nursery to hand it, and an error in it must never
+    crash the run, so this catches everything but cancellation); under asyncio a plain task.
+    """
+
+    def __init__(self) -> None:
+        self.done: anyio.Event | None = None
+        self.error: BaseException | None = None
+        self._task: Any = None
+
+    async def start(self, serve: Callable[..., Coroutine[Any, Any, None]]) -> None:
+        """Start `serve(task_status=...)`; return once it called `task_status.started()`.
+
+        Raises:
+            Whatever `serve` raised before it started.
+        """
+        import sniffio
+
+        started = anyio.Event()
+        done = self.done = anyio.Event()
+        cancelled = anyio.get_cancelled_exc_class()
+
+        async def runner() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(serve)
+                    started.set()
+            except cancelled:
+                raise
+            except BaseException as exc:
+                self.error = exc
+            finally:
+                started.set()
+                done.set()
+
+        library = sniffio.current_async_library()
+        if library == "trio":
+            import trio
+
+            trio.lowlevel.spawn_system_task(runner, name="snerd background")
+        elif library == "asyncio":
+            import asyncio
+
+            self._task = asyncio.get_running_loop().create_task(runner(), name="snerd background")
+        else:  # pragma: no cover - anyio supports only these two
+            raise RuntimeError(f"snerd does not support the {library} event loop")
+        await started.wait()
+        if self.error is not None:
+            raise self.error
