@@ -1,0 +1,684 @@
+"""The SDK wire protocol: parse and validate inbound lines, build outbound messages.
+
+This module owns the shape of every newline-delimited JSON message between an SDK and the
+daemon (see PROTOCOL.md): inbound lines become typed commands (`Register`, `Enqueue`, `Result`,
+`Progress`, `StatsRequested`), which are core events; outbound messages are built here as plain
+dicts, `action` first, in the exact shapes upstream SDKs parse. It must never perform I/O, read a
+clock or decide queue semantics: it answers "what did the SDK say, and is it well-formed?", and
+nothing about what the queue does with it.
+
+Errors are the SDK's fault, never the daemon's: anything wrong with a line raises
+`ProtocolError`, whose `message` is the full text for an `error` message and whose `task_id` is
+the line's task id whenever one can be found, even in a line that is otherwise garbage — upstream
+sent parse errors without one, which left SDK enqueue calls waiting forever (reference §6.4 #25).
+
+Two classes of error text, as upstream:
+
+- `Invalid JSON: <detail>` — the line is not JSON, not an object, has an unknown `action`, or a
+  field is missing or of the wrong type. Types are strict like serde: an integer field takes only
+  a JSON integer (not `3.0`, not `"3"`, not `true`); a number field takes an integer or a float.
+- `Failed to enqueue: <detail>` — a well-typed `enqueue` whose values make no sense (negative
+  retries, an unparseable `execute_at` or `cron`, ...). Upstream silently changed the meaning of
+  such tasks (ran them now, ran a cron once, deferred them forever); snerd refuses them.
+
+Decisions where upstream had no rule:
+
+- Unknown fields are ignored and `null` means absent, for optional fields. An empty string in an
+  optional string field (`rate_limit_group`, `execute_at`, `cron`, `webhook_url`, `pool`) also
+  means absent: SDKs that build JSON by string formatting send `""` for "unset", and upstream
+  treated `""` as "no time"/"no cron" anyway (an unparseable value).
+- Rate limiting needs both fields. `max_per_minute` without a `rate_limit_group` is refused
+  (upstream ignored it silently: a limit the user asked for that would never apply); a group
+  without `max_per_minute` is accepted and limits nothing, as upstream.
+- `trigger_after_ids` keeps its order, drops repeated ids, refuses empty ids and the task's own.
+- `webhook_url` must be an `http://` or `https://` URL (anything else could only ever fail).
+- `max_execution_seconds` must be at least 1 (upstream's 0 meant "time out at once").
+- `result` is read leniently past its id and outcome, because a refused `result` leaves an attempt
+  hanging: a non-string `error_msg` is kept as its JSON text. `status` wins over `success` when a
+  line carries both.
+- Blank lines are skipped by upstream; `is_blank_line` says so, and the caller should skip them
+  before `parse_line` (which would answer `Invalid JSON: empty line`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeAlias
+
+import orjson
+
+from snerd.core.cron import normalize_cron
+from snerd.core.events import Event
+from snerd.core.retry import MAX_RETRY_AFTER_HOURS
+from snerd.core.timefmt import parse_rfc3339
+
+__all__ = [
+    "DEFAULT_MAX_LINE_BYTES",
+    "MAX_EXECUTION_SECONDS",
+    "MAX_RETRY_AFTER_HOURS",
+    "MAX_TASK_ID_BYTES",
+    "NO_SHARDS_OWNED",
+    "SHUTTING_DOWN",
+    "Command",
+    "Enqueue",
+    "Progress",
+    "ProtocolError",
+    "Register",
+    "Result",
+    "StatsRequested",
+    "ack_enqueued",
+    "ack_registered",
+    "encode_message",
+    "error",
+    "execute",
+    "failed_to_enqueue",
+    "is_blank_line",
+    "max_retries_reached",
+    "membership",
+    "parse_line",
+    "progress",
+    "sniff_task_id",
+    "stats",
+    "timed_out",
+    "unknown_result",
+    "validate_enqueue",
+]
+
+#: Longest inbound line accepted, newline excluded.
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+#: Longest task id, in UTF-8 bytes. Ids are keys in memory, in every log record and in messages.
+MAX_TASK_ID_BYTES = 1024
+#: 100 years, like the longest `retry_after_hours` (`snerd.core.retry.MAX_RETRY_AFTER_HOURS`).
+MAX_EXECUTION_SECONDS = int(MAX_RETRY_AFTER_HOURS * 3600)
+# Upstream parsed max_retries and max_per_minute as i32: a larger value is not something any SDK
+# can mean, and records written with it must stay readable by upstream tools.
+_I32_MAX = 2**31 - 1
+
+SHUTTING_DOWN = "[Snerd] Daemon is shutting down; enqueue rejected"
+NO_SHARDS_OWNED = "[Snerd] No shards owned by this instance"
+
+_ACTIONS = ("register", "enqueue", "result", "progress", "stats")
+# How much of a bad value to echo back in an error: enough to recognize it, never megabytes.
+_SHOW_MAX_CHARS = 200
+# Where to look for a task id in a line that does not parse: the head (dict-ordered SDKs put it
+# near the front) and the tail (Go's json.Marshal sorts keys, so it comes after task_data).
+_SNIFF_BYTES = 64 * 1024
+# The id's JSON string, escapes included; orjson decodes it. Text inside another JSON string
+# cannot match, because there every quote is escaped.
+_SNIFF_TASK_ID = re.compile(rb'"task_id"\s*:\s*("(?:[^"\\]|\\.)*")', re.DOTALL)
+_BLANK = re.compile(rb"[ \t\r\n]*")
+
+
+# --- inbound commands --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Register(Event):
+    """The SDK has a handler for `task_type` (and wants its dead letters)."""
+
+    task_type: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Enqueue(Event):
+    """The SDK asks for a task to be stored and run. Validated: see `validate_enqueue`."""
+
+    task_id: str
+    task_type: str
+    #: Opaque text, normally JSON; passed back verbatim in `execute`.
+    task_data: str
+    #: Retries after the first attempt: the task runs at most `1 + max_retries` times.
+    max_retries: int
+    retry_after_hours: float
+    rate_limit_group: str | None = None
+    max_per_minute: int | None = None
+    auto_dedupe: bool = False
+    urgency_score: float = 0.0
+    #: `execute_at`, parsed: microseconds since the Unix epoch.
+    execute_at_us: int | None = None
+    #: Normalized by `snerd.core.cron.normalize_cron` (6 fields, seconds first).
+    cron: str | None = None
+    webhook_url: str | None = None
+    max_execution_seconds: int | None = None
+    pool: str | None = None
+    trigger_after_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result(Event):
+    """The SDK finished an attempt of `task_id`."""
+
+    task_id: str
+    success: bool
+    error_msg: str | None = None
+    #: snerd extra: the attempt number the SDK was given in `execute`, echoed back.
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress(Event):
+    """The SDK reports progress of a running task; `data` is any JSON value, passed on."""
+
+    task_id: str
+    data: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatsRequested(Event):
+    """The SDK asked for a `stats` message."""
+
+
+Command: TypeAlias = Register | Enqueue | Result | Progress | StatsRequested
+
+
+class ProtocolError(Exception):
+    """A line from the SDK was refused. Its fault, not the daemon's: answer with `error`.
+
+    Attributes:
+        task_id: the offending line's task id, when it had one (even if the rest was invalid).
+        message: the full text for the `error` message (`Invalid JSON: ...`, `Failed to ...`).
+    """
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task_id = task_id
+
+    def __repr__(self) -> str:
+        return f"ProtocolError({self.message!r}, task_id={self.task_id!r})"
+
+
+# --- known texts -------------------------------------------------------------------------------
+
+
+def failed_to_enqueue(detail: str) -> str:
+    """`Failed to enqueue: <detail>`, the text upstream SDKs show for a refused enqueue."""
+    return f"Failed to enqueue: {detail}"
+
+
+def unknown_result(task_id: str) -> str:
+    """The text for a `result` that matches no running attempt (late, duplicate or bogus)."""
+    return f"Received result for unknown/expired task_id {task_id}"
+
+
+def timed_out(seconds: int) -> str:
+    """The failure reason of an attempt that outlived its `max_execution_seconds`."""
+    return f"Task execution timed out after {seconds} seconds"
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+def is_blank_line(line: bytes) -> bool:
+    """True for an empty or whitespace-only line, which upstream skips without an answer."""
+    return _BLANK.fullmatch(line) is not None
+
+
+def parse_line(line: bytes, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Command:
+    """Parse and validate one line from the SDK (without its newline).
+
+    Args:
+        line: the raw bytes of the line.
+        max_line_bytes: refuse longer lines.
+
+    Returns:
+        The command the line carries.
+
+    Raises:
+        ProtocolError: the line is invalid; `message` says why, `task_id` names the task when the
+            line had a task id.
+    """
+    if len(line) > max_line_bytes:
+        raise ProtocolError(
+            f"Invalid JSON: line of {len(line)} bytes exceeds the limit of {max_line_bytes} bytes",
+            task_id=sniff_task_id(line),
+        )
+    try:
+        doc = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(_decode_error_text(line, exc), task_id=sniff_task_id(line)) from None
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"Invalid JSON: expected an object, got {_type_name(doc)}")
+
+    raw_id = doc.get("task_id")
+    fields = _Fields(doc, raw_id if isinstance(raw_id, str) else None)
+    action = doc.get("action")
+    if action is None:
+        raise fields.invalid("missing field `action`")
+    if not isinstance(action, str):
+        raise fields.invalid(f"field `action` must be a string, got {_type_name(action)}")
+    if action == "enqueue":
+        return _parse_enqueue(fields)
+    if action == "result":
+        return _parse_result(fields)
+    if action == "progress":
+        return _parse_progress(fields)
+    if action == "register":
+        task_type = fields.required_str("task_type")
+        if not task_type:
+            raise fields.invalid("field `task_type` must not be empty")
+        return Register(task_type=task_type)
+    if action == "stats":
+        return StatsRequested()
+    raise fields.invalid(f"unknown action '{_show(action)}'")
+
+
+def validate_enqueue(cmd: Enqueue) -> None:
+    """Check the invariants of an `Enqueue`, however it was built (parsed, or by the engine).
+
+    Raises:
+        ProtocolError: `Failed to enqueue: <reason>`, carrying `cmd.task_id`.
+    """
+
+    def refuse(detail: str) -> ProtocolError:
+        return ProtocolError(failed_to_enqueue(detail), task_id=cmd.task_id)
+
+    if not cmd.task_id:
+        raise refuse("task_id must not be empty")
+    id_bytes = len(cmd.task_id.encode("utf-8", "surrogatepass"))
+    if id_bytes > MAX_TASK_ID_BYTES:
+        raise refuse(f"task_id is {id_bytes} bytes; the limit is {MAX_TASK_ID_BYTES}")
+    if not cmd.task_type:
+        raise refuse("task_type must not be empty")
+    if cmd.max_retries < 0:
+        raise refuse(f"max_retries must be 0 or more, got {cmd.max_retries}")
+    if cmd.max_retries > _I32_MAX:
+        raise refuse(f"max_retries {cmd.max_retries} is too large (at most {_I32_MAX})")
+    hours = cmd.retry_after_hours
+    if not math.isfinite(hours):
+        raise refuse(f"retry_after_hours must be a finite number, got {hours}")
+    if hours < 0:
+        raise refuse(f"retry_after_hours must be 0 or more, got {hours}")
+    if hours > MAX_RETRY_AFTER_HOURS:
+        raise refuse(f"retry_after_hours {hours} is more than 100 years")
+    if cmd.max_per_minute is not None:
+        if cmd.max_per_minute < 1:
+            raise refuse(f"max_per_minute must be at least 1, got {cmd.max_per_minute}")
+        if cmd.max_per_minute > _I32_MAX:
+            raise refuse(f"max_per_minute {cmd.max_per_minute} is too large (at most {_I32_MAX})")
+        if cmd.rate_limit_group is None:
+            raise refuse("max_per_minute needs a rate_limit_group to count dispatches in")
+    if cmd.max_execution_seconds is not None:
+        if cmd.max_execution_seconds < 1:
+            raise refuse(
+                f"max_execution_seconds must be at least 1, got {cmd.max_execution_seconds}"
+            )
+        if cmd.max_execution_seconds > MAX_EXECUTION_SECONDS:
+            raise refuse(
+                f"max_execution_seconds {cmd.max_execution_seconds} is more than 100 years"
+            )
+    if not math.isfinite(cmd.urgency_score):
+        raise refuse(f"urgency_score must be a finite number, got {cmd.urgency_score}")
+    if cmd.cron is not None:
+        try:
+            normalized = normalize_cron(cmd.cron)
+        except ValueError as exc:
+            raise refuse(f"invalid cron '{_show(cmd.cron)}': {exc}") from None
+        if normalized != cmd.cron:
+            raise refuse(f"cron '{_show(cmd.cron)}' is not normalized (expected '{normalized}')")
+    if cmd.webhook_url is not None and not cmd.webhook_url.lower().startswith(
+        ("http://", "https://")
+    ):
+        raise refuse(
+            f"webhook_url must be an http:// or https:// URL, got '{_show(cmd.webhook_url)}'"
+        )
+    for parent in cmd.trigger_after_ids:
+        if not parent:
+            raise refuse("trigger_after_ids must not contain an empty id")
+        if parent == cmd.task_id:
+            raise refuse(f"task {cmd.task_id} cannot depend on itself")
+    if len(set(cmd.trigger_after_ids)) != len(cmd.trigger_after_ids):
+        raise refuse("trigger_after_ids must not repeat an id")
+
+
+def _parse_enqueue(f: _Fields) -> Enqueue:
+    # Types first, in field order, so the first wrong field is the one reported (as serde does).
+    task_id = f.required_str("task_id")
+    task_type = f.required_str("task_type")
+    task_data = f.required_str("task_data")
+    max_retries = f.required_int("max_retries")
+    retry_after_hours = f.required_number("retry_after_hours")
+    rate_limit_group = f.optional_str("rate_limit_group")
+    max_per_minute = f.optional_int("max_per_minute")
+    auto_dedupe = f.optional_bool("auto_dedupe")
+    urgency_score = f.optional_number("urgency_score")
+    execute_at = f.optional_str("execute_at")
+    cron = f.optional_str("cron")
+    webhook_url = f.optional_str("webhook_url")
+    max_execution_seconds = f.optional_int("max_execution_seconds")
+    pool = f.optional_str("pool")
+    trigger_after_ids = f.optional_str_list("trigger_after_ids")
+
+    cmd = Enqueue(
+        task_id=task_id,
+        task_type=task_type,
+        task_data=task_data,
+        max_retries=max_retries,
+        # `+ 0.0` turns -0.0 into 0.0.
+        retry_after_hours=retry_after_hours + 0.0,
+        rate_limit_group=rate_limit_group,
+        max_per_minute=max_per_minute,
+        auto_dedupe=bool(auto_dedupe),
+        urgency_score=0.0 if urgency_score is None else urgency_score + 0.0,
+        webhook_url=webhook_url,
+        max_execution_seconds=max_execution_seconds,
+        pool=pool,
+        # dict.fromkeys keeps the first occurrence of each id, in order.
+        trigger_after_ids=tuple(dict.fromkeys(trigger_after_ids or ())),
+    )
+    # The plain fields first (empty id, negative retries, ...), then the two that need parsing.
+    validate_enqueue(cmd)
+    if execute_at is None and cron is None:
+        return cmd
+
+    def refuse(detail: str) -> ProtocolError:
+        return ProtocolError(failed_to_enqueue(detail), task_id=task_id)
+
+    execute_at_us = None
+    if execute_at is not None:
+        try:
+            execute_at_us = parse_rfc3339(execute_at)
+        except ValueError as exc:
+            raise refuse(f"invalid execute_at '{_show(execute_at)}': {exc}") from None
+    normalized_cron = None
+    if cron is not None:
+        try:
+            normalized_cron = normalize_cron(cron)
+        except ValueError as exc:
+            raise refuse(f"invalid cron '{_show(cron)}': {exc}") from None
+    return replace(cmd, execute_at_us=execute_at_us, cron=normalized_cron)
+
+
+def _parse_result(f: _Fields) -> Result:
+    task_id = f.required_str("task_id")
+    if not task_id:
+        raise f.invalid("field `task_id` must not be empty")
+    status = f.doc.get("status")
+    if status is not None:
+        if not isinstance(status, str):
+            raise f.invalid(f"field `status` must be a string, got {_type_name(status)}")
+        success = status == "success"
+    else:
+        flag = f.optional_bool("success")
+        if flag is None:
+            raise f.invalid("missing field `status`")
+        success = flag
+    raw_msg = f.doc.get("error_msg")
+    if raw_msg is None or isinstance(raw_msg, str):
+        error_msg = raw_msg
+    else:
+        # Lenient on purpose: refusing the line would leave the attempt waiting for a result.
+        error_msg = orjson.dumps(raw_msg).decode()
+    attempt = f.optional_int("attempt")
+    if attempt is not None and attempt < 1:
+        raise f.invalid(f"field `attempt` must be at least 1, got {attempt}")
+    return Result(task_id=task_id, success=success, error_msg=error_msg, attempt=attempt)
+
+
+def _parse_progress(f: _Fields) -> Progress:
+    task_id = f.required_str("task_id")
+    if not task_id:
+        raise f.invalid("field `task_id` must not be empty")
+    if "data" not in f.doc:
+        raise f.invalid("missing field `data`")
+    return Progress(task_id=task_id, data=f.doc["data"])
+
+
+class _Fields:
+    """Typed access to the fields of one inbound object, with serde-like error texts."""
+
+    __slots__ = ("doc", "task_id")
+
+    def __init__(self, doc: dict[str, Any], task_id: str | None) -> None:
+        self.doc = doc
+        self.task_id = task_id
+
+    def invalid(self, detail: str) -> ProtocolError:
+        return ProtocolError(f"Invalid JSON: {detail}", task_id=self.task_id)
+
+    def _wrong_type(self, name: str, expected: str, value: Any) -> ProtocolError:
+        return self.invalid(f"field `{name}` must be {expected}, got {_type_name(value)}")
+
+    def _required(self, name: str) -> Any:
+        value = self.doc.get(name)
+        if value is None:
+            # serde says "invalid type: null" for an explicit null in a required field; "missing"
+            # is what the user needs to hear in both cases.
+            raise self.invalid(f"missing field `{name}`")
+        return value
+
+    def required_str(self, name: str) -> str:
+        value = self._required(name)
+        if not isinstance(value, str):
+            raise self._wrong_type(name, "a string", value)
+        return value
+
+    def optional_str(self, name: str) -> str | None:
+        value = self.doc.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise self._wrong_type(name, "a string", value)
+        return value or None
+
+    def required_int(self, name: str) -> int:
+        value = self._required(name)
+        # bool is a subclass of int in Python; JSON true is not an integer.
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self._wrong_type(name, "an integer", value)
+        return value
+
+    def optional_int(self, name: str) -> int | None:
+        return None if self.doc.get(name) is None else self.required_int(name)
+
+    def required_number(self, name: str) -> float:
+        value = self._required(name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise self._wrong_type(name, "a number", value)
+        return float(value)
+
+    def optional_number(self, name: str) -> float | None:
+        return None if self.doc.get(name) is None else self.required_number(name)
+
+    def optional_bool(self, name: str) -> bool | None:
+        value = self.doc.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise self._wrong_type(name, "a boolean", value)
+        return value
+
+    def optional_str_list(self, name: str) -> list[str] | None:
+        value = self.doc.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise self._wrong_type(name, "an array of strings", value)
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.invalid(
+                    f"field `{name}` must be an array of strings, "
+                    f"got {_type_name(item)} at index {index}"
+                )
+        return value
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _show(value: str) -> str:
+    """A bad value as echoed in an error: cut short, so an error line never carries megabytes."""
+    if len(value) <= _SHOW_MAX_CHARS:
+        return value
+    return value[:_SHOW_MAX_CHARS] + "…"
+
+
+def _decode_error_text(line: bytes, exc: orjson.JSONDecodeError) -> str:
+    if is_blank_line(line):
+        return "Invalid JSON: empty line"
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"Invalid JSON: invalid UTF-8 at byte {bad.start}"
+    return f"Invalid JSON: {exc}"
+
+
+def sniff_task_id(line: bytes) -> str | None:
+    """Best-effort task id of a line that is too long or does not parse.
+
+    Looks for `"task_id": "<id>"` in the first and last 64 KiB of the line, so it stays cheap on a huge line and finds the id whether the SDK wrote it
+    before or after `task_data`. Returns None when there is no such id.
+    """
+    head = line[:_SNIFF_BYTES]
+    found = _SNIFF_TASK_ID.search(head)
+    if found is None and len(line) > _SNIFF_BYTES:
+        found = _SNIFF_TASK_ID.search(line[-_SNIFF_BYTES:])
+    if found is None:
+        return None
+    try:
+        task_id = orjson.loads(found[1])
+    except orjson.JSONDecodeError:
+        return None  # invalid UTF-8 or a broken escape: no id we could echo faithfully
+    return task_id if isinstance(task_id, str) else None
+
+
+# --- outbound messages -------------------------------------------------------------------------
+
+
+def ack_registered(task_type: str) -> dict[str, Any]:
+    """`{"action":"ack","message":"Registered handler for <type>"}`."""
+    return {"action": "ack", "message": f"Registered handler for {task_type}"}
+
+
+def ack_enqueued(task_id: str, shard: int, *, deduplicated: bool = False) -> dict[str, Any]:
+    """The enqueue ack, sent once the record is durable (or the task was deduplicated).
+
+    `deduplicated` adds the snerd extra `"deduplicated": true`; old SDKs ignore it.
+    """
+    msg: dict[str, Any] = {
+        "action": "ack",
+        "task_id": task_id,
+        "message": "Enqueued successfully",
+        "shard": f"shard-{shard}",
+    }
+    if deduplicated:
+        msg["deduplicated"] = True
+    return msg
+
+
+def error(task_id: str | None, message: str) -> dict[str, Any]:
+    """`{"action":"error","task_id":ID,"message":TEXT}`; `task_id` omitted when None."""
+    if task_id is None:
+        return {"action": "error", "message": message}
+    return {"action": "error", "task_id": task_id, "message": message}
+
+
+def execute(
+    task_id: str,
+    task_type: str,
+    task_data: str,
+    max_execution_seconds: int | None,
+    attempt: int,
+) -> dict[str, Any]:
+    """Hand an attempt to the SDK. `max_execution_seconds` is omitted when None (upstream);
+    `attempt` is a snerd extra the SDK may echo in its `result`."""
+    msg: dict[str, Any] = {
+        "action": "execute",
+        "task_id": task_id,
+        "task_type": task_type,
+        "task_data": task_data,
+    }
+    if max_execution_seconds is not None:
+        msg["max_execution_seconds"] = max_execution_seconds
+    msg["attempt"] = attempt
+    return msg
+
+
+def max_retries_reached(task_id: str, task_type: str, task_data: str) -> dict[str, Any]:
+    """The dead-letter notice for a task that used all its attempts."""
+    return {
+        "action": "max_retries_reached",
+        "task_id": task_id,
+        "task_type": task_type,
+        "task_data": task_data,
+    }
+
+
+def progress(task_id: str, data: Any) -> dict[str, Any]:
+    """The echo of an inbound `progress`, for the SDK's dashboard."""
+    return {"action": "progress", "task_id": task_id, "data": data}
+
+
+def stats(
+    *,
+    total_enqueued: int,
+    total_executed: int,
+    total_failed: int,
+    total_dlq: int,
+    queue_depth: int,
+    uptime_secs: int,
+    per_shard: Mapping[int, int],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The reply to `stats`.
+
+    Args:
+        per_shard: depth of each owned shard, by shard number; listed in shard order.
+        extra: snerd's additional fields (old SDKs ignore them), added after upstream's.
+    """
+    msg: dict[str, Any] = {
+        "action": "stats",
+        "total_enqueued": total_enqueued,
+        "total_executed": total_executed,
+        "total_failed": total_failed,
+        "total_dlq": total_dlq,
+        "queue_depth": queue_depth,
+        "uptime_secs": uptime_secs,
+        "per_shard": [
+            {"shard": f"shard-{shard}", "depth": depth}
+            for shard, depth in sorted(per_shard.items())
+        ],
+    }
+    if extra:
+        for key, value in extra.items():
+            if key in msg:
+                raise ValueError(f"stats extra field {key!r} would replace an upstream field")
+            msg[key] = value
+    return msg
+
+
+def membership(queue: str, shards: int, owned: list[int], version: int) -> dict[str, Any]:
+    """`{"action":"membership","queue","shards","owned":["shard-N"...],"version"}`; `owned` is
+    listed in shard order."""
+    return {
+        "action": "membership",
+        "queue": queue,
+        "shards": shards,
+        "owned": [f"shard-{n}" for n in sorted(owned)],
+        "version": version,
+    }
+
+
+def encode_message(msg: dict[str, Any]) -> bytes:
+    """One outbound line: compact JSON, key order kept (`action` first), then a newline.
+
+    Raises:
+        TypeError: `msg` holds something JSON cannot carry (orjson's error).
+    """
+    return orjson.dumps(msg, option=orjson.OPT_APPEND_NEWLINE)
