@@ -39,10 +39,10 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import outcome
 import trio
@@ -54,26 +54,31 @@ from snerd.core.records import LINE_LIMIT, CorruptRecord, decode_record, encode_
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_FSYNC_INTERVAL_MS",
+    "FSYNC_POLICIES",
     "AppendOutcome",
+    "CompactOutcome",
     "CompactResult",
-    "FsyncPolicy",
-    "FsyncSettings",
     "GroupCommitLog",
     "LogChunk",
     "LogReader",
     "LogStatistics",
-    "atomic_write",
+    "atomic_replace",
     "compaction_tmp_path",
     "cut_torn_tail",
     "fsync_dir",
-    "fsync_settings_from_env",
     "materialize",
     "read_log",
+    "read_log_chunks",
     "read_record",
     "recover_log",
 ]
 
-FsyncPolicy = Literal["always", "interval", "never"]
+#: `SNERD_FSYNC` values. `always`: an ack means written and fsynced (group commit makes it
+#: cheap). `interval`: an ack means written; each written file is fsynced at most every
+#: `interval_ms` and at the latest `interval_ms` after a write, so a power loss can take the last
+#: `interval_ms` of acknowledged records (a process crash loses nothing: the page cache survives
+#: it). `never`: an ack means written; the OS writes back when it likes.
+FSYNC_POLICIES = ("always", "interval", "never")
 #: What `on_done` receives: the start offset of each line, or the error that failed the append.
 AppendOutcome = tuple[int, ...] | OSError
 
@@ -162,7 +167,7 @@ def _rename(src: str, dst: str) -> None:
             raise
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str = ".tmp") -> None:
+def atomic_replace(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str = ".tmp") -> None:
     """Replace a small file atomically and durably: temp file in the same directory, write,
     fsync, rename over `path`, fsync the directory (membership.json uses this).
 
@@ -219,6 +224,16 @@ class LogChunk(NamedTuple):
 
 
 def read_log(
+    path: str | os.PathLike[str], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[tuple[list[LogRecord], list[tuple[int, str]]]]:
+    """Read a whole log in file order: yields `(records, corrupt)` per chunk of about
+    `chunk_bytes`. Bytes after the last newline (a torn tail) are not reported; cut them with
+    `cut_torn_tail` first. Blocking: run it in a worker thread. See `read_log_chunks`."""
+    for chunk in read_log_chunks(path, chunk_bytes=chunk_bytes):
+        yield chunk.records, chunk.corrupt
+
+
+def read_log_chunks(
     path: str | os.PathLike[str], *, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[LogChunk]:
     """Read a log from `start` in chunks of about `chunk_bytes`, in file order.
@@ -385,7 +400,7 @@ class LogReader:
 
 def materialize(
     records: Sequence[NewRecord],
-    path_for_shard: Callable[[int], str],
+    path_for_shard: Callable[[int], str | os.PathLike[str]],
     reader: LogReader | None = None,
 ) -> list[bytes]:
     """Turn the core's `NewRecord`s into log lines.
@@ -414,48 +429,6 @@ def materialize(
             fields = {**fields, "taskData": data}
         lines.append(encode_record(fields))
     return lines
-
-
-# --------------------------------------------------------------------------------------------
-# Settings
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FsyncSettings:
-    """How appends are made durable (`SNERD_FSYNC`, `SNERD_FSYNC_INTERVAL_MS`).
-
-    - `always` (default): an ack means written and fsynced. Group commit makes it cheap.
-    - `interval`: an ack means written; each written file is fsynced at most every
-      `interval_ms` and at the latest `interval_ms` after a write, so a power loss can take the
-      last `interval_ms` of acknowledged records. A process crash loses nothing (the page cache
-      survives it).
-    - `never`: an ack means written; the OS writes back when it likes.
-    """
-
-    policy: FsyncPolicy = "always"
-    interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS
-
-
-def fsync_settings_from_env(environ: Mapping[str, str]) -> FsyncSettings:
-    """Parse `SNERD_FSYNC` (always|interval|never) and `SNERD_FSYNC_INTERVAL_MS` (positive int).
-    A value that does not parse raises `ValueError` naming the variable."""
-    raw = environ.get("SNERD_FSYNC", "always").strip().lower() or "always"
-    if raw not in ("always", "interval", "never"):
-        raise ValueError(f"SNERD_FSYNC must be always, interval or never, not {raw!r}")
-    policy: FsyncPolicy = raw  # type: ignore[assignment]
-    raw_ms = environ.get("SNERD_FSYNC_INTERVAL_MS", "").strip()
-    interval_ms = DEFAULT_FSYNC_INTERVAL_MS
-    if raw_ms:
-        try:
-            interval_ms = int(raw_ms)
-        except ValueError:
-            raise ValueError(
-                f"SNERD_FSYNC_INTERVAL_MS must be an integer, not {raw_ms!r}"
-            ) from None
-        if interval_ms <= 0:
-            raise ValueError(f"SNERD_FSYNC_INTERVAL_MS must be positive, not {interval_ms}")
-    return FsyncSettings(policy=policy, interval_ms=interval_ms)
 
 
 # --------------------------------------------------------------------------------------------
@@ -495,6 +468,10 @@ class CompactResult(NamedTuple):
     offsets: tuple[int, ...]
     lengths: tuple[int, ...]
     size: int
+
+
+#: What a compaction's `on_done` receives.
+CompactOutcome = CompactResult | OSError
 
 
 class _FileState:
@@ -548,24 +525,41 @@ class GroupCommitLog:
 
     Use::
 
-        async with GroupCommitLog(FsyncSettings(policy="always")) as log:
-            offsets = await log.append(path, [encode_record(fields)])
-            log.submit(path, lines, on_done)        # non-blocking, callback style
+        async with GroupCommitLog(fsync="always") as log:
+            log.submit(path, lines, on_done)       # non-blocking, callback style
+            offsets = await log.append(path, lines)
+            log.submit_compaction(path, keep, extra_lines, on_done)
             result = await log.compact(path, keep, extra_lines)
+
+    `fsync` is one of `FSYNC_POLICIES` (see there for what an ack means under each);
+    `interval_ms` applies to `interval`. `on_background_error(path, exc)` is called in the trio
+    thread when an fsync the `interval` policy does after the acks fails (acknowledged records
+    may then be lost: there is nothing to take back, so it can only be reported).
 
     Paths are keys as given (`os.fspath`); use one spelling per file. Files are opened on first
     use (O_RDWR | O_APPEND | O_CREAT, kept open; a new file, and missing parent directories,
     are made durable with directory fsyncs before their first ack).
+
+    GIL note: after its fsync the writer thread needs the GIL to hand results back. While the
+    trio thread is busy (parsing a burst of input), CPython makes the writer wait up to
+    `sys.getswitchinterval()` (5 ms by default) for it. A daemon wants a shorter interval
+    (e.g. `sys.setswitchinterval(0.0005)`); this class does not change the process-wide
+    setting itself.
     """
 
     def __init__(
         self,
-        settings: FsyncSettings | None = None,
+        fsync: str = "always",
         *,
+        interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS,
         on_background_error: Callable[[str, OSError], None] | None = None,
     ) -> None:
-        self._settings = settings or FsyncSettings()
-        self._interval = self._settings.interval_ms / 1000.0
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
+        if interval_ms <= 0:
+            raise ValueError(f"interval_ms must be positive, not {interval_ms}")
+        self._policy = fsync
+        self._interval = interval_ms / 1000.0
         self._on_background_error = on_background_error
         self.reader = LogReader()
         # Shared with the writer thread, under `_cond`.
@@ -584,6 +578,9 @@ class GroupCommitLog:
         self._stopped: trio.Event | None = None
         self._crash: BaseException | None = None
         self._callback_errors: list[BaseException] = []
+        # Compactions between submit and outcome (trio thread only).
+        self._compacting = 0
+        self._compactions_done: trio.Event | None = None
         # Counters (written by the writer thread; `appends` by the trio thread).
         self._appends = 0
         self._committed = 0
@@ -615,12 +612,15 @@ class GroupCommitLog:
         tb: TracebackType | None,
     ) -> None:
         assert self._stopped is not None and self._thread is not None
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        # Bounded by the I/O already queued; an append in flight must finish or fail, never be
-        # abandoned half-written.
+        # Bounded by the I/O already queued; an append or compaction in flight must finish or
+        # fail, never be abandoned half-done.
         with trio.CancelScope(shield=True):
+            while self._compacting:
+                self._compactions_done = trio.Event()
+                await self._compactions_done.wait()
+            with self._cond:
+                self._closing = True
+                self._cond.notify()
             await self._stopped.wait()
         self._thread.join()
         self.reader.close()
@@ -683,39 +683,103 @@ class GroupCommitLog:
             raise result
         return result
 
+    def submit_compaction(
+        self,
+        path: str | os.PathLike[str],
+        keep: Sequence[KeepRange],
+        extra_lines: Sequence[bytes],
+        on_done: Callable[[CompactOutcome], None],
+    ) -> None:
+        """Rewrite the log at `path`: the byte ranges `keep` (in the order given), then
+        `extra_lines`; replace the log atomically. Returns at once; later, in the trio thread,
+        `on_done` gets a `CompactResult` (where everything landed) or an `OSError` (then the
+        old log is intact and still in use; ranges that are not whole lines of the current
+        file are reported as EINVAL).
+
+        The copy is written to `<log>.tmp` and fsynced by a helper thread, so appends to
+        other files go on meanwhile. Then, through the writer thread (so it is ordered with
+        the appends to this file), the log is checked to be the very file and size that was
+        copied — if anything was appended since, the compaction fails rather than lose it —
+        the temp file is renamed over it, and the directory fsynced. A crash at any point loses
+        nothing: before the rename the old log is intact (the temp file is removed by
+        `recover_log`), after it the new one is complete and durable. The caller must not
+        append to `path` until `on_done` ran (the core issues `Compact` only then)."""
+        key = os.fspath(path)
+        tmp = compaction_tmp_path(key)
+        ranges = tuple(keep)
+        extra = [bytes(line) for line in extra_lines]
+        for line in extra:
+            if line.find(b"\n") != len(line) - 1:
+                raise ValueError("each line must end with its only newline")
+        token = self._token
+        if token is None or self._closing:
+            raise RuntimeError("log is not open")
+        self._compacting += 1
+
+        def finished(result: outcome.Outcome[object]) -> None:  # trio thread
+            self._compacting -= 1
+            if not self._compacting and self._compactions_done is not None:
+                self._compactions_done.set()
+            self.reader.invalidate(key)
+            if isinstance(result, outcome.Error):
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)  # no-op when the rename happened
+                on_done(_as_oserror(result.error))
+            else:
+                assert isinstance(result, outcome.Value)
+                value = result.value
+                assert isinstance(value, CompactResult)
+                on_done(value)
+
+        def install(copied: _Copied) -> CompactResult:  # writer thread
+            self._install(key, tmp, copied)
+            return CompactResult(copied.offsets, copied.lengths, copied.size)
+
+        def copy(expected_size: int | None) -> None:  # helper thread
+            copied = outcome.capture(_write_compacted, key, tmp, ranges, extra, expected_size)
+            if isinstance(copied, outcome.Error):
+                token.run_sync_soon(finished, copied)
+                return
+            copied_value = copied.value
+            self._enqueue(_Control(lambda: install(copied_value), finished))
+
+        def barrier() -> None:  # writer thread, after every append submitted before this call
+            state = self._files.get(key)
+            size = state.size if state is not None else None
+            threading.Thread(
+                target=copy, args=(size,), name="snerd-log-compact", daemon=True
+            ).start()
+
+        def barrier_done(result: outcome.Outcome[object]) -> None:  # trio thread
+            if isinstance(result, outcome.Error):
+                finished(result)
+
+        # The copy starts once every append submitted before this call has been written, and
+        # copies exactly the file the writer knows; an append submitted after it makes the
+        # compaction fail (size check in `_write_compacted` and in `_install`) instead of
+        # being lost with the old file.
+        self._enqueue(_Control(barrier, barrier_done))
+
     async def compact(
         self,
         path: str | os.PathLike[str],
         keep: Sequence[KeepRange],
         extra_lines: Sequence[bytes] = (),
     ) -> CompactResult:
-        """Rewrite the log at `path`: the byte ranges `keep` (in the order given), then
-        `extra_lines`; atomically replace the log; return where everything landed.
+        """`submit_compaction` and wait for it; raises the `OSError`. Not cancellable: whether
+        the log was replaced must be known to the caller."""
+        task = trio.lowlevel.current_task()
 
-        The copy is written to `<log>.tmp` and fsynced in a worker thread, so appends to other
-        files go on meanwhile. Then, through the writer thread (so it is ordered with appends
-        to this file), the log is checked to be the file and size that was copied — if
-        anything was appended since, the compaction fails rather than lose it — renamed over,
-        and the directory fsynced. A crash at any point loses nothing: before the rename the
-        old log is intact (the temp file is removed by `recover_log`), after it the new one is
-        complete and durable. Raises `OSError`, or `ValueError` for ranges that are not whole
-        lines of the current file; then the old log is intact and still in use."""
-        key = os.fspath(path)
-        tmp = compaction_tmp_path(key)
-        extra = [bytes(line) for line in extra_lines]
-        for line in extra:
-            if line.find(b"\n") != len(line) - 1:
-                raise ValueError("each line must end with its only newline")
-        copied = await trio.to_thread.run_sync(_write_compacted, key, tmp, tuple(keep), extra)
-        try:
-            await self._control(lambda: self._install(key, tmp, copied))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        finally:
-            self.reader.invalidate(key)
-        return CompactResult(copied.offsets, copied.lengths, copied.size)
+        def on_done(result: CompactOutcome) -> None:
+            trio.lowlevel.reschedule(task, outcome.Value(result))
+
+        self.submit_compaction(path, keep, extra_lines, on_done)
+        result: CompactOutcome = await trio.lowlevel.wait_task_rescheduled(
+            lambda _: trio.lowlevel.Abort.FAILED
+        )
+        if isinstance(result, OSError):
+            raise result
+        return result
 
     async def close_file(self, path: str | os.PathLike[str]) -> None:
         """Close the writer's and reader's descriptors for `path` once every append submitted
@@ -749,14 +813,23 @@ class GroupCommitLog:
         def on_done(result: outcome.Outcome[object]) -> None:
             trio.lowlevel.reschedule(task, result)
 
-        with self._cond:
-            if self._closing or self._token is None:
-                raise RuntimeError("log is not open")
-            self._queue.append(_Control(fn, on_done))
-            if self._idle:
-                self._cond.notify()
+        if self._closing or self._token is None:
+            raise RuntimeError("log is not open")
+        self._enqueue(_Control(fn, on_done))
         # Not cancellable: the job runs anyway and its outcome (a renamed log) must be known.
         return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+    def _enqueue(self, job: _Control) -> None:
+        """Queue a control job (any thread; the log stays open until compactions are done)."""
+        with self._cond:
+            if self._crash is None:
+                self._queue.append(job)
+                if self._idle:
+                    self._cond.notify()
+                return
+        assert self._token is not None
+        failed: outcome.Outcome[object] = outcome.Error(RuntimeError("log writer crashed"))
+        self._token.run_sync_soon(job.on_done, failed)
 
     def _deliver(self, done: _Done) -> None:
         """Runs in the trio thread (via run_sync_soon): hand each result to its callback."""
@@ -786,15 +859,15 @@ class GroupCommitLog:
                 done: _Done = []
                 if jobs:
                     self._process(jobs, done)
-                if self._settings.policy == "interval":
+                if self._policy == "interval":
                     self._background_sync(done, force=closing and not jobs)
                 if done:
                     token.run_sync_soon(self._deliver, done)
                 if closing and not jobs:
                     break
         except BaseException as exc:  # a bug: fail everything queued, refuse new work
-            self._crash = exc
             with self._cond:
+                self._crash = exc
                 self._closing = True
                 jobs, self._queue = self._queue, []
             done = []
@@ -815,7 +888,7 @@ class GroupCommitLog:
 
     def _next_sync_due(self) -> float | None:
         """Seconds until the next interval fsync is due (None: nothing waiting for one)."""
-        if self._settings.policy != "interval":
+        if self._policy != "interval":
             return None
         due = [s.last_sync + self._interval for s in self._files.values() if s.unsynced]
         if not due:
@@ -886,7 +959,7 @@ class GroupCommitLog:
             state.unsynced = True
             written.append((state, before, jobs, offsets))
         for state, before, jobs, offsets in written:
-            if self._settings.policy == "always":
+            if self._policy == "always":
                 try:
                     self._fsyncs += 1
                     os.fsync(state.fd)
@@ -928,7 +1001,7 @@ class GroupCommitLog:
     def _truncate(self, state: _FileState, size: int) -> None:
         os.ftruncate(state.fd, size)
         state.truncate_to = None
-        if self._settings.policy != "never":
+        if self._policy != "never":
             # Make the cut durable too; a later successful fsync would do it as well (fsync
             # flushes the inode's size), so a failure here is not fatal.
             try:
@@ -984,7 +1057,7 @@ class GroupCommitLog:
         state = self._files.pop(path, None)
         if state is None:
             return
-        if state.unsynced and self._settings.policy == "interval":
+        if state.unsynced and self._policy == "interval":
             with contextlib.suppress(OSError):
                 self._fsyncs += 1
                 os.fsync(state.fd)
@@ -1031,6 +1104,13 @@ class _Bind:
         self.fn(self.arg, exc)
 
 
+def _as_oserror(exc: BaseException) -> OSError:
+    """Callbacks get an OSError; a bad request (ValueError, CorruptRecord) becomes EINVAL."""
+    if isinstance(exc, OSError):
+        return exc
+    return OSError(errno.EINVAL, f"{type(exc).__name__}: {exc}")
+
+
 class _Copied(NamedTuple):
     offsets: tuple[int, ...]
     lengths: tuple[int, ...]
@@ -1041,13 +1121,24 @@ class _Copied(NamedTuple):
 
 
 def _write_compacted(
-    path: str, tmp: str, keep: tuple[KeepRange, ...], extra: list[bytes]
+    path: str,
+    tmp: str,
+    keep: tuple[KeepRange, ...],
+    extra: list[bytes],
+    expected_size: int | None,
 ) -> _Copied:
-    """Worker thread: copy `keep` then `extra` from the log at `path` into `tmp`, fsync it."""
+    """Helper thread: copy `keep` then `extra` from the log at `path` into `tmp`, fsync it.
+    `expected_size` is the size the writer knows the log to have (None: it has not opened it)."""
     src = os.open(path, os.O_RDONLY | _O_CLOEXEC)
     try:
         st = os.fstat(src)
         src_size = st.st_size
+        if expected_size is not None and src_size != expected_size:
+            raise OSError(
+                errno.EAGAIN,
+                f"log changed before compaction ({expected_size} -> {src_size} bytes)",
+                path,
+            )
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
         try:
             offsets: list[int] = []
