@@ -154,8 +154,16 @@ class SnerdQueue(_QueueFace):
         self._shutting_down = False
         self._exited: anyio.Event | None = None
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self._log_observers: list[Callable[[str], object]] = []
         #: The daemon's exit code once it has exited (negative: killed by that signal).
         self.exit_code: int | None = None
+
+    def on_daemon_log(self, callback: Callable[[str], object]) -> Callable[[str], object]:
+        """Also hand each daemon stderr line (without its newline) to `callback`, on the event
+        loop thread; it must not block. Usable as a decorator. The lines are still relayed to
+        stderr."""
+        self._log_observers.append(callback)
+        return callback
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -400,6 +408,11 @@ class SnerdQueue(_QueueFace):
         if not text:
             return
         self._stderr_tail.append(text)
+        for observer in list(self._log_observers):
+            try:
+                observer(text)
+            except Exception as exc:
+                self._log(f"daemon log observer {observer!r} failed: {exc!r}")
         try:
             sys.stderr.write(f"{self.stderr_prefix}{text}\n")
             sys.stderr.flush()

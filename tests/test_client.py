@@ -1,0 +1,558 @@
+"""SnerdQueue, the SDK, against real `snerdmq` daemon processes on real directories.
+
+Every scenario is written once with anyio and run under both trio and asyncio (the `run`
+fixture). Nothing is mocked: each test spawns the console-script daemon next to this
+interpreter. Waits are on events set by handlers, bounded by `anyio.fail_after`; the few
+fixed waits prove that something does *not* happen and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import pytest
+
+from snerd import (
+    DaemonExited,
+    DuplicateTaskId,
+    Enqueued,
+    EnqueueError,
+    QueueNotRunning,
+    SnerdError,
+    SnerdQueue,
+    current_task,
+    yield_progress,
+)
+
+Runner = Callable[..., None]
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    """Run `scenario(*args)` to completion on one backend, bounded in time."""
+
+    def runner(scenario: Callable[..., Awaitable[None]], *args: Any, timeout: float = 30) -> None:
+        async def main() -> None:
+            with anyio.fail_after(timeout):
+                await scenario(*args)
+
+        anyio.run(main, backend=request.param)
+
+    return runner
+
+
+class Calls:
+    """What handlers saw, with a way to wait until `n` things were seen."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self._waiters: list[tuple[int, anyio.Event]] = []
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+        for n, event in self._waiters:
+            if len(self.items) >= n:
+                event.set()
+
+    def add_from_thread(self, item: Any) -> None:
+        anyio.from_thread.run_sync(self.add, item)
+
+    async def wait(self, n: int, timeout: float = 15) -> list[Any]:
+        if len(self.items) < n:
+            event = anyio.Event()
+            self._waiters.append((n, event))
+            with anyio.fail_after(timeout):
+                await event.wait()
+        return self.items
+
+
+def queue(path: Path, **kwargs: Any) -> SnerdQueue:
+    kwargs.setdefault("drain_timeout", 5)
+    return SnerdQueue(storage_path=path / "q", **kwargs)
+
+
+# --- the round trip --------------------------------------------------------------------------
+
+
+async def _enqueue_runs_handler(tmp_path: Path) -> None:
+    calls = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("greet")
+        async def greet(data: Any) -> None:
+            info = current_task()
+            calls.add((info.task_id, info.attempt, data))
+
+        result = await q.enqueue("t1", "greet", {"name": "ada", "n": [1, 2]})
+        assert result == Enqueued(task_id="t1", shard="shard-0", deduplicated=False)
+        assert await calls.wait(1) == [("t1", 1, {"name": "ada", "n": [1, 2]})]
+        generated = await q.enqueue(task_type="greet", data="plain")
+        assert len(generated.task_id) == 32
+        await calls.wait(2)
+        assert calls.items[1] == (generated.task_id, 1, "plain")
+        stats = await q.stats()
+        assert stats["action"] == "stats"
+        assert stats["total_enqueued"] == 2
+        assert q.membership is not None and q.membership["owned"] == ["shard-0"]
+    assert q.exit_code == 0
+
+
+def test_enqueue_runs_handler(run: Runner, tmp_path: Path) -> None:
+    run(_enqueue_runs_handler, tmp_path)
+
+
+async def _register_after_enqueue(tmp_path: Path) -> None:
+    calls = Calls()
+    async with queue(tmp_path) as q:
+        await q.enqueue("late-1", "late", {"x": 1})
+        stats = await q.stats()
+        # snerd's stats extra: the task waits for a handler of its type.
+        assert stats["waiting_types"] == ["late"]
+        assert stats["queue_depth"] == 1
+        q.register_handler("late", calls.add)  # a sync handler, registered while running
+        assert await calls.wait(1) == [{"x": 1}]
+
+
+def test_register_after_enqueue(run: Runner, tmp_path: Path) -> None:
+    run(_register_after_enqueue, tmp_path)
+
+
+async def _sync_handler_runs_in_a_thread(tmp_path: Path) -> None:
+    calls = Calls()
+    progress = Calls()
+    loop_thread = threading.get_ident()
+    async with queue(tmp_path) as q:
+        q.on_progress(lambda task_id, data: progress.add((task_id, data)))
+
+        def work(data: Any) -> None:
+            yield_progress({"step": 1})
+            calls.add_from_thread((threading.get_ident() != loop_thread, data))
+
+        q.register_handler("work", work)
+        await q.enqueue("s1", "work", [1, 2, 3])
+        assert await calls.wait(1) == [(True, [1, 2, 3])]
+        assert await progress.wait(1) == [("s1", {"step": 1})]
+
+
+def test_sync_handler_runs_in_a_thread(run: Runner, tmp_path: Path) -> None:
+    run(_sync_handler_runs_in_a_thread, tmp_path)
+
+
+async def _progress_is_observed(tmp_path: Path) -> None:
+    progress = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.on_progress
+        async def seen(task_id: str, data: Any) -> None:
+            progress.add((task_id, data))
+
+        @q.handler("long")
+        async def long(data: Any) -> None:
+            q.yield_progress({"pct": 50})
+            await q.yield_progress_async("done")
+
+        await q.enqueue("p1", "long", None)
+        assert await progress.wait(2) == [("p1", {"pct": 50}), ("p1", "done")]
+
+
+def test_progress_is_observed(run: Runner, tmp_path: Path) -> None:
+    run(_progress_is_observed, tmp_path)
+
+
+# --- retries, dead letters, timeouts ---------------------------------------------------------
+
+
+async def _fails_twice_then_succeeds(tmp_path: Path) -> None:
+    attempts = Calls()
+    dead = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("flaky")
+        async def flaky(data: Any) -> None:
+            attempts.add(current_task().attempt)
+            if len(attempts.items) < 3:
+                raise ConnectionError(f"try {len(attempts.items)}")
+
+        q.register_max_retry_handler("flaky", dead.add)
+        await q.enqueue("f1", "flaky", {"k": "v"}, max_retries=2)
+        assert await attempts.wait(3) == [1, 2, 3]
+        # Let the third (successful) result land, then check it was the end of it.
+        stats = await _wait_for_stats(q, lambda s: s["queue_depth"] == 0)
+        assert stats["total_executed"] == 3
+        assert stats["total_failed"] == 2
+        assert stats["total_dlq"] == 0
+        assert dead.items == []
+
+
+async def _wait_for_stats(q: SnerdQueue, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Poll stats until `done` (a daemon-side fact with no event to await)."""
+    with anyio.fail_after(10):
+        while True:
+            stats = await q.stats()
+            if done(stats):
+                return stats
+            await anyio.sleep(0.02)
+
+
+def test_fails_twice_then_succeeds(run: Runner, tmp_path: Path) -> None:
+    run(_fails_twice_then_succeeds, tmp_path)
+
+
+async def _exhausted_retries_reach_the_dead_letter_handler(tmp_path: Path) -> None:
+    attempts = Calls()
+    dead = Calls()
+    legacy_dead = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("doomed")
+        async def doomed(data: Any) -> None:
+            attempts.add(data)
+            raise ValueError("nope")
+
+        @q.max_retry_handler("doomed")
+        async def buried(data: Any, error: str | None) -> None:
+            dead.add((data, error))
+
+        q.register_handler("doomed-sync", lambda data: 1 / 0)
+        q.register_max_retry_handler("doomed-sync", legacy_dead.add_from_thread)
+
+        await q.enqueue("d1", "doomed", {"id": 7}, max_retries=1)
+        await q.enqueue("d2", "doomed-sync", [7], max_retries=0)
+        assert await dead.wait(1) == [({"id": 7}, "ValueError: nope")]
+        assert len(attempts.items) == 2
+        # The upstream shape: a one-parameter handler gets the parsed data only.
+        assert await legacy_dead.wait(1) == [[7]]
+
+
+def test_exhausted_retries_reach_the_dead_letter_handler(run: Runner, tmp_path: Path) -> None:
+    run(_exhausted_retries_reach_the_dead_letter_handler, tmp_path)
+
+
+async def _handler_timeout(tmp_path: Path) -> None:
+    dead = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("stuck")
+        async def stuck(data: Any) -> None:
+            await anyio.sleep_forever()
+
+        q.register_max_retry_handler("stuck", lambda data, error: dead.add_from_thread(error))
+        await q.enqueue("to1", "stuck", None, max_retries=0, max_execution_seconds=1)
+        assert await dead.wait(1) == ["Task execution timed out after 1 seconds"]
+
+
+def test_handler_timeout(run: Runner, tmp_path: Path) -> None:
+    run(_handler_timeout, tmp_path)
+
+
+# --- scheduling ------------------------------------------------------------------------------
+
+
+async def _urgency_orders_the_queue(tmp_path: Path) -> None:
+    order = Calls()
+    blocker_running = anyio.Event()
+    release = anyio.Event()
+    async with queue(tmp_path, max_workers=1) as q:
+
+        @q.handler("job")
+        async def job(data: Any) -> None:
+            if data == "blocker":
+                blocker_running.set()
+                await release.wait()
+            order.add(data)
+
+        await q.enqueue("blocker", "job", "blocker")
+        await blocker_running.wait()
+        await q.enqueue("low", "job", "low", urgency_score=1)
+        for score in (10, 30, 20):
+            await q.enqueue(f"high-{score}", "job", f"high-{score}", urgency_score=score)
+        await q.enqueue("high-30b", "job", "high-30b", urgency_score=30)
+        release.set()
+        assert await order.wait(6) == [
+            "blocker",
+            "high-30",
+            "high-30b",  # equal scores: enqueue order
+            "high-20",
+            "high-10",
+            "low",
+        ]
+
+
+def test_urgency_orders_the_queue(run: Runner, tmp_path: Path) -> None:
+    run(_urgency_orders_the_queue, tmp_path)
+
+
+async def _execute_at_in_the_future_runs_later(tmp_path: Path) -> None:
+    ran = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("when")
+        async def when(data: Any) -> None:
+            ran.add((data, time.monotonic()))
+
+        start = time.monotonic()
+        await q.enqueue("later", "when", "later", execute_at=timedelta(seconds=1))
+        await q.enqueue("now", "when", "now")
+        items = await ran.wait(2)
+        assert [name for name, _ in items] == ["now", "later"]
+        assert items[1][1] - start >= 0.9
+
+
+def test_execute_at_in_the_future_runs_later(run: Runner, tmp_path: Path) -> None:
+    run(_execute_at_in_the_future_runs_later, tmp_path)
+
+
+async def _rate_limited_group(tmp_path: Path) -> None:
+    ran = Calls()
+    async with queue(tmp_path) as q:
+        q.register_handler("api", ran.add)
+        for i in range(3):
+            await q.enqueue(f"r{i}", "api", i, rate_limit_group="g", max_per_minute=2)
+        await q.enqueue("free", "api", "free")  # another group is not held up
+        assert sorted(map(str, await ran.wait(3))) == ["0", "1", "free"]
+        # The third dispatch of group g would exceed 2 a minute: it must still be waiting.
+        # (No event can say "did not happen"; half a second is long enough to see it run.)
+        await anyio.sleep(0.5)
+        assert len(ran.items) == 3
+        stats = await q.stats()
+        assert stats["queue_depth"] == 1
+
+
+def test_rate_limited_group(run: Runner, tmp_path: Path) -> None:
+    run(_rate_limited_group, tmp_path)
+
+
+async def _dedupe(tmp_path: Path) -> None:
+    ran = Calls()
+    async with queue(tmp_path) as q:
+        # No handler yet: the first task stays pending, so the second is its duplicate.
+        first = await q.enqueue("dup-1", "dd", {"same": True}, auto_dedupe=True)
+        second = await q.enqueue("dup-2", "dd", {"same": True}, auto_dedupe=True)
+        other = await q.enqueue("dup-3", "dd", {"same": False}, auto_dedupe=True)
+        assert (first.deduplicated, second.deduplicated, other.deduplicated) == (
+            False,
+            True,
+            False,
+        )
+        assert second.task_id == "dup-2"
+
+        @q.handler("dd")
+        async def dd(data: Any) -> None:
+            ran.add(current_task().task_id)
+
+        await ran.wait(2)
+        await _wait_for_stats(q, lambda s: s["queue_depth"] == 0)
+        assert sorted(ran.items) == ["dup-1", "dup-3"]
+
+
+def test_dedupe(run: Runner, tmp_path: Path) -> None:
+    run(_dedupe, tmp_path)
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+async def _bad_input_raises_the_daemons_text(tmp_path: Path) -> None:
+    ran = Calls()
+    async with queue(tmp_path) as q:
+        q.register_handler("ok", ran.add)
+        with pytest.raises(EnqueueError) as info:
+            await q.enqueue("neg", "ok", 1, max_retries=-1)
+        assert info.value.message == "Failed to enqueue: max_retries must be 0 or more, got -1"
+        assert info.value.task_id == "neg"
+        assert isinstance(info.value, SnerdError) and isinstance(info.value, RuntimeError)
+        with pytest.raises(EnqueueError, match=r"^Failed to enqueue: invalid execute_at 'soon'"):
+            await q.enqueue("when", "ok", 1, execute_at="soon")
+        with pytest.raises(EnqueueError, match="max_per_minute must be at least 1"):
+            await q.enqueue("rate", "ok", 1, rate_limit_group="g", max_per_minute=0)
+        with pytest.raises(TypeError):
+            await q.enqueue("no-type")
+        # The queue is fine afterwards, and a refused id can be used again.
+        await q.enqueue("neg", "ok", "fine")
+        assert await ran.wait(1) == ["fine"]
+
+
+def test_bad_input_raises_the_daemons_text(run: Runner, tmp_path: Path) -> None:
+    run(_bad_input_raises_the_daemons_text, tmp_path)
+
+
+async def _duplicate_concurrent_enqueue_is_refused(tmp_path: Path) -> None:
+    async with queue(tmp_path) as q:
+        await q.stats()  # the daemon is up and reading
+        assert q.pid is not None
+        os.kill(q.pid, signal.SIGSTOP)  # hold the ack back
+        try:
+            acked: list[Enqueued] = []
+            async with anyio.create_task_group() as tg:
+
+                async def first() -> None:
+                    acked.append(await q.enqueue("same", "x", 1))
+
+                tg.start_soon(first)
+                await anyio.sleep(0)  # let `first` send its line
+                await anyio.sleep(0)
+                with pytest.raises(DuplicateTaskId):
+                    await q.enqueue("same", "x", 2)
+                os.kill(q.pid, signal.SIGCONT)
+            assert acked == [Enqueued("same", "shard-0", False)]
+        finally:
+            os.kill(q.pid, signal.SIGCONT)
+        # Once stored, the daemon itself refuses the id while the task is pending.
+        with pytest.raises(EnqueueError, match="already pending"):
+            await q.enqueue("same", "x", 3)
+
+
+def test_duplicate_concurrent_enqueue_is_refused(run: Runner, tmp_path: Path) -> None:
+    run(_duplicate_concurrent_enqueue_is_refused, tmp_path)
+
+
+async def _killed_daemon_fails_pending_enqueues_fast(tmp_path: Path) -> None:
+    q = queue(tmp_path)
+    await q.start_listening()
+    await q.stats()
+    pid = q.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # the enqueue below can never be acked
+    failure: list[BaseException] = []
+    async with anyio.create_task_group() as tg:
+
+        async def pending() -> None:
+            try:
+                await q.enqueue("orphan", "x", 1)
+            except SnerdError as exc:
+                failure.append(exc)
+
+        tg.start_soon(pending)
+        await anyio.sleep(0.1)
+        assert failure == []
+        os.kill(pid, signal.SIGKILL)
+        with anyio.fail_after(3):  # fast, not the 30 s drain timeout nor forever
+            while not failure:
+                await anyio.sleep(0.01)
+    assert isinstance(failure[0], DaemonExited)
+    assert "killed by SIGKILL" in str(failure[0])
+    assert q.exit_code == -signal.SIGKILL
+    with pytest.raises(DaemonExited):
+        await q.enqueue("after", "x", 1)
+    assert await q.shutdown() == -signal.SIGKILL
+
+
+def test_killed_daemon_fails_pending_enqueues_fast(run: Runner, tmp_path: Path) -> None:
+    run(_killed_daemon_fails_pending_enqueues_fast, tmp_path)
+
+
+# --- lifecycle -------------------------------------------------------------------------------
+
+
+async def _shutdown_delivers_the_running_handlers_result(tmp_path: Path) -> None:
+    running = anyio.Event()
+    release = anyio.Event()
+    draining = anyio.Event()
+    finished = Calls()
+    q = queue(tmp_path)
+
+    @q.handler("slow")
+    async def slow(data: Any) -> None:
+        running.set()
+        await release.wait()
+        finished.add(data)
+
+    q.on_daemon_log(lambda line: draining.set() if "draining" in line else None)
+    await q.start_listening()
+    await q.enqueue("s1", "slow", "once")
+    await running.wait()
+    async with anyio.create_task_group() as tg:
+        codes: list[int | None] = []
+
+        async def stop() -> None:
+            codes.append(await q.shutdown())
+
+        tg.start_soon(stop)
+        await draining.wait()  # the daemon got SIGTERM and is draining
+        with pytest.raises(QueueNotRunning):
+            await q.enqueue("s2", "slow", "refused")
+        release.set()  # the result now goes out during the drain
+    assert codes == [0]
+    assert finished.items == ["once"]
+
+    # Restart on the same directory: the task is done, it must not run again.
+    again = Calls()
+    async with queue(tmp_path) as q2:
+        q2.register_handler("slow", again.add)
+        await q2.enqueue("sentinel", "slow", "sentinel")
+        # FIFO: had s1 been pending, it would have run before the sentinel.
+        assert await again.wait(1) == ["sentinel"]
+        stats = await _wait_for_stats(q2, lambda s: s["queue_depth"] == 0)
+        assert stats["total_dlq"] == 0
+
+
+def test_shutdown_delivers_the_running_handlers_result(run: Runner, tmp_path: Path) -> None:
+    run(_shutdown_delivers_the_running_handlers_result, tmp_path)
+
+
+async def _upstream_style_lifecycle(tmp_path: Path) -> None:
+    ran = Calls()
+    q = SnerdQueue(None, str(tmp_path / "q"), 2, 2, 4, drain_timeout=5)
+
+    async def handler(data: Any) -> None:
+        ran.add(data)
+
+    q.register_handler("up", handler)  # before the start: sent when it starts
+    with pytest.raises(QueueNotRunning):
+        await q.enqueue("early", "up", 1)
+    await q.start_listening()
+    with pytest.raises(RuntimeError):
+        await q.start_listening()
+    await q.enqueue("u1", "up", {"a": 1})
+    await q.enqueue("u2", "up", {"a": 2})
+    assert sorted(x["a"] for x in await ran.wait(2)) == [1, 2]
+    stats = await q.stats()
+    assert [s["shard"] for s in stats["per_shard"]] == ["shard-0", "shard-1"]
+    assert await q.shutdown() == 0
+    assert await q.shutdown() == 0  # idempotent
+    with pytest.raises(QueueNotRunning):
+        await q.enqueue("late", "up", 1)
+
+
+def test_upstream_style_lifecycle(run: Runner, tmp_path: Path) -> None:
+    run(_upstream_style_lifecycle, tmp_path)
+
+
+def test_daemon_stderr_is_relayed_and_stdout_stays_clean(
+    run: Runner, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    run(_enqueue_runs_handler, tmp_path)
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "[snerdmq] [Snerd]" in err
+
+
+async def _bad_setting_fails_with_the_daemons_words(tmp_path: Path) -> None:
+    q = SnerdQueue(storage_path=tmp_path / "q", env={"SNERD_MAX_WORKERS": "many"})
+    await q.start_listening()
+    with pytest.raises(DaemonExited, match="SNERD_MAX_WORKERS"):
+        await q.enqueue("x", "y", 1)
+    assert q.exit_code == 2
+
+
+def test_bad_setting_fails_with_the_daemons_words(run: Runner, tmp_path: Path) -> None:
+    run(_bad_setting_fails_with_the_daemons_words, tmp_path)
+
+
+def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="Binary not found"):
+        SnerdQueue(binary_path=tmp_path / "nope")
+
+
+async def test_native_trio_async_with(tmp_path: Path) -> None:
+    """pytest-trio's own loop (trio_mode): the SDK needs nothing from anyio.run."""
+    await _enqueue_runs_handler(tmp_path)

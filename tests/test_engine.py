@@ -1,0 +1,278 @@
+"""Engine, the queue in-process: the SDK's handler API on a real directory, no child process.
+
+Each scenario runs under trio (natively) and under asyncio (the runtime as a trio guest), via
+the `run` fixture; a few run on pytest-trio's own loop too. Real files in tmp_path, no mocks.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import pytest
+
+from snerd import (
+    DuplicateTaskId,
+    Engine,
+    Enqueued,
+    EnqueueError,
+    QueueNotRunning,
+    current_task,
+    yield_progress,
+)
+from snerd.config import ConfigError
+
+Runner = Callable[..., None]
+
+
+@pytest.fixture(params=["trio", "asyncio"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    def runner(scenario: Callable[..., Awaitable[None]], *args: Any, timeout: float = 30) -> None:
+        async def main() -> None:
+            with anyio.fail_after(timeout):
+                await scenario(*args)
+
+        anyio.run(main, backend=request.param)
+
+    return runner
+
+
+class Calls:
+    """What handlers saw, with a way to wait until `n` things were seen."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self._waiters: list[tuple[int, anyio.Event]] = []
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+        for n, event in self._waiters:
+            if len(self.items) >= n:
+                event.set()
+
+    def add_from_thread(self, item: Any) -> None:
+        anyio.from_thread.run_sync(self.add, item)
+
+    async def wait(self, n: int, timeout: float = 15) -> list[Any]:
+        if len(self.items) < n:
+            event = anyio.Event()
+            self._waiters.append((n, event))
+            with anyio.fail_after(timeout):
+                await event.wait()
+        return self.items
+
+
+def engine(path: Path, **kwargs: Any) -> Engine:
+    kwargs.setdefault("drain_timeout", 5)
+    return Engine(path / "q", **kwargs)
+
+
+async def _wait_for_stats(e: Engine, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Poll stats until `done` (a runtime-side fact with no event to await)."""
+    with anyio.fail_after(10):
+        while True:
+            stats = await e.stats()
+            if done(stats):
+                return stats
+            await anyio.sleep(0.02)
+
+
+async def _handlers_run(tmp_path: Path) -> None:
+    calls = Calls()
+    progress = Calls()
+    loop_thread = threading.get_ident()
+    async with engine(tmp_path) as e:
+
+        @e.handler("async")
+        async def on_async(data: Any) -> None:
+            info = current_task()
+            yield_progress({"at": info.task_id})
+            calls.add(("async", info.task_id, info.attempt, data))
+
+        def on_sync(data: Any) -> None:
+            calls.add_from_thread(("sync", threading.get_ident() != loop_thread, data))
+
+        e.register_handler("sync", on_sync)
+        e.on_progress(lambda task_id, data: progress.add((task_id, data)))
+        first = await e.enqueue("a1", "async", {"n": 1})
+        assert first == Enqueued("a1", "shard-0", False)
+        await e.enqueue("s1", "sync", [1])
+        items = await calls.wait(2)
+        assert ("async", "a1", 1, {"n": 1}) in items
+        assert ("sync", True, [1]) in items
+        assert await progress.wait(1) == [("a1", {"at": "a1"})]
+        stats = await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
+        assert stats["total_executed"] == 2
+    assert e.exit_code == 0
+
+
+def test_handlers_run(run: Runner, tmp_path: Path) -> None:
+    run(_handlers_run, tmp_path)
+
+
+async def _retries_then_success_and_dead_letter(tmp_path: Path) -> None:
+    attempts = Calls()
+    dead = Calls()
+    async with engine(tmp_path) as e:
+
+        @e.handler("flaky")
+        async def flaky(data: Any) -> None:
+            attempt = current_task().attempt
+            attempts.add((data, attempt))
+            if data == "doomed" or (attempt or 0) < 3:
+                raise KeyError(data)
+
+        @e.max_retry_handler("flaky")
+        def buried(data: Any, error: str | None) -> None:
+            dead.add_from_thread((data, error))
+
+        await e.enqueue("ok", "flaky", "ok", max_retries=2)
+        await e.enqueue("bad", "flaky", "doomed", max_retries=1)
+        assert await dead.wait(1) == [("doomed", "KeyError: 'doomed'")]
+        await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
+        assert [a for d, a in attempts.items if d == "ok"] == [1, 2, 3]
+        assert [a for d, a in attempts.items if d == "doomed"] == [1, 2]
+        assert len(dead.items) == 1
+
+
+def test_retries_then_success_and_dead_letter(run: Runner, tmp_path: Path) -> None:
+    run(_retries_then_success_and_dead_letter, tmp_path)
+
+
+async def _urgency_and_dedupe(tmp_path: Path) -> None:
+    order = Calls()
+    async with engine(tmp_path, max_workers=1) as e:
+        # No handler yet: everything waits, then runs by urgency once registered.
+        await e.enqueue("low", "job", "low", urgency_score=1)
+        await e.enqueue("high", "job", "high", urgency_score=9)
+        await e.enqueue("mid", "job", "mid", urgency_score=5, auto_dedupe=True)
+        dup = await e.enqueue("mid-again", "job", "mid", urgency_score=5, auto_dedupe=True)
+        assert dup.deduplicated
+        e.register_handler("job", order.add)
+        assert await order.wait(3) == ["high", "mid", "low"]
+        await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
+        assert len(order.items) == 3
+
+
+def test_urgency_and_dedupe(run: Runner, tmp_path: Path) -> None:
+    run(_urgency_and_dedupe, tmp_path)
+
+
+async def _errors_are_the_daemons(tmp_path: Path) -> None:
+    async with engine(tmp_path) as e:
+        with pytest.raises(EnqueueError) as info:
+            await e.enqueue("neg", "t", 1, max_retries=-1)
+        # The very text the daemon sends: the engine feeds the daemon's parser.
+        assert info.value.message == "Failed to enqueue: max_retries must be 0 or more, got -1"
+        with pytest.raises(EnqueueError, match=r"^Failed to enqueue: invalid cron"):
+            await e.enqueue("cron", "t", 1, cron="every tuesday")
+        await e.enqueue("held", "t", 1)
+        with pytest.raises(EnqueueError, match="already pending"):
+            await e.enqueue("held", "t", 2)
+
+
+def test_errors_are_the_daemons(run: Runner, tmp_path: Path) -> None:
+    run(_errors_are_the_daemons, tmp_path)
+
+
+async def _task_survives_a_restart(tmp_path: Path) -> None:
+    async with engine(tmp_path) as e:
+        await e.enqueue("durable", "later", {"keep": "me"})
+    ran = Calls()
+    async with engine(tmp_path) as e2:
+        e2.register_handler("later", ran.add)
+        assert await ran.wait(1) == [{"keep": "me"}]
+
+
+def test_task_survives_a_restart(run: Runner, tmp_path: Path) -> None:
+    run(_task_survives_a_restart, tmp_path)
+
+
+async def _shutdown_keeps_the_running_result(tmp_path: Path) -> None:
+    running = anyio.Event()
+    release = anyio.Event()
+    e = engine(tmp_path)
+
+    @e.handler("slow")
+    async def slow(data: Any) -> None:
+        running.set()
+        await release.wait()
+
+    await e.start()
+    await e.enqueue("s1", "slow", None)
+    await running.wait()
+    codes: list[int | None] = []
+    async with anyio.create_task_group() as tg:
+
+        async def stop() -> None:
+            codes.append(await e.shutdown())
+
+        tg.start_soon(stop)
+        await anyio.sleep(0)  # `stop` has queued the drain
+        with pytest.raises(QueueNotRunning):
+            await e.enqueue("s2", "slow", None)
+        release.set()
+    assert codes == [0]
+    again = Calls()
+    async with engine(tmp_path) as e2:
+        e2.register_handler("slow", again.add)
+        await e2.enqueue("sentinel", "slow", "sentinel")
+        assert await again.wait(1) == ["sentinel"]
+        stats = await _wait_for_stats(e2, lambda s: s["queue_depth"] == 0)
+        assert stats["total_executed"] == 1
+
+
+def test_shutdown_keeps_the_running_result(run: Runner, tmp_path: Path) -> None:
+    run(_shutdown_keeps_the_running_result, tmp_path)
+
+
+async def _second_engine_on_a_locked_directory_waits(tmp_path: Path) -> None:
+    """Same locks as the daemon: a second engine on the directory owns no shard and refuses
+    enqueues for it, instead of writing into a log another process owns."""
+    async with engine(tmp_path) as e1:
+        await e1.enqueue("one", "t", 1)
+        async with engine(tmp_path) as e2:
+            with pytest.raises(EnqueueError):
+                await e2.enqueue("two", "t", 2)
+
+
+def test_second_engine_on_a_locked_directory_waits(run: Runner, tmp_path: Path) -> None:
+    run(_second_engine_on_a_locked_directory_waits, tmp_path)
+
+
+async def _duplicate_pending_enqueue(tmp_path: Path) -> None:
+    async with engine(tmp_path) as e:
+        results: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def enqueue(data: int) -> None:
+                try:
+                    results.append(await e.enqueue("same", "t", data))
+                except DuplicateTaskId as exc:
+                    results.append(exc)
+
+            tg.start_soon(enqueue, 1)
+            tg.start_soon(enqueue, 2)
+        assert isinstance(results[0], DuplicateTaskId)  # the second, refused at once
+        assert results[1] == Enqueued("same", "shard-0", False)
+
+
+def test_duplicate_pending_enqueue(run: Runner, tmp_path: Path) -> None:
+    run(_duplicate_pending_enqueue, tmp_path)
+
+
+def test_bad_settings_name_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="SNERD_MAX_WORKERS"):
+        Engine(tmp_path, env={"SNERD_MAX_WORKERS": "lots"})
+
+
+async def test_trio_native_handlers(tmp_path: Path) -> None:
+    await _handlers_run(tmp_path)
+
+
+async def test_trio_native_restart(tmp_path: Path) -> None:
+    await _task_survives_a_restart(tmp_path)
