@@ -216,8 +216,10 @@ class SnerdQueue(_QueueFace):
             with anyio.CancelScope(shield=True):
                 await self.shutdown()
         finally:
-            suppressed = await self._outer.__aexit__(exc_type, exc, tb)
-        return suppressed
+            # Everything has stopped; the body's own exception (if any) propagates as it is,
+            # not wrapped in the task group's ExceptionGroup.
+            await self._outer.__aexit__(None, None, None)
+        return None
 
     async def shutdown(self, timeout: float | None = None) -> int | None:
         """Drain and stop the daemon: SIGTERM, keep running handlers and sending their results
