@@ -25,7 +25,6 @@ from snerd.io.log import (
     cut_torn_tail,
     materialize,
     read_log,
-    read_log_chunks,
     read_record,
     recover_log,
 )
@@ -52,9 +51,9 @@ def line(i: int, **extra: Any) -> bytes:
 def read_all(path: Path, **kw: Any) -> tuple[list[Any], list[tuple[int, str]]]:
     records: list[Any] = []
     corrupt: list[tuple[int, str]] = []
-    for recs, bad in read_log(path, **kw):
-        records.extend(recs)
-        corrupt.extend(bad)
+    for chunk in read_log(path, **kw):
+        records.extend(chunk.records)
+        corrupt.extend(chunk.corrupt)
     return records, corrupt
 
 
@@ -368,7 +367,7 @@ def test_torn_tail_is_reported_then_cut(tmp_path: Path) -> None:
     whole = line(1) + line(2)
     torn = line(3)[:25]
     path.write_bytes(whole + torn)
-    chunks = list(read_log_chunks(path))
+    chunks = list(read_log(path))
     assert chunks[-1].eof and chunks[-1].fragment == len(torn)
     assert chunks[-1].end == len(whole)
     assert ids([r for c in chunks for r in c.records]) == ["t1", "t2"]
@@ -425,11 +424,11 @@ def test_chunking_does_not_change_what_is_read(tmp_path: Path, chunk_bytes: int)
 def test_read_log_resumes_from_an_offset(tmp_path: Path) -> None:
     path = tmp_path / "inbox.log"
     path.write_bytes(line(1) + line(2) + line(3)[:10])
-    first = list(read_log_chunks(path))
+    first = list(read_log(path))
     end = first[-1].end
     with open(path, "ab") as f:
         f.write(line(3)[10:] + line(4))
-    later = list(read_log_chunks(path, start=end))
+    later = list(read_log(path, start=end))
     assert ids([r for c in later for r in c.records]) == ["t3", "t4"]
     assert later[0].records[0].offset == end
 
@@ -442,7 +441,8 @@ def test_overlong_lines_are_reported_and_skipped(
     path.write_bytes(line(1) + b"z" * 5000 + b"\n" + line(2))
     records, corrupt = read_all(path, chunk_bytes=64)
     assert ids(records) == ["t1", "t2"]
-    assert [o for o, _ in corrupt] == [len(line(1))]
+    # Reported once the limit is crossed, without buffering the rest of the run.
+    assert corrupt == [(len(line(1)), "line longer than 500 bytes")]
 
 
 def test_read_record_checks_the_location(tmp_path: Path) -> None:
@@ -551,6 +551,23 @@ async def test_compaction_fails_rather_than_lose_a_later_append(tmp_path: Path) 
     assert appended == (len(line(1)) + len(line(2)),)
     assert ids(read_all(path)[0]) == ["t1", "t2", "t3"]
     assert not Path(compaction_tmp_path(path)).exists()
+
+
+async def test_compaction_covers_appends_submitted_before_it(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.log"
+    async with GroupCommitLog() as log:
+        offsets = await log.append(path, [line(1), line(2)])
+        pending: list[Any] = []
+        log.submit(path, [line(3)], pending.append)  # not yet written when compaction starts
+        third = offsets[1] + len(line(2))
+        keep = [
+            KeepRange(offset=offsets[1], length=len(line(2))),
+            KeepRange(offset=third, length=len(line(3))),
+        ]
+        result = await log.compact(path, keep, [])
+    assert pending == [(third,)]
+    assert result.offsets == (0, len(line(2)))
+    assert path.read_bytes() == line(2) + line(3)
 
 
 async def test_a_crash_before_the_rename_loses_nothing(tmp_path: Path) -> None:

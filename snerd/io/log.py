@@ -63,12 +63,12 @@ __all__ = [
     "LogReader",
     "LogStatistics",
     "atomic_replace",
+    "atomic_write",
     "compaction_tmp_path",
     "cut_torn_tail",
     "fsync_dir",
     "materialize",
     "read_log",
-    "read_log_chunks",
     "read_record",
     "recover_log",
 ]
@@ -195,6 +195,10 @@ def atomic_replace(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str
     fsync_dir(os.path.dirname(target) or ".")
 
 
+#: The same function under the other name callers know it by.
+atomic_write = atomic_replace
+
+
 def compaction_tmp_path(path: str | os.PathLike[str]) -> str:
     """The temp file compaction writes beside a log: `tasks.log` -> `tasks.tmp` (upstream's
     name, so a leftover from either daemon is recognised)."""
@@ -224,16 +228,6 @@ class LogChunk(NamedTuple):
 
 
 def read_log(
-    path: str | os.PathLike[str], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> Iterator[tuple[list[LogRecord], list[tuple[int, str]]]]:
-    """Read a whole log in file order: yields `(records, corrupt)` per chunk of about
-    `chunk_bytes`. Bytes after the last newline (a torn tail) are not reported; cut them with
-    `cut_torn_tail` first. Blocking: run it in a worker thread. See `read_log_chunks`."""
-    for chunk in read_log_chunks(path, chunk_bytes=chunk_bytes):
-        yield chunk.records, chunk.corrupt
-
-
-def read_log_chunks(
     path: str | os.PathLike[str], *, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[LogChunk]:
     """Read a log from `start` in chunks of about `chunk_bytes`, in file order.
