@@ -421,6 +421,12 @@ def test_chunking_does_not_change_what_is_read(tmp_path: Path, chunk_bytes: int)
     assert sum(r.length for r in records) == len(body) + len(line(20))
 
 
+def test_a_missing_log_reads_as_empty(tmp_path: Path) -> None:
+    assert list(read_log(tmp_path / "nope.log")) == [([], [], 0, True, 0)]
+    with pytest.raises(FileNotFoundError):
+        list(read_log(tmp_path / "nope.log", missing_ok=False))
+
+
 def test_read_log_resumes_from_an_offset(tmp_path: Path) -> None:
     path = tmp_path / "inbox.log"
     path.write_bytes(line(1) + line(2) + line(3)[:10])

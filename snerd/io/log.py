@@ -228,7 +228,11 @@ class LogChunk(NamedTuple):
 
 
 def read_log(
-    path: str | os.PathLike[str], *, start: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    path: str | os.PathLike[str],
+    *,
+    start: int = 0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    missing_ok: bool = True,
 ) -> Iterator[LogChunk]:
     """Read a log from `start` in chunks of about `chunk_bytes`, in file order.
 
@@ -238,10 +242,19 @@ def read_log(
     to the next newline. The last chunk has `eof=True`; if the file does not end with a newline,
     its `fragment` says how many bytes were left (this function never modifies the file; see
     `cut_torn_tail`). Resume later from the last chunk's `end` (inbox ingestion does).
+
+    A log file is created by its first append, so with `missing_ok` a missing file reads as an
+    empty log (one empty chunk with `eof=True`).
     """
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        yield LogChunk([], [], start, True, 0)
+        return
     try:
         pos = start  # next byte to read from the file
         frag_start = start  # where the pending (unterminated) bytes start
