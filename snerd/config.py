@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from snerd.core.node import SECOND, NodeConfig
 from snerd.core.ownership import OwnershipConfig
+from snerd.io.log import FSYNC_POLICIES
 
 __all__ = ["ConfigError", "Settings", "load_settings", "make_node_id", "parse_pools"]
 
@@ -25,8 +26,10 @@ class Settings:
     """Everything the shell needs to start a daemon on one directory."""
 
     node: NodeConfig
-    #: `always` (ack after fsync), `interval` (fsync at most every few ms), `never`.
+    #: SNERD_FSYNC: `always` (an ack means fsynced), `interval`, `never`.
     fsync: str = "always"
+    #: SNERD_FSYNC_INTERVAL_MS: how often `interval` fsyncs.
+    fsync_interval_ms: int = 100
     #: Test hook: seconds added to the wall clock (SNERD_TEST_CLOCK_OFFSET).
     clock_offset_s: float = 0.0
     #: Longest accepted SDK line, in bytes.
@@ -104,9 +107,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     drain = _seconds(env, "SNERD_DRAIN_TIMEOUT", 30.0, minimum=0.0)
     skew = _seconds(env, "SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0)
     ttl = _seconds(env, "SNERD_LEASE_TTL", 30.0, minimum=0.3)
-    fsync = env.get("SNERD_FSYNC", "always").strip() or "always"
-    if fsync not in ("always", "interval", "never"):
-        raise ConfigError(f"SNERD_FSYNC={fsync!r} must be always, interval or never")
+    fsync = env.get("SNERD_FSYNC", "always").strip().lower() or "always"
+    if fsync not in FSYNC_POLICIES:
+        raise ConfigError(f"SNERD_FSYNC={fsync!r} must be one of {', '.join(FSYNC_POLICIES)}")
+    fsync_interval_ms = _int(env, "SNERD_FSYNC_INTERVAL_MS", 100, minimum=1)
     backoff = env.get("SNERD_BACKOFF", "constant").strip() or "constant"
     if backoff not in ("constant", "exponential"):
         raise ConfigError(f"SNERD_BACKOFF={backoff!r} must be constant or exponential")
@@ -124,4 +128,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         backoff=backoff,
         jitter_seed=secrets.randbits(32),
     )
-    return Settings(node=node, fsync=fsync, clock_offset_s=offset, max_line_bytes=max_line)
+    return Settings(
+        node=node,
+        fsync=fsync,
+        fsync_interval_ms=fsync_interval_ms,
+        clock_offset_s=offset,
+        max_line_bytes=max_line,
+    )

@@ -210,6 +210,9 @@ class ShardInfo:
     #: Appends in flight to this shard (compaction waits for zero).
     appends_in_flight: int = 0
     compacting: bool = False
+    #: Appends held back while a compaction of this shard runs (the shell must not append to a
+    #: log being rewritten); emitted in order once it ends.
+    backlog: list[fx.Append] = field(default_factory=list)
     retry_lock_at_mono: int | None = None
     #: Records and bytes of the latest replay, for the startup log line.
     loaded_records: int = 0
@@ -359,9 +362,19 @@ class Node:
         effect = fx.Append(token=token, shard=shard, records=tuple(records))
         pending.effect = effect
         self.pending[token] = pending
-        self.shards[shard].appends_in_flight += 1
+        info = self.shards[shard]
+        if info.compacting:
+            info.backlog.append(effect)
+            return token
+        info.appends_in_flight += 1
         self._emit(effect)
         return token
+
+    def _flush_backlog(self, info: ShardInfo) -> None:
+        backlog, info.backlog = info.backlog, []
+        for effect in backlog:
+            info.appends_in_flight += 1
+            self._emit(effect)
 
     def _meta(self, shard: int) -> dict[str, Any]:
         return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
@@ -1009,8 +1022,12 @@ class Node:
         for token in self.retry_appends.pop_due(now.mono):
             p = self.pending.get(token)
             if p is not None and p.effect is not None:
-                self.shards[p.shard].appends_in_flight += 1
-                self._emit(p.effect)
+                info = self.shards[p.shard]
+                if info.compacting:
+                    info.backlog.append(p.effect)
+                else:
+                    info.appends_in_flight += 1
+                    self._emit(p.effect)
         # Locks to retry.
         for shard, info in self.shards.items():
             if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
@@ -1514,6 +1531,7 @@ class Node:
         info.history = deque((t, moved.get(loc.offset, loc)) for t, loc in info.history)
         info.window_records = deque((t, moved.get(loc.offset, loc)) for t, loc in info.window_records)
         before, info.size = info.size, event.size
+        self._flush_backlog(info)
         self._log(
             "info",
             f"{shard_name(event.shard)}: compacted tasks.log from {before} to {event.size} bytes",
@@ -1523,6 +1541,7 @@ class Node:
         self.pending.pop(event.token, None)
         info = self.shards[event.shard]
         info.compacting = False
+        self._flush_backlog(info)
         self._log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
 
     def _on_tick(self, event: ev.Tick) -> None:

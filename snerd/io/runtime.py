@@ -15,7 +15,6 @@ the peer's output is flushed, so a burst of enqueues costs one wake-up, one writ
 from __future__ import annotations
 
 import errno
-import math
 import os
 import time
 from collections import deque
@@ -29,7 +28,7 @@ from snerd.config import Settings
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.core.node import Node
+from snerd.core.node import Node, NodePhase
 from snerd.io import log as logio
 from snerd.io.membership import (
     LOST_LOCK_ERRNOS,
@@ -106,8 +105,8 @@ class Runtime:
         self.events.extend(events)
         self._wake.set()
 
-    def log_path(self, shard: int) -> Path:
-        return self.directory / f"shard-{shard}" / "tasks" / "tasks.log"
+    def log_path(self, shard: int) -> str:
+        return os.path.join(self.directory, f"shard-{shard}", "tasks", "tasks.log")
 
     # -------------------------------------------------------------- the loop
 
@@ -115,7 +114,9 @@ class Runtime:
         """Run until the node exits; returns its exit code."""
         self.directory.mkdir(parents=True, exist_ok=True)
         async with trio.open_nursery() as nursery, logio.GroupCommitLog(
-            fsync=self.settings.fsync
+            self.settings.fsync,
+            interval_ms=self.settings.fsync_interval_ms,
+            on_background_error=self._background_error,
         ) as log:
             self._nursery = nursery
             self._log = log
@@ -149,7 +150,7 @@ class Runtime:
                 effects = node.handle(event, self.clock.now())
                 for effect in effects:
                     self._execute(effect)
-                if not self.node.phase.value == "starting" and not self.ready.is_set():
+                if self.node.phase is not NodePhase.STARTING and not self.ready.is_set():
                     self.ready.set()
             await self.peer.flush()
 
@@ -169,7 +170,10 @@ class Runtime:
         self._exit_code = effect.code
 
     def _read_payload(self, location: fx.Location) -> str:
-        record = logio.read_record(self.log_path(location.shard), location.offset, location.length)
+        assert self._log is not None
+        record = self._log.read_record(
+            self.log_path(location.shard), location.offset, location.length
+        )
         data = record.get("taskData")
         return data if isinstance(data, str) else ""
 
@@ -214,7 +218,7 @@ class Runtime:
         path = self.log_path(effect.shard)
         token = effect.token
         try:
-            lines = logio.materialize(effect.records, self.log_path)
+            lines = logio.materialize(effect.records, self.log_path, self._log.reader)
         except (OSError, ValueError) as exc:
             self.submit(ev.AppendFailed(token=token, error=f"cannot build record: {exc}"))
             return
@@ -232,30 +236,34 @@ class Runtime:
         self._log.submit(path, lines, done)
 
     def _compact(self, effect: fx.Compact) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._compact_task, effect)
+
+    def _background_error(self, path: str, exc: OSError) -> None:
+        self.peer.log(
+            "error",
+            f"{path}: a background fsync failed ({_describe(exc)}); records acknowledged in "
+            "the last SNERD_FSYNC_INTERVAL_MS may be lost on power failure",
+        )
+
+    async def _compact_task(self, effect: fx.Compact) -> None:
         assert self._log is not None
-        path = self.log_path(effect.shard)
-        extra = logio.materialize(effect.extra, self.log_path)
-
-        def done(result: tuple[tuple[int, ...], tuple[int, ...], int] | OSError) -> None:
-            if isinstance(result, OSError):
-                self.submit(
-                    ev.CompactionFailed(
-                        token=effect.token, shard=effect.shard, error=_describe(result)
-                    )
-                )
-            else:
-                offsets, lengths, size = result
-                self.submit(
-                    ev.Compacted(
-                        token=effect.token,
-                        shard=effect.shard,
-                        offsets=offsets,
-                        lengths=lengths,
-                        size=size,
-                    )
-                )
-
-        self._log.submit_compaction(path, effect.keep, extra, done)
+        try:
+            extra = logio.materialize(effect.extra, self.log_path, self._log.reader)
+            result = await self._log.compact(self.log_path(effect.shard), effect.keep, extra)
+        except (OSError, ValueError) as exc:
+            error = _describe(exc) if isinstance(exc, OSError) else str(exc)
+            self.submit(ev.CompactionFailed(token=effect.token, shard=effect.shard, error=error))
+            return
+        self.submit(
+            ev.Compacted(
+                token=effect.token,
+                shard=effect.shard,
+                offsets=tuple(result.offsets),
+                lengths=tuple(result.lengths),
+                size=result.size,
+            )
+        )
 
     def _read_log(self, effect: fx.ReadLog) -> None:
         assert self._nursery is not None
@@ -266,21 +274,22 @@ class Runtime:
 
         def read() -> list[ev.Event]:
             out: list[ev.Event] = []
-            cut = logio.cut_torn_tail(path)
+            cut = logio.recover_log(path)
             if cut:
                 self.peer.log(
                     "warning",
                     f"shard-{shard}/tasks/tasks.log: cut a torn last line of {cut} bytes "
                     "(a crash mid-append; it was never acknowledged)",
                 )
-            for records, corrupt in logio.read_log(path):
+            end = 0
+            for chunk in logio.read_log(path):
+                end = chunk.end
                 out.append(
                     ev.LogRecordsRead(
-                        shard=shard, records=tuple(records), corrupt=tuple(corrupt)
+                        shard=shard, records=tuple(chunk.records), corrupt=tuple(chunk.corrupt)
                     )
                 )
-            size = path.stat().st_size if path.exists() else 0
-            out.append(ev.LogRecordsRead(shard=shard, records=(), final=True, size=size))
+            out.append(ev.LogRecordsRead(shard=shard, records=(), final=True, size=end))
             return out
 
         try:
@@ -409,6 +418,3 @@ _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Unlock: Runtime._unlock,
     fx.CallWebhook: Runtime._webhook,
 }
-
-# Silence "imported but unused" for names kept for readers of this module.
-_ = (math, os)
