@@ -1,0 +1,258 @@
+"""The daemon as a real process: the protocol, bad input, drain, a second daemon, adoption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from snerd.core.records import decode_record
+from tests.conftest import fill, small_tmpfs
+from tests.daemon import Daemon
+
+
+def log_records(directory: Path, shard: int = 0) -> list[dict[str, Any]]:
+    data = (directory / f"shard-{shard}" / "tasks" / "tasks.log").read_bytes()
+    return [decode_record(line) for line in data.splitlines() if line.strip()]
+
+
+def is_ack(task_id: str) -> Any:
+    return lambda m: m.get("task_id") == task_id and m["action"] in ("ack", "error")
+
+
+async def test_round_trip_and_stats(tmp_path: Path, nursery: trio.Nursery) -> None:
+    d = await Daemon.start(nursery, tmp_path / "q")
+    first = await d.recv()
+    assert first["action"] == "membership" and first["owned"] == ["shard-0"]
+    await d.send({"action": "register", "task_type": "t"})
+    assert await d.recv() == {"action": "ack", "message": "Registered handler for t"}
+    await d.enqueue("a", data={"n": 1})
+    ack = await d.recv()
+    assert ack == {
+        "action": "ack",
+        "task_id": "a",
+        "message": "Enqueued successfully",
+        "shard": "shard-0",
+    }
+    execute = await d.recv()
+    assert execute["action"] == "execute" and orjson.loads(execute["task_data"]) == {"n": 1}
+    await d.send({"action": "progress", "task_id": "a", "data": {"pct": 50}})
+    assert await d.recv() == {"action": "progress", "task_id": "a", "data": {"pct": 50}}
+    await d.send({"action": "result", "task_id": "a", "status": "success"})
+    with trio.fail_after(5):
+        while True:  # the task leaves the queue once its completion record is durable
+            await d.send({"action": "stats"})
+            stats = await d.wait_for(lambda m: m["action"] == "stats")
+            if stats["queue_depth"] == 0:
+                break
+            await trio.sleep(0.01)
+    assert stats["total_enqueued"] == 1 and stats["total_executed"] == 1
+    assert stats["per_shard"] == [{"shard": "shard-0", "depth": 0}]
+    await d.close_stdin()
+    assert await d.wait() == 0
+    assert log_records(tmp_path / "q")[-1]["snerdOutcome"] == "completed"
+
+
+ENQ = (
+    b'{"action":"enqueue","task_id":"k","task_type":"t","task_data":"{}",'
+    b'"max_retries":%s,"retry_after_hours":0%s}\n'
+)
+
+BAD_LINES: list[tuple[bytes, str, str | None]] = [
+    (b"this is not json\n", "Invalid JSON", None),
+    (b"[1, 2, 3]\n", "Invalid JSON: expected an object", None),
+    (b'{"action":"teleport","task_id":"k"}\n', "unknown action", "k"),
+    (b'{"action":"enqueue","task_id":"k","task_type":"t"}\n', "missing field", "k"),
+    (ENQ % (b'"3"', b""), "max_retries", "k"),
+    (ENQ % (b"-1", b""), "Failed to enqueue", "k"),
+    (ENQ % (b"1", b',"execute_at":"next tuesday"'), "execute_at", "k"),
+    (ENQ % (b"1", b',"execute_at":"2026-01-02T03:04:05"'), "offset", "k"),
+    (ENQ % (b"1", b',"rate_limit_group":"g","max_per_minute":0'), "max_per_minute", "k"),
+    (ENQ % (b"1", b',"cron":"every day at noon"'), "cron", "k"),
+    (b'{"action":"enqueue","task_id":"k","task_data":"\xff\xfe"}\n', "UTF-8", "k"),
+    (b'{"action":"result","task_id":"ghost","status":"success"}\n', "unknown/expired", "ghost"),
+]
+
+
+async def test_bad_input_gets_clear_errors_and_the_daemon_keeps_serving(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    d = await Daemon.start(nursery, tmp_path / "q")
+    await d.recv()
+    await d.send({"action": "register", "task_type": "t"})
+    await d.recv()
+    await d.enqueue("before")
+    await d.wait_for(lambda m: m["action"] == "execute")
+    for line, text, task_id in BAD_LINES:
+        await d.send_raw(line)
+        err = await d.wait_for(lambda m: m["action"] == "error")
+        assert text in err["message"], (line, err)
+        assert err.get("task_id") == task_id, (line, err)
+    # A duplicate live task id is refused, never a silent overwrite.
+    await d.enqueue("before", data={"other": True})
+    err = await d.wait_for(is_ack("before"))
+    assert err["action"] == "error" and "already pending" in err["message"]
+    # Still serving; the task acknowledged before the bad lines is intact.
+    await d.send({"action": "result", "task_id": "before", "status": "success"})
+    await d.enqueue("after")
+    assert (await d.wait_for(is_ack("after")))["action"] == "ack"
+    await d.close_stdin()
+    assert await d.wait() == 0
+    done = [r for r in log_records(tmp_path / "q") if r.get("taskId") == "before"]
+    assert done[-1]["snerdOutcome"] == "completed" and done[0]["taskData"] == '{"id":"before"}'
+
+
+async def test_a_50_mb_line_is_refused_without_buffering_it(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    d = await Daemon.start(nursery, tmp_path / "q", env={"SNERD_MAX_LINE_BYTES": "1048576"})
+    await d.recv()
+    head = b'{"action":"enqueue","task_id":"big","task_type":"t","task_data":"'
+    body = b"x" * (50 * 1024 * 1024)
+    nursery.start_soon(d.send_raw, head + body + b'","max_retries":0,"retry_after_hours":0}\n')
+    err = await d.wait_for(lambda m: m["action"] == "error", timeout=60)
+    assert err["task_id"] == "big" and "exceeds" in err["message"]
+    await d.enqueue("small")
+    assert (await d.wait_for(is_ack("small")))["action"] == "ack"
+    await d.close_stdin()
+    assert await d.wait() == 0
+
+
+async def test_sigterm_drains_and_keeps_reading_results(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    d = await Daemon.start(nursery, tmp_path / "q", env={"SNERD_DRAIN_TIMEOUT": "20"})
+    await d.recv()
+    await d.send({"action": "register", "task_type": "t"})
+    await d.enqueue("slow")
+    await d.wait_for(lambda m: m["action"] == "execute")
+    d.signal(signal.SIGTERM)
+    with trio.fail_after(5):
+        while b"draining (SIGTERM)" not in d.stderr:
+            await trio.sleep(0.01)
+    await d.enqueue("late")
+    err = await d.wait_for(is_ack("late"))
+    assert err["message"] == "[Snerd] Daemon is shutting down; enqueue rejected"
+    # The result of the in-flight task is still read and recorded (upstream lost it).
+    await d.send({"action": "result", "task_id": "slow", "status": "success"})
+    assert await d.wait(timeout=10) == 0
+    assert log_records(tmp_path / "q")[-1]["snerdOutcome"] == "completed"
+    membership = orjson.loads((tmp_path / "q" / "membership.json").read_bytes())
+    assert membership["claims"] == {}  # handed over at once
+
+
+async def test_closed_stdout_drains_and_loses_nothing_acked(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    d = await Daemon.start(nursery, tmp_path / "q")
+    await d.recv()
+    await d.enqueue("kept", task_type="nobody")
+    assert (await d.wait_for(is_ack("kept")))["action"] == "ack"
+    assert d.proc.stdout is not None
+    await d.proc.stdout.aclose()
+    # The next message the daemon writes meets a closed pipe: it must drain and exit cleanly.
+    await d.send({"action": "stats"})
+    assert await d.wait() == 0
+    assert "stdout closed" in d.stderr.decode()
+    live = [r for r in log_records(tmp_path / "q") if r.get("taskId") == "kept"]
+    assert live and not live[-1].get("deletedAt")
+
+
+async def test_a_second_daemon_on_the_same_directory_waits(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    first = await Daemon.start(nursery, tmp_path / "q")
+    await first.recv()
+    second = await Daemon.start(nursery, tmp_path / "q")
+    m = await second.recv()
+    assert m["action"] == "membership" and m["owned"] == []
+    await second.enqueue("x")
+    err = await second.wait_for(is_ack("x"))
+    assert err["action"] == "error" and "not owned by this daemon" in err["message"]
+    assert "claimed by a live daemon" in second.stderr.decode()
+    # The first is unaffected.
+    await first.enqueue("y")
+    assert (await first.wait_for(is_ack("y")))["action"] == "ack"
+    for d in (first, second):
+        await d.close_stdin()
+        assert await d.wait() == 0
+
+
+async def test_upstream_single_log_directory_is_adopted(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    q = tmp_path / "q"
+    (q / "tasks").mkdir(parents=True)
+    upstream = [
+        b'{"taskId":"old1","retryCount":0,"maxRetries":3,"retryAfterHours":0.0,'
+        b'"retryAfterTime":"2026-08-17T02:31:53.237260Z","taskData":"{\\"a\\":1}",'
+        b'"taskType":"t","executeAt":"2026-08-17T02:31:53.237260Z"}',
+        b'{"taskId":"gone","retryCount":0,"maxRetries":3,"retryAfterHours":0.0,'
+        b'"retryAfterTime":"2026-08-17T02:31:53.237260Z","taskData":"{}","taskType":"t",'
+        b'"executeAt":"2026-08-17T02:31:53.237260Z","deletedAt":"2026-08-17T02:32:00.000000Z"}',
+        b'{"taskId":"old2","retryCount":1,"maxRetries":3,"retryAfterHours":0.0,'
+        b'"retryAfterTime":"2026-08-17T02:31:53.237260Z","taskData":"{\\"a\\":2}",'
+        b'"taskType":"t","executeAt":"2026-08-17T02:31:53.237260Z","LastErrorObj":"x",'
+        b'"LastJobError":{"error":"x","retry_worthy":true}}',
+    ]
+    (q / "tasks" / "tasks.log").write_bytes(b"\n".join(upstream) + b"\n")
+    d = await Daemon.start(nursery, q)
+    await d.recv()
+    await d.send({"action": "register", "task_type": "t"})
+    ran = []
+    for _ in range(2):
+        m = await d.wait_for(lambda m: m["action"] == "execute")
+        ran.append((m["task_id"], orjson.loads(m["task_data"])))
+        await d.send({"action": "result", "task_id": m["task_id"], "status": "success"})
+    assert sorted(ran) == [("old1", {"a": 1}), ("old2", {"a": 2})]
+    await d.close_stdin()
+    assert await d.wait() == 0
+    assert not (q / "tasks" / "tasks.log").exists()
+    assert "adopted" in d.stderr.decode()
+
+
+async def test_full_disk_refuses_enqueues_then_recovers(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    with small_tmpfs(tmp_path / "small", size="256k") as mnt:
+        q = mnt / "q"
+        d = await Daemon.start(nursery, q)
+        await d.recv()
+        await d.enqueue("fits", task_type="nobody")
+        assert (await d.wait_for(is_ack("fits")))["action"] == "ack"
+        filler = fill(mnt)
+        await d.enqueue("nospace", task_type="nobody", data={"pad": "x" * 8000})
+        err = await d.wait_for(is_ack("nospace"))
+        assert err["action"] == "error"
+        assert err["message"].startswith("Failed to enqueue: ")
+        assert "space" in err["message"].lower()
+        filler.unlink()
+        await d.enqueue("later", task_type="nobody")
+        assert (await d.wait_for(is_ack("later")))["action"] == "ack"
+        await d.close_stdin()
+        assert await d.wait() == 0
+        ids = [r.get("taskId") for r in log_records(q)]
+        assert "fits" in ids and "later" in ids and "nospace" not in ids
+
+
+async def test_bad_environment_is_a_clear_startup_error(tmp_path: Path) -> None:
+    for name, value in [
+        ("SNERD_MAX_WORKERS", "lots"),
+        ("SNERD_POOLS", "fast=zero"),
+        ("SNERD_DRAIN_TIMEOUT", "-1"),
+        ("SNERD_FSYNC", "sometimes"),
+    ]:
+        proc = await trio.run_process(
+            [sys.executable, "-m", "snerd.cli", str(tmp_path / "q")],
+            env={**os.environ, name: value},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert proc.returncode == 2, (name, proc.stderr)
+        assert name in proc.stderr.decode()
