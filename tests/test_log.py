@@ -178,6 +178,25 @@ async def test_a_raising_callback_surfaces_at_exit(tmp_path: Path) -> None:
     assert isinstance(info.value.__cause__, KeyError)
 
 
+async def test_a_writer_bug_fails_appends_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: GroupCommitLog, *args: Any) -> None:
+        raise ZeroDivisionError("bug in the writer")
+
+    with pytest.raises(RuntimeError, match="crashed") as info:
+        async with GroupCommitLog() as log:
+            await log.append(tmp_path / "tasks.log", [line(0)])
+            monkeypatch.setattr(GroupCommitLog, "_commit", broken)
+            with trio.fail_after(10), pytest.raises(OSError) as failed:
+                await log.append(tmp_path / "tasks.log", [line(1)])
+            assert failed.value.errno == errno.EIO
+            with pytest.raises(RuntimeError):
+                log.submit(tmp_path / "tasks.log", [line(2)], lambda r: None)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    assert ids(read_all(tmp_path / "tasks.log")[0]) == ["t0"]
+
+
 async def test_close_file_then_append_reopens_at_the_right_offset(tmp_path: Path) -> None:
     path = tmp_path / "tasks.log"
     async with GroupCommitLog() as log:

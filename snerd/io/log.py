@@ -503,7 +503,7 @@ class _FileState:
 
 
 class _Append:
-    __slots__ = ("lines", "on_done", "path")
+    __slots__ = ("answered", "lines", "on_done", "path")
 
     def __init__(
         self, path: str, lines: list[bytes], on_done: Callable[[AppendOutcome], None]
@@ -511,18 +511,21 @@ class _Append:
         self.path = path
         self.lines = lines
         self.on_done = on_done
+        #: A result for it is on its way (so a writer crash fails only the others).
+        self.answered = False
 
 
 class _Control:
     """A job the writer runs in order with appends (compaction install, closing a file)."""
 
-    __slots__ = ("fn", "on_done")
+    __slots__ = ("answered", "fn", "on_done")
 
     def __init__(
         self, fn: Callable[[], object], on_done: Callable[[outcome.Outcome[object]], None]
     ) -> None:
         self.fn = fn
         self.on_done = on_done
+        self.answered = False
 
 
 _Done = list[tuple[Callable[[Any], None], Any]]
@@ -853,6 +856,8 @@ class GroupCommitLog:
     def _run(self) -> None:
         token = self._token
         assert token is not None and self._stopped is not None
+        jobs: list[_Append | _Control] = []
+        done: _Done = []
         try:
             while True:
                 with self._cond:
@@ -865,22 +870,26 @@ class GroupCommitLog:
                         self._idle = False
                     jobs, self._queue = self._queue, []
                     closing = self._closing
-                done: _Done = []
+                done = []
                 if jobs:
                     self._process(jobs, done)
                 if self._policy == "interval":
                     self._background_sync(done, force=closing and not jobs)
                 if done:
                     token.run_sync_soon(self._deliver, done)
+                    done = []
                 if closing and not jobs:
                     break
-        except BaseException as exc:  # a bug: fail everything queued, refuse new work
+                jobs = []
+        except BaseException as exc:  # a bug: fail everything unanswered, refuse new work
             with self._cond:
                 self._crash = exc
                 self._closing = True
-                jobs, self._queue = self._queue, []
-            done = []
+                jobs = [*jobs, *self._queue]
+                self._queue = []
             for job in jobs:
+                if job.answered:
+                    continue
                 if isinstance(job, _Append):
                     done.append((job.on_done, OSError(errno.EIO, f"log writer crashed: {exc!r}")))
                 else:
@@ -917,6 +926,7 @@ class GroupCommitLog:
                 if batch:
                     self._commit(batch, done)
                     batch = {}
+                job.answered = True
                 done.append((job.on_done, outcome.capture(job.fn)))
         if batch:
             self._commit(batch, done)
@@ -984,6 +994,7 @@ class GroupCommitLog:
                 state.unsynced = False
                 state.last_sync = time.monotonic()
             for job, job_offsets in zip(jobs, offsets, strict=True):
+                job.answered = True
                 self._committed += 1
                 self._lines += len(job_offsets)
                 self._bytes += sum(len(line) for line in job.lines)
@@ -991,6 +1002,7 @@ class GroupCommitLog:
 
     def _fail(self, jobs: list[_Append], exc: OSError, done: _Done) -> None:
         for job in jobs:
+            job.answered = True
             self._failed += 1
             # One exception object per waiter: they are raised in different tasks.
             copy = OSError(exc.errno, exc.strerror, job.path) if exc.errno else OSError(str(exc))
