@@ -15,7 +15,9 @@ Two hosts:
 - trio: the runtime runs natively in a nursery of the engine's task group; messages and
   results are plain calls on the one trio thread.
 - asyncio: the runtime runs as a trio *guest* on the running asyncio loop
-  (`trio.lowlevel.start_guest_run`, trio's own I/O wait in trio's helper thread). Trio steps and
+  (`trio.lowlevel.start_guest_run`, trio's own I/O wait in trio's helper thread). Trio allows
+  one run per thread, so all engines on one loop share one guest run (`_GuestHost`), each in
+  its own task with its errors captured. Trio steps and
   asyncio callbacks alternate on the same thread, but each side may only touch its own
   primitives: messages go to asyncio with `loop.call_soon_threadsafe`, submissions go to trio
   with `TrioToken.run_sync_soon`. Handlers are asyncio tasks (or threads for sync handlers).
@@ -32,10 +34,11 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import anyio.abc
@@ -95,6 +98,100 @@ class _GuestStarted:
 
     def started(self, value: None = None) -> None:
         self._notify()
+
+
+class _GuestHost:
+    """The one trio guest run on an asyncio loop, shared by every engine on that loop.
+
+    Trio allows one run per thread, so engines cannot each start their own guest run; they
+    borrow a nursery in a shared one instead. The run starts with the first engine and ends
+    when the last one leaves.
+    """
+
+    _hosts: ClassVar[weakref.WeakKeyDictionary[Any, _GuestHost]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.users = 0
+        self.closing = False
+        self.ready = anyio.Event()
+        self.done = anyio.Event()
+        self.failure: outcome.Outcome[None] | None = None
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.nursery: trio.Nursery | None = None
+
+    @classmethod
+    async def acquire(cls, loop: Any) -> _GuestHost:
+        """The loop's guest run, started if need be; call `release` when done with it."""
+        while True:
+            host = cls._hosts.get(loop)
+            if host is None:
+                host = cls(loop)
+                cls._hosts[loop] = host
+                host._start()
+            if host.closing:
+                await host.done.wait()
+                if cls._hosts.get(loop) is host:
+                    del cls._hosts[loop]
+                continue
+            host.users += 1
+            await host.ready.wait()
+            if host.failure is not None:
+                host.users -= 1
+                if cls._hosts.get(loop) is host:
+                    del cls._hosts[loop]
+                host.failure.unwrap()
+                raise RuntimeError("the trio guest run ended at its start")
+            return host
+
+    def _start(self) -> None:
+        loop = self.loop
+
+        async def main() -> None:
+            self.token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                loop.call_soon_threadsafe(self.ready.set)
+                await trio.sleep_forever()
+
+        def finished(out: outcome.Outcome[None]) -> None:
+            self.closing = True
+            if not self.ready.is_set():
+                self.failure = out
+            elif isinstance(out, outcome.Error) and not isinstance(out.error, trio.Cancelled):
+                logger.error("the trio guest run failed: %r", out.error)
+            self.ready.set()
+            self.done.set()
+
+        trio.lowlevel.start_guest_run(
+            main,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=loop.call_soon,
+            done_callback=finished,
+            # asyncio owns signals; the runtime needs none (an engine drains on shutdown()).
+            host_uses_signal_set_wakeup_fd=True,
+        )
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start `fn()` in the shared nursery (from the asyncio side)."""
+        assert self.token is not None and self.nursery is not None
+        self.token.run_sync_soon(self.nursery.start_soon, fn)
+
+    async def release(self) -> None:
+        """Stop using the run; the last user ends it and waits until it has finished, so the
+        loop never closes under a live guest run (trio would refuse any later run)."""
+        self.users -= 1
+        if self.users > 0:
+            return
+        if not self.closing:
+            self.closing = True
+            assert self.token is not None and self.nursery is not None
+            with contextlib.suppress(trio.RunFinishedError):
+                self.token.run_sync_soon(self.nursery.cancel_scope.cancel)
+        with anyio.CancelScope(shield=True):
+            await self.done.wait()
+        if type(self)._hosts.get(self.loop) is self:
+            del type(self)._hosts[self.loop]
 
 
 class Engine(_QueueFace):
@@ -308,14 +405,15 @@ class Engine(_QueueFace):
         import asyncio
 
         loop = asyncio.get_running_loop()
+        host = await _GuestHost.acquire(loop)
         self._guest = True
         self._loop = loop
+        self._token = host.token
         started = anyio.Event()
         done = anyio.Event()
         result: list[outcome.Outcome[None]] = []
 
-        async def trio_main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
+        async def run_runtime() -> None:
             runtime = self._new_runtime()
             with trio.CancelScope() as scope:
                 self._runtime_scope = scope
@@ -327,15 +425,13 @@ class Engine(_QueueFace):
             started.set()
             done.set()
 
-        trio.lowlevel.start_guest_run(
-            trio_main,
-            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-            run_sync_soon_not_threadsafe=loop.call_soon,
-            done_callback=finished,
-            # asyncio owns signals; the runtime needs none (the engine drains on shutdown()).
-            host_uses_signal_set_wakeup_fd=True,
-        )
+        async def trio_main() -> None:
+            # Captured: an error here must end this engine, not the run other engines share.
+            out = await outcome.acapture(run_runtime)
+            loop.call_soon_threadsafe(finished, out)
+
         try:
+            host.spawn(trio_main)
             await started.wait()
             if not done.is_set():
                 self._accept_after_start()
@@ -343,13 +439,15 @@ class Engine(_QueueFace):
                 await done.wait()
         finally:
             if not done.is_set():
-                # Cancelled from the host side: stop the guest run before leaving, bounded.
+                # Cancelled from the host side: stop the runtime before leaving, bounded.
                 with anyio.CancelScope(shield=True):
                     if self._runtime_scope is not None:
                         self._to_runtime(self._runtime_scope.cancel)
                     with anyio.move_on_after(_EXIT_GRACE_S + self._drain_timeout_s):
                         await done.wait()
-        result[0].unwrap()
+            await host.release()
+        if result:
+            result[0].unwrap()
 
     # ------------------------------------------------------------------ bridges
 

@@ -323,6 +323,8 @@ class _QueueFace:
         self._registry = _Registry()
         self._pending: dict[str, _Waiter] = {}
         self._stats_waiters: deque[_Waiter] = deque()
+        self._progress_backlog: deque[tuple[Any, Any]] = deque()
+        self._progress_draining = False
         self._accepting = False
         self._stopped_error: SnerdError | None = None
         self._loop_thread: int | None = None
@@ -405,7 +407,8 @@ class _QueueFace:
         return register
 
     def on_progress(self, callback: ProgressCallback) -> ProgressCallback:
-        """Observe `progress` messages: `callback(task_id, data)`, sync or async. Usable as a
+        """Observe `progress` messages: `callback(task_id, data)`, sync or async, called on the
+        event loop in the order the messages came (so a sync one must not block). Usable as a
         decorator. Progress is a live stream; nothing is stored."""
         self._registry.progress.append(callback)
         return callback
@@ -567,9 +570,11 @@ class _QueueFace:
             else:
                 self._spawn(self._dead_letter, handler, message)
         elif action == "progress":
-            task_id = message.get("task_id")
-            for callback in list(self._registry.progress):
-                self._spawn(self._call_observer, callback, task_id, message.get("data"))
+            if self._registry.progress:
+                self._progress_backlog.append((message.get("task_id"), message.get("data")))
+                if not self._progress_draining:
+                    self._progress_draining = True
+                    self._spawn(self._drain_progress)
         elif action == "stats":
             # Replies come in request order; a request that gave up still takes its reply.
             if self._stats_waiters:
@@ -590,13 +595,21 @@ class _QueueFace:
                 return
         self._log(f"Error from daemon: {text}")
 
-    async def _call_observer(self, callback: ProgressCallback, task_id: Any, data: Any) -> None:
+    async def _drain_progress(self) -> None:
+        """Hand progress to the observers in the order it came: one task at a time drains the
+        backlog (a task per message would let a later one overtake an earlier one)."""
         try:
-            result = callback(task_id, data)
-            if inspect.isawaitable(result):
-                await result
-        except Exception as exc:
-            self._log(f"progress callback {callback!r} failed: {_describe(exc)}")
+            while self._progress_backlog:
+                task_id, data = self._progress_backlog.popleft()
+                for callback in list(self._registry.progress):
+                    try:
+                        result = callback(task_id, data)
+                        if inspect.isawaitable(result):
+                            await result
+                    except Exception as exc:
+                        self._log(f"progress callback {callback!r} failed: {_describe(exc)}")
+        finally:
+            self._progress_draining = False
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)`: async on the loop, sync in a worker thread (abandoned on cancel,

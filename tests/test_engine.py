@@ -152,7 +152,7 @@ async def _urgency_and_dedupe(tmp_path: Path) -> None:
         await e.enqueue("mid", "job", "mid", urgency_score=5, auto_dedupe=True)
         dup = await e.enqueue("mid-again", "job", "mid", urgency_score=5, auto_dedupe=True)
         assert dup.deduplicated
-        e.register_handler("job", order.add)
+        e.register_handler("job", order.add_from_thread)
         assert await order.wait(3) == ["high", "mid", "low"]
         await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
         assert len(order.items) == 3
@@ -184,7 +184,7 @@ async def _task_survives_a_restart(tmp_path: Path) -> None:
         await e.enqueue("durable", "later", {"keep": "me"})
     ran = Calls()
     async with engine(tmp_path) as e2:
-        e2.register_handler("later", ran.add)
+        e2.register_handler("later", ran.add_from_thread)
         assert await ran.wait(1) == [{"keep": "me"}]
 
 
@@ -207,19 +207,22 @@ async def _shutdown_keeps_the_running_result(tmp_path: Path) -> None:
     await running.wait()
     codes: list[int | None] = []
     async with anyio.create_task_group() as tg:
+        stopping = anyio.Event()
 
         async def stop() -> None:
+            stopping.set()
+            # shutdown() queues the drain before its first checkpoint.
             codes.append(await e.shutdown())
 
         tg.start_soon(stop)
-        await anyio.sleep(0)  # `stop` has queued the drain
+        await stopping.wait()
         with pytest.raises(QueueNotRunning):
             await e.enqueue("s2", "slow", None)
         release.set()
     assert codes == [0]
     again = Calls()
     async with engine(tmp_path) as e2:
-        e2.register_handler("slow", again.add)
+        e2.register_handler("slow", again.add_from_thread)
         await e2.enqueue("sentinel", "slow", "sentinel")
         assert await again.wait(1) == ["sentinel"]
         stats = await _wait_for_stats(e2, lambda s: s["queue_depth"] == 0)
