@@ -100,10 +100,10 @@ def encode_record(fields: Mapping[str, Any]) -> bytes:
     """Encode one record as a complete log line: JSON object, checksum last, newline.
 
     The result is one bytes object so the writer can put it in the file with a single write.
-    Raises `ValueError` (caller bug) when `fields` already holds `snerdCrc`, when the line would
-    exceed `LINE_LIMIT`, or when orjson cannot serialise a value (`orjson.JSONEncodeError` is a
-    `TypeError`: non-str keys, integers beyond 64 bits, unsupported types). Note that orjson
-    writes NaN and infinities as `null`: do not store them.
+    Caller bugs raise: `ValueError` when `fields` already holds `snerdCrc` or the line would
+    exceed `LINE_LIMIT`; `orjson.JSONEncodeError` (a `TypeError`) for what orjson cannot
+    serialise (non-str keys, integers beyond 64 bits, unsupported types). orjson writes NaN and
+    infinities as `null`: do not store them.
     """
     if CHECKSUM_KEY in fields:
         raise ValueError(f"record fields must not contain {CHECKSUM_KEY!r}; encode_record adds it")
