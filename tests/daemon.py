@@ -25,6 +25,7 @@ class Daemon:
         self.received: list[dict[str, Any]] = []
         self.stderr = bytearray()
         self._stderr_done = trio.Event()
+        self._send_lock = trio.Lock()
 
     @classmethod
     async def start(
@@ -60,7 +61,8 @@ class Daemon:
 
     async def send_raw(self, data: bytes) -> None:
         assert self.proc.stdin is not None
-        await self.proc.stdin.send_all(data)
+        async with self._send_lock:
+            await self.proc.stdin.send_all(data)
 
     async def send(self, message: dict[str, Any]) -> None:
         await self.send_raw(orjson.dumps(message) + b"\n")

@@ -457,3 +457,32 @@ def test_random_workloads_finish_every_acked_task_within_its_attempts(
         # Crash re-executions repeat an attempt number; distinct attempts stay within bounds.
         assert max(attempts) <= 1 + max_retries[tid]
         assert sorted(set(attempts)) == list(range(1, max(attempts) + 1))
+
+
+def test_a_dead_owner_is_taken_over_at_once_where_flock_proves_liveness() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a")  # dispatched, then the process is killed: its lock goes with it
+    dead = sh.disk["locks"].pop(0)
+    cfg = NodeConfig(node_id="n2@pid-2-b", lock_proves_liveness=True)
+    sh2 = FakeShell(cfg, disk=sh.disk)
+    sh2.wall = sh.wall + 1 * SECOND  # the dead owner's lease is still live
+    sh2.start()
+    assert sh2.node.owned_shards == [0]
+    assert sh2.disk["membership"]["claims"]["shard-0"]["owner"] == "n2@pid-2-b"
+    assert sh2.disk["membership"]["claims"]["shard-0"]["epoch"] == 2
+    sh2.register("t")
+    assert sh2.executed_ids() == ["a"]
+    # A live owner (lock held) is never taken over early, even with the probe on.
+    sh3 = FakeShell(NodeConfig(node_id="n3@pid-3-c", lock_proves_liveness=True), disk=sh.disk)
+    sh3.wall = sh2.wall
+    sh3.start()
+    assert sh3.node.owned_shards == []
+    assert sh3.disk["membership"]["claims"]["shard-0"]["owner"] == "n2@pid-2-b"
+    assert dead != "n2@pid-2-b"
+    # Without the probe, a fresh lease is respected until it lapses.
+    sh2.disk["locks"].clear()
+    sh4 = FakeShell(NodeConfig(node_id="n4@pid-4-d"), disk=sh.disk)
+    sh4.wall = sh2.wall + 1 * SECOND
+    sh4.start()
+    assert sh4.node.owned_shards == []

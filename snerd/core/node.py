@@ -55,6 +55,7 @@ from snerd.core.ownership import (
     claim_epoch,
     claimable,
     initial_doc,
+    live_foreign,
     owned_by,
     shard_name,
     with_claims,
@@ -146,6 +147,10 @@ class NodeConfig:
     history_limit: int = 10_000
     #: How long to wait before retrying a failed lock, membership write or log append.
     retry_io_us: int = SECOND
+    #: True where holding a flock proves the previous holder's process is gone (one host, a
+    #: local filesystem): a shard whose lock this node can take is taken over at once instead
+    #: of after its lease lapses (DESIGN §4.8). The shell decides it from the mount type.
+    lock_proves_liveness: bool = False
 
 
 def route_shard(key: str, shards: int) -> int:
@@ -271,6 +276,9 @@ class Node:
         self.started_mono: int | None = None
         self.renew_at_mono: int | None = None
         self.membership_busy = False
+        #: Shards whose lock this node took while another node's claim was live: that node's
+        #: process is gone. The lock stays held until the claim is rewritten as ours.
+        self.proven_dead: set[int] = set()
         self.drain_deadline_mono: int | None = None
         #: The drain is over and claims are to be handed back; `releasing`: that write is out.
         self.released = False
@@ -420,8 +428,14 @@ class Node:
             )
         else:
             wanted = claimable(
-                doc, node_id=self.config.node_id, wall_us=now.wall, config=self.config.ownership
+                doc,
+                node_id=self.config.node_id,
+                wall_us=now.wall,
+                config=self.config.ownership,
+                proven_dead=frozenset(self.proven_dead),
             )
+            if self.config.lock_proves_liveness:
+                self._probe(doc, wanted)
         if not wanted:
             if self.phase is NodePhase.STARTING:
                 self._log(
@@ -443,6 +457,16 @@ class Node:
         self.membership_busy = True
         self._emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
 
+    def _probe(self, doc: dict[str, Any], wanted: list[int]) -> None:
+        """Try the lock of each shard another node claims: getting it proves that node dead."""
+        for shard in live_foreign(doc, node_id=self.config.node_id):
+            if shard in wanted or shard in self.proven_dead:
+                continue
+            info = self.shards.setdefault(shard, ShardInfo())
+            if info.phase is ShardPhase.UNOWNED:
+                info.phase = ShardPhase.PROBING
+                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id))
+
     def _on_membership_written(self, event: ev.MembershipWritten) -> None:
         self.membership_busy = False
         self.doc = event.doc
@@ -456,9 +480,12 @@ class Node:
             self._emit(fx.ReadMembership())
             return
         self.renew_at_mono = now.mono + self.config.ownership.renew_interval_us
+        if self.proven_dead:
+            self.renew_at_mono = now.mono  # a takeover is waiting for its claim
         changed = False
         for shard in owned_by(event.doc, self.config.node_id):
             info = self.shards.setdefault(shard, ShardInfo())
+            self.proven_dead.discard(shard)
             if info.phase is ShardPhase.UNOWNED:
                 info.epoch = claim_epoch(event.doc, shard)
                 info.phase = ShardPhase.LOCKING
@@ -478,6 +505,17 @@ class Node:
 
     def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
         info = self.shards[event.shard]
+        if info.phase is ShardPhase.PROBING:
+            # The claimant's process is gone (we hold its lock): claim the shard now.
+            info.phase = ShardPhase.UNOWNED
+            self.proven_dead.add(event.shard)
+            self._log(
+                "info",
+                f"{shard_name(event.shard)}: its owner's process is gone (its lock was free); "
+                "taking it over without waiting for the lease",
+            )
+            self._renew(force=True)
+            return
         if info.phase not in (ShardPhase.LOCKING, ShardPhase.PAUSED):
             # Claim withdrawn meanwhile: give the lock straight back.
             self._emit(fx.Unlock(shard=event.shard))
@@ -490,6 +528,10 @@ class Node:
 
     def _on_lock_busy(self, event: ev.LockBusy) -> None:
         info = self.shards[event.shard]
+        if info.phase is ShardPhase.PROBING:
+            info.phase = ShardPhase.UNOWNED  # its owner is alive
+            self._maybe_running()
+            return
         if info.phase is not ShardPhase.PAUSED:
             self._log(
                 "warning",
@@ -537,8 +579,10 @@ class Node:
             if q is not None:
                 q.discard(task.task_id)
 
-    def _renew(self) -> None:
+    def _renew(self, force: bool = False) -> None:
         if self.membership_busy:
+            if force:
+                self.renew_at_mono = self._now.mono  # right after the write in flight
             return
         self.renew_at_mono = None
         self.membership_busy = True
@@ -547,8 +591,9 @@ class Node:
     def _maybe_running(self) -> None:
         if self.phase is not NodePhase.STARTING:
             return
-        if any(
-            i.phase in (ShardPhase.LOCKING, ShardPhase.LOADING, ShardPhase.FENCING)
+        if self.proven_dead or any(
+            i.phase
+            in (ShardPhase.LOCKING, ShardPhase.LOADING, ShardPhase.FENCING, ShardPhase.PROBING)
             for i in self.shards.values()
         ):
             return
@@ -1035,11 +1080,7 @@ class Node:
                 if info.phase is ShardPhase.PAUSED:
                     self._emit(fx.TryLock(shard=shard, owner=self.config.node_id))
         # Leases.
-        if (
-            self.renew_at_mono is not None
-            and now.mono >= self.renew_at_mono
-            and self.phase is not NodePhase.STOPPED
-        ):
+        if self.renew_at_mono is not None and now.mono >= self.renew_at_mono:
             self._renew()
         # Hard timeouts.
         for flight in [f for f in self.inflight.values() if f.deadline_mono is not None]:
@@ -1424,9 +1465,9 @@ class Node:
                 "on the next owner",
             )
         self.released = True
-        if self.doc is None or not self.owned_shards and not any(
+        if self.doc is None or (not self.owned_shards and not any(
             i.phase is not ShardPhase.UNOWNED for i in self.shards.values()
-        ):
+        )):
             self._finish_release()
             return
         if not self.membership_busy:

@@ -35,6 +35,8 @@ __all__ = [
     "claim_epoch",
     "claimable",
     "initial_doc",
+    "live_foreign",
+    "owned_by",
     "shard_name",
     "with_claims",
     "without_claims",
@@ -55,6 +57,9 @@ class ShardPhase(enum.Enum):
     LOCKING = "locking"
     #: Claimed, but the lock is held by another process; retried later.
     PAUSED = "paused"
+    #: Claimed by another node whose lease is still live; this node tries the lock to learn
+    #: whether that node's process is gone (only where flock proves liveness, DESIGN §4.8).
+    PROBING = "probing"
     #: Locked; its log is being read.
     LOADING = "loading"
     #: Log read; the `claim` record with our epoch is being appended.
@@ -131,9 +136,15 @@ def initial_doc(*, queue: str, shards: int) -> dict[str, Any]:
 
 
 def claimable(
-    doc: dict[str, Any], *, node_id: str, wall_us: int, config: OwnershipConfig
+    doc: dict[str, Any],
+    *,
+    node_id: str,
+    wall_us: int,
+    config: OwnershipConfig,
+    proven_dead: frozenset[int] = frozenset(),
 ) -> list[int]:
-    """Shards this node may claim now: free, already its own, or lapsed on the wall clock.
+    """Shards this node may claim now: free, already its own, lapsed on the wall clock, or
+    held by a node whose death this node has proven by taking the shard's lock.
 
     A claim is lapsed when `wall_us > lease_expiry + skew_margin` (upstream's rule). A claim
     whose expiry does not parse is treated as lapsed only through the same rule failing
@@ -143,11 +154,9 @@ def claimable(
     out: list[int] = []
     for shard in range(shards):
         view = _claim_view(doc, shard)
-        if view.owner is None or view.owner == node_id:
-            out.append(shard)
-        elif view.lease_expiry_us is not None and (
+        if view.owner is None or view.owner == node_id or shard in proven_dead or (view.lease_expiry_us is not None and (
             wall_us > view.lease_expiry_us + config.skew_margin_us
-        ):
+        )):
             out.append(shard)
     if config.max_shards is not None:
         out = out[: config.max_shards]
@@ -202,6 +211,15 @@ def without_claims(doc: dict[str, Any], *, node_id: str) -> dict[str, Any]:
     new["claims"] = claims
     new["version"] = int(doc.get("version", 0)) + 1
     return new
+
+
+def live_foreign(doc: dict[str, Any], *, node_id: str) -> list[int]:
+    """Shards claimed by some other node (lapsed or not)."""
+    return [
+        s
+        for s in range(int(doc.get("shards", 0)))
+        if _claim_view(doc, s).owner not in (None, node_id)
+    ]
 
 
 def owned_by(doc: dict[str, Any], node_id: str) -> list[int]:

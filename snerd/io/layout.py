@@ -9,6 +9,7 @@ adoption is idempotent: a crash in the middle is finished by the next start. Ups
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -60,10 +61,8 @@ def adopt_legacy_layout(directory: Path) -> str | None:
                 moved.append(name)
         fsync_dir(target)
         fsync_dir(directory / "tasks")
-        try:
+        with contextlib.suppress(OSError):  # something else lives there; leave it
             (directory / "tasks").rmdir()
-        except OSError:
-            pass  # something else lives there; leave it
         fsync_dir(directory)
         return (
             f"adopted the upstream single-log layout: moved {', '.join(moved)} "

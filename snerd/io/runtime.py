@@ -219,7 +219,7 @@ class Runtime:
         token = effect.token
         try:
             lines = logio.materialize(effect.records, self.log_path, self._log.reader)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError) as exc:  # TypeError: orjson.JSONEncodeError
             self.submit(ev.AppendFailed(token=token, error=f"cannot build record: {exc}"))
             return
 

@@ -8,6 +8,7 @@ core as bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import signal
@@ -20,6 +21,7 @@ import trio
 
 from snerd.config import Settings
 from snerd.core import events as ev
+from snerd.io.fscheck import filesystem_type, lock_proves_liveness
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
 
@@ -168,6 +170,12 @@ def run_daemon(directory: Path, settings: Settings) -> int:
     message = adopt_legacy_layout(directory)
     if message:
         write_stderr(f"[Snerd] {message}\n")
+    fs_type = filesystem_type(directory)
+    if lock_proves_liveness(directory):
+        settings = dataclasses.replace(
+            settings, node=dataclasses.replace(settings.node, lock_proves_liveness=True)
+        )
+    write_stderr(f"[Snerd] data directory {directory} is on {fs_type}\n")
     # SIGPIPE would kill us on a closed stdout; we want EPIPE and a drain instead.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     return trio.run(_serve, directory, settings)
