@@ -199,10 +199,12 @@ class FakeShell:
         offsets, lengths = [], []
         for record in effect.records:
             fields = dict(record.fields)
-            if record.copy_data_from is not None:
-                loc = record.copy_data_from
+            if record.base is not None:
+                loc = record.base
                 src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
-                fields["taskData"] = decode_record(bytes(src).rstrip(b"\n"))["taskData"]
+                fields = {**decode_record(bytes(src).rstrip(b"\n")), **fields}
+                for key in record.remove:
+                    fields.pop(key, None)
             line = encode_record(fields)
             offsets.append(len(log))
             lengths.append(len(line))

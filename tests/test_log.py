@@ -480,10 +480,10 @@ def test_read_record_checks_the_location(tmp_path: Path) -> None:
         read_record(path, len(line(1)), len(line(2)) + 5)  # past the end of the file
 
 
-def test_materialize_copies_task_data_from_the_log(tmp_path: Path) -> None:
+def test_materialize_builds_on_a_base_record_from_the_log(tmp_path: Path) -> None:
     path = tmp_path / "shard-0" / "tasks" / "tasks.log"
     path.parent.mkdir(parents=True)
-    src = line(1, taskData="the payload")
+    src = line(1, taskData="the payload", LastErrorObj="old error")
     no_data = encode_record({"snerdKind": "claim", "snerdEpoch": 3})
     path.write_bytes(src + no_data)
 
@@ -491,21 +491,20 @@ def test_materialize_copies_task_data_from_the_log(tmp_path: Path) -> None:
         return tmp_path / f"shard-{shard}" / "tasks" / "tasks.log"
 
     new = NewRecord(
-        fields={"taskId": "t1", "retryCount": 1, "deletedAt": "2026-01-01T00:00:00Z"},
-        copy_data_from=Location(shard=0, offset=0, length=len(src)),
+        fields={"retryCount": 1, "deletedAt": "2026-01-01T00:00:00Z"},
+        base=Location(shard=0, offset=0, length=len(src)),
+        remove=("LastErrorObj",),
     )
     plain = NewRecord(fields={"snerdKind": "dispatch", "taskId": "t1"})
     out = materialize([new, plain], path_for)
-    assert decode_record(out[0][:-1]) == {
-        "taskId": "t1",
-        "retryCount": 1,
-        "deletedAt": "2026-01-01T00:00:00Z",
-        "taskData": "the payload",
-    }
+    expected = {**decode_record(src[:-1]), "retryCount": 1, "deletedAt": "2026-01-01T00:00:00Z"}
+    del expected["LastErrorObj"]
+    assert decode_record(out[0][:-1]) == expected
+    assert expected["taskData"] == "the payload"
     assert decode_record(out[1][:-1]) == {"snerdKind": "dispatch", "taskId": "t1"}
     missing = NewRecord(
         fields={"taskId": "t1"},
-        copy_data_from=Location(shard=0, offset=len(src), length=len(no_data)),
+        base=Location(shard=0, offset=len(src), length=len(no_data)),
     )
     with pytest.raises(CorruptRecord, match="taskData"):
         materialize([missing], path_for)

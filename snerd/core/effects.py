@@ -49,12 +49,17 @@ class Location:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NewRecord:
-    """A record to append. `fields` are the JSON keys; when `copy_data_from` is set, the shell
-    reads that record and copies its `taskData` (and nothing else) into this one, so full
-    upstream-shaped task records can be written without the core holding payloads."""
+    """A record to append.
+
+    With `base` set, the shell reads the record at that location and starts from all of its
+    fields (its payload included), then applies `fields` on top and drops the keys in `remove`.
+    That is how a retry, a cron re-arm or a tombstone is written as a full upstream-shaped task
+    record while the core holds neither payloads nor the other fields of a task in memory.
+    """
 
     fields: dict[str, Any]
-    copy_data_from: Location | None = None
+    base: Location | None = None
+    remove: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -180,10 +180,9 @@ class Task:
     webhook_url: str | None
     max_execution_seconds: int | None
     trigger_after_ids: tuple[str, ...]
-    #: Where the latest full record of this task sits (None until the enqueue commits).
+    #: Where the latest full record of this task sits (None until the enqueue commits). Every
+    #: later record of the task is written from it, so the index keeps no fields or payload.
     loc: fx.Location | None = None
-    #: The upstream-shaped fields of the latest record, minus `taskData`.
-    fields: dict[str, Any] = field(default_factory=dict)
     #: Attempt number of the attempt being dispatched or run (1-based).
     attempt: int = 0
     #: Location of the dispatch record of the running attempt.
@@ -772,7 +771,6 @@ class Node:
             max_execution_seconds=f.get("maxExecutionSeconds"),
             trigger_after_ids=tuple(f.get("triggerAfterIds") or ()),
             loc=loc,
-            fields=dict(f),
             attempt=retry_count + 1,
             last_error=f.get("LastErrorObj"),
         )
@@ -921,7 +919,6 @@ class Node:
             webhook_url=cmd.webhook_url,
             max_execution_seconds=cmd.max_execution_seconds,
             trigger_after_ids=cmd.trigger_after_ids,
-            fields={k: v for k, v in fields.items() if k != "taskData"},
             attempt=1,
         )
         self.tasks[cmd.task_id] = task
@@ -1214,22 +1211,21 @@ class Node:
         if task.cron is not None:
             # Re-arm: same id, errors cleared, next tick strictly after now (missed ticks skipped).
             nxt = next_fire(task.cron, now.wall)
-            fields = dict(task.fields)
-            for key in ("LastErrorObj", "LastJobError", "deletedAt"):
-                fields.pop(key, None)
-            fields.update(
-                {
-                    "retryCount": 0,
-                    "retryAfterTime": format_rfc3339(now.wall),
-                    "executeAt": format_rfc3339(nxt),
-                    **self._meta(task.shard),
-                }
+            fields = {
+                "retryCount": 0,
+                "retryAfterTime": format_rfc3339(now.wall),
+                "executeAt": format_rfc3339(nxt),
+                **self._meta(task.shard),
+            }
+            record = fx.NewRecord(
+                fields=fields, base=task.loc, remove=("LastErrorObj", "LastJobError", "deletedAt")
             )
             self._append(
                 task.shard,
-                [fx.NewRecord(fields=fields, copy_data_from=task.loc)],
-                PendingAppend(kind="rearm", shard=task.shard, task_id=task.task_id,
-                              extra={"fields": fields, "ready_at": nxt}),
+                [record],
+                PendingAppend(
+                    kind="rearm", shard=task.shard, task_id=task.task_id, extra={"ready_at": nxt}
+                ),
             )
             return
         self._finish(task, OUTCOME_COMPLETED, None)
@@ -1246,21 +1242,22 @@ class Node:
                 jitter_seed=self.config.jitter_seed,
                 task_id=task.task_id,
             )
-            fields = dict(task.fields)
-            fields.update(
-                {
-                    "retryCount": task.attempt,
-                    "retryAfterTime": format_rfc3339(now.wall + delay),
-                    "LastErrorObj": error,
-                    "LastJobError": {"error": error, "retry_worthy": True},
-                    **self._meta(task.shard),
-                }
-            )
+            fields = {
+                "retryCount": task.attempt,
+                "retryAfterTime": format_rfc3339(now.wall + delay),
+                "LastErrorObj": error,
+                "LastJobError": {"error": error, "retry_worthy": True},
+                **self._meta(task.shard),
+            }
             self._append(
                 task.shard,
-                [fx.NewRecord(fields=fields, copy_data_from=task.loc)],
-                PendingAppend(kind="retry", shard=task.shard, task_id=task.task_id,
-                              extra={"fields": fields, "ready_at": now.wall + delay}),
+                [fx.NewRecord(fields=fields, base=task.loc)],
+                PendingAppend(
+                    kind="retry",
+                    shard=task.shard,
+                    task_id=task.task_id,
+                    extra={"ready_at": now.wall + delay},
+                ),
             )
             return
         self._finish(task, OUTCOME_DEAD, error)
@@ -1268,25 +1265,22 @@ class Node:
     def _finish(self, task: Task, outcome: str, error: str | None) -> None:
         """Write the tombstone that ends a task (completed or dead-lettered)."""
         now = self._now
-        fields = dict(task.fields)
-        fields.update(
-            {
-                "retryCount": task.attempt if outcome == OUTCOME_DEAD else task.retry_count,
-                "deletedAt": format_rfc3339(now.wall),
-                "snerdOutcome": outcome,
-                **self._meta(task.shard),
-            }
-        )
+        fields: dict[str, Any] = {
+            "retryCount": task.attempt if outcome == OUTCOME_DEAD else task.retry_count,
+            "deletedAt": format_rfc3339(now.wall),
+            "snerdOutcome": outcome,
+            **self._meta(task.shard),
+        }
+        remove: tuple[str, ...] = ()
         if outcome == OUTCOME_COMPLETED:
             # Success clears the error (upstream kept it, so dashboards showed "failed").
-            fields.pop("LastErrorObj", None)
-            fields.pop("LastJobError", None)
+            remove = ("LastErrorObj", "LastJobError")
         elif error is not None:
             fields["LastErrorObj"] = error
             fields["LastJobError"] = {"error": error, "retry_worthy": False}
         self._append(
             task.shard,
-            [fx.NewRecord(fields=fields, copy_data_from=task.loc)],
+            [fx.NewRecord(fields=fields, base=task.loc, remove=remove)],
             PendingAppend(kind="finish", shard=task.shard, task_id=task.task_id,
                           extra={"outcome": outcome, "error": error}),
         )
@@ -1329,7 +1323,6 @@ class Node:
             self._begin_execution(task)
         elif p.kind in ("retry", "rearm"):
             task.loc = loc
-            task.fields = {k: v for k, v in p.extra["fields"].items() if k != "taskData"}
             if p.kind == "retry":
                 task.retry_count = task.attempt
             else:

@@ -414,28 +414,30 @@ def materialize(
 ) -> list[bytes]:
     """Turn the core's `NewRecord`s into log lines.
 
-    For a record with `copy_data_from`, the record at that location is read and its `taskData`
-    (and nothing else) is copied into the fields, so the core never holds payloads. Raises
-    `CorruptRecord` when the source is not a valid record or has no `taskData`, `OSError` when
-    it cannot be read, `ValueError` from `encode_record` for unencodable fields.
+    For a record with a `base` location, the record there is read and its fields (payload
+    included) are the starting point; the record's own `fields` go on top and its `remove` keys
+    are dropped, so the core never holds payloads. Raises `CorruptRecord` when the base is not a
+    valid task record, `OSError` when it cannot be read, `ValueError` from `encode_record` for
+    unencodable fields.
     """
     lines: list[bytes] = []
     for rec in records:
         fields = rec.fields
-        loc = rec.copy_data_from
+        loc = rec.base
         if loc is not None:
             path = path_for_shard(loc.shard)
             if reader is not None:
                 source = reader.read_record(path, loc.offset, loc.length)
             else:
                 source = read_record(path, loc.offset, loc.length)
-            try:
-                data = source["taskData"]
-            except KeyError:
+            if "taskData" not in source:
                 raise CorruptRecord(
                     f"record at shard {loc.shard} offset {loc.offset} has no taskData"
-                ) from None
-            fields = {**fields, "taskData": data}
+                )
+            merged = {**source, **fields}
+            for key in rec.remove:
+                merged.pop(key, None)
+            fields = merged
         lines.append(encode_record(fields))
     return lines
 
