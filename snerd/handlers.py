@@ -33,6 +33,7 @@ from typing import Any, TypeAlias, TypeVar
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+import sniffio
 
 __all__ = [
     "DaemonExited",
@@ -735,8 +736,6 @@ class _Background:
         Raises:
             Whatever `serve` raised before it started.
         """
-        import sniffio
-
         started = anyio.Event()
         done = self.done = anyio.Event()
         cancelled = anyio.get_cancelled_exc_class()
@@ -750,6 +749,8 @@ class _Background:
                 raise
             except BaseException as exc:
                 self.error = exc
+                if started.is_set():  # nobody is awaiting the start any more: say it here
+                    print(f"[snerd] background service failed: {_describe(exc)}", file=sys.stderr)
             finally:
                 started.set()
                 done.set()

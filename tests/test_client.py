@@ -403,13 +403,14 @@ async def _duplicate_concurrent_enqueue_is_refused(tmp_path: Path) -> None:
         try:
             acked: list[Enqueued] = []
             async with anyio.create_task_group() as tg:
+                sent = anyio.Event()
 
                 async def first() -> None:
+                    sent.set()  # enqueue() registers the id before its first checkpoint
                     acked.append(await q.enqueue("same", "x", 1))
 
                 tg.start_soon(first)
-                await anyio.sleep(0)  # let `first` send its line
-                await anyio.sleep(0)
+                await sent.wait()
                 with pytest.raises(DuplicateTaskId):
                     await q.enqueue("same", "x", 2)
                 os.kill(q.pid, signal.SIGCONT)
@@ -434,21 +435,23 @@ async def _killed_daemon_fails_pending_enqueues_fast(tmp_path: Path) -> None:
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)  # the enqueue below can never be acked
     failure: list[BaseException] = []
+    sent = anyio.Event()
+    failed = anyio.Event()
     async with anyio.create_task_group() as tg:
 
         async def pending() -> None:
+            sent.set()
             try:
                 await q.enqueue("orphan", "x", 1)
             except SnerdError as exc:
                 failure.append(exc)
+            failed.set()
 
         tg.start_soon(pending)
-        await anyio.sleep(0.1)
-        assert failure == []
+        await sent.wait()
         os.kill(pid, signal.SIGKILL)
         with anyio.fail_after(3):  # fast, not the 30 s drain timeout nor forever
-            while not failure:
-                await anyio.sleep(0.01)
+            await failed.wait()
     assert isinstance(failure[0], DaemonExited)
     assert "killed by SIGKILL" in str(failure[0])
     assert q.exit_code == -signal.SIGKILL

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import pytest
+import sniffio
 
 from snerd import (
     DuplicateTaskId,
@@ -85,10 +86,13 @@ async def _handlers_run(tmp_path: Path) -> None:
     calls = Calls()
     progress = Calls()
     loop_thread = threading.get_ident()
+    host_library = sniffio.current_async_library()
     async with engine(tmp_path) as e:
 
         @e.handler("async")
         async def on_async(data: Any) -> None:
+            # Async handlers run on the caller's loop, also when the runtime is a trio guest.
+            assert sniffio.current_async_library() == host_library
             info = current_task()
             yield_progress({"at": info.task_id})
             calls.add(("async", info.task_id, info.attempt, data))
@@ -107,6 +111,7 @@ async def _handlers_run(tmp_path: Path) -> None:
         assert await progress.wait(1) == [("a1", {"at": "a1"})]
         stats = await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
         assert stats["total_executed"] == 2
+        assert e.membership is not None and e.membership["owned"] == ["shard-0"]
     assert e.exit_code == 0
 
 
