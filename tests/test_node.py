@@ -486,3 +486,24 @@ def test_a_dead_owner_is_taken_over_at_once_where_flock_proves_liveness() -> Non
     sh4.wall = sh2.wall + 1 * SECOND
     sh4.start()
     assert sh4.node.owned_shards == []
+
+
+def test_rate_window_survives_a_restart() -> None:
+    sh = started()
+    sh.register("t")
+    for i in range(3):
+        sh.enqueue(f"r{i}", rate_limit_group="g", max_per_minute=2)
+    sh.result("r0")
+    sh.result("r1")
+    assert sh.executed_ids() == ["r0", "r1"]
+    sh.advance(10)
+    sh.disk["locks"].clear()
+    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b"), disk=sh.disk)
+    sh2.wall, sh2.mono = sh.wall + 36 * SECOND, sh.mono  # lease lapsed; 46 s after r0, r1 ran
+    sh2.start()
+    sh2.register("t")
+    assert sh2.executed_ids() == []  # the window was rebuilt from the dispatch records
+    sh2.advance(13)
+    assert sh2.executed_ids() == []
+    sh2.advance(1.5)
+    assert sh2.executed_ids() == ["r2"]
