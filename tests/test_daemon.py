@@ -256,3 +256,45 @@ async def test_bad_environment_is_a_clear_startup_error(tmp_path: Path) -> None:
         )
         assert proc.returncode == 2, (name, proc.stderr)
         assert name in proc.stderr.decode()
+
+
+async def test_upstream_sharded_directory_is_adopted(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    q = tmp_path / "q"
+    # What upstream v0.3 leaves behind: two shards, a claim whose daemon died a second ago
+    # (its lease is still live, but its lock is free), and a claim that lapsed long ago.
+    membership = {
+        "queue": "snerdmq-daemon",
+        "shards": 2,
+        "version": 7,
+        "claims": {
+            "shard-0": {"owner": "old@pid-4242", "lease_expiry": "2999-01-01T00:00:00.000000Z"},
+            "shard-1": {"owner": "old@pid-4243", "lease_expiry": "2020-01-01T00:00:00.000000Z"},
+        },
+    }
+    q.mkdir()
+    (q / "membership.json").write_bytes(orjson.dumps(membership, option=orjson.OPT_INDENT_2))
+    for shard in (0, 1):
+        tasks = q / f"shard-{shard}" / "tasks"
+        tasks.mkdir(parents=True)
+        (q / f"shard-{shard}" / ".lock").write_text("4242")
+        (tasks / "tasks.log").write_bytes(
+            b'{"taskId":"up%d","retryCount":0,"maxRetries":3,"retryAfterHours":0.0,'
+            b'"retryAfterTime":"2026-09-07T11:05:55.083436Z","taskData":"{\\"s\\":%d}",'
+            b'"taskType":"t","executeAt":"2026-09-07T11:05:55.083436Z"}\n' % (shard, shard)
+        )
+    d = await Daemon.start(nursery, q)
+    m = await d.recv()
+    assert m["owned"] == ["shard-0", "shard-1"], (m, d.stderr.decode())
+    await d.send({"action": "register", "task_type": "t"})
+    seen = set()
+    for _ in range(2):
+        e = await d.wait_for(lambda m: m["action"] == "execute")
+        seen.add(e["task_id"])
+        await d.send({"action": "result", "task_id": e["task_id"], "status": "success"})
+    assert seen == {"up0", "up1"}
+    await d.close_stdin()
+    assert await d.wait() == 0
+    doc = orjson.loads((q / "membership.json").read_bytes())
+    assert doc["epochs"] == {"shard-0": 1, "shard-1": 1} and doc["version"] > 7
