@@ -507,3 +507,14 @@ def test_rate_window_survives_a_restart() -> None:
     assert sh2.executed_ids() == []
     sh2.advance(1.5)
     assert sh2.executed_ids() == ["r2"]
+
+
+def test_stdin_eof_does_not_wait_for_results_that_cannot_come() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("running")
+    sh.feed(ev.DrainRequested(reason="stdin closed", input_closed=True))
+    assert sh.exit_code == 0  # at once, not after SNERD_DRAIN_TIMEOUT
+    assert any("will run again" in m for _, m in sh.logs_out)
+    # The task is still in the log, unfinished: the next owner runs it again.
+    assert not [r for r in sh.log_records() if r.get("deletedAt")]

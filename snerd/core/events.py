@@ -84,6 +84,9 @@ class DrainRequested(Event):
 
     #: Human text for the log line ("SIGTERM", "stdin closed", ...).
     reason: str
+    #: True when no `result` can arrive any more (stdin closed): the drain then waits only for
+    #: work that does not need the SDK (webhooks, records being written).
+    input_closed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

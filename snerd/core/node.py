@@ -282,6 +282,7 @@ class Node:
         #: The drain is over and claims are to be handed back; `releasing`: that write is out.
         self.released = False
         self.releasing = False
+        self.input_closed = False
         self.stats = {
             "total_enqueued": 0,
             "total_executed": 0,
@@ -1436,6 +1437,7 @@ class Node:
         )
         self.phase = NodePhase.DRAINING
         self.drain_deadline_mono = self._now.mono + self.config.drain_timeout_us
+        self.input_closed = event.input_closed
         for command in self.held_commands:
             if isinstance(command, proto.Enqueue):
                 self._send(proto.error(command.task_id, proto.SHUTTING_DOWN))
@@ -1444,17 +1446,21 @@ class Node:
     def _drain_progress(self) -> None:
         assert self.drain_deadline_mono is not None
         late = self._now.mono >= self.drain_deadline_mono
-        busy = bool(self.inflight) or any(
-            p.kind != "dispatch" for p in self.pending.values()
-        )
+        waiting_for = [
+            t
+            for t in self.inflight
+            if not self.input_closed or self.tasks[t].webhook_url is not None
+        ]
+        busy = bool(waiting_for) or any(p.kind != "dispatch" for p in self.pending.values())
         if busy and not late:
             return
         if self.released:
             return
-        if late and self.inflight:
+        if self.inflight:
+            why = "drain timeout" if late else "no result can arrive (stdin closed)"
             self._log(
                 "warning",
-                f"drain timeout: {len(self.inflight)} task(s) still running will run again "
+                f"{why}: {len(self.inflight)} task(s) still running will run again "
                 "on the next owner",
             )
         self.released = True

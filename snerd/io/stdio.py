@@ -101,7 +101,7 @@ async def _read_stdin(
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             chunk = b""
         if not chunk:
-            runtime.submit(ev.DrainRequested(reason="stdin closed"))
+            runtime.submit(ev.DrainRequested(reason="stdin closed", input_closed=True))
             return
         batch: list[ev.Event] = []
         start = 0
