@@ -518,3 +518,15 @@ def test_stdin_eof_does_not_wait_for_results_that_cannot_come() -> None:
     assert any("will run again" in m for _, m in sh.logs_out)
     # The task is still in the log, unfinished: the next owner runs it again.
     assert not [r for r in sh.log_records() if r.get("deletedAt")]
+
+
+def test_commands_before_a_drain_during_startup_are_still_answered() -> None:
+    sh = FakeShell()
+    sh.line({"action": "stats"})
+    sh.register("t")
+    sh.enqueue("early")
+    sh.feed(ev.DrainRequested(reason="stdin closed", input_closed=True))
+    sh.start()
+    assert sh.messages("stats") and sh.messages("ack")[0]["message"] == "Registered handler for t"
+    assert sh.messages("ack")[1]["task_id"] == "early"  # sent before the drain: accepted
+    assert sh.exit_code == 0

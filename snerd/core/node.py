@@ -609,6 +609,7 @@ class Node:
         held, self.held_commands = self.held_commands, []
         for command in held:
             _HANDLERS[type(command)](self, command)
+        assert not self.held_commands
 
     def _announce_membership(self) -> None:
         if self.doc is None or self.phase is NodePhase.STARTING:
@@ -1430,6 +1431,11 @@ class Node:
     def _on_drain(self, event: ev.DrainRequested) -> None:
         if self.phase in (NodePhase.DRAINING, NodePhase.STOPPED):
             return
+        if self.phase is NodePhase.STARTING:
+            # Commands that came before the drain request are answered first, as upstream
+            # answered lines sent before EOF: the drain starts once the shards are loaded.
+            self.held_commands.append(event)
+            return
         self._log(
             "info",
             f"draining ({event.reason}): no new work; {len(self.inflight)} task(s) in flight get "
@@ -1438,10 +1444,6 @@ class Node:
         self.phase = NodePhase.DRAINING
         self.drain_deadline_mono = self._now.mono + self.config.drain_timeout_us
         self.input_closed = event.input_closed
-        for command in self.held_commands:
-            if isinstance(command, proto.Enqueue):
-                self._send(proto.error(command.task_id, proto.SHUTTING_DOWN))
-        self.held_commands = []
 
     def _drain_progress(self) -> None:
         assert self.drain_deadline_mono is not None
