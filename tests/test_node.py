@@ -530,3 +530,19 @@ def test_commands_before_a_drain_during_startup_are_still_answered() -> None:
     assert sh.messages("stats") and sh.messages("ack")[0]["message"] == "Registered handler for t"
     assert sh.messages("ack")[1]["task_id"] == "early"  # sent before the drain: accepted
     assert sh.exit_code == 0
+
+
+def test_pool_limits_and_max_workers() -> None:
+    cfg = NodeConfig(node_id="n@pid-1-x", max_workers=3, pools={"slow": 1})
+    sh = started(cfg)
+    sh.register("t")
+    for i in range(3):
+        sh.enqueue(f"s{i}", pool="slow")
+    for i in range(4):
+        sh.enqueue(f"d{i}")  # default pool (so is an unknown pool name)
+    running = sh.executed_ids()
+    assert running == ["s0", "d0", "d1"]  # one slot for `slow`, three in all
+    sh.result("s0")
+    assert sh.executed_ids()[-1] == "s1"  # the slot went back to its own pool
+    sh.result("d0")
+    assert sh.executed_ids()[-1] == "d2"
