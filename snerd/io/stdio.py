@@ -29,6 +29,8 @@ __all__ = ["StdioPeer", "run_daemon", "write_stderr"]
 
 #: Bytes of an over-long line kept to find its task id for the error message.
 _OVERSIZE_PREFIX = 4096
+#: `sys.setswitchinterval` for the daemon process (CPython's default is 5 ms).
+_SWITCH_INTERVAL_S = 0.0005
 
 
 def write_stderr(text: str) -> None:
@@ -47,7 +49,12 @@ def write_stderr(text: str) -> None:
 
 
 class StdioPeer:
-    """Delivers protocol messages as JSON lines on stdout; a writer task does the writes."""
+    """Delivers protocol messages as JSON lines on stdout.
+
+    `flush` writes straight to the (non-blocking) stdout fd when nothing is queued before it, so
+    an ack costs no task switch; what the pipe does not take at once is left to the writer task,
+    which waits for the pipe to drain. Only one of them writes at a time (`_sending`), so lines
+    keep their order."""
 
     def __init__(self, runtime_submit: Any = None) -> None:
         self.buffer = bytearray()
@@ -56,36 +63,63 @@ class StdioPeer:
         self._submit = runtime_submit
         self._stream: trio.lowlevel.FdStream | None = None
         self.flushed = trio.Event()
+        #: The stdout fd for direct writes (set by `writer`), and whether the writer task owns
+        #: the pipe right now (it is in the middle of a send).
+        self._fd: int | None = None
+        self._sending = False
+        self._on_closed: Any = None
 
     def deliver(self, message: dict[str, Any]) -> None:
         if self.closed:
             return
-        self.buffer += orjson.dumps(message)
-        self.buffer += b"\n"
+        self.buffer += orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
     async def flush(self) -> None:
-        if self.buffer:
-            self._wake.set()
+        if not self.buffer:
+            return
+        if self._fd is not None and not self._sending:
+            try:
+                n = os.write(self._fd, self.buffer)
+            except BlockingIOError:
+                n = 0
+            except OSError:
+                self._closed()
+                return
+            del self.buffer[:n]
+            if not self.buffer:
+                return
+        self._wake.set()
+
+    def _closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.buffer.clear()
+        if self._on_closed is not None:
+            self._on_closed()
 
     def log(self, level: str, message: str) -> None:
         prefix = "[Snerd]" if level == "info" else f"[Snerd] {level.upper()}:"
         write_stderr(f"{prefix} {message}\n")
 
     async def writer(self, stream: trio.lowlevel.FdStream, on_closed: Any) -> None:
-        """Write whatever is buffered, as it comes; report a closed stdout once."""
+        """Write what `flush` could not write at once; report a closed stdout once."""
+        self._on_closed = on_closed
+        self._fd = stream.fileno()
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            while self.buffer:
+            while self.buffer and not self.closed:
                 chunk = bytes(self.buffer)
                 self.buffer.clear()
+                self._sending = True
                 try:
                     await stream.send_all(chunk)
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    self.closed = True
-                    self.buffer.clear()
-                    on_closed()
+                    self._closed()
                     return
+                finally:
+                    self._sending = False
 
 
 async def _read_stdin(
@@ -93,6 +127,7 @@ async def _read_stdin(
 ) -> None:
     """Split stdin into lines and hand each burst to the node at once."""
     buffer = bytearray()
+    new_line = _line_received_factory()
     #: While skipping an over-long line: its length so far and its first bytes.
     skipping: tuple[int, bytes] | None = None
     while True:
@@ -115,23 +150,60 @@ async def _read_stdin(
             )
             skipping = None
             start = nl + 1
-        buffer += chunk[start:] if start else chunk
-        pos = 0
-        while True:
-            nl = buffer.find(b"\n", pos)
-            if nl < 0:
-                break
-            if nl - pos > max_line:
-                batch.append(ev.LineReceived(line=bytes(buffer[pos : pos + _OVERSIZE_PREFIX]), oversize=nl - pos))
-            elif nl > pos and not buffer[pos:nl].isspace():
-                batch.append(ev.LineReceived(line=bytes(buffer[pos:nl])))
-            pos = nl + 1
-        del buffer[:pos]
-        if len(buffer) > max_line:
-            skipping = (len(buffer), bytes(buffer[:_OVERSIZE_PREFIX]))
-            buffer.clear()
+        if start:
+            chunk = chunk[start:]
+        nl = chunk.find(b"\n")
+        if nl < 0:
+            # No line ends in this chunk: keep it (each byte is copied once, however long the
+            # line grows), or start skipping a line that is already too long.
+            buffer += chunk
+            if len(buffer) > max_line:
+                skipping = (len(buffer), bytes(buffer[:_OVERSIZE_PREFIX]))
+                buffer.clear()
+        else:
+            lines: list[bytes]
+            if buffer:
+                buffer += chunk[:nl]
+                lines = [bytes(buffer)]
+                buffer.clear()
+                # bytes.split: one C pass for the rest of the burst.
+                lines += chunk[nl + 1 :].split(b"\n")
+            else:
+                lines = chunk.split(b"\n")
+            rest = lines.pop()  # an unfinished line (or b"")
+            for line in lines:
+                if len(line) > max_line:
+                    batch.append(
+                        ev.LineReceived(line=line[:_OVERSIZE_PREFIX], oversize=len(line))
+                    )
+                elif line and not line.isspace():
+                    batch.append(new_line(line))
+            if len(rest) > max_line:
+                skipping = (len(rest), rest[:_OVERSIZE_PREFIX])
+            elif rest:
+                buffer += rest
         if batch:
             runtime.submit_many(batch)
+
+
+def _line_received_factory() -> Any:
+    """`ev.LineReceived(line=...)` without the frozen dataclass's `__init__` (one
+    `object.__setattr__` per field, a visible share of a small enqueue here). If the event ever
+    changes shape, the class is used as it is."""
+    names = list(getattr(ev.LineReceived, "__dataclass_fields__", {}))
+    if names != ["line", "oversize"] or "__slots__" not in vars(ev.LineReceived):
+        return lambda line: ev.LineReceived(line=line)
+    new = object.__new__
+    set_line = vars(ev.LineReceived)["line"].__set__
+    set_oversize = vars(ev.LineReceived)["oversize"].__set__
+
+    def make(line: bytes) -> ev.LineReceived:
+        event: ev.LineReceived = new(ev.LineReceived)
+        set_line(event, line)
+        set_oversize(event, 0)
+        return event
+
+    return make
 
 
 async def _watch_signals(runtime: Runtime) -> None:
@@ -178,4 +250,9 @@ def run_daemon(directory: Path, settings: Settings) -> int:
     write_stderr(f"[Snerd] data directory {directory} is on {fs_type}\n")
     # SIGPIPE would kill us on a closed stdout; we want EPIPE and a drain instead.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # The log writer thread needs the GIL right after each fsync to hand the acks back; while
+    # the trio thread is busy, CPython makes it wait up to the switch interval (5 ms by
+    # default) for it. A short interval keeps that wait off the ack latency (see the
+    # GroupCommitLog docstring). The daemon owns its process, so it may set this.
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     return trio.run(_serve, directory, settings)
