@@ -63,9 +63,31 @@ class Clock:
         self.offset_us = int(offset_s * 1_000_000)
 
     def now(self) -> ev.Now:
-        return ev.Now(
-            wall=time.time_ns() // 1000 + self.offset_us, mono=time.monotonic_ns() // 1000
-        )
+        # Read once per event: built without the frozen dataclass's `__init__` (see `_new_now`).
+        return _new_now(time.time_ns() // 1000 + self.offset_us, time.monotonic_ns() // 1000)
+
+
+def _now_factory() -> Callable[[int, int], ev.Now]:
+    """`ev.Now(wall=, mono=)` without the frozen dataclass's `__init__` (one
+    `object.__setattr__` per field; about half the cost of a clock reading here). Setting the two
+    slots directly builds the identical object; if `Now` ever changes shape, use the class."""
+    fields = [f for f in getattr(ev.Now, "__dataclass_fields__", {})]
+    if fields != ["wall", "mono"] or "__slots__" not in vars(ev.Now):
+        return lambda wall, mono: ev.Now(wall=wall, mono=mono)
+    new = object.__new__
+    set_wall = vars(ev.Now)["wall"].__set__
+    set_mono = vars(ev.Now)["mono"].__set__
+
+    def make(wall: int, mono: int) -> ev.Now:
+        now: ev.Now = new(ev.Now)
+        set_wall(now, wall)
+        set_mono(now, mono)
+        return now
+
+    return make
+
+
+_new_now = _now_factory()
 
 
 class Runtime:
@@ -86,7 +108,15 @@ class Runtime:
         self.node = Node(settings.node)
         self.locks = ShardLocks(directory)
         self.events: deque[ev.Event] = deque()
-        self._wake = trio.Event()
+        #: The driver task while it waits for events (`_park`), else None.
+        self._parked: trio.lowlevel.Task | None = None
+        #: When the driver next wants a `Tick` (trio clock, seconds; None: no deadline), and
+        #: when the timer task is armed for. See `_timer`.
+        self._deadline: float | None = None
+        self._timer_at: float | None = None
+        self._timer_task: trio.lowlevel.Task | None = None
+        #: Log path per shard (built once; `log_path` is on the path of every append).
+        self._log_paths: dict[int, str] = {}
         self._exit_code: int | None = None
         self._nursery: trio.Nursery | None = None
         self._log: logio.GroupCommitLog | None = None
@@ -99,14 +129,20 @@ class Runtime:
     def submit(self, event: ev.Event) -> None:
         """Queue an event for the node (call from the trio thread)."""
         self.events.append(event)
-        self._wake.set()
+        if self._parked is not None:
+            self._unpark()
 
     def submit_many(self, events: list[ev.Event]) -> None:
         self.events.extend(events)
-        self._wake.set()
+        if self._parked is not None:
+            self._unpark()
 
     def log_path(self, shard: int) -> str:
-        return os.path.join(self.directory, f"shard-{shard}", "tasks", "tasks.log")
+        path = self._log_paths.get(shard)
+        if path is None:
+            path = os.path.join(self.directory, f"shard-{shard}", "tasks", "tasks.log")
+            self._log_paths[shard] = path
+        return path
 
     # -------------------------------------------------------------- the loop
 
@@ -121,6 +157,7 @@ class Runtime:
             self._nursery = nursery
             self._log = log
             self._webhooks = WebhookCaller()
+            nursery.start_soon(self._timer)
             task_status.started()
             self.submit(ev.Started())
             try:
@@ -133,26 +170,82 @@ class Runtime:
         return self._exit_code
 
     async def _drive(self) -> None:
+        # Waiting costs no trio.Event and no cancel scope per wait: the driver parks itself
+        # (`_park`) and `submit` reschedules it; deadlines are kept by the `_timer` task, which
+        # re-arms only when the deadline moves earlier (DESIGN §6: per-message task switches,
+        # not Python, are what limit the daemon).
         node = self.node
+        events = self.events
+        now = self.clock.now
+        handle = node.handle
+        table = _EFFECTS
         while self._exit_code is None:
-            if not self.events:
-                wait = node.wake_in(self.clock.now())
-                self._wake = trio.Event()
-                if wait is None:
-                    await self._wake.wait()
+            if not events:
+                wait = node.wake_in(now())
+                if wait is None or wait > 0:
+                    self._set_deadline(wait)
+                    await self._park()
                 else:
-                    with trio.move_on_after(wait / 1_000_000):
-                        await self._wake.wait()
-                if not self.events:
-                    self.events.append(ev.Tick())
-            while self.events and self._exit_code is None:
-                event = self.events.popleft()
-                effects = node.handle(event, self.clock.now())
-                for effect in effects:
-                    self._execute(effect)
-                if self.node.phase is not NodePhase.STARTING and not self.ready.is_set():
+                    await trio.lowlevel.checkpoint()
+                if not events:
+                    events.append(ev.Tick())
+            while events and self._exit_code is None:
+                for effect in handle(events.popleft(), now()):
+                    table[type(effect)](self, effect)
+                if node.phase is not NodePhase.STARTING and not self.ready.is_set():
                     self.ready.set()
             await self.peer.flush()
+
+    async def _park(self) -> None:
+        """Wait until `submit` (or the timer) reschedules the driver."""
+        self._parked = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._parked = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _unpark(self) -> None:
+        task, self._parked = self._parked, None
+        assert task is not None
+        trio.lowlevel.reschedule(task)
+
+    def _set_deadline(self, wait_us: int | None) -> None:
+        if wait_us is None:
+            self._deadline = None
+            return
+        deadline = trio.current_time() + wait_us / 1_000_000
+        self._deadline = deadline
+        timer = self._timer_task
+        if timer is not None and (self._timer_at is None or deadline < self._timer_at):
+            # The timer sleeps until a later time (or forever): wake it to re-arm.
+            self._timer_task = None
+            trio.lowlevel.reschedule(timer)
+
+    async def _timer(self) -> None:
+        """Submit a `Tick` when the driver's deadline passes while it waits. Armed for
+        `_deadline` as it was when the timer last looked; a deadline that moved later only
+        costs one early `Tick` (the driver then waits again), one that moved earlier re-arms
+        the timer (`_set_deadline`)."""
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._timer_task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        while True:
+            at = self._timer_at = self._deadline
+            self._timer_task = trio.lowlevel.current_task()
+            if at is None:
+                await trio.lowlevel.wait_task_rescheduled(abort)
+                continue
+            with trio.move_on_at(at):
+                await trio.lowlevel.wait_task_rescheduled(abort)
+            if trio.current_time() >= at:
+                if self._deadline == at:
+                    self._deadline = None  # consumed: the driver sets the next one
+                if self._parked is not None:
+                    self.submit(ev.Tick())
 
     # -------------------------------------------------------------- effects
 
@@ -228,9 +321,7 @@ class Runtime:
                 self.submit(ev.AppendFailed(token=token, error=_describe(result)))
             else:
                 self.submit(
-                    ev.AppendCommitted(
-                        token=token, offsets=result, lengths=tuple(len(x) for x in lines)
-                    )
+                    ev.AppendCommitted(token=token, offsets=result, lengths=tuple(map(len, lines)))
                 )
 
         self._log.submit(path, lines, done)
