@@ -1,9 +1,1559 @@
-"""The `snerdmq` subcommands other than the daemon itself."""
+"""The `snerdmq` subcommands other than the daemon itself: operator tools on a queue directory.
+
+    snerdmq stats DIR [--json]                     what each shard holds, from the files
+    snerdmq validate DIR [--json]                  upstream's checks plus snerd's; exit 1: degraded
+    snerdmq add-shards N DIR                       grow the queue by N shards
+    snerdmq dlq DIR [--type T] [--id ID] [--json]  list dead letters
+    snerdmq replay [--type T] [--id ID] [DIR]      put dead letters back into the queue
+    snerdmq fsck DIR [--repair] [--json]           check every shard log, byte by byte
+    snerdmq compact DIR [--history N]              offline compaction of idle shards
+    snerdmq demo [DIR]                             a guided tour (snerd.demo)
+
+Owns: the command lines (argparse; `--help` on each; a bad argument or environment value is an
+error naming it, exit code 2), reading a queue directory the way a daemon would (membership.json,
+`shard-N/.lock`, `shard-N/tasks/tasks.log`, folded by `snerd.core.shardlog`, the same rules as
+the daemon's replay), and the few writes an operator asks for.
+
+Rules it keeps:
+
+- Read-only commands (stats, validate, dlq, fsck without --repair) never write, never take
+  `.membership.lock`, and work while daemons run: membership.json is only ever replaced by
+  rename, so a plain read sees a whole document. The one exception is the lock probe: to tell
+  whether a daemon holds `shard-N/.lock`, they try a non-blocking flock and release it at once
+  (a daemon that tries the lock at that very moment sees it busy and retries a second later).
+- A command that writes a shard log (replay, compact, fsck --repair) first takes that shard's
+  lock with a non-blocking flock, exactly as a daemon does; a shard held by a daemon is refused,
+  naming the holder. membership.json is only changed conditionally on the version read, under
+  `.membership.lock` (`snerd.io.membership.update_membership`).
+- Appends go through `GroupCommitLog` (one write, fsync, directory fsync for a new file; a
+  failed write is cut back off) and compaction through `GroupCommitLog.compact` (temp file,
+  fsync, rename, directory fsync): the same crash-safety as the daemon's own writes.
+
+It must never: write a log whose lock it does not hold, delete another process's claim, decide
+something about tasks differently from the daemon's replay, or print machine output on stderr.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import argparse
+import contextlib
+import math
+import os
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-__all__ = ["SUBCOMMANDS"]
+import orjson
 
-SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {}
+from snerd.core.events import LogRecord
+from snerd.core.shardlog import (
+    HISTORY_LIMIT,
+    DeadLetter,
+    ShardFold,
+    ready_at_us,
+)
+from snerd.core.timefmt import format_rfc3339, parse_rfc3339
+
+__all__ = [
+    "SUBCOMMANDS",
+    "add_shards_main",
+    "compact_main",
+    "demo_main",
+    "dlq_main",
+    "fsck_main",
+    "replay_main",
+    "stats_main",
+    "validate_main",
+]
+
+DEFAULT_DIR = ".snerdata"
+MEMBERSHIP = "membership.json"
+QUEUE_NAME = "snerdmq-daemon"
+SECOND = 1_000_000
+#: Daemons renew (and so notice new shards) every third of the lease.
+_RENEW_S = 10
+
+
+# ------------------------------------------------------------------------------------------
+# Errors and argument plumbing
+# ------------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    """A bad argument or environment value: printed with the usage, exit code 2."""
+
+
+class QueueError(Exception):
+    """The queue cannot be acted on (a daemon holds a lock, a file is unreadable): exit 1."""
+
+
+def _parser(command: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog=f"snerdmq {command}",
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _run(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    body: Callable[[argparse.Namespace], int],
+) -> int:
+    """Parse `argv` and run `body`; every way out is an exit code (argparse's own exits
+    included: `--help` 0, a bad flag 2)."""
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        return body(args)
+    except UsageError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except QueueError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `snerdmq dlq DIR | head`
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep Python's exit quiet
+        return 1
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a whole number of at least 1, got {text!r}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {text!r}")
+        return value
+
+    return parse
+
+
+def _nonnegative_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a whole number, got {text!r}"
+            ) from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be 0 or more, got {text!r}")
+        return value
+
+    return parse
+
+
+def _env_seconds(name: str, default: float, *, minimum: float) -> float:
+    """An environment value in seconds, checked like the daemon checks it (snerd.config)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < minimum:
+        raise UsageError(f"{name}={raw!r} must be a finite number of seconds >= {minimum:g}")
+    return value
+
+
+def _now_us() -> int:
+    """The wall clock, shifted by SNERD_TEST_CLOCK_OFFSET as the daemon's is (a test hook)."""
+    offset = _env_seconds("SNERD_TEST_CLOCK_OFFSET", 0.0, minimum=-math.inf)
+    return time.time_ns() // 1000 + int(offset * SECOND)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+# ------------------------------------------------------------------------------------------
+# Reading a queue directory
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One shard's claim in membership.json."""
+
+    owner: str | None
+    expiry: str | None
+    expiry_us: int | None
+    epoch: int
+
+
+@dataclass(slots=True)
+class Queue:
+    """A queue directory as found on disk."""
+
+    directory: Path
+    #: membership.json (None for an upstream v0.2 single-log directory).
+    doc: dict[str, Any] | None
+    shards: int
+    #: The upstream v0.2 layout (`DIR/tasks/tasks.log`, no membership.json), not adopted yet.
+    legacy: bool = False
+
+    @property
+    def version(self) -> int | None:
+        if self.doc is None:
+            return None
+        v = self.doc.get("version")
+        return v if isinstance(v, int) else None
+
+    @property
+    def name(self) -> str:
+        q = None if self.doc is None else self.doc.get("queue")
+        return q if isinstance(q, str) else QUEUE_NAME
+
+    def shard_dir(self, shard: int) -> Path:
+        if self.legacy:
+            return self.directory
+        return self.directory / f"shard-{shard}"
+
+    def log_path(self, shard: int) -> Path:
+        return self.shard_dir(shard) / "tasks" / "tasks.log"
+
+    def lock_path(self, shard: int) -> Path:
+        return self.shard_dir(shard) / ".lock"
+
+    def claim(self, shard: int) -> Claim:
+        claims = (self.doc or {}).get("claims") or {}
+        raw = claims.get(f"shard-{shard}") if isinstance(claims, dict) else None
+        epochs = (self.doc or {}).get("epochs") or {}
+        recorded = epochs.get(f"shard-{shard}", 0) if isinstance(epochs, dict) else 0
+        recorded = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else 0
+        if not isinstance(raw, dict):
+            return Claim(owner=None, expiry=None, expiry_us=None, epoch=recorded)
+        owner = raw.get("owner") if isinstance(raw.get("owner"), str) else None
+        expiry = raw.get("lease_expiry") if isinstance(raw.get("lease_expiry"), str) else None
+        expiry_us: int | None = None
+        if expiry is not None:
+            with contextlib.suppress(ValueError):
+                expiry_us = parse_rfc3339(expiry)
+        epoch = raw.get("epoch")
+        epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+        return Claim(owner=owner, expiry=expiry, expiry_us=expiry_us, epoch=max(epoch, recorded))
+
+    def shard_dirs_on_disk(self) -> dict[int, Path]:
+        """Every `shard-<k>` directory, by k."""
+        found: dict[int, Path] = {}
+        if self.legacy:
+            return found
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.directory):
+                name = entry.name
+                if name.startswith("shard-") and name[6:].isdigit() and entry.is_dir():
+                    found[int(name[6:])] = Path(entry.path)
+        return found
+
+
+def read_membership_file(directory: Path) -> dict[str, Any] | None:
+    """membership.json without taking its lock (it is replaced by rename: a read sees a whole
+    document). None when absent; QueueError when it is not a JSON object."""
+    path = directory / MEMBERSHIP
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise QueueError(f"cannot read {path}: {exc}") from None
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise QueueError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise QueueError(f"{path} is not a JSON object")
+    return doc
+
+
+def open_queue(directory: str, *, allow_legacy: bool = True) -> Queue:
+    """The queue in `directory`. UsageError when it does not exist or is not a queue."""
+    path = Path(directory)
+    if not path.exists():
+        raise UsageError(f"DIR {directory!r} does not exist")
+    if not path.is_dir():
+        raise UsageError(f"DIR {directory!r} is not a directory")
+    doc = read_membership_file(path)
+    if doc is None:
+        if (path / "tasks" / "tasks.log").exists():
+            if not allow_legacy:
+                raise QueueError(
+                    f"{directory} uses the upstream SnerdMQ v0.2 layout (tasks/tasks.log, no "
+                    f"membership.json); start `snerdmq {directory}` once so it is adopted "
+                    "into shard-0, then run this again"
+                )
+            return Queue(directory=path, doc=None, shards=1, legacy=True)
+        raise UsageError(
+            f"DIR {directory!r} is not a snerd queue directory (no {MEMBERSHIP}; a daemon "
+            "creates it on its first start)"
+        )
+    shards = doc.get("shards")
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 0:
+        raise QueueError(f"{path / MEMBERSHIP}: 'shards' is {shards!r}, not a shard count")
+    return Queue(directory=path, doc=doc, shards=shards)
+
+
+@dataclass(slots=True)
+class ShardScan:
+    """One shard log read from start to end."""
+
+    shard: int
+    path: Path
+    exists: bool
+    #: Bytes in the file when it was read.
+    size: int = 0
+    fold: ShardFold = field(default_factory=ShardFold)
+    #: Lines that are not records: (offset, reason).
+    corrupt: list[tuple[int, str]] = field(default_factory=list)
+    #: Bytes after the last newline (a torn last line), and where they start.
+    torn: int = 0
+    torn_at: int = 0
+
+
+def scan_shard(
+    queue: Queue,
+    shard: int,
+    *,
+    payloads: bool = False,
+    only: set[int] | None = None,
+) -> ShardScan:
+    """Read and fold one shard log (read-only; never cuts a torn tail). `payloads`: keep
+    `taskData` in the folded records (dlq, replay). `only`: fold just the records at these
+    offsets (checking a compaction plan). Memory stays bounded by the shard's state."""
+    from snerd.io.log import read_log
+
+    path = queue.log_path(shard)
+    scan = ShardScan(
+        shard=shard, path=path, exists=path.exists(), fold=ShardFold(keep_payloads=payloads)
+    )
+    if not scan.exists:
+        return scan
+    try:
+        for chunk in read_log(path):
+            scan.corrupt.extend(chunk.corrupt)
+            for record in chunk.records:
+                if only is None or record.offset in only:
+                    scan.fold.add(record)
+            if chunk.eof:
+                scan.torn = chunk.fragment
+                scan.torn_at = chunk.end
+                scan.size = chunk.end + chunk.fragment
+    except OSError as exc:
+        raise QueueError(f"cannot read {path}: {exc}") from None
+    return scan
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """Whether a `.lock` file is held, and what it says about its holder."""
+
+    #: "held", "free" or "absent" (no lock file: never locked).
+    state: str
+    pid: int | None = None
+    owner: str | None = None
+
+    def holder(self) -> str:
+        parts = []
+        if self.owner:
+            parts.append(self.owner)
+        if self.pid is not None:
+            parts.append(f"pid {self.pid}")
+        return ", ".join(parts) if parts else "an unknown process"
+
+
+def probe_lock(path: Path) -> LockState:
+    """Is the flock on `path` held by someone? Tries LOCK_EX | LOCK_NB and releases at once."""
+    import portalocker
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return LockState("absent")
+    except OSError as exc:
+        raise QueueError(f"cannot open {path}: {exc}") from None
+    try:
+        try:
+            portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
+        except portalocker.exceptions.LockException:
+            pid, owner = _lock_text(path)
+            return LockState("held", pid, owner)
+        portalocker.unlock(fd)
+        return LockState("free")
+    finally:
+        os.close(fd)
+
+
+def _lock_text(path: Path) -> tuple[int | None, str | None]:
+    """What a lock file says: `<pid>\\n<owner>\\n` (snerd) or `<pid>` (upstream)."""
+    try:
+        lines = path.read_text(errors="replace").split()
+    except OSError:
+        return None, None
+    pid = int(lines[0]) if lines and lines[0].isdigit() else None
+    owner = lines[1] if len(lines) > 1 else None
+    return pid, owner
+
+
+@contextlib.contextmanager
+def shard_locks(queue: Queue, shards: Sequence[int], owner: str) -> Iterator[None]:
+    """Hold the locks of `shards` (non-blocking, like a daemon); QueueError naming the holder
+    of the first one that is busy (none is held then)."""
+    from snerd.io.membership import ShardLocks
+
+    locks = ShardLocks(queue.directory)
+    try:
+        busy: list[str] = []
+        for shard in shards:
+            if not locks.try_lock(shard, owner):
+                pid, who = _lock_text(locks.path(shard))
+                busy.append(
+                    f"shard-{shard} is held by a running daemon "
+                    f"({LockState('held', pid, who).holder()})"
+                )
+        if busy:
+            raise QueueError(
+                "; ".join(busy)
+                + ". Stop that daemon first (SIGTERM, or end the program that spawned it: it "
+                "drains and exits), then run this again."
+            )
+        yield
+    finally:
+        locks.unlock_all()
+
+
+def _tool_owner(command: str) -> str:
+    host = os.environ.get("HOSTNAME") or socket.gethostname() or "unknown-host"
+    return f"snerdmq-{command}@{host}-pid-{os.getpid()}"
+
+
+def _fmt_bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _fmt_span(us: int) -> str:
+    s = abs(us) / SECOND
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} days"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        out = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(cells)
+        ]
+        return "  ".join(out).rstrip()
+
+    return [line(headers), *(line(row) for row in rows)]
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------------
+# Live-task breakdown (shared by stats and validate)
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ShardSummary:
+    live: int = 0
+    waiting: int = 0
+    delayed: int = 0
+    retrying: int = 0
+    in_flight: int = 0
+    completed: int = 0
+    dead_letters: int = 0
+    types: Counter[str] = field(default_factory=Counter)
+
+    def add(self, other: ShardSummary) -> None:
+        for name in (
+            "live", "waiting", "delayed", "retrying", "in_flight", "completed", "dead_letters"
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.types.update(other.types)
+
+
+def summarize(fold: ShardFold, now_us: int) -> ShardSummary:
+    """Live tasks by state: in flight (dispatched, unresolved: running, or to be re-run after a
+    crash), retrying (failed before, waiting for the next attempt), delayed (first attempt not
+    due yet), waiting (due: for a worker, a handler, a rate window or its parents)."""
+    s = ShardSummary()
+    in_flight = fold.in_flight()
+    for task_id, record in fold.live.items():
+        f = record.fields
+        s.live += 1
+        task_type = f.get("taskType")
+        s.types[task_type if isinstance(task_type, str) else "?"] += 1
+        retry_count = f.get("retryCount")
+        ready = ready_at_us(f)
+        if task_id in in_flight:
+            s.in_flight += 1
+        elif isinstance(retry_count, int) and retry_count > 0:
+            s.retrying += 1
+        elif ready is not None and ready > now_us:
+            s.delayed += 1
+        else:
+            s.waiting += 1
+    s.completed = fold.completed()
+    s.dead_letters = len(fold.dead_letters())
+    return s
+
+
+def _summary_json(s: ShardSummary) -> dict[str, Any]:
+    return {
+        "live": s.live,
+        "waiting": s.waiting,
+        "delayed": s.delayed,
+        "retrying": s.retrying,
+        "in_flight": s.in_flight,
+        "completed": s.completed,
+        "dead_letters": s.dead_letters,
+        "types": dict(sorted(s.types.items())),
+    }
+
+
+def _owner_text(claim: Claim, now_us: int, skew_us: int) -> str:
+    if claim.owner is None:
+        return "free"
+    if claim.expiry_us is None:
+        return f"{claim.owner} (lease expiry unreadable)"
+    left = claim.expiry_us - now_us
+    if now_us > claim.expiry_us + skew_us:
+        return f"LAPSED {claim.owner} ({_fmt_span(left)} ago)"
+    if left < 0:
+        return f"{claim.owner} (lease {_fmt_span(left)} over, within skew)"
+    return f"{claim.owner} (lease {_fmt_span(left)})"
+
+
+# ------------------------------------------------------------------------------------------
+# stats
+# ------------------------------------------------------------------------------------------
+
+
+def stats_main(argv: Sequence[str]) -> int:
+    """`snerdmq stats DIR [--json]`."""
+    parser = _parser(
+        "stats",
+        "Show what each shard of the queue in DIR holds, read from its files: owner, epoch, "
+        "live tasks by state, finished and dead-lettered history, log size, corrupt lines.\n"
+        "Read-only; safe while daemons run.",
+        "States: waiting = due now (for a worker, a handler, a rate window or its parents); "
+        "delayed = first attempt not due yet; retrying = failed before, waiting to retry; "
+        "in flight = dispatched and not resolved (running, or re-run after a crash).",
+    )
+    parser.add_argument("directory", metavar="DIR", help="queue directory")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return _run(parser, argv, _stats)
+
+
+def _stats(args: argparse.Namespace) -> int:
+    queue = open_queue(args.directory)
+    skew_us = int(_env_seconds("SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0) * SECOND)
+    now = _now_us()
+    rows: list[dict[str, Any]] = []
+    total = ShardSummary()
+    total_bytes = total_corrupt = 0
+    for shard in range(queue.shards):
+        scan = scan_shard(queue, shard)
+        s = summarize(scan.fold, now)
+        total.add(s)
+        total_bytes += scan.size
+        total_corrupt += len(scan.corrupt)
+        claim = queue.claim(shard)
+        rows.append(
+            {
+                "shard": f"shard-{shard}",
+                "owner": claim.owner,
+                "lease_expiry": claim.expiry,
+                "owner_text": _owner_text(claim, now, skew_us),
+                "epoch": claim.epoch,
+                "log_epoch": scan.fold.log_epoch,
+                "log_exists": scan.exists,
+                **_summary_json(s),
+                "log_bytes": scan.size,
+                "corrupt_lines": len(scan.corrupt),
+                "torn_tail_bytes": scan.torn,
+                "stale_records": len(scan.fold.stale),
+            }
+        )
+    if args.json:
+        _print_json(
+            {
+                "directory": str(queue.directory),
+                "queue": queue.name,
+                "shards": queue.shards,
+                "version": queue.version,
+                "legacy_layout": queue.legacy,
+                "per_shard": [{k: v for k, v in r.items() if k != "owner_text"} for r in rows],
+                "totals": {
+                    **_summary_json(total),
+                    "log_bytes": total_bytes,
+                    "corrupt_lines": total_corrupt,
+                },
+            }
+        )
+        return 0
+    layout = " (upstream v0.2 layout, not adopted yet)" if queue.legacy else ""
+    print(
+        f"Queue {queue.name} in {queue.directory}{layout}: {queue.shards} shard(s), "
+        f"membership version {queue.version if queue.version is not None else '-'}"
+    )
+    headers = ["shard", "owner", "epoch", "live", "waiting", "delayed", "retrying",
+               "in flight", "completed", "dead", "log size", "corrupt"]
+    table: list[list[str]] = []
+    for r in rows:
+        table.append(
+            [
+                r["shard"],
+                r["owner_text"],
+                str(r["epoch"]),
+                str(r["live"]),
+                str(r["waiting"]),
+                str(r["delayed"]),
+                str(r["retrying"]),
+                str(r["in_flight"]),
+                str(r["completed"]),
+                str(r["dead_letters"]),
+                _fmt_bytes(r["log_bytes"]) if r["log_exists"] else "-",
+                str(r["corrupt_lines"]),
+            ]
+        )
+    table.append(
+        ["total", "", "", str(total.live), str(total.waiting), str(total.delayed),
+         str(total.retrying), str(total.in_flight), str(total.completed),
+         str(total.dead_letters), _fmt_bytes(total_bytes), str(total_corrupt)]
+    )
+    print()
+    for line in _table(headers, table, right=set(range(2, 12))):
+        print("  " + line)
+    print()
+    if total.types:
+        types = ", ".join(f"{t} {n}" for t, n in sorted(total.types.items()))
+        print(f"Live tasks by type: {types}")
+    notes = []
+    for r in rows:
+        if r["torn_tail_bytes"]:
+            notes.append(f"{r['shard']}: {r['torn_tail_bytes']} byte(s) of unterminated last line")
+        if r["stale_records"]:
+            notes.append(f"{r['shard']}: {r['stale_records']} stale-epoch record(s) ignored")
+    if total_corrupt:
+        notes.append(f"{total_corrupt} corrupt line(s): see `snerdmq fsck {args.directory}`")
+    if total.dead_letters:
+        notes.append(
+            f"{total.dead_letters} dead letter(s): `snerdmq dlq {args.directory}` lists them"
+        )
+    for note in notes:
+        print(f"Note: {note}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------
+# validate
+# ------------------------------------------------------------------------------------------
+
+
+def validate_main(argv: Sequence[str]) -> int:
+    """`snerdmq validate DIR [--json]`."""
+    parser = _parser(
+        "validate",
+        "Check the queue in DIR: membership.json (queue, shards, version), each shard's claim "
+        "(free, active, LAPSED), its epoch and lock (a shard claimed by one daemon while "
+        "another process holds its lock is PAUSED), missing shard directories, orphan "
+        "shard-k directories (k >= shards), corrupt log lines, and the task types waiting.\n"
+        "Exit 0: healthy. Exit 1: degraded (a lapsed claim, a missing shard directory, an "
+        "orphan directory, corrupt lines, an unreadable membership.json). Read-only.",
+        "A freshly created queue whose shards nobody has claimed yet is healthy (upstream "
+        "reported it DEGRADED). SNERD_CLOCK_SKEW_MARGIN (default 5 s) is added to a lease "
+        "before it counts as lapsed, as daemons do.",
+    )
+    parser.add_argument("directory", metavar="DIR", help="queue directory")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    return _run(parser, argv, _validate)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    queue = open_queue(args.directory)
+    skew_us = int(_env_seconds("SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0) * SECOND)
+    now = _now_us()
+    problems: list[str] = []
+    warnings: list[str] = []
+    shard_lines: list[str] = []
+    per_shard: list[dict[str, Any]] = []
+    types: Counter[str] = Counter()
+    on_disk = queue.shard_dirs_on_disk()
+    for shard in range(queue.shards):
+        name = f"shard-{shard}"
+        claim = queue.claim(shard)
+        exists = queue.shard_dir(shard).is_dir()
+        lock = probe_lock(queue.lock_path(shard)) if exists else LockState("absent")
+        scan = scan_shard(queue, shard)
+        types.update(summarize(scan.fold, now).types)
+        status: str
+        if claim.owner is None:
+            status = "free"
+            text = "free"
+        elif claim.expiry_us is None:
+            status = "unreadable"
+            text = f"claimed by {claim.owner}, lease_expiry {claim.expiry!r} unreadable"
+            problems.append(f"{name}: lease_expiry {claim.expiry!r} does not parse")
+        elif now > claim.expiry_us + skew_us:
+            status = "lapsed"
+            text = (
+                f"LAPSED (owner {claim.owner}, expired {claim.expiry}, "
+                f"{_fmt_span(now - claim.expiry_us)} ago)"
+            )
+            problems.append(
+                f"{name}: the lease of {claim.owner} lapsed {_fmt_span(now - claim.expiry_us)} "
+                "ago; a running daemon takes the shard over at its next renewal"
+            )
+        else:
+            status = "active"
+            text = (
+                f"active (owner {claim.owner}, expires {claim.expiry}, "
+                f"in {_fmt_span(claim.expiry_us - now)})"
+                if claim.expiry_us >= now
+                else f"active (owner {claim.owner}, expired {claim.expiry}, within the "
+                f"{skew_us / SECOND:g} s skew margin)"
+            )
+        detail = [f"epoch {claim.epoch}"]
+        if lock.state == "held":
+            detail.append(f"lock held by {lock.holder()}")
+            if claim.owner is not None and lock.owner is not None and lock.owner != claim.owner:
+                status = "paused" if status == "active" else status
+                warnings.append(
+                    f"{name} is PAUSED: claimed by {claim.owner}, but its lock is held by "
+                    f"{lock.holder()}; the claimant waits until that process lets go"
+                )
+            elif claim.owner is None:
+                warnings.append(
+                    f"{name}: its lock is held by {lock.holder()} although no claim names it "
+                    "(a daemon handing the shard over, or a tool such as replay at work)"
+                )
+        elif lock.state == "free" and status == "active":
+            detail.append("lock not held")
+            warnings.append(
+                f"{name}: claimed by {claim.owner}, but no process holds its lock (that daemon "
+                "has exited or not locked it yet); the claim lapses at "
+                f"{claim.expiry} plus the skew margin"
+            )
+        if not exists:
+            if claim.owner is not None or claim.epoch > 0:
+                problems.append(
+                    f"{name}: directory {queue.shard_dir(shard)} is missing although the shard "
+                    f"has been claimed (epoch {claim.epoch})"
+                )
+                detail.append("DIRECTORY MISSING")
+            else:
+                detail.append("not created yet")
+        if scan.corrupt:
+            problems.append(
+                f"{name}: {len(scan.corrupt)} corrupt line(s) in tasks.log "
+                f"(`snerdmq fsck {args.directory}` shows them)"
+            )
+            detail.append(f"{len(scan.corrupt)} corrupt line(s)")
+        if scan.torn and lock.state != "held":
+            warnings.append(
+                f"{name}: tasks.log ends in {scan.torn} byte(s) without a newline (a crash "
+                "mid-append; never acknowledged; the next owner cuts it)"
+            )
+        if scan.fold.stale:
+            detail.append(f"{len(scan.fold.stale)} stale-epoch record(s) fenced off")
+        shard_lines.append(f"  {name}: {text}; " + ", ".join(detail))
+        per_shard.append(
+            {
+                "shard": name,
+                "status": status,
+                "owner": claim.owner,
+                "lease_expiry": claim.expiry,
+                "epoch": claim.epoch,
+                "lock": lock.state,
+                "lock_holder": lock.holder() if lock.state == "held" else None,
+                "directory_exists": exists,
+                "corrupt_lines": len(scan.corrupt),
+                "torn_tail_bytes": scan.torn,
+                "stale_records": len(scan.fold.stale),
+            }
+        )
+    orphans = sorted(k for k in on_disk if k >= queue.shards)
+    for k in orphans:
+        problems.append(
+            f"orphan directory shard-{k}: the queue has {queue.shards} shard(s), so no daemon "
+            "reads it (tasks in it are stranded)"
+        )
+    degraded = bool(problems)
+    if args.json:
+        _print_json(
+            {
+                "directory": str(queue.directory),
+                "queue": queue.name,
+                "shards": queue.shards,
+                "version": queue.version,
+                "legacy_layout": queue.legacy,
+                "per_shard": per_shard,
+                "orphans": [f"shard-{k}" for k in orphans],
+                "task_types": dict(sorted(types.items())),
+                "problems": problems,
+                "warnings": warnings,
+                "degraded": degraded,
+            }
+        )
+        return 1 if degraded else 0
+    print(f"Queue: {queue.name}")
+    print(f"Directory: {queue.directory}")
+    if queue.legacy:
+        print(
+            "Layout: upstream SnerdMQ v0.2 (tasks/tasks.log); a snerd daemon adopts it into "
+            "shard-0 on its first start"
+        )
+    print(f"Shards: {queue.shards}")
+    print(f"Version: {queue.version if queue.version is not None else '-'}")
+    for line in shard_lines:
+        print(line)
+    if types:
+        print(
+            "Task types with live tasks: "
+            + ", ".join(f"{t} ({n})" for t, n in sorted(types.items()))
+        )
+        print(
+            "  (a daemon runs a type only once its SDK has registered a handler for it; "
+            "which daemons have, the files do not say)"
+        )
+    for w in warnings:
+        print(f"Warning: {w}")
+    for p in problems:
+        print(f"Problem: {p}")
+    print(f"Status: {'DEGRADED' if degraded else 'OK'}")
+    return 1 if degraded else 0
+
+
+# ------------------------------------------------------------------------------------------
+# add-shards
+# ------------------------------------------------------------------------------------------
+
+
+def add_shards_main(argv: Sequence[str]) -> int:
+    """`snerdmq add-shards N DIR`."""
+    parser = _parser(
+        "add-shards",
+        "Grow the queue in DIR by N shards: under .membership.lock, shards += N, "
+        "shard-k/tasks/ created for each new shard, version += 1, membership.json replaced "
+        "atomically. Shards are never removed and existing tasks stay where they are. Running "
+        f"daemons claim the new shards at their next renewal (within {_RENEW_S} s).",
+        "On a directory without membership.json (snerd's addition: upstream refused it), a "
+        "queue of N shards is created, and DIR itself if it does not exist. A directory in "
+        "the upstream v0.2 layout (tasks/tasks.log) is refused: start a daemon on it once so "
+        "it is adopted first.",
+    )
+    parser.add_argument("n", metavar="N", type=_positive_int("N"), help="shards to add (>= 1)")
+    parser.add_argument("directory", metavar="DIR", help="queue directory")
+    return _run(parser, argv, _add_shards)
+
+
+def _add_shards(args: argparse.Namespace) -> int:
+    from snerd.io.log import fsync_dir
+    from snerd.io.membership import MembershipConflict, read_membership, update_membership
+
+    directory = Path(args.directory)
+    n: int = args.n
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"DIR {args.directory!r} is not a directory")
+    created_dir = not directory.exists()
+    if created_dir:
+        directory.mkdir(parents=True)
+        fsync_dir(directory.parent)
+    elif (
+        not (directory / MEMBERSHIP).exists()
+        and (directory / "tasks" / "tasks.log").exists()
+    ):
+        raise QueueError(
+            f"{args.directory} uses the upstream SnerdMQ v0.2 layout (tasks/tasks.log); start "
+            f"`snerdmq {args.directory}` once so it is adopted into shard-0, then add shards"
+        )
+    for _ in range(50):
+        try:
+            doc = read_membership(directory)
+        except (ValueError, TypeError) as exc:
+            raise QueueError(f"{directory / MEMBERSHIP} is unreadable: {exc}") from None
+        except TimeoutError as exc:
+            raise QueueError(str(exc)) from None
+        if doc is None:
+            old, expected = 0, None
+            new_doc: dict[str, Any] = {
+                "queue": QUEUE_NAME, "shards": n, "version": 1, "claims": {}
+            }
+        else:
+            shards = doc.get("shards")
+            if not isinstance(shards, int) or isinstance(shards, bool) or shards < 0:
+                raise QueueError(f"{directory / MEMBERSHIP}: 'shards' is {shards!r}")
+            version = doc.get("version", 0)
+            expected = version if isinstance(version, int) else 0
+            old = shards
+            new_doc = {**doc, "shards": shards + n, "version": expected + 1}
+        made = []
+        for k in range(old, old + n):
+            tasks = directory / f"shard-{k}" / "tasks"
+            if not tasks.exists():
+                tasks.mkdir(parents=True)
+                made.append(tasks)
+                fsync_dir(tasks.parent)
+                fsync_dir(directory)
+        try:
+            update_membership(directory, new_doc, expected)
+        except MembershipConflict:
+            # A daemon renewed meanwhile (or another add-shards won): read again and redo.
+            _remove_empty(made)
+            continue
+        except TimeoutError as exc:
+            _remove_empty(made)
+            raise QueueError(str(exc)) from None
+        except BaseException:
+            _remove_empty(made)
+            raise
+        what = "Created a new queue with" if doc is None else f"Added {n} shard(s):"
+        if doc is None:
+            print(f"{what} {n} shard(s) in {directory} (version {new_doc['version']}).")
+        else:
+            print(
+                f"{what} {directory} now has {old + n} shards (shard-{old}..shard-{old + n - 1} "
+                f"new), version {new_doc['version']}."
+            )
+            print(f"Running daemons claim the new shards at their next renewal (within {_RENEW_S} s).")
+        return 0
+    raise QueueError("membership.json kept changing under us; try again")
+
+
+def _remove_empty(dirs: list[Path]) -> None:
+    for tasks in dirs:
+        with contextlib.suppress(OSError):
+            tasks.rmdir()
+            tasks.parent.rmdir()
+
+
+# ------------------------------------------------------------------------------------------
+# Dead letters (dlq, replay)
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FoundDeadLetter:
+    shard: int
+    letter: DeadLetter
+
+
+def find_dead_letters(
+    scans: Sequence[ShardScan],
+    *,
+    task_type: str | None = None,
+    ids: Sequence[str] = (),
+) -> list[FoundDeadLetter]:
+    """Dead letters across shards: a task whose latest record is a dead-letter tombstone and
+    which is not live in any shard. When one id finished in several shards (ids reused after
+    `add-shards`), the latest `deletedAt` decides."""
+    live: set[str] = set()
+    for scan in scans:
+        live.update(scan.fold.live)
+    latest: dict[str, tuple[int, int, LogRecord]] = {}
+    for scan in scans:
+        for task_id, record in scan.fold.finished.items():
+            at = record.fields.get("deletedAt")
+            try:
+                at_us = parse_rfc3339(at) if isinstance(at, str) else 0
+            except ValueError:
+                at_us = 0
+            if task_id not in latest or at_us >= latest[task_id][0]:
+                latest[task_id] = (at_us, scan.shard, record)
+    out: list[FoundDeadLetter] = []
+    for scan in scans:
+        for letter in scan.fold.dead_letters():
+            if letter.task_id in live:
+                continue
+            if latest[letter.task_id][2] is not letter.record:
+                continue
+            if task_type is not None and letter.task_type != task_type:
+                continue
+            if ids and letter.task_id not in ids:
+                continue
+            out.append(FoundDeadLetter(scan.shard, letter))
+    out.sort(key=lambda d: (d.letter.at or "", d.shard, d.letter.task_id))
+    return out
+
+
+def dlq_main(argv: Sequence[str]) -> int:
+    """`snerdmq dlq DIR [--type T] [--id ID] [--json]`."""
+    parser = _parser(
+        "dlq",
+        "List the dead letters of the queue in DIR: tasks that used every attempt, with their "
+        "type, attempts, final error and when. Read-only.",
+        "A dead letter is a tombstone snerd wrote with snerdOutcome dead_letter. Tombstones "
+        "written by upstream SnerdMQ carry no outcome; those with upstream's dead-letter shape "
+        "(LastErrorObj set, retryCount >= maxRetries - 1) are listed marked 'inferred': a task "
+        "that succeeded on its last allowed attempt looks the same. A task that is live again "
+        "(replayed, re-enqueued) is not listed.",
+    )
+    parser.add_argument("directory", metavar="DIR", help="queue directory")
+    parser.add_argument("--type", dest="task_type", metavar="T", help="only this task type")
+    parser.add_argument(
+        "--id", dest="ids", metavar="ID", action="append", default=[], help="only this task id "
+        "(repeatable)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (with task data)")
+    return _run(parser, argv, _dlq)
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    queue = open_queue(args.directory)
+    scans = [scan_shard(queue, s, payloads=args.json) for s in range(queue.shards)]
+    found = find_dead_letters(scans, task_type=args.task_type, ids=args.ids)
+    if args.json:
+        _print_json(
+            [
+                {
+                    "task_id": d.letter.task_id,
+                    "task_type": d.letter.task_type,
+                    "shard": f"shard-{d.shard}",
+                    "attempts": d.letter.attempts,
+                    "max_retries": d.letter.record.fields.get("maxRetries"),
+                    "error": d.letter.error,
+                    "dead_lettered_at": d.letter.at,
+                    "inferred": d.letter.inferred,
+                    "task_data": d.letter.record.fields.get("taskData"),
+                }
+                for d in found
+            ]
+        )
+        return 0
+    where = f" of type {args.task_type!r}" if args.task_type else ""
+    if not found:
+        print(f"No dead letters{where} in {queue.directory}.")
+        return 0
+    print(f"{len(found)} dead letter(s){where} in {queue.directory}:")
+    rows = [
+        [
+            d.letter.task_id + ("*" if d.letter.inferred else ""),
+            d.letter.task_type,
+            str(d.letter.attempts),
+            d.letter.at or "-",
+            f"shard-{d.shard}",
+            _clip(d.letter.error or "(no error recorded)", 72),
+        ]
+        for d in found
+    ]
+    print()
+    for line in _table(["id", "type", "attempts", "when", "shard", "final error"], rows, {2}):
+        print("  " + line)
+    print()
+    if any(d.letter.inferred for d in found):
+        print(
+            "* written by upstream SnerdMQ without an outcome: judged a dead letter by its shape "
+            "(its error is the one before the last attempt; a success on the last attempt "
+            "looks the same)"
+        )
+    print(
+        f"Put them back with `snerdmq replay{' --type ' + args.task_type if args.task_type else ''}"
+        f" {args.directory}` (with every daemon on it stopped); --json shows the task data."
+    )
+    return 0
+
+
+def replay_main(argv: Sequence[str]) -> int:
+    """`snerdmq replay [--type T | --type=T] [--id ID] [DIR]`."""
+    parser = _parser(
+        "replay",
+        "Put the dead letters of the queue in DIR back into the queue: for each, a fresh task "
+        "record (retryCount 0, errors cleared, executeAt now, the same task data) is appended "
+        "to its shard's log and fsynced. Only real dead letters are replayed, never tasks that "
+        "succeeded. Each shard written is locked first, as a daemon locks it: while a daemon "
+        "runs on the queue, replay refuses (exit 1) and names it.",
+        "Tombstones from upstream SnerdMQ carry no outcome; those that look like dead letters "
+        "are replayed only with --include-upstream (a success on the last attempt looks the "
+        "same). A dead letter whose auto_dedupe fingerprint matches a pending task is skipped. "
+        "DIR defaults to .snerdata.",
+    )
+    parser.add_argument("directory", metavar="DIR", nargs="?", default=DEFAULT_DIR,
+                        help="queue directory (default: .snerdata)")
+    parser.add_argument("--type", dest="task_type", metavar="T", default="all",
+                        help="only this task type (default: all)")
+    parser.add_argument("--id", dest="ids", metavar="ID", action="append", default=[],
+                        help="only this task id (repeatable)")
+    parser.add_argument("--include-upstream", action="store_true",
+                        help="also replay upstream tombstones that look like dead letters")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="only list what would be replayed; take no lock, write nothing")
+    return _run(parser, argv, _replay)
+
+
+def _replay_fields(record: LogRecord, *, now: str, epoch: int, node: str) -> dict[str, Any]:
+    """A fresh task record from a dead letter's tombstone: same task, attempts and errors reset,
+    due now. `taskId` stays the first key (upstream's order; `scan` resynchronises on it)."""
+    f = record.fields
+    drop = {
+        "taskId", "deletedAt", "snerdOutcome", "LastErrorObj", "LastJobError",
+        "snerdNode", "snerdEpoch",
+    }
+    fields: dict[str, Any] = {"taskId": f["taskId"]}
+    fields.update((k, v) for k, v in f.items() if k not in drop)
+    fields.update(
+        {
+            "retryCount": 0,
+            "retryAfterTime": now,
+            "executeAt": now,
+            "snerdReplayedAt": now,
+            "snerdNode": node,
+            "snerdEpoch": epoch,
+        }
+    )
+    return fields
+
+
+def _replay(args: argparse.Namespace) -> int:
+    queue = open_queue(args.directory, allow_legacy=False)
+    task_type = None if args.task_type in ("all", "") else args.task_type
+    scans = [scan_shard(queue, s, payloads=True) for s in range(queue.shards)]
+    found = find_dead_letters(scans, task_type=task_type, ids=args.ids)
+    upstream = [d for d in found if d.letter.inferred]
+    if not args.include_upstream:
+        found = [d for d in found if not d.letter.inferred]
+    if args.dry_run:
+        for d in found:
+            print(f"would replay {d.letter.task_id} ({d.letter.task_type}) in shard-{d.shard}")
+        print(f"Dry run: {len(found)} dead letter(s) would be replayed.")
+        return 0
+    owner = _tool_owner("replay")
+    shards = sorted({d.shard for d in found})
+    recovered: list[tuple[int, DeadLetter]] = []
+    skipped: list[str] = []
+    with shard_locks(queue, shards, owner):
+        # Read again under the locks: a daemon may have changed the logs before it stopped.
+        for shard in shards:
+            scans[shard] = scan_shard(queue, shard, payloads=True)
+        found = find_dead_letters(scans, task_type=task_type, ids=args.ids)
+        if not args.include_upstream:
+            found = [d for d in found if not d.letter.inferred]
+        pending_hashes: dict[str, str] = {}
+        for scan in scans:
+            for task_id, record in scan.fold.live.items():
+                h = record.fields.get("payloadHash")
+                if isinstance(h, str):
+                    pending_hashes.setdefault(h, task_id)
+        now = format_rfc3339(_now_us())
+        batches: dict[int, list[bytes]] = {}
+        from snerd.core.records import encode_record
+
+        for d in found:
+            if d.shard not in shards:
+                continue  # appeared after the first read, in a shard we did not lock
+            f = d.letter.record.fields
+            h = f.get("payloadHash")
+            if f.get("autoDedupe") and isinstance(h, str):
+                if h in pending_hashes:
+                    skipped.append(
+                        f"{d.letter.task_id}: an identical task ({pending_hashes[h]}) is "
+                        "pending (auto_dedupe)"
+                    )
+                    continue
+                pending_hashes[h] = d.letter.task_id
+            if "taskData" not in f:
+                skipped.append(f"{d.letter.task_id}: its tombstone has no taskData")
+                continue
+            fields = _replay_fields(
+                d.letter.record, now=now, epoch=scans[d.shard].fold.log_epoch, node=owner
+            )
+            batches.setdefault(d.shard, []).append(encode_record(fields))
+            recovered.append((d.shard, d.letter))
+        if batches:
+            _append_batches(queue, batches)
+    for shard, letter in recovered:
+        print(f"  replayed {letter.task_id} ({letter.task_type}) into shard-{shard}")
+    for text in skipped:
+        print(f"  skipped {text}")
+    if upstream and not args.include_upstream:
+        print(
+            f"  note: {len(upstream)} upstream tombstone(s) look like dead letters but may be "
+            "successes on their last attempt; --include-upstream replays them too"
+        )
+    print(f"Replay complete. Recovered {len(recovered)} failed task(s) into the active queue.")
+    return 0
+
+
+def _append_batches(queue: Queue, batches: dict[int, list[bytes]]) -> None:
+    """Append each shard's lines durably (caller holds the shard locks): a torn tail is cut
+    first, so no line is glued onto it; then one write and one fsync per shard."""
+    import trio
+
+    from snerd.io.log import GroupCommitLog, recover_log
+
+    for shard in batches:
+        recover_log(queue.log_path(shard))
+
+    async def append_all() -> None:
+        async with GroupCommitLog("always") as log:
+            for shard, lines in batches.items():
+                await log.append(queue.log_path(shard), lines)
+
+    try:
+        trio.run(append_all)
+    except OSError as exc:
+        raise QueueError(f"could not append to the shard logs: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------
+# fsck
+# ------------------------------------------------------------------------------------------
+
+#: Leftover temp files a crash can leave in `shard-N/tasks/`: snerd's and upstream's
+#: compaction output (`tasks.tmp`), and `tasks.log.tmp` from an atomic replace of the log.
+_TEMP_NAMES = ("tasks.tmp", "tasks.log.tmp")
+#: Corrupt lines printed per shard (all of them with --json).
+_SHOW_CORRUPT = 20
+
+
+def fsck_main(argv: Sequence[str]) -> int:
+    """`snerdmq fsck DIR [--repair] [--json]`."""
+    parser = _parser(
+        "fsck",
+        "Check every shard log of the queue in DIR: records, corrupt lines (offset and reason), "
+        "a torn last line, records fenced off as stale (an older owner's writes after a "
+        "takeover: expected, reported for information), task ids live in two shards, "
+        "leftover temp files. Exit 1 when a problem remains.\n"
+        "--repair cuts torn tails and removes leftover temp files, shard by shard, only where "
+        "no daemon holds the shard lock. Corrupt lines are never rewritten here: daemons skip "
+        "them, and `snerdmq compact` drops them.",
+    )
+    parser.add_argument("directory", metavar="DIR", help="queue directory")
+    parser.add_argument("--repair", action="store_true",
+                        help="cut torn tails and remove temp files on idle shards")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return _run(parser, argv, _fsck)
+
+
+@dataclass(slots=True)
+class _FsckShard:
+    scan: ShardScan
+    lock: LockState
+    temps: list[tuple[str, int]]
+    repaired: list[str] = field(default_factory=list)
+    not_repaired: list[str] = field(default_factory=list)
+
+
+def _fsck_shard(queue: Queue, shard: int) -> _FsckShard:
+    tasks = queue.log_path(shard).parent
+    temps = []
+    for name in _TEMP_NAMES:
+        with contextlib.suppress(FileNotFoundError):
+            temps.append((name, (tasks / name).stat().st_size))
+    lock = probe_lock(queue.lock_path(shard))
+    return _FsckShard(scan=scan_shard(queue, shard), lock=lock, temps=temps)
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    queue = open_queue(args.directory)
+    shards = [_fsck_shard(queue, s) for s in range(queue.shards)]
+    if args.repair:
+        for item in shards:
+            if not (item.scan.torn or item.temps):
+                continue
+            shard = item.scan.shard
+            if queue.legacy:
+                item.not_repaired.append(
+                    "upstream v0.2 layout: a snerd daemon repairs it when it adopts it"
+                )
+                continue
+            try:
+                with shard_locks(queue, [shard], _tool_owner("fsck")):
+                    item.repaired.extend(_repair_shard(queue, shard))
+            except QueueError:
+                item.not_repaired.append(
+                    f"held by a daemon ({item.lock.holder()}); a daemon cuts torn tails and "
+                    "removes temp files itself when it loads a shard"
+                )
+        repaired = shards
+        shards = [_fsck_shard(queue, s.scan.shard) for s in repaired]
+        for new, old in zip(shards, repaired, strict=True):
+            new.repaired, new.not_repaired = old.repaired, old.not_repaired
+    live_in: dict[str, list[int]] = {}
+    for item in shards:
+        for task_id in item.scan.fold.live:
+            live_in.setdefault(task_id, []).append(item.scan.shard)
+    duplicates = {t: s for t, s in live_in.items() if len(s) > 1}
+    problems = 0
+    report: list[dict[str, Any]] = []
+    lines: list[str] = []
+    for item in shards:
+        scan = item.scan
+        name = f"shard-{scan.shard}"
+        # An unterminated last line in a log a daemon holds may be an append in progress.
+        torn_problem = bool(scan.torn) and item.lock.state != "held"
+        shard_problems = len(scan.corrupt) + int(torn_problem) + len(item.temps)
+        problems += shard_problems
+        report.append(
+            {
+                "shard": name,
+                "log": str(scan.path),
+                "exists": scan.exists,
+                "bytes": scan.size,
+                "records": scan.fold.records,
+                "corrupt": [{"offset": o, "reason": r} for o, r in scan.corrupt],
+                "torn_tail": (
+                    {"offset": scan.torn_at, "bytes": scan.torn} if scan.torn else None
+                ),
+                "stale": [
+                    {"offset": s.offset, "epoch": s.epoch, "fence": s.fence, "kind": s.kind}
+                    for s in scan.fold.stale
+                ],
+                "temp_files": [{"name": n, "bytes": b} for n, b in item.temps],
+                "lock": item.lock.state,
+                "lock_holder": item.lock.holder() if item.lock.state == "held" else None,
+                "repaired": item.repaired,
+                "not_repaired": item.not_repaired,
+                "problems": shard_problems,
+            }
+        )
+        if not scan.exists:
+            lines.append(f"{name}: no tasks.log (nothing written yet)")
+        else:
+            lock = f", lock held by {item.lock.holder()}" if item.lock.state == "held" else ""
+            lines.append(
+                f"{name}: {scan.fold.records} record(s), {_fmt_bytes(scan.size)}{lock}"
+                + ("" if shard_problems else ", OK")
+            )
+        for offset, reason in scan.corrupt[:_SHOW_CORRUPT]:
+            lines.append(f"  corrupt line at byte {offset}: {reason}")
+        if len(scan.corrupt) > _SHOW_CORRUPT:
+            lines.append(f"  ... and {len(scan.corrupt) - _SHOW_CORRUPT} more (--json lists all)")
+        if scan.torn:
+            why = (
+                "a daemon holds the lock: maybe an append in progress"
+                if item.lock.state == "held"
+                else "a crash mid-append; it was never acknowledged"
+            )
+            lines.append(
+                f"  torn tail: {scan.torn} byte(s) without a newline at byte {scan.torn_at} ({why})"
+            )
+        if scan.fold.stale:
+            first = scan.fold.stale[0]
+            lines.append(
+                f"  {len(scan.fold.stale)} stale-epoch record(s) fenced off, ignored as the "
+                f"daemon ignores them (first at byte {first.offset}: epoch {first.epoch} < "
+                f"{first.fence}); not a problem"
+            )
+        for tmp, size in item.temps:
+            lines.append(f"  leftover temp file {tmp} ({_fmt_bytes(size)}) from an interrupted "
+                         "compaction; the log itself is intact")
+        for text in item.repaired:
+            lines.append(f"  repaired: {text}")
+        for text in item.not_repaired:
+            lines.append(f"  not repaired: {text}")
+    for task_id, where in sorted(duplicates.items()):
+        problems += 1
+        lines.append(
+            f"task {task_id} is live in {', '.join(f'shard-{s}' for s in where)}: a daemon "
+            "keeps only one of them (the first shard it loads)"
+        )
+    if args.json:
+        _print_json(
+            {
+                "directory": str(queue.directory),
+                "shards": report,
+                "duplicate_live_ids": {t: [f"shard-{s}" for s in w] for t, w in duplicates.items()},
+                "problems": problems,
+            }
+        )
+        return 1 if problems else 0
+    for line in lines:
+        print(line)
+    if problems:
+        hint = (
+            ""
+            if args.repair
+            else f"; `snerdmq fsck --repair {args.directory}` cuts torn tails and removes temp "
+            "files"
+        )
+        print(f"fsck: {problems} problem(s){hint}.")
+        if any(item.scan.corrupt for item in shards):
+            print(
+                "Corrupt lines are skipped by daemons and never hide the lines after them; "
+                f"`snerdmq compact {args.directory}` drops them."
+            )
+        return 1
+    print("fsck: no problems.")
+    return 0
+
+
+def _repair_shard(queue: Queue, shard: int) -> list[str]:
+    """Cut a torn tail and remove temp files (caller holds the shard lock)."""
+    from snerd.io.log import cut_torn_tail, fsync_dir
+
+    done = []
+    tasks = queue.log_path(shard).parent
+    for name in _TEMP_NAMES:
+        try:
+            (tasks / name).unlink()
+        except FileNotFoundError:
+            continue
+        fsync_dir(tasks)
+        done.append(f"removed {name}")
+    cut = cut_torn_tail(queue.log_path(shard))
+    if cut:
+        done.append(f"cut a torn tail of {cut} byte(s)")
+    return done
+
+
+# ------------------------------------------------------------------------------------------
+# compact
+# ------------------------------------------------------------------------------------------
+
+
+def compact_main(argv: Sequence[str]) -> int:
+    """`snerdmq compact DIR [--history N]`."""
+    parser = _parser(
+        "compact",
+        "Compact the shard logs of the queue in DIR that no daemon holds (each is locked "
+        "first, as a daemon locks it). Kept: the latest record of each live task, its "
+        "unresolved dispatch record, the latest claim record (and the one that set the fence), "
+        "dispatch records of the last 60 s (rate windows), and the latest --history finished "
+        "or dead-lettered tasks. Written to a temp file, fsynced, renamed over tasks.log, "
+        "directory fsynced: a crash at any point loses nothing.\n"
+        "Exit 1 when a shard was skipped (held by a daemon: daemons compact their own logs) "
+        "or failed.",
+    )
+    parser.add_argument("directory", metavar="DIR", help="queue directory")
+    parser.add_argument(
+        "--history", type=_nonnegative_int("--history"), default=HISTORY_LIMIT, metavar="N",
+        help=f"finished tasks to keep per shard (default {HISTORY_LIMIT})",
+    )
+    return _run(parser, argv, _compact)
+
+
+def _compact(args: argparse.Namespace) -> int:
+    import trio
+
+    from snerd.io.log import GroupCommitLog
+
+    queue = open_queue(args.directory, allow_legacy=False)
+    owner = _tool_owner("compact")
+    failed = 0
+    total_before = total_after = 0
+    for shard in range(queue.shards):
+        name = f"shard-{shard}"
+        path = queue.log_path(shard)
+        if not path.exists():
+            print(f"{name}: no tasks.log, nothing to compact")
+            continue
+        try:
+            with shard_locks(queue, [shard], owner):
+                scan = scan_shard(queue, shard)
+                now = _now_us()
+                keep = scan.fold.keep_ranges(now, history_limit=args.history)
+                kept_bytes = sum(r.length for r in keep)
+                total_before += scan.size
+                if kept_bytes == scan.size:
+                    total_after += scan.size
+                    print(f"{name}: {_fmt_bytes(scan.size)}, already compact")
+                    continue
+                # Check the plan before touching the file: folding only the kept records must
+                # give the same shard.
+                planned = scan_shard(queue, shard, only={r.offset for r in keep})
+                _check_same(scan.fold, planned.fold, name, "planned")
+
+                async def run(path: Path = path, keep: Any = keep) -> int:
+                    async with GroupCommitLog("always") as log:
+                        result = await log.compact(path, keep)
+                    return result.size
+
+                try:
+                    size = trio.run(run)
+                except (OSError, ValueError) as exc:
+                    failed += 1
+                    total_after += scan.size
+                    print(f"{name}: compaction failed, log unchanged: {exc}")
+                    continue
+                after = scan_shard(queue, shard)
+                _check_same(scan.fold, after.fold, name, "written")
+                total_after += size
+                dropped = len(scan.corrupt)
+                extra = f"; dropped {dropped} corrupt line(s)" if dropped else ""
+                extra += f"; dropped a torn tail of {scan.torn} byte(s)" if scan.torn else ""
+                print(
+                    f"{name}: {_fmt_bytes(scan.size)} -> {_fmt_bytes(size)} "
+                    f"({scan.fold.records} -> {after.fold.records} records: "
+                    f"{len(after.fold.live)} live, {len(after.fold.finished)} finished kept){extra}"
+                )
+        except QueueError as exc:
+            failed += 1
+            print(f"{name}: skipped: {exc}")
+    print(f"Total: {_fmt_bytes(total_before)} -> {_fmt_bytes(total_after)}")
+    return 1 if failed else 0
+
+
+def _check_same(before: ShardFold, after: ShardFold, name: str, stage: str) -> None:
+    """The compacted log must hold the same shard: live tasks (records equal), in-flight
+    attempts, fence. Anything else is a bug: stop loudly."""
+    same = (
+        {k: r.fields for k, r in before.live.items()} == {k: r.fields for k, r in after.live.items()}
+        and before.in_flight() == after.in_flight()
+        and before.log_epoch == after.log_epoch
+    )
+    if not same:
+        raise QueueError(
+            f"{name}: the {stage} compacted log does not fold to the same live tasks; this is "
+            "a bug in snerd, please report it (the original log is "
+            + ("untouched)" if stage == "planned" else "replaced; keep a copy of the directory)")
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# demo
+# ------------------------------------------------------------------------------------------
+
+
+def demo_main(argv: Sequence[str]) -> int:
+    """`snerdmq demo [DIR]` (see `snerd.demo`)."""
+    from snerd.demo import main
+
+    return main(argv)
+
+
+SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "stats": stats_main,
+    "validate": validate_main,
+    "add-shards": add_shards_main,
+    "dlq": dlq_main,
+    "replay": replay_main,
+    "fsck": fsck_main,
+    "compact": compact_main,
+    "demo": demo_main,
+}

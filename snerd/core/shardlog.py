@@ -1,0 +1,340 @@
+"""Folding one shard's log into that shard's state: the offline view of `tasks.log`.
+
+This module owns the meaning of a shard log read from start to end, for readers that are not
+the daemon owning it: `snerdmq stats`, `validate`, `dlq`, `replay`, `fsck` and `compact`.
+Given the log's well-formed records in file order, `ShardFold` yields what the shard holds:
+the live tasks (the latest record of each), the unresolved dispatch of each, the finished
+history (latest tombstone of each task), the dead letters, the claim records, the dispatch
+records that feed rate windows, and the records fencing ignored as stale.
+
+It follows the daemon's replay (`snerd.core.node.Node._replay_one` / `_finish_replay`) rule for
+rule, so a tool and a daemon never disagree about a shard:
+
+- Fencing (DESIGN §4.3) is judged in file order: a record whose `snerdEpoch` is an int below
+  the highest claim epoch read before it is stale and is not part of the state. Claim records
+  are never stale; they raise the fence.
+- A task record (no `snerdKind`) with `deletedAt` is a tombstone: the task leaves the live set
+  and its unresolved dispatch is dropped. Any other task record makes it live (the last one
+  wins) and resolves its dispatch: only an attempt's outcome writes a full record after a
+  dispatch.
+- A `dispatch` record with a string `task` and an int `attempt` is the task's unresolved
+  dispatch until a later full record; with a `group` and a parseable `at`, it also counts in
+  that group's rate window.
+- Record kinds it does not know (a newer snerd) are ignored.
+- A live task's dispatch counts as in flight only when its attempt is above the task's
+  `retryCount` (the daemon re-runs exactly those after a crash, with the same attempt number).
+
+The daemon could adopt this fold for its replay: feed each `LogRecord` to `ShardFold.add`
+(with `keep_payloads=False` it holds no `taskData`), then build its tasks from `live`,
+`in_flight()` and `finished`; `keep_ranges` is its compaction's `_live_ranges` with a fixed
+history bound.
+
+It is pure: no files, no clocks (callers pass `now_us`), no threads. It never judges bytes (that
+is `snerd.core.records`), and never decides anything for a daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from snerd.core.effects import KeepRange
+from snerd.core.events import LogRecord
+from snerd.core.timefmt import parse_rfc3339
+
+__all__ = [
+    "HISTORY_LIMIT",
+    "KIND_CLAIM",
+    "KIND_DISPATCH",
+    "OUTCOME_COMPLETED",
+    "OUTCOME_DEAD",
+    "OUTCOME_DEAD_INFERRED",
+    "RATE_WINDOW_US",
+    "DeadLetter",
+    "ShardFold",
+    "StaleRecord",
+    "fold_records",
+    "ready_at_us",
+    "tombstone_outcome",
+]
+
+#: Record kinds snerd adds to tasks.log (`snerdKind`); task records have none (upstream shape).
+KIND_DISPATCH = "dispatch"
+KIND_CLAIM = "claim"
+
+#: `snerdOutcome` of a tombstone: the task succeeded.
+OUTCOME_COMPLETED = "completed"
+#: `snerdOutcome` of a tombstone: the task used every attempt (a dead letter).
+OUTCOME_DEAD = "dead_letter"
+#: A tombstone without `snerdOutcome` (written by upstream SnerdMQ) that has the shape of
+#: upstream's dead letter: `LastErrorObj` set and `retryCount >= maxRetries - 1` (upstream's
+#: `maxRetries` is the total attempt budget and its final failure is never written, reference
+#: §4.1 and §6.6 #29). A task that succeeded on its last allowed attempt leaves the same record,
+#: so this is an inference, never a certainty.
+OUTCOME_DEAD_INFERRED = "dead_letter_inferred"
+
+#: How many finished tasks compaction keeps per shard (the daemon's `history_limit`).
+HISTORY_LIMIT = 10_000
+#: A rate window's length: dispatch records younger than this are kept by compaction.
+RATE_WINDOW_US = 60 * 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class StaleRecord:
+    """A record fencing ignored: written under `epoch`, after a claim of `fence` was read."""
+
+    offset: int
+    epoch: int
+    fence: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A task whose latest record in the shard is a dead-letter tombstone."""
+
+    task_id: str
+    task_type: str
+    #: Attempts the task made (snerd writes this count into the tombstone's `retryCount`;
+    #: for an upstream tombstone it is `retryCount + 1`, the final attempt not being written).
+    attempts: int
+    #: The final error (upstream tombstones: the error of the attempt before the last one).
+    error: str | None
+    #: When it was dead-lettered (the tombstone's `deletedAt`).
+    at: str | None
+    #: True for an upstream tombstone judged a dead letter by its shape only.
+    inferred: bool
+    record: LogRecord
+
+
+def tombstone_outcome(fields: dict[str, Any]) -> str:
+    """How a tombstone's task ended: `OUTCOME_COMPLETED`, `OUTCOME_DEAD`, or, for a tombstone
+    without `snerdOutcome` (upstream), `OUTCOME_DEAD_INFERRED` when it has upstream's dead-letter
+    shape, else `OUTCOME_COMPLETED`."""
+    outcome = fields.get("snerdOutcome")
+    if outcome == OUTCOME_DEAD:
+        return OUTCOME_DEAD
+    if outcome is not None:
+        return OUTCOME_COMPLETED
+    retry_count = _int_or(fields.get("retryCount"), 0)
+    max_retries = _int_or(fields.get("maxRetries"), 0)
+    if fields.get("LastErrorObj") is not None and retry_count >= max_retries - 1:
+        return OUTCOME_DEAD_INFERRED
+    return OUTCOME_COMPLETED
+
+
+def ready_at_us(fields: dict[str, Any]) -> int | None:
+    """When a live task may run next: the later of `executeAt` and `retryAfterTime` (the
+    daemon's rule); None when neither parses."""
+    times = []
+    for key in ("executeAt", "retryAfterTime"):
+        value = fields.get(key)
+        if isinstance(value, str):
+            try:
+                times.append(parse_rfc3339(value))
+            except ValueError:
+                continue
+    return max(times) if times else None
+
+
+def _int_or(value: Any, default: int) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return default
+
+
+@dataclass(slots=True)
+class ShardFold:
+    """The state of one shard, built by feeding its records in file order to `add`.
+
+    With `keep_payloads=False`, `taskData` is removed from each task record's fields as it is
+    folded (in place: the fold takes ownership of the records fed to it), so the state holds no
+    payloads (the daemon's way: payloads stay on disk). Attributes are read after the last
+    `add`.
+    """
+
+    keep_payloads: bool = True
+    #: Well-formed records seen.
+    records: int = 0
+    #: The highest claim epoch read so far (the fence).
+    log_epoch: int = 0
+    #: The latest claim record in the file (the daemon's `claim_loc`).
+    claim: LogRecord | None = None
+    #: The claim record that set `log_epoch` (differs from `claim` only when a later claim
+    #: record carries a lower epoch).
+    fence_claim: LogRecord | None = None
+    #: Live tasks: the latest record of each, in first-enqueue order (the daemon's FIFO order).
+    live: dict[str, LogRecord] = field(default_factory=dict)
+    #: The latest dispatch record of each task not resolved by a later full record.
+    dispatch: dict[str, LogRecord] = field(default_factory=dict)
+    #: Finished tasks: the latest tombstone of each, ordered by that tombstone's position.
+    finished: dict[str, LogRecord] = field(default_factory=dict)
+    #: Tombstone records seen (a reused id counts each time it finished).
+    tombstones: int = 0
+    #: Dispatch records of rate-limited groups: (group, time in µs, record), in file order.
+    windows: list[tuple[str, int, LogRecord]] = field(default_factory=list)
+    #: Records ignored by fencing.
+    stale: list[StaleRecord] = field(default_factory=list)
+    #: Records of a kind this snerd does not know, and task records without a string
+    #: `taskId` (both ignored, as the daemon does).
+    ignored: int = 0
+
+    def add(self, record: LogRecord) -> None:
+        """Fold one record (the next one in file order)."""
+        f = record.fields
+        self.records += 1
+        kind = f.get("snerdKind")
+        epoch = f.get("snerdEpoch")
+        if isinstance(epoch, int) and epoch < self.log_epoch and kind != KIND_CLAIM:
+            self.stale.append(
+                StaleRecord(
+                    offset=record.offset,
+                    epoch=epoch,
+                    fence=self.log_epoch,
+                    kind=kind if isinstance(kind, str) else "task",
+                )
+            )
+            return
+        if kind == KIND_CLAIM:
+            e = f.get("epoch")
+            if isinstance(e, int) and (e > self.log_epoch or self.fence_claim is None):
+                self.log_epoch = max(self.log_epoch, e)
+                self.fence_claim = record
+            self.claim = record
+            return
+        if kind == KIND_DISPATCH:
+            task_id = f.get("task")
+            attempt = f.get("attempt")
+            if isinstance(task_id, str) and isinstance(attempt, int):
+                self.dispatch[task_id] = record
+                group = f.get("group")
+                at = f.get("at")
+                if isinstance(group, str) and isinstance(at, str):
+                    with contextlib.suppress(ValueError):
+                        self.windows.append((group, parse_rfc3339(at), record))
+            return
+        if kind is not None:
+            self.ignored += 1
+            return
+        task_id = f.get("taskId")
+        if not isinstance(task_id, str):
+            self.ignored += 1
+            return
+        if not self.keep_payloads:
+            f.pop("taskData", None)
+        kept = record
+        if f.get("deletedAt") is not None:
+            self.live.pop(task_id, None)
+            self.dispatch.pop(task_id, None)
+            self.finished.pop(task_id, None)  # re-insert: ordered by the latest tombstone
+            self.finished[task_id] = kept
+            self.tombstones += 1
+            return
+        self.live[task_id] = kept
+        self.dispatch.pop(task_id, None)
+
+    def add_all(self, records: Iterable[LogRecord]) -> ShardFold:
+        """Fold records in order; returns self."""
+        for record in records:
+            self.add(record)
+        return self
+
+    # ------------------------------------------------------------------ views
+
+    def in_flight(self) -> dict[str, int]:
+        """Live tasks whose latest attempt was dispatched and never resolved: id -> attempt.
+        After a crash the daemon runs these again with the same attempt number."""
+        out: dict[str, int] = {}
+        for task_id, record in self.dispatch.items():
+            task = self.live.get(task_id)
+            if task is None:
+                continue
+            attempt = record.fields["attempt"]
+            if attempt > _int_or(task.fields.get("retryCount"), 0):
+                out[task_id] = attempt
+        return out
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Tasks whose latest record here is a dead-letter tombstone, oldest first. A task
+        that is live again (replayed or re-enqueued) is not one."""
+        out: list[DeadLetter] = []
+        for task_id, record in self.finished.items():
+            if task_id in self.live:
+                continue
+            outcome = tombstone_outcome(record.fields)
+            if outcome == OUTCOME_COMPLETED:
+                continue
+            f = record.fields
+            retry_count = _int_or(f.get("retryCount"), 0)
+            inferred = outcome == OUTCOME_DEAD_INFERRED
+            error = f.get("LastErrorObj")
+            at = f.get("deletedAt")
+            task_type = f.get("taskType")
+            out.append(
+                DeadLetter(
+                    task_id=task_id,
+                    task_type=task_type if isinstance(task_type, str) else "",
+                    attempts=retry_count + 1 if inferred else retry_count,
+                    error=error if isinstance(error, str) else None,
+                    at=at if isinstance(at, str) else None,
+                    inferred=inferred,
+                    record=record,
+                )
+            )
+        return out
+
+    def completed(self) -> int:
+        """Finished tasks (latest tombstone per id, not live again) that did not dead-letter."""
+        return sum(
+            1
+            for task_id, record in self.finished.items()
+            if task_id not in self.live
+            and tombstone_outcome(record.fields) == OUTCOME_COMPLETED
+        )
+
+    def keep_ranges(
+        self,
+        now_us: int,
+        *,
+        history_limit: int = HISTORY_LIMIT,
+        window_us: int = RATE_WINDOW_US,
+    ) -> list[KeepRange]:
+        """The records a compaction must carry over, in file order: the latest record of each
+        live task and its in-flight dispatch record, the latest claim record and the one that
+        set the fence, dispatch records of rate-limited groups younger than `window_us`, and
+        the latest `history_limit` finished tasks. Folding the kept records gives the same
+        live tasks, in-flight attempts, fence and (younger) rate windows."""
+        if history_limit < 0:
+            raise ValueError("history_limit must be 0 or more")
+        keep: dict[int, int] = {}
+
+        def add(record: LogRecord | None) -> None:
+            if record is not None:
+                keep[record.offset] = record.length
+
+        add(self.claim)
+        add(self.fence_claim)
+        for record in self.live.values():
+            add(record)
+        for task_id in self.in_flight():
+            add(self.dispatch[task_id])
+        horizon = now_us - window_us
+        for _group, at, record in self.windows:
+            if at >= horizon:
+                add(record)
+        if history_limit:
+            finished = [r for t, r in self.finished.items() if t not in self.live]
+            for record in finished[-history_limit:]:
+                add(record)
+        return [KeepRange(offset=o, length=keep[o]) for o in sorted(keep)]
+
+
+def fold_records(records: Iterable[LogRecord], *, keep_payloads: bool = True) -> ShardFold:
+    """Fold a whole log's records (in file order) into a `ShardFold`."""
+    return ShardFold(keep_payloads=keep_payloads).add_all(records)

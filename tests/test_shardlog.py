@@ -1,0 +1,210 @@
+"""`snerd.core.shardlog`: folding a shard log, and agreeing with the daemon's replay.
+
+The law that matters: for any log, the fold's live tasks and in-flight attempts are exactly the
+tasks a `Node` recovers when it loads that log (fencing included), and compacting with
+`keep_ranges` changes neither. The node is driven through `tests.fakeshell`, its public API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from snerd.core.node import NodeConfig
+from snerd.core.records import encode_record, scan
+from snerd.core.shardlog import (
+    OUTCOME_COMPLETED,
+    OUTCOME_DEAD,
+    OUTCOME_DEAD_INFERRED,
+    fold_records,
+    tombstone_outcome,
+)
+from snerd.core.timefmt import format_rfc3339
+from tests.fakeshell import T0, FakeShell
+
+SECOND = 1_000_000
+TS = format_rfc3339(T0 - 3600 * SECOND)
+
+
+def task(task_id: str, epoch: int | None = 1, **extra: Any) -> dict[str, Any]:
+    f: dict[str, Any] = {
+        "taskId": task_id,
+        "retryCount": 0,
+        "maxRetries": 2,
+        "retryAfterHours": 0.0,
+        "retryAfterTime": TS,
+        "taskData": orjson.dumps({"id": task_id}).decode(),
+        "taskType": "t",
+        "executeAt": TS,
+    }
+    f.update(extra)
+    if epoch is not None:
+        f["snerdEpoch"] = epoch
+    return f
+
+
+def tomb(task_id: str, outcome: str | None = "completed", epoch: int | None = 1,
+         **extra: Any) -> dict[str, Any]:
+    f = task(task_id, epoch, deletedAt=TS, **extra)
+    if outcome is not None:
+        f["snerdOutcome"] = outcome
+    return f
+
+
+def dispatch(task_id: str, attempt: int, epoch: int = 1, group: str | None = None,
+             at: int = T0 - 10 * SECOND) -> dict[str, Any]:
+    f: dict[str, Any] = {"snerdKind": "dispatch", "task": task_id, "attempt": attempt,
+                         "at": format_rfc3339(at), "snerdEpoch": epoch}
+    if group is not None:
+        f["group"] = group
+    return f
+
+
+def claim(epoch: int) -> dict[str, Any]:
+    return {"snerdKind": "claim", "epoch": epoch, "node": f"n{epoch}", "at": TS,
+            "snerdEpoch": epoch}
+
+
+def log_of(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(encode_record(r) for r in records)
+
+
+def fold_log(data: bytes) -> Any:
+    return fold_records(scan(data).records)
+
+
+def node_view(data: bytes) -> tuple[dict[str, str], dict[str, int]]:
+    """Live task ids -> taskData, and in-flight attempts, as a daemon recovers them."""
+    shell = FakeShell(NodeConfig(node_id="checker@pid-1-aa"))
+    shell.disk["logs"][0] = bytearray(data)
+    shell.disk["membership"] = {"queue": "snerdmq-daemon", "shards": 1, "version": 1,
+                                "claims": {}, "epochs": {"shard-0": 50}}
+    shell.start()
+    live = {t.task_id: shell.payload(t.loc) for t in shell.node.tasks.values() if t.loc}
+    flying = {t.task_id: t.attempt for t in shell.node.tasks.values() if t.dispatch_loc}
+    return live, flying
+
+
+def fold_view(data: bytes) -> tuple[dict[str, str], dict[str, int]]:
+    fold = fold_log(data)
+    return {k: r.fields["taskData"] for k, r in fold.live.items()}, fold.in_flight()
+
+
+def test_last_record_wins_and_tombstones_remove() -> None:
+    fold = fold_log(log_of([
+        claim(1), task("a"), task("b"), task("a", retryCount=1, LastErrorObj="x"),
+        tomb("b"), task("c"),
+    ]))
+    assert list(fold.live) == ["a", "c"]
+    assert fold.live["a"].fields["retryCount"] == 1
+    assert list(fold.finished) == ["b"]
+    assert fold.completed() == 1
+    assert fold.dead_letters() == []
+
+
+def test_fencing_ignores_records_below_the_latest_claim_before_them() -> None:
+    fold = fold_log(log_of([
+        claim(1), task("a", epoch=1), claim(2), task("b", epoch=1), tomb("a", epoch=1),
+        task("c", epoch=2), task("d", epoch=None),
+    ]))
+    # b and a's tombstone were written by the fenced-off owner: stale.
+    assert list(fold.live) == ["a", "c", "d"]
+    assert [(s.epoch, s.fence) for s in fold.stale] == [(1, 2), (1, 2)]
+    assert fold.log_epoch == 2
+
+
+def test_in_flight_is_a_dispatch_not_resolved_by_a_later_full_record() -> None:
+    fold = fold_log(log_of([
+        claim(1), task("a"), dispatch("a", 1), task("b"), dispatch("b", 1),
+        task("b", retryCount=1), task("c"), dispatch("c", 1), tomb("c"),
+    ]))
+    assert fold.in_flight() == {"a": 1}
+
+
+def test_dead_letters_and_outcomes() -> None:
+    snerd_dead = tomb("d1", OUTCOME_DEAD, retryCount=3, LastErrorObj="final")
+    upstream_dead = tomb("d2", None, retryCount=2, maxRetries=3, LastErrorObj="previous")
+    upstream_success = tomb("s1", None, retryCount=0, maxRetries=3, LastErrorObj="once")
+    snerd_success = tomb("s2", OUTCOME_COMPLETED, retryCount=2)
+    assert tombstone_outcome(snerd_dead) == OUTCOME_DEAD
+    assert tombstone_outcome(upstream_dead) == OUTCOME_DEAD_INFERRED
+    assert tombstone_outcome(upstream_success) == OUTCOME_COMPLETED
+    assert tombstone_outcome(snerd_success) == OUTCOME_COMPLETED
+    fold = fold_log(log_of([
+        snerd_dead, upstream_dead, upstream_success, snerd_success,
+        tomb("again", OUTCOME_DEAD, LastErrorObj="x"), task("again"),
+    ]))
+    letters = {d.task_id: d for d in fold.dead_letters()}
+    assert set(letters) == {"d1", "d2"}  # "again" is live again
+    assert letters["d1"].attempts == 3 and letters["d1"].error == "final"
+    assert letters["d2"].inferred and letters["d2"].attempts == 3
+
+
+def test_keep_ranges_keep_what_the_state_needs() -> None:
+    now = T0
+    data = log_of([
+        claim(1), task("old"), dispatch("old", 1), tomb("old"),
+        task("rl", rateLimitGroup="g", maxPerMinute=5),
+        dispatch("rl", 1, group="g", at=now - 70 * SECOND), task("rl", retryCount=1),
+        dispatch("rl", 2, group="g", at=now - 5 * SECOND),
+        claim(2), task("live", epoch=2), task("stale", epoch=1),
+    ])
+    fold = fold_log(data)
+    keep = fold.keep_ranges(now, history_limit=0)
+    kept = fold_records(r for r in scan(data).records if r.offset in {k.offset for k in keep})
+    assert list(kept.live) == ["rl", "live"]
+    assert kept.in_flight() == {"rl": 2}
+    assert kept.log_epoch == 2
+    assert [w[1] for w in kept.windows] == [now - 5 * SECOND]
+    assert not kept.finished
+    with_history = fold.keep_ranges(now, history_limit=10)
+    assert len(with_history) == len(keep) + 1
+
+
+# --------------------------------------------------------------- agreement with the daemon
+
+ids = st.sampled_from(["a", "b", "c", "d"])
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    epoch = 1
+    retries: dict[str, int] = {}
+    out.append(claim(epoch))
+    for _ in range(draw(st.integers(0, 30))):
+        kind = draw(st.sampled_from(["task", "retry", "tomb", "dispatch", "claim", "stale"]))
+        t = draw(ids)
+        if kind == "task":
+            retries[t] = 0
+            out.append(task(t, epoch, taskData=f"{t}-{len(out)}"))
+        elif kind == "retry":
+            retries[t] = retries.get(t, 0) + 1
+            out.append(task(t, epoch, retryCount=retries[t], taskData=f"{t}-{len(out)}"))
+        elif kind == "tomb":
+            out.append(tomb(t, draw(st.sampled_from([OUTCOME_COMPLETED, OUTCOME_DEAD])), epoch))
+        elif kind == "dispatch":
+            out.append(dispatch(t, retries.get(t, 0) + draw(st.integers(0, 1)), epoch))
+        elif kind == "claim":
+            epoch += 1
+            out.append(claim(epoch))
+        else:
+            out.append(task(t, epoch - 1, taskData="stale") if epoch > 1 else task(t, None))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(logs())
+def test_fold_agrees_with_node_replay_and_survives_compaction(records: list[dict[str, Any]]) -> None:
+    data = log_of(records)
+    assert fold_view(data) == node_view(data)
+    assert list(fold_view(data)[0]) == list(node_view(data)[0])  # FIFO order too
+    fold = fold_log(data)
+    keep = fold.keep_ranges(T0)
+    compacted = b"".join(data[k.offset : k.offset + k.length] for k in keep)
+    assert fold_view(compacted)[0] == fold_view(data)[0]
+    assert fold_view(compacted)[1] == fold_view(data)[1]
+    assert node_view(compacted) == node_view(data)
