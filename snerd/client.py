@@ -27,9 +27,8 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -37,9 +36,8 @@ import anyio.abc
 import orjson
 
 from snerd.handlers import (
+    _EXIT_GRACE_S,
     DaemonExited,
-    QueueNotRunning,
-    _Background,
     _drain_timeout,
     _env_overrides,
     _QueueFace,
@@ -49,8 +47,6 @@ __all__ = ["SnerdQueue", "default_binary"]
 
 #: Daemon stderr lines kept to explain an unexpected exit.
 _STDERR_TAIL = 20
-#: Grace after the drain timeout before a daemon that ignored SIGTERM is killed.
-_EXIT_GRACE_S = 5.0
 
 
 def default_binary() -> str:
@@ -93,6 +89,8 @@ class SnerdQueue(_QueueFace):
     """
 
     _log_prefix = "[snerd sdk] "
+    _face_name = "SnerdQueue"
+    _noun = "Queue"
 
     def __init__(
         self,
@@ -144,19 +142,11 @@ class SnerdQueue(_QueueFace):
         self.stderr_prefix = stderr_prefix
         self._drain_timeout_s = _drain_timeout(self.env)
         self._process: anyio.abc.Process | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._outer: anyio.abc.TaskGroup | None = None
-        self._background: _Background | None = None
         self._outbox = bytearray()
         self._outbox_wake: anyio.Event | None = None
         self._pipe_broken = False
-        self._started = False
-        self._shutting_down = False
-        self._exited: anyio.Event | None = None
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self._log_observers: list[Callable[[str], object]] = []
-        #: The daemon's exit code once it has exited (negative: killed by that signal).
-        self.exit_code: int | None = None
 
     def on_daemon_log(self, callback: Callable[[str], object]) -> Callable[[str], object]:
         """Also hand each daemon stderr line (without its newline) to `callback`, on the event
@@ -172,11 +162,6 @@ class SnerdQueue(_QueueFace):
         """The daemon's process id while it runs."""
         return self._process.pid if self._process is not None else None
 
-    def _claim_start(self) -> None:
-        if self._started:
-            raise RuntimeError("[Snerd] this SnerdQueue was already started; make a new one")
-        self._started = True
-
     async def start_listening(self) -> None:
         """Spawn the daemon and start serving it; returns once it is spawned and every handler
         registered so far has been sent. Stop it with `shutdown()`.
@@ -185,41 +170,10 @@ class SnerdQueue(_QueueFace):
             OSError: the daemon could not be spawned.
             RuntimeError: already started.
         """
-        self._claim_start()
-        self._background = _Background()
-        await self._background.start(self._serve)
+        await self._start()
 
     #: The same as `start_listening`.
     start = start_listening
-
-    async def __aenter__(self) -> SnerdQueue:
-        self._claim_start()
-        outer = anyio.create_task_group()
-        await outer.__aenter__()
-        try:
-            await outer.start(self._serve)
-        except BaseException:
-            if not await outer.__aexit__(*sys.exc_info()):
-                raise
-        self._outer = outer
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._outer is not None
-        try:
-            # Bounded (drain timeout + grace, then kill): safe to shield.
-            with anyio.CancelScope(shield=True):
-                await self.shutdown()
-        finally:
-            # Everything has stopped; the body's own exception (if any) propagates as it is,
-            # not wrapped in the task group's ExceptionGroup.
-            await self._outer.__aexit__(None, None, None)
-        return None
 
     async def shutdown(self, timeout: float | None = None) -> int | None:
         """Drain and stop the daemon: SIGTERM, keep running handlers and sending their results
@@ -229,51 +183,36 @@ class SnerdQueue(_QueueFace):
         Returns:
             The daemon's exit code (None if it was never started).
         """
+        return await self._shutdown(timeout)
+
+    def _begin_drain(self) -> None:
         process = self._process
-        if process is None or self._exited is None:
-            return None
-        if not self._shutting_down:
-            self._shutting_down = True
-            self._accepting = False
-            if self._stopped_error is None:
-                self._stopped_error = QueueNotRunning(
-                    "[Snerd] Queue is shutting down; enqueue rejected."
-                )
-            if process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.terminate()  # SIGTERM: the daemon drains, then exits
-        limit = self._drain_timeout_s + _EXIT_GRACE_S if timeout is None else timeout
-        with anyio.move_on_after(limit):
-            await self._exited.wait()
-        if not self._exited.is_set():
-            self._log(f"the daemon did not exit within {limit:g} s of SIGTERM; killing it")
+        if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await self._exited.wait()
-        if self._background is not None and self._background.done is not None:
-            await self._background.done.wait()
-        self._stopped_error = QueueNotRunning("[Snerd] Queue has been shut down.")
-        return self.exit_code
+                process.terminate()  # SIGTERM: the daemon drains, then exits
+
+    def _stop_now(self, waited: float) -> None:
+        self._log(f"the daemon did not exit within {waited:g} s of SIGTERM; killing it")
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
 
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         self._loop_thread = threading.get_ident()
-        self._exited = anyio.Event()
         self._outbox_wake = anyio.Event()
         args = [self.binary_path] + ([self.storage_path] if self.storage_path else [])
-        try:
-            process = await anyio.open_process(
-                args,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=self.env,
-            )
-        except BaseException:
-            self._exited.set()
-            raise
+        process = await anyio.open_process(
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+        )
+        # Only now is there something for `shutdown` to wait for.
         self._process = process
+        self._exited = anyio.Event()
         assert process.stdin and process.stdout and process.stderr
         try:
             async with anyio.create_task_group() as tg:
@@ -281,9 +220,7 @@ class SnerdQueue(_QueueFace):
                 stderr_done = anyio.Event()
                 tg.start_soon(self._write_loop, process.stdin)
                 tg.start_soon(self._relay_stderr, process.stderr, stderr_done)
-                self._accepting = True
-                for task_type in self._registry.handlers:
-                    self._post({"action": "register", "task_type": task_type})
+                self._accept_enqueues()
                 task_status.started()
                 await self._read_stdout(process.stdout)
                 # stdout closed: the daemon is exiting (or gone). Nothing can be answered now.
@@ -331,14 +268,6 @@ class SnerdQueue(_QueueFace):
         self._outbox += orjson.dumps(message)
         self._outbox += b"\n"
         self._outbox_wake.set()
-
-    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
-        assert self._tg is not None
-        self._tg.start_soon(fn, *args)
-
-    def _registered(self, task_type: str) -> None:
-        if self._accepting:
-            self._post({"action": "register", "task_type": task_type})
 
     async def _write_loop(self, stdin: anyio.abc.ByteSendStream) -> None:
         """One writer: everything posted since the last write goes out in one write."""

@@ -32,12 +32,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, ClassVar
 
 import anyio
@@ -52,9 +50,8 @@ from snerd.config import Settings, load_settings
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.handlers import (
+    _EXIT_GRACE_S,
     DaemonExited,
-    QueueNotRunning,
-    _Background,
     _drain_timeout,
     _env_overrides,
     _QueueFace,
@@ -65,9 +62,6 @@ from snerd.io.runtime import Runtime
 __all__ = ["Engine"]
 
 logger = logging.getLogger("snerd.engine")
-
-#: Grace after the drain timeout before a runtime that has not exited is cancelled.
-_EXIT_GRACE_S = 5.0
 
 
 class _EnginePeer:
@@ -209,6 +203,8 @@ class Engine(_QueueFace):
     """
 
     _log_prefix = "[snerd engine] "
+    _face_name = "Engine"
+    _noun = "Engine"
 
     def __init__(
         self,
@@ -257,21 +253,8 @@ class Engine(_QueueFace):
         self._loop: Any = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._runtime_done = False
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._outer: anyio.abc.TaskGroup | None = None
-        self._background: _Background | None = None
-        self._started = False
-        self._shutting_down = False
-        self._exited: anyio.Event | None = None
-        #: The runtime's exit code once it has exited.
-        self.exit_code: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
-
-    def _claim_start(self) -> None:
-        if self._started:
-            raise RuntimeError("[Snerd] this Engine was already started; make a new one")
-        self._started = True
 
     async def start(self) -> None:
         """Start the engine; returns once its runtime runs. Stop it with `shutdown()`.
@@ -280,40 +263,10 @@ class Engine(_QueueFace):
             snerd.io.layout.LegacyDaemonRunning: an upstream v0.2 daemon holds the directory.
             RuntimeError: already started.
         """
-        self._claim_start()
-        self._background = _Background()
-        await self._background.start(self._serve)
+        await self._start()
 
     #: The upstream SDK's name for `start`.
     start_listening = start
-
-    async def __aenter__(self) -> Engine:
-        self._claim_start()
-        outer = anyio.create_task_group()
-        await outer.__aenter__()
-        try:
-            await outer.start(self._serve)
-        except BaseException:
-            if not await outer.__aexit__(*sys.exc_info()):
-                raise
-        self._outer = outer
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        assert self._outer is not None
-        try:
-            with anyio.CancelScope(shield=True):
-                await self.shutdown()
-        finally:
-            # Everything has stopped; the body's own exception (if any) propagates as it is,
-            # not wrapped in the task group's ExceptionGroup.
-            await self._outer.__aexit__(None, None, None)
-        return None
 
     async def shutdown(self, timeout: float | None = None) -> int | None:
         """Drain and stop: no new enqueues; running handlers finish (their results are
@@ -323,29 +276,16 @@ class Engine(_QueueFace):
         Returns:
             The runtime's exit code (None if it was never started).
         """
-        if self._exited is None:
-            return None
-        if not self._shutting_down:
-            self._shutting_down = True
-            self._accepting = False
-            if self._stopped_error is None:
-                self._stopped_error = QueueNotRunning(
-                    "[Snerd] Engine is shutting down; enqueue rejected."
-                )
-            if self._runtime is not None:
-                self._to_runtime(self._runtime.submit, ev.DrainRequested(reason="shutdown"))
-        limit = self._drain_timeout_s + _EXIT_GRACE_S if timeout is None else timeout
-        with anyio.move_on_after(limit):
-            await self._exited.wait()
-        if not self._exited.is_set():
-            self._log(f"the runtime did not exit within {limit:g} s of the drain; cancelling it")
-            if self._runtime_scope is not None:
-                self._to_runtime(self._runtime_scope.cancel)
-            await self._exited.wait()
-        if self._background is not None and self._background.done is not None:
-            await self._background.done.wait()
-        self._stopped_error = QueueNotRunning("[Snerd] Engine has been shut down.")
-        return self.exit_code
+        return await self._shutdown(timeout)
+
+    def _begin_drain(self) -> None:
+        if self._runtime is not None:
+            self._to_runtime(self._runtime.submit, ev.DrainRequested(reason="shutdown"))
+
+    def _stop_now(self, waited: float) -> None:
+        self._log(f"the runtime did not exit within {waited:g} s of the drain; cancelling it")
+        if self._runtime_scope is not None:
+            self._to_runtime(self._runtime_scope.cancel)
 
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -384,11 +324,6 @@ class Engine(_QueueFace):
         self._runtime = runtime
         return runtime
 
-    def _accept_after_start(self) -> None:
-        self._accepting = True
-        for task_type in self._registry.handlers:
-            self._post({"action": "register", "task_type": task_type})
-
     async def _run_native(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         runtime = self._new_runtime()
 
@@ -398,7 +333,7 @@ class Engine(_QueueFace):
         async with trio.open_nursery() as nursery:
             self._runtime_scope = nursery.cancel_scope
             await nursery.start(run)
-            self._accept_after_start()
+            self._accept_enqueues()
             task_status.started()
 
     async def _run_guest(self, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -434,7 +369,7 @@ class Engine(_QueueFace):
             host.spawn(trio_main)
             await started.wait()
             if not done.is_set():
-                self._accept_after_start()
+                self._accept_enqueues()
                 task_status.started()
                 await done.wait()
         finally:
@@ -491,14 +426,6 @@ class Engine(_QueueFace):
         else:
             event = ev.LineReceived(line=orjson.dumps(message))
         self._to_runtime(runtime.submit, event)
-
-    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
-        assert self._tg is not None
-        self._tg.start_soon(fn, *args)
-
-    def _registered(self, task_type: str) -> None:
-        if self._accepting:
-            self._post({"action": "register", "task_type": task_type})
 
     def _log(self, text: str) -> None:
         logger.warning(text)

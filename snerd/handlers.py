@@ -28,9 +28,11 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeAlias, TypeVar
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 import sniffio
@@ -68,6 +70,9 @@ TIMED_OUT = "Task execution timed out after {seconds} seconds"
 #: Prefix of the daemon's error for a `result` that matched no running attempt. Such an error
 #: carries a task id but is never the answer to an enqueue.
 _UNKNOWN_RESULT = "Received result for unknown/expired task_id"
+#: Grace after the drain timeout before `shutdown` stops a daemon or runtime that has not
+#: exited (kills the daemon, cancels the runtime).
+_EXIT_GRACE_S = 5.0
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -309,16 +314,31 @@ class _Registry:
 
 
 class _QueueFace:
-    """Everything the SDK and the engine share; subclasses say how messages go out.
+    """Everything the SDK and the engine share; subclasses say how messages go out and what
+    runs behind them.
 
     Subclasses implement `_post` (send one protocol message; called on the event loop thread;
-    must not block), `_spawn` (start a task in the face's task group) and `_log`, call
-    `_on_message` for every message from the daemon and `_fail_all` when it is gone, and keep
-    `_accepting` true while enqueues may be sent.
+    must not block), `_serve` (run the daemon or runtime: set `_loop_thread`, `_exited` once
+    there is something that will exit and `_tg` to the task group handler tasks run in; call
+    `_accept_enqueues()` and `task_status.started()` once it is up; return when it has exited,
+    with `exit_code` and `_exited` set), `_begin_drain` and `_stop_now` (how `shutdown` asks it
+    to drain and, when that takes too long, stops it), and may override `_log`. They set
+    `_drain_timeout_s`, call `_on_message` for every message from the daemon and `_fail_all`
+    when it is gone, and keep `_accepting` true while enqueues may be sent.
+
+    The lifecycle is shared: `_start` (behind the subclass's public `start_listening` /
+    `start`) hosts `_serve` in the background, `async with` hosts it in a task group around the
+    block, and `_shutdown` (behind `shutdown`) drains and waits for either.
     """
 
     #: Printed before log lines this face writes to stderr.
     _log_prefix = "[snerd] "
+    #: The class name errors use ("this SnerdQueue was already started").
+    _face_name = "queue face"
+    #: What refused enqueues call it ("[Snerd] Queue is shutting down; ...").
+    _noun = "Queue"
+    #: Seconds in-flight tasks get at shutdown (the face's SNERD_DRAIN_TIMEOUT).
+    _drain_timeout_s: float
 
     def __init__(self, *, max_workers: int | None = None) -> None:
         self._registry = _Registry()
@@ -333,14 +353,37 @@ class _QueueFace:
         self._limiter: anyio.CapacityLimiter | None = None
         #: The daemon's last `membership` message (which shards this daemon owns), if any.
         self.membership: dict[str, Any] | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._outer: anyio.abc.TaskGroup | None = None
+        self._background: _Background | None = None
+        self._started = False
+        self._shutting_down = False
+        self._exited: anyio.Event | None = None
+        #: The exit code of the daemon (negative: killed by that signal) or of the engine's
+        #: runtime, once it has exited.
+        self.exit_code: int | None = None
 
     # ------------------------------------------------------------------ for subclasses
 
     def _post(self, message: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+    async def _serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         raise NotImplementedError
+
+    def _begin_drain(self) -> None:
+        """Ask the daemon or runtime to drain and exit (once, from `shutdown`)."""
+        raise NotImplementedError
+
+    def _stop_now(self, waited: float) -> None:
+        """It has not exited `waited` seconds into the shutdown: say so, and stop it now."""
+        raise NotImplementedError
+
+    def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        assert self._tg is not None
+        self._tg.start_soon(fn, *args)
 
     def _log(self, text: str) -> None:
         print(f"{self._log_prefix}{text}", file=sys.stderr, flush=True)
@@ -362,10 +405,88 @@ class _QueueFace:
         while self._stats_waiters:
             self._stats_waiters.popleft().fail(error)
 
+    # ------------------------------------------------------------------ lifecycle
+
+    def _claim_start(self) -> None:
+        if self._started:
+            raise RuntimeError(
+                f"[Snerd] this {self._face_name} was already started; make a new one"
+            )
+        self._started = True
+
+    async def _start(self) -> None:
+        """Host `_serve` in the background; return once it has started (upstream's
+        unstructured `await start_listening()` ... `await shutdown()` lifecycle)."""
+        self._claim_start()
+        self._background = _Background()
+        await self._background.start(self._serve)
+
+    async def __aenter__(self) -> Self:
+        self._claim_start()
+        outer = anyio.create_task_group()
+        await outer.__aenter__()
+        try:
+            await outer.start(self._serve)
+        except BaseException:
+            if not await outer.__aexit__(*sys.exc_info()):
+                raise
+        self._outer = outer
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._outer is not None
+        try:
+            # Bounded (drain timeout + grace, then stopped): safe to shield.
+            with anyio.CancelScope(shield=True):
+                await self._shutdown()
+        finally:
+            # Everything has stopped; the body's own exception (if any) propagates as it is,
+            # not wrapped in the task group's ExceptionGroup.
+            await self._outer.__aexit__(None, None, None)
+        return None
+
+    async def _shutdown(self, timeout: float | None = None) -> int | None:
+        """Refuse new enqueues, start the drain, wait for the exit (stopping it after
+        `timeout` seconds, default the drain timeout + 5 s); the exit code (None if nothing
+        was started)."""
+        if self._exited is None:
+            return None
+        if not self._shutting_down:
+            self._shutting_down = True
+            self._accepting = False
+            if self._stopped_error is None:
+                self._stopped_error = QueueNotRunning(
+                    f"[Snerd] {self._noun} is shutting down; enqueue rejected."
+                )
+            self._begin_drain()
+        limit = self._drain_timeout_s + _EXIT_GRACE_S if timeout is None else timeout
+        with anyio.move_on_after(limit):
+            await self._exited.wait()
+        if not self._exited.is_set():
+            self._stop_now(limit)
+            await self._exited.wait()
+        if self._background is not None and self._background.done is not None:
+            await self._background.done.wait()
+        self._stopped_error = QueueNotRunning(f"[Snerd] {self._noun} has been shut down.")
+        return self.exit_code
+
+    def _accept_enqueues(self) -> None:
+        """The daemon or runtime is up: enqueues may be sent; register every handler so far."""
+        self._accepting = True
+        for task_type in self._registry.handlers:
+            self._post({"action": "register", "task_type": task_type})
+
     # ------------------------------------------------------------------ handler registry
 
     def _registered(self, task_type: str) -> None:
-        """Hook: a handler for `task_type` was registered (send `register` when running)."""
+        """A handler for `task_type` was registered: tell the daemon when it runs."""
+        if self._accepting:
+            self._post({"action": "register", "task_type": task_type})
 
     def register_handler(self, task_type: str, handler: Handler) -> None:
         """Run `handler(data)` for every task of `task_type`.
