@@ -213,6 +213,10 @@ class ShardInfo:
     history: deque[tuple[str, fx.Location]] = field(default_factory=deque)
     #: Appends in flight to this shard (compaction waits for zero).
     appends_in_flight: int = 0
+    #: Log size at the last compaction check that found the log mostly live. Finding the live
+    #: ranges walks every task of the shard, so it is not redone on every event, only once the
+    #: log has grown by an eighth since (amortised O(1) per appended byte; 0: check at once).
+    compact_checked_size: int = 0
     compacting: bool = False
     #: Appends held back while a compaction of this shard runs (the shell must not append to a
     #: log being rewritten); emitted in order once it ends.
@@ -255,6 +259,8 @@ class Node:
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
         self.inflight: dict[str, InFlight] = {}
+        #: Some flight may have a deadline (set with it; cleared by `_on_time` when none has).
+        self.timed_flights = False
         self.pool_busy: dict[str, int] = {}
         self.ready: dict[str, ReadyQueue[str]] = {}
         self.due: DueQueue[str] = DueQueue()
@@ -323,9 +329,10 @@ class Node:
         ra = self.retry_appends.next_due()
         if ra is not None:
             candidates.append(ra - now.mono)
-        for flight in self.inflight.values():
-            if flight.deadline_mono is not None:
-                candidates.append(flight.deadline_mono - now.mono)
+        if self.timed_flights:
+            for flight in self.inflight.values():
+                if flight.deadline_mono is not None:
+                    candidates.append(flight.deadline_mono - now.mono)
         if self.renew_at_mono is not None:
             candidates.append(self.renew_at_mono - now.mono)
         if self.drain_deadline_mono is not None:
@@ -1081,8 +1088,16 @@ class Node:
         # Leases.
         if self.renew_at_mono is not None and now.mono >= self.renew_at_mono:
             self._renew()
-        # Hard timeouts.
-        for flight in [f for f in self.inflight.values() if f.deadline_mono is not None]:
+        # Hard timeouts. `timed_flights` spares the scan of every flight on every event when
+        # no attempt has a deadline (the common case); it is cleared when a scan finds none.
+        timed = (
+            [f for f in self.inflight.values() if f.deadline_mono is not None]
+            if self.timed_flights
+            else []
+        )
+        if self.timed_flights and not timed:
+            self.timed_flights = False
+        for flight in timed:
             assert flight.deadline_mono is not None
             if now.mono >= flight.deadline_mono:
                 task = self.tasks[flight.task_id]
@@ -1189,6 +1204,7 @@ class Node:
             return
         if task.max_execution_seconds is not None:
             flight.deadline_mono = now.mono + task.max_execution_seconds * SECOND
+            self.timed_flights = True
         self._emit(
             fx.Execute(
                 task_id=task.task_id,
@@ -1504,11 +1520,13 @@ class Node:
                 or info.compacting
                 or info.appends_in_flight
                 or info.size < self.config.compact_min_bytes
+                or info.size < info.compact_checked_size + (info.compact_checked_size >> 3)
             ):
                 continue
             keep = self._live_ranges(shard, info)
             live = sum(r.length for r in keep)
             if live * 2 > info.size:
+                info.compact_checked_size = info.size
                 continue
             self.compact(shard)
 
@@ -1554,6 +1572,7 @@ class Node:
         p = self.pending.pop(event.token)
         info = self.shards[event.shard]
         info.compacting = False
+        info.compact_checked_size = 0
         keep: list[fx.KeepRange] = p.extra["keep"]
         moved = {
             r.offset: fx.Location(event.shard, event.offsets[i], event.lengths[i])
@@ -1583,6 +1602,7 @@ class Node:
         self.pending.pop(event.token, None)
         info = self.shards[event.shard]
         info.compacting = False
+        info.compact_checked_size = 0
         self._flush_backlog(info)
         self._log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
 
