@@ -853,7 +853,7 @@ class Node:
                 return
         shards = int((self.doc or {}).get("shards", 1))
         key = cmd.rate_limit_group or payload_hash or cmd.task_id
-        shard = route_shard(key, shards)
+        shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
         info = self.shards.get(shard)
         if info is None or info.phase is not ShardPhase.ACTIVE:
             self._send(
@@ -881,33 +881,41 @@ class Node:
             execute_at = next_fire(cmd.cron, now.wall)
         if execute_at is None:
             execute_at = now.wall
+        # Upstream's keys in upstream's order, optional ones only when set; built in one pass
+        # (this is the per-enqueue hot path).
+        now_text = format_rfc3339(now.wall)
         fields: dict[str, Any] = {
             "taskId": cmd.task_id,
             "retryCount": 0,
             "maxRetries": cmd.max_retries,
             "retryAfterHours": cmd.retry_after_hours,
-            "retryAfterTime": format_rfc3339(now.wall),
+            "retryAfterTime": now_text,
             "taskData": cmd.task_data,
             "taskType": cmd.task_type,
         }
-        optional: dict[str, Any] = {
-            "rateLimitGroup": cmd.rate_limit_group,
-            "maxPerMinute": cmd.max_per_minute,
-            "autoDedupe": True if cmd.auto_dedupe else None,
-            "urgencyScore": cmd.urgency_score if cmd.urgency_score else None,
-            "payloadHash": payload_hash,
-        }
-        fields.update({k: v for k, v in optional.items() if v is not None})
-        fields["executeAt"] = format_rfc3339(execute_at)
-        more: dict[str, Any] = {
-            "pool": cmd.pool,
-            "triggerAfterIds": list(cmd.trigger_after_ids) or None,
-            "cronExpression": cmd.cron,
-            "webhookUrl": cmd.webhook_url,
-            "maxExecutionSeconds": cmd.max_execution_seconds,
-        }
-        fields.update({k: v for k, v in more.items() if v is not None})
-        fields.update(self._meta(shard))
+        if cmd.rate_limit_group is not None:
+            fields["rateLimitGroup"] = cmd.rate_limit_group
+        if cmd.max_per_minute is not None:
+            fields["maxPerMinute"] = cmd.max_per_minute
+        if cmd.auto_dedupe:
+            fields["autoDedupe"] = True
+        if cmd.urgency_score:
+            fields["urgencyScore"] = cmd.urgency_score
+        if payload_hash is not None:
+            fields["payloadHash"] = payload_hash
+        fields["executeAt"] = now_text if execute_at == now.wall else format_rfc3339(execute_at)
+        if cmd.pool is not None:
+            fields["pool"] = cmd.pool
+        if cmd.trigger_after_ids:
+            fields["triggerAfterIds"] = list(cmd.trigger_after_ids)
+        if cmd.cron is not None:
+            fields["cronExpression"] = cmd.cron
+        if cmd.webhook_url is not None:
+            fields["webhookUrl"] = cmd.webhook_url
+        if cmd.max_execution_seconds is not None:
+            fields["maxExecutionSeconds"] = cmd.max_execution_seconds
+        fields["snerdNode"] = self.config.node_id
+        fields["snerdEpoch"] = info.epoch
         self.seq += 1
         task = Task(
             task_id=cmd.task_id,
