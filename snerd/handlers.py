@@ -210,26 +210,18 @@ def build_enqueue_message(
     task_id: str,
     task_type: str,
     data: Any,
-    *,
-    max_retries: int = 3,
-    retry_after_hours: float = 0.0,
-    rate_limit_group: str | None = None,
-    max_per_minute: int | None = None,
-    auto_dedupe: bool | None = None,
-    urgency_score: float | None = None,
-    execute_at: str | dt.datetime | dt.timedelta | None = None,
-    cron: str | None = None,
-    webhook_url: str | None = None,
-    max_execution_seconds: int | None = None,
-    pool: str | None = None,
-    trigger_after_ids: Iterable[str] | None = None,
+    max_retries: int,
+    retry_after_hours: float,
+    options: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The `enqueue` message, as the upstream Python SDK builds it.
 
-    `data` is serialized with `json.dumps` and its default separators, exactly as upstream did,
-    so `auto_dedupe` fingerprints match tasks enqueued by the upstream SDK. Unset options are
-    left out. Values are not checked here: the daemon validates them, so the error texts are
-    the daemon's.
+    `options` are the other arguments of `_QueueFace.enqueue` by name, in its order; those
+    that are None are left out. `execute_at` is written as RFC 3339 (a datetime or a timedelta
+    from now) and `trigger_after_ids` as a list. `data` is serialized with `json.dumps` and its
+    default separators, exactly as upstream did, so `auto_dedupe` fingerprints match tasks
+    enqueued by the upstream SDK. Values are not checked here: the daemon validates them, so
+    the error texts are the daemon's.
     """
     message: dict[str, Any] = {
         "action": "enqueue",
@@ -239,19 +231,14 @@ def build_enqueue_message(
         "max_retries": max_retries,
         "retry_after_hours": retry_after_hours,
     }
-    optional: dict[str, Any] = {
-        "rate_limit_group": rate_limit_group,
-        "max_per_minute": max_per_minute,
-        "auto_dedupe": auto_dedupe,
-        "urgency_score": urgency_score,
-        "execute_at": None if execute_at is None else _format_execute_at(execute_at),
-        "cron": cron,
-        "webhook_url": webhook_url,
-        "max_execution_seconds": max_execution_seconds,
-        "pool": pool,
-        "trigger_after_ids": None if trigger_after_ids is None else list(trigger_after_ids),
-    }
-    message.update((k, v) for k, v in optional.items() if v is not None)
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key == "execute_at":
+            value = _format_execute_at(value)
+        elif key == "trigger_after_ids":
+            value = list(value)
+        message[key] = value
     return message
 
 
@@ -598,22 +585,20 @@ class _QueueFace:
             raise TypeError("enqueue() needs a task_type")
         if task_id is None:
             task_id = uuid.uuid4().hex
+        options = {
+            "rate_limit_group": rate_limit_group,
+            "max_per_minute": max_per_minute,
+            "auto_dedupe": auto_dedupe,
+            "urgency_score": urgency_score,
+            "execute_at": execute_at,
+            "cron": cron,
+            "webhook_url": webhook_url,
+            "max_execution_seconds": max_execution_seconds,
+            "pool": pool,
+            "trigger_after_ids": trigger_after_ids,
+        }
         message = build_enqueue_message(
-            task_id,
-            task_type,
-            data,
-            max_retries=max_retries,
-            retry_after_hours=retry_after_hours,
-            rate_limit_group=rate_limit_group,
-            max_per_minute=max_per_minute,
-            auto_dedupe=auto_dedupe,
-            urgency_score=urgency_score,
-            execute_at=execute_at,
-            cron=cron,
-            webhook_url=webhook_url,
-            max_execution_seconds=max_execution_seconds,
-            pool=pool,
-            trigger_after_ids=trigger_after_ids,
+            task_id, task_type, data, max_retries, retry_after_hours, options
         )
         if not self._accepting:
             raise self._not_running_error()
