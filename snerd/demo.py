@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from snerd.tools import _number_arg
+
 __all__ = ["DemoResult", "main", "run_demo"]
 
 DEFAULT_DIR = "./.snerdata"
@@ -474,13 +476,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if result.ok else 1
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--timeout must be a number of seconds, got {text!r}"
-        ) from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"--timeout must be above 0, got {text!r}")
-    return value
+_positive_seconds = _number_arg(
+    "--timeout", float, "a number of seconds", "above 0", lambda v: v > 0
+)

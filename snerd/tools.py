@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -77,6 +77,8 @@ QUEUE_NAME = "snerdmq-daemon"
 SECOND = 1_000_000
 #: Daemons renew (and so notice new shards) every third of the lease.
 _RENEW_S = 10
+
+_N = TypeVar("_N", int, float)
 
 
 # ------------------------------------------------------------------------------------------
@@ -127,34 +129,35 @@ def _run(
         return 1
 
 
-def _positive_int(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _number_arg(
+    name: str,
+    convert: Callable[[str], _N],
+    kind: str,
+    bound: str,
+    ok: Callable[[_N], bool],
+) -> Callable[[str], _N]:
+    """An argparse `type=`: `convert(text)`, which must be `ok`; refused with
+    `<name> must be <kind>, got '<text>'` (it does not convert) or `<name> must be <bound>,
+    got '<text>'` (it is out of range)."""
+
+    def parse(text: str) -> _N:
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a whole number of at least 1, got {text!r}"
-            ) from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{name} must be {kind}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{name} must be {bound}, got {text!r}")
         return value
 
     return parse
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    return _number_arg(name, int, "a whole number of at least 1", "at least 1", lambda v: v >= 1)
 
 
 def _nonnegative_int(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a whole number, got {text!r}"
-            ) from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be 0 or more, got {text!r}")
-        return value
-
-    return parse
+    return _number_arg(name, int, "a whole number", "0 or more", lambda v: v >= 0)
 
 
 def _env_seconds(name: str, default: float, *, minimum: float) -> float:
@@ -169,6 +172,12 @@ def _env_seconds(name: str, default: float, *, minimum: float) -> float:
     if not math.isfinite(value) or value < minimum:
         raise UsageError(f"{name}={raw!r} must be a finite number of seconds >= {minimum:g}")
     return value
+
+
+def _skew_margin_us() -> int:
+    """SNERD_CLOCK_SKEW_MARGIN (default 5 s): daemons add it to a lease before it counts as
+    lapsed, and so do these tools."""
+    return int(_env_seconds("SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0) * SECOND)
 
 
 def _now_us() -> int:
@@ -533,6 +542,17 @@ def summarize(fold: ShardFold, now_us: int) -> ShardSummary:
     return s
 
 
+def _queue_json(queue: Queue) -> dict[str, Any]:
+    """What `--json` reports say about the queue itself, before their own fields."""
+    return {
+        "directory": str(queue.directory),
+        "queue": queue.name,
+        "shards": queue.shards,
+        "version": queue.version,
+        "legacy_layout": queue.legacy,
+    }
+
+
 def _summary_json(s: ShardSummary) -> dict[str, Any]:
     return {
         "live": s.live,
@@ -582,7 +602,7 @@ def stats_main(argv: Sequence[str]) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     queue = open_queue(args.directory)
-    skew_us = int(_env_seconds("SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0) * SECOND)
+    skew_us = _skew_margin_us()
     now = _now_us()
     rows: list[dict[str, Any]] = []
     total = ShardSummary()
@@ -613,11 +633,7 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             {
-                "directory": str(queue.directory),
-                "queue": queue.name,
-                "shards": queue.shards,
-                "version": queue.version,
-                "legacy_layout": queue.legacy,
+                **_queue_json(queue),
                 "per_shard": [{k: v for k, v in r.items() if k != "owner_text"} for r in rows],
                 "totals": {
                     **_summary_json(total),
@@ -707,7 +723,7 @@ def validate_main(argv: Sequence[str]) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     queue = open_queue(args.directory)
-    skew_us = int(_env_seconds("SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0) * SECOND)
+    skew_us = _skew_margin_us()
     now = _now_us()
     problems: list[str] = []
     warnings: list[str] = []
@@ -818,11 +834,7 @@ def _validate(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             {
-                "directory": str(queue.directory),
-                "queue": queue.name,
-                "shards": queue.shards,
-                "version": queue.version,
-                "legacy_layout": queue.legacy,
+                **_queue_json(queue),
                 "per_shard": per_shard,
                 "orphans": [f"shard-{k}" for k in orphans],
                 "task_types": dict(sorted(types.items())),
