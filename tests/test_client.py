@@ -1,10 +1,11 @@
 """SnerdQueue, the SDK, against real `snerdmq` daemon processes on real directories.
 
 Every scenario is written once with anyio; the key ones run under both trio and asyncio (the
-`run` fixture), the rest under one of them, alternating (each run spawns a daemon, and a
-daemon start costs about a second). Nothing is mocked: each test spawns the console-script daemon next to this
-interpreter. Waits are on events set by handlers, bounded by `anyio.fail_after`; the few
-fixed waits prove that something does *not* happen and say so.
+`run` fixture, shared with test_engine in tests/sdkhelpers.py), the rest under one of them,
+alternating (each run spawns a daemon, and a daemon start costs about a second). Nothing is
+mocked: each test spawns the console-script daemon next to this interpreter. Waits are on
+events set by handlers, bounded by `anyio.fail_after`; the few fixed waits prove that
+something does *not* happen and say so.
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.from_thread
 import pytest
 
 from snerd import (
@@ -32,47 +31,8 @@ from snerd import (
     current_task,
     yield_progress,
 )
-
-Runner = Callable[..., None]
-
-
-@pytest.fixture(params=["trio", "asyncio"])
-def run(request: pytest.FixtureRequest) -> Runner:
-    """Run `scenario(*args)` to completion on one backend, bounded in time."""
-
-    def runner(scenario: Callable[..., Awaitable[None]], *args: Any, timeout: float = 30) -> None:
-        async def main() -> None:
-            with anyio.fail_after(timeout):
-                await scenario(*args)
-
-        anyio.run(main, backend=request.param)
-
-    return runner
-
-
-class Calls:
-    """What handlers saw, with a way to wait until `n` things were seen."""
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-        self._waiters: list[tuple[int, anyio.Event]] = []
-
-    def add(self, item: Any) -> None:
-        self.items.append(item)
-        for n, event in self._waiters:
-            if len(self.items) >= n:
-                event.set()
-
-    def add_from_thread(self, item: Any) -> None:
-        anyio.from_thread.run_sync(self.add, item)
-
-    async def wait(self, n: int, timeout: float = 15) -> list[Any]:
-        if len(self.items) < n:
-            event = anyio.Event()
-            self._waiters.append((n, event))
-            with anyio.fail_after(timeout):
-                await event.wait()
-        return self.items
+from tests.sdkhelpers import Calls, Runner, wait_for_stats
+from tests.sdkhelpers import run as run  # the fixture
 
 
 def queue(path: Path, **kwargs: Any) -> SnerdQueue:
@@ -190,21 +150,11 @@ async def _fails_twice_then_succeeds(tmp_path: Path) -> None:
         await q.enqueue("f1", "flaky", {"k": "v"}, max_retries=2)
         assert await attempts.wait(3) == [1, 2, 3]
         # Let the third (successful) result land, then check it was the end of it.
-        stats = await _wait_for_stats(q, lambda s: s["queue_depth"] == 0)
+        stats = await wait_for_stats(q, lambda s: s["queue_depth"] == 0)
         assert stats["total_executed"] == 3
         assert stats["total_failed"] == 2
         assert stats["total_dlq"] == 0
         assert dead.items == []
-
-
-async def _wait_for_stats(q: SnerdQueue, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """Poll stats until `done` (a daemon-side fact with no event to await)."""
-    with anyio.fail_after(10):
-        while True:
-            stats = await q.stats()
-            if done(stats):
-                return stats
-            await anyio.sleep(0.02)
 
 
 def test_fails_twice_then_succeeds(run: Runner, tmp_path: Path) -> None:
@@ -359,7 +309,7 @@ async def _dedupe(tmp_path: Path) -> None:
             ran.add(current_task().task_id)
 
         await ran.wait(2)
-        await _wait_for_stats(q, lambda s: s["queue_depth"] == 0)
+        await wait_for_stats(q, lambda s: s["queue_depth"] == 0)
         assert sorted(ran.items) == ["dup-1", "dup-3"]
 
 
@@ -505,7 +455,7 @@ async def _shutdown_delivers_the_running_handlers_result(tmp_path: Path) -> None
         await q2.enqueue("sentinel", "slow", "sentinel")
         # FIFO: had s1 been pending, it would have run before the sentinel.
         assert await again.wait(1) == ["sentinel"]
-        stats = await _wait_for_stats(q2, lambda s: s["queue_depth"] == 0)
+        stats = await wait_for_stats(q2, lambda s: s["queue_depth"] == 0)
         assert stats["total_dlq"] == 0
 
 

@@ -1,18 +1,17 @@
 """Engine, the queue in-process: the SDK's handler API on a real directory, no child process.
 
 Each scenario runs under trio (natively) and under asyncio (the runtime as a trio guest), via
-the `run` fixture; a few run on pytest-trio's own loop too. Real files in tmp_path, no mocks.
+the `run` fixture (tests/sdkhelpers.py, shared with test_client); a few run on pytest-trio's
+own loop too. Real files in tmp_path, no mocks.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.from_thread
 import pytest
 import sniffio
 
@@ -26,60 +25,13 @@ from snerd import (
     yield_progress,
 )
 from snerd.config import ConfigError
-
-Runner = Callable[..., None]
-
-
-@pytest.fixture(params=["trio", "asyncio"])
-def run(request: pytest.FixtureRequest) -> Runner:
-    def runner(scenario: Callable[..., Awaitable[None]], *args: Any, timeout: float = 30) -> None:
-        async def main() -> None:
-            with anyio.fail_after(timeout):
-                await scenario(*args)
-
-        anyio.run(main, backend=request.param)
-
-    return runner
-
-
-class Calls:
-    """What handlers saw, with a way to wait until `n` things were seen."""
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-        self._waiters: list[tuple[int, anyio.Event]] = []
-
-    def add(self, item: Any) -> None:
-        self.items.append(item)
-        for n, event in self._waiters:
-            if len(self.items) >= n:
-                event.set()
-
-    def add_from_thread(self, item: Any) -> None:
-        anyio.from_thread.run_sync(self.add, item)
-
-    async def wait(self, n: int, timeout: float = 15) -> list[Any]:
-        if len(self.items) < n:
-            event = anyio.Event()
-            self._waiters.append((n, event))
-            with anyio.fail_after(timeout):
-                await event.wait()
-        return self.items
+from tests.sdkhelpers import Calls, Runner, wait_for_stats
+from tests.sdkhelpers import run as run  # the fixture
 
 
 def engine(path: Path, **kwargs: Any) -> Engine:
     kwargs.setdefault("drain_timeout", 5)
     return Engine(path / "q", **kwargs)
-
-
-async def _wait_for_stats(e: Engine, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-    """Poll stats until `done` (a runtime-side fact with no event to await)."""
-    with anyio.fail_after(10):
-        while True:
-            stats = await e.stats()
-            if done(stats):
-                return stats
-            await anyio.sleep(0.02)
 
 
 async def _handlers_run(tmp_path: Path) -> None:
@@ -109,7 +61,7 @@ async def _handlers_run(tmp_path: Path) -> None:
         assert ("async", "a1", 1, {"n": 1}) in items
         assert ("sync", True, [1]) in items
         assert await progress.wait(1) == [("a1", {"at": "a1"})]
-        stats = await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
+        stats = await wait_for_stats(e, lambda s: s["queue_depth"] == 0)
         assert stats["total_executed"] == 2
         assert e.membership is not None and e.membership["owned"] == ["shard-0"]
     assert e.exit_code == 0
@@ -138,7 +90,7 @@ async def _retries_then_success_and_dead_letter(tmp_path: Path) -> None:
         await e.enqueue("ok", "flaky", "ok", max_retries=2)
         await e.enqueue("bad", "flaky", "doomed", max_retries=1)
         assert await dead.wait(1) == [("doomed", "KeyError: 'doomed'")]
-        await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
+        await wait_for_stats(e, lambda s: s["queue_depth"] == 0)
         assert [a for d, a in attempts.items if d == "ok"] == [1, 2, 3]
         assert [a for d, a in attempts.items if d == "doomed"] == [1, 2]
         assert len(dead.items) == 1
@@ -159,7 +111,7 @@ async def _urgency_and_dedupe(tmp_path: Path) -> None:
         assert dup.deduplicated
         e.register_handler("job", order.add_from_thread)
         assert await order.wait(3) == ["high", "mid", "low"]
-        await _wait_for_stats(e, lambda s: s["queue_depth"] == 0)
+        await wait_for_stats(e, lambda s: s["queue_depth"] == 0)
         assert len(order.items) == 3
 
 
@@ -230,7 +182,7 @@ async def _shutdown_keeps_the_running_result(tmp_path: Path) -> None:
         e2.register_handler("slow", again.add_from_thread)
         await e2.enqueue("sentinel", "slow", "sentinel")
         assert await again.wait(1) == ["sentinel"]
-        stats = await _wait_for_stats(e2, lambda s: s["queue_depth"] == 0)
+        stats = await wait_for_stats(e2, lambda s: s["queue_depth"] == 0)
         assert stats["total_executed"] == 1
 
 
