@@ -546,3 +546,24 @@ def test_pool_limits_and_max_workers() -> None:
     assert sh.executed_ids()[-1] == "s1"  # the slot went back to its own pool
     sh.result("d0")
     assert sh.executed_ids()[-1] == "d2"
+
+
+def test_fifo_order_survives_compaction_and_restart() -> None:
+    cfg = NodeConfig(node_id="n@pid-1-x", max_workers=1)
+    sh = started(cfg)
+    sh.register("t")
+    for task_id in "ABC":
+        sh.enqueue(task_id, max_retries=1, retry_after_hours=1 / 3600)
+    sh.result("A", ok=False, error="once")  # A's latest record now follows B's and C's
+    assert sh.executed_ids() == ["A", "B"]  # B runs while A backs off; then the node dies
+    sh.feed(ev.CompactionRequested(shard=0))
+    records = sh.log_records()
+    assert [r["taskId"] for r in records if "taskId" in r] == ["B", "C", "A"]  # compacted
+    sh.disk["locks"].clear()
+    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b", max_workers=1), disk=sh.disk)
+    sh2.wall = sh.wall + 40 * SECOND
+    sh2.start()
+    sh2.register("t")
+    sh2.result("A")
+    sh2.result("B")
+    assert sh2.executed_ids() == ["A", "B", "C"]  # enqueue order, not file order

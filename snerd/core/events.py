@@ -19,6 +19,7 @@ __all__ = [
     "AppendFailed",
     "Compacted",
     "CompactionFailed",
+    "CompactionRequested",
     "DrainRequested",
     "Event",
     "LineReceived",
@@ -203,6 +204,14 @@ class CompactionFailed(Event):
     token: int
     shard: int
     error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompactionRequested(Event):
+    """Compact a shard's log now rather than when the node's own threshold says so (an
+    operator's request). Ignored for a shard this node does not own."""
+
+    shard: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

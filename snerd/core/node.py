@@ -64,6 +64,7 @@ from snerd.core.ownership import (
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
 from snerd.core.retry import attempts_allowed, retry_delay_us
+from snerd.core.shardlog import ShardFold
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = ["TRANSITIONS", "Node", "NodeConfig", "NodePhase", "TaskState", "route_shard"]
@@ -227,10 +228,11 @@ class ShardInfo:
     corrupt_lines: int = 0
     #: Dispatch records in the window, per group: (time, location), to keep on compaction.
     window_records: deque[tuple[int, fx.Location]] = field(default_factory=deque)
-    #: Tasks whose replay is in progress (only during LOADING).
-    replay: dict[str, dict[str, Any]] = field(default_factory=dict)
-    replay_locs: dict[str, fx.Location] = field(default_factory=dict)
-    replay_dispatch: dict[str, tuple[int, fx.Location]] = field(default_factory=dict)
+    #: The log being folded while LOADING (payloads dropped as it goes).
+    fold: ShardFold | None = None
+    #: The `snerdSeq` the next enqueue into this shard gets (its FIFO position, kept in the
+    #: record so the order survives compaction).
+    next_seq: int = 1
 
 
 @dataclass(slots=True)
@@ -529,7 +531,7 @@ class Node:
             return
         info.retry_lock_at_mono = None
         info.phase = ShardPhase.LOADING
-        info.replay.clear()
+        info.fold = ShardFold(keep_payloads=False)
         info.log_epoch = 0
         self._emit(fx.ReadLog(shard=event.shard))
 
@@ -643,66 +645,35 @@ class Node:
                 f"{shard_name(event.shard)}/tasks/tasks.log: skipped a corrupt line at byte "
                 f"{offset} ({reason}); run `snerdmq fsck` for a report",
             )
-        for record in event.records:
-            self._replay_one(event.shard, info, record)
+        assert info.fold is not None
+        info.fold.add_all(event.records)
         if event.final:
             info.size = event.size
             self._finish_replay(event.shard, info)
 
-    def _replay_one(self, shard: int, info: ShardInfo, record: ev.LogRecord) -> None:
-        f = record.fields
-        info.loaded_records += 1
-        loc = fx.Location(shard, record.offset, record.length)
-        kind = f.get("snerdKind")
-        epoch = f.get("snerdEpoch")
-        # Fencing (DESIGN §4.3): a record written under an epoch older than the latest claim
-        # before it was written by a stale owner and is not part of the state.
-        if isinstance(epoch, int) and epoch < info.log_epoch and kind != KIND_CLAIM:
-            return
-        if kind == KIND_CLAIM:
-            e = f.get("epoch")
-            if isinstance(e, int):
-                info.log_epoch = max(info.log_epoch, e)
-            info.claim_loc = loc
-            return
-        if kind == KIND_DISPATCH:
-            task_id = f.get("task")
-            attempt = f.get("attempt")
-            if isinstance(task_id, str) and isinstance(attempt, int):
-                info.replay_dispatch[task_id] = (attempt, loc)
-                group = f.get("group")
-                at = f.get("at")
-                if isinstance(group, str) and isinstance(at, str):
-                    try:
-                        t = parse_rfc3339(at)
-                    except ValueError:
-                        return
-                    self.windows.restore(group, [t])
-                    info.window_records.append((t, loc))
-            return
-        if kind is not None:
-            return  # a record kind from a newer snerd: ignore it
-        task_id = f.get("taskId")
-        if not isinstance(task_id, str):
-            return
-        if f.get("deletedAt") is not None:
-            info.replay.pop(task_id, None)
-            info.replay_locs.pop(task_id, None)
-            info.replay_dispatch.pop(task_id, None)
-            info.history.append((task_id, loc))
-            while len(info.history) > self.config.history_limit:
-                info.history.popleft()
-            return
-        info.replay[task_id] = {k: v for k, v in f.items() if k != "taskData"}
-        info.replay_locs[task_id] = loc
-        # Only an attempt's outcome (retry, cron re-arm, tombstone) writes a full record after a
-        # dispatch record, so a later full record means the dispatched attempt was resolved.
-        info.replay_dispatch.pop(task_id, None)
-
     def _finish_replay(self, shard: int, info: ShardInfo) -> None:
+        """Turn the folded log (`snerd.core.shardlog`, the one fold the CLI uses too) into
+        this node's state, then fence the shard with a claim record of our epoch."""
         now = self._now
-        # Rebuild tasks in file order, which is enqueue order: FIFO survives a restart.
-        for task_id, f in info.replay.items():
+        fold = info.fold
+        assert fold is not None
+        info.fold = None
+
+        def loc(record: ev.LogRecord) -> fx.Location:
+            return fx.Location(shard, record.offset, record.length)
+
+        info.loaded_records = fold.records
+        info.log_epoch = fold.log_epoch
+        info.claim_loc = loc(fold.claim) if fold.claim is not None else None
+        info.next_seq = fold.next_seq
+        for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
+            info.history.append((task_id, loc(record)))
+        for group, at, record in fold.windows:
+            self.windows.restore(group, [at])
+            info.window_records.append((at, loc(record)))
+        in_flight = fold.in_flight()
+        # Enqueue order (snerdSeq), which compaction keeps: FIFO survives restarts.
+        for task_id, record in fold.live_in_order():
             if task_id in self.tasks:
                 self._log(
                     "warning",
@@ -710,16 +681,15 @@ class Node:
                     f"{shard_name(self.tasks[task_id].shard)}",
                 )
                 continue
-            task = self._task_from_record(shard, f, info.replay_locs[task_id])
+            task = self._task_from_record(shard, record.fields, loc(record))
             if task is None:
                 self._log("warning", f"task {task_id}: unreadable record in {shard_name(shard)}")
                 continue
-            d = info.replay_dispatch.get(task_id)
-            if d is not None and d[0] > task.retry_count:
+            if task_id in in_flight:
                 # Dispatched, never resolved: it may have run. Run it again with the same attempt
                 # number: a crash re-execution does not use up an attempt.
-                task.attempt = d[0]
-                task.dispatch_loc = d[1]
+                task.attempt = in_flight[task_id]
+                task.dispatch_loc = loc(fold.dispatch[task_id])
             self.tasks[task_id] = task
             if task.payload_hash is not None:
                 self.fingerprints.setdefault(task.payload_hash, task_id)
@@ -727,15 +697,12 @@ class Node:
         for task in self.tasks.values():
             if task.state is TaskState.BLOCKED:
                 self._check_blocked(task)
-        info.replay.clear()
-        info.replay_locs.clear()
-        info.replay_dispatch.clear()
         # Fence: our first record in this log is a claim with our epoch.
         info.phase = ShardPhase.FENCING
         # Our epoch comes from our claim; should the log already hold that epoch or a newer one
         # (membership.json lost or restored from a backup), go past it so fencing still holds.
         info.epoch = max(info.epoch, info.log_epoch + 1)
-        record = fx.NewRecord(
+        claim = fx.NewRecord(
             fields={
                 "snerdKind": KIND_CLAIM,
                 "epoch": info.epoch,
@@ -744,7 +711,7 @@ class Node:
                 **self._meta(shard),
             }
         )
-        self._append(shard, [record], PendingAppend(kind="claim", shard=shard))
+        self._append(shard, [claim], PendingAppend(kind="claim", shard=shard))
 
     def _task_from_record(self, shard: int, f: dict[str, Any], loc: fx.Location) -> Task | None:
         try:
@@ -916,6 +883,8 @@ class Node:
             fields["maxExecutionSeconds"] = cmd.max_execution_seconds
         fields["snerdNode"] = self.config.node_id
         fields["snerdEpoch"] = info.epoch
+        fields["snerdSeq"] = info.next_seq
+        info.next_seq += 1
         self.seq += 1
         task = Task(
             task_id=cmd.task_id,
@@ -1536,7 +1505,7 @@ class Node:
             if live * 2 > info.size:
                 info.compact_checked_size = info.size
                 continue
-            self.compact(shard)
+            self._compact(shard)
 
     def _live_ranges(self, shard: int, info: ShardInfo) -> list[fx.KeepRange]:
         """Every record the shard's state still needs, in file order."""
@@ -1560,8 +1529,12 @@ class Node:
             add(loc)
         return [fx.KeepRange(offset=o, length=offsets[o]) for o in sorted(offsets)]
 
-    def compact(self, shard: int) -> bool:
-        """Ask for a compaction of one shard now (the CLI's `compact`); False if not possible."""
+    def _on_compaction_requested(self, event: ev.CompactionRequested) -> None:
+        if not self._compact(event.shard):
+            self._log("info", f"{shard_name(event.shard)}: no compaction now (busy or not ours)")
+
+    def _compact(self, shard: int) -> bool:
+        """Start a compaction of one shard; False when it cannot start now."""
         info = self.shards.get(shard)
         if info is None or info.phase is not ShardPhase.ACTIVE or info.compacting:
             return False
@@ -1641,6 +1614,7 @@ _HANDLERS: dict[type[Any], Any] = {
     ev.Compacted: Node._on_compacted,
     ev.CompactionFailed: Node._on_compaction_failed,
     ev.WebhookFinished: Node._on_webhook,
+    ev.CompactionRequested: Node._on_compaction_requested,
     proto.Register: Node._on_register,
     proto.Enqueue: Node._on_enqueue,
     proto.Result: Node._on_result,

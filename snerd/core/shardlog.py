@@ -169,8 +169,11 @@ class ShardFold:
     #: The claim record that set `log_epoch` (differs from `claim` only when a later claim
     #: record carries a lower epoch).
     fence_claim: LogRecord | None = None
-    #: Live tasks: the latest record of each, in first-enqueue order (the daemon's FIFO order).
+    #: Live tasks: the latest record of each, in first-appearance order (`live_in_order` gives
+    #: the daemon's FIFO order).
     live: dict[str, LogRecord] = field(default_factory=dict)
+    #: One more than the highest `snerdSeq` (enqueue sequence number) seen.
+    next_seq: int = 1
     #: The latest dispatch record of each task not resolved by a later full record.
     dispatch: dict[str, LogRecord] = field(default_factory=dict)
     #: Finished tasks: the latest tombstone of each, ordered by that tombstone's position.
@@ -228,6 +231,9 @@ class ShardFold:
             return
         if not self.keep_payloads:
             f.pop("taskData", None)
+        seq = f.get("snerdSeq")
+        if isinstance(seq, int) and seq >= self.next_seq:
+            self.next_seq = seq + 1
         kept = record
         if f.get("deletedAt") is not None:
             self.live.pop(task_id, None)
@@ -246,6 +252,15 @@ class ShardFold:
         return self
 
     # ------------------------------------------------------------------ views
+
+    def live_in_order(self) -> list[tuple[str, LogRecord]]:
+        """Live tasks in enqueue order: by the `snerdSeq` each enqueue record carries (and every
+        later record of the task inherits), so the order survives compaction, which keeps only
+        a task's latest record; records without one (written by upstream) come first, in the
+        order they first appear."""
+        return sorted(
+            self.live.items(), key=lambda item: _int_or(item[1].fields.get("snerdSeq"), 0)
+        )
 
     def in_flight(self) -> dict[str, int]:
         """Live tasks whose latest attempt was dispatched and never resolved: id -> attempt.
