@@ -173,7 +173,11 @@ async def test_a_second_daemon_on_the_same_directory_waits(
     assert m["action"] == "membership" and m["owned"] == []
     await second.enqueue("x")
     err = await second.wait_for(is_ack("x"))
-    assert err["action"] == "error" and "not owned by this daemon" in err["message"]
+    assert err == {
+        "action": "error",
+        "task_id": "x",
+        "message": "[Snerd] No shards owned by this instance",
+    }
     assert "claimed by a live daemon" in second.stderr.decode()
     # The first is unaffected.
     await first.enqueue("y")

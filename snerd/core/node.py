@@ -823,15 +823,17 @@ class Node:
         shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
         info = self.shards.get(shard)
         if info is None or info.phase is not ShardPhase.ACTIVE:
-            self._send(
-                proto.error(
-                    cmd.task_id,
-                    proto.failed_to_enqueue(
-                        f"[Snerd] {shard_name(shard)} is not owned by this daemon "
-                        "(another daemon holds it); enqueue rejected"
-                    ),
+            # Upstream's standby text when this daemon owns nothing; otherwise say which shard.
+            # (Routing such tasks through an inbox to the shard's owner comes with sharding.)
+            message = (
+                proto.NO_SHARDS_OWNED
+                if not self.owned_shards
+                else proto.failed_to_enqueue(
+                    f"[Snerd] {shard_name(shard)} is not owned by this daemon "
+                    "(another daemon holds it); enqueue rejected"
                 )
             )
+            self._send(proto.error(cmd.task_id, message))
             return
         if cmd.trigger_after_ids:
             cycle = self._cycle(cmd.task_id, cmd.trigger_after_ids)
