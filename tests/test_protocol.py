@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -47,6 +48,33 @@ def enqueue_line(**overrides: Any) -> bytes:
     return orjson.dumps(enqueue_fields(**overrides))
 
 
+def enqueue_command(**overrides: Any) -> Enqueue:
+    """The command `enqueue_line()` parses to, with `overrides`."""
+    fields: dict[str, Any] = {
+        "task_id": "job-1",
+        "task_type": "email",
+        "task_data": '{"to":"a@b.c"}',
+        "max_retries": 3,
+        "retry_after_hours": 0.5,
+    }
+    return Enqueue(**{**fields, **overrides})
+
+
+#: The enqueue fields that may be left out, in the upstream SDK's order.
+OPTIONAL_FIELDS = (
+    "rate_limit_group",
+    "max_per_minute",
+    "auto_dedupe",
+    "urgency_score",
+    "execute_at",
+    "cron",
+    "webhook_url",
+    "max_execution_seconds",
+    "pool",
+    "trigger_after_ids",
+)
+
+
 def refused(raw: bytes) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
         parse_line(raw)
@@ -58,13 +86,7 @@ def refused(raw: bytes) -> ProtocolError:
 
 def test_minimal_enqueue() -> None:
     cmd = parse_line(enqueue_line())
-    assert cmd == Enqueue(
-        task_id="job-1",
-        task_type="email",
-        task_data='{"to":"a@b.c"}',
-        max_retries=3,
-        retry_after_hours=0.5,
-    )
+    assert cmd == enqueue_command()
     assert isinstance(cmd, Event)
 
 
@@ -83,12 +105,7 @@ def test_full_enqueue() -> None:
             trigger_after_ids=["a", "b", "a"],
         )
     )
-    assert cmd == Enqueue(
-        task_id="job-1",
-        task_type="email",
-        task_data='{"to":"a@b.c"}',
-        max_retries=3,
-        retry_after_hours=0.5,
+    assert cmd == enqueue_command(
         rate_limit_group="api",
         max_per_minute=60,
         auto_dedupe=True,
@@ -103,20 +120,10 @@ def test_full_enqueue() -> None:
 
 
 def test_nulls_mean_absent_and_unknown_fields_are_ignored() -> None:
-    optional = (
-        "rate_limit_group",
-        "max_per_minute",
-        "auto_dedupe",
-        "urgency_score",
-        "execute_at",
-        "cron",
-        "webhook_url",
-        "max_execution_seconds",
-        "pool",
-        "trigger_after_ids",
-    )
     cmd = parse_line(
-        enqueue_line(**dict.fromkeys(optional), future_field={"x": 1}, test_pause_heartbeat=1)
+        enqueue_line(
+            **dict.fromkeys(OPTIONAL_FIELDS), future_field={"x": 1}, test_pause_heartbeat=1
+        )
     )
     assert cmd == parse_line(enqueue_line())
 
@@ -452,81 +459,33 @@ def test_protocol_error_attributes() -> None:
 # --- validate_enqueue for commands built in process ------------------------------------------
 
 
-def test_validate_enqueue_checks_commands_not_built_by_parse_line() -> None:
-    ok = Enqueue(task_id="a", task_type="t", task_data="", max_retries=0, retry_after_hours=0.0)
-    proto.validate_enqueue(ok)
-    bad_cases = [
-        (
-            Enqueue(
-                task_id="a",
-                task_type="t",
-                task_data="",
-                max_retries=0,
-                retry_after_hours=float("nan"),
-            ),
-            "finite",
-        ),
-        (
-            Enqueue(
-                task_id="a",
-                task_type="t",
-                task_data="",
-                max_retries=0,
-                retry_after_hours=float("inf"),
-            ),
-            "finite",
-        ),
-        (
-            Enqueue(
-                task_id="a",
-                task_type="t",
-                task_data="",
-                max_retries=0,
-                retry_after_hours=0.0,
-                urgency_score=float("nan"),
-            ),
-            "urgency_score must be a finite number",
-        ),
-        (
-            Enqueue(
-                task_id="a",
-                task_type="t",
-                task_data="",
-                max_retries=0,
-                retry_after_hours=0.0,
-                cron="5m",
-            ),
-            "is not normalized (expected '0 */5 * * * *')",
-        ),
-        (
-            Enqueue(
-                task_id="a",
-                task_type="t",
-                task_data="",
-                max_retries=0,
-                retry_after_hours=0.0,
-                cron="nope",
-            ),
-            "invalid cron 'nope'",
-        ),
-        (
-            Enqueue(
-                task_id="a",
-                task_type="t",
-                task_data="",
-                max_retries=0,
-                retry_after_hours=0.0,
-                trigger_after_ids=("b", "b"),
-            ),
-            "must not repeat an id",
-        ),
-    ]
-    for cmd, detail in bad_cases:
-        with pytest.raises(ProtocolError) as info:
-            proto.validate_enqueue(cmd)
-        assert info.value.message.startswith("Failed to enqueue: ")
-        assert detail in info.value.message
-        assert info.value.task_id == "a"
+#: A command built in process, valid as it is.
+BUILT = Enqueue(task_id="a", task_type="t", task_data="", max_retries=0, retry_after_hours=0.0)
+
+
+def test_validate_enqueue_accepts_a_well_formed_command() -> None:
+    proto.validate_enqueue(BUILT)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "detail"),
+    [
+        ({"retry_after_hours": float("nan")}, "finite"),
+        ({"retry_after_hours": float("inf")}, "finite"),
+        ({"urgency_score": float("nan")}, "urgency_score must be a finite number"),
+        ({"cron": "5m"}, "is not normalized (expected '0 */5 * * * *')"),
+        ({"cron": "nope"}, "invalid cron 'nope'"),
+        ({"trigger_after_ids": ("b", "b")}, "must not repeat an id"),
+    ],
+)
+def test_validate_enqueue_checks_commands_not_built_by_parse_line(
+    overrides: dict[str, Any], detail: str
+) -> None:
+    with pytest.raises(ProtocolError) as info:
+        proto.validate_enqueue(replace(BUILT, **overrides))
+    assert info.value.message.startswith("Failed to enqueue: ")
+    assert detail in info.value.message
+    assert info.value.task_id == "a"
 
 
 # --- properties: the task id survives any damage after it -----------------------------------
@@ -545,22 +504,7 @@ _IDS = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1,
 @given(
     task_id=_IDS,
     field=st.sampled_from(
-        [
-            "task_type",
-            "task_data",
-            "max_retries",
-            "retry_after_hours",
-            "rate_limit_group",
-            "max_per_minute",
-            "auto_dedupe",
-            "urgency_score",
-            "execute_at",
-            "cron",
-            "webhook_url",
-            "max_execution_seconds",
-            "pool",
-            "trigger_after_ids",
-        ]
+        ["task_type", "task_data", "max_retries", "retry_after_hours", *OPTIONAL_FIELDS]
     ),
     value=st.one_of(
         _JSON_SCALARS,
@@ -649,33 +593,23 @@ def test_max_retries_reached_and_progress() -> None:
 
 
 def test_stats() -> None:
-    msg = proto.stats(
-        total_enqueued=5,
-        total_executed=4,
-        total_failed=1,
-        total_dlq=0,
-        queue_depth=2,
-        uptime_secs=60,
-        per_shard={1: 2, 0: 0},
-        extra={"in_flight": 1},
-    )
-    assert enc(msg) == (
+    counters: dict[str, Any] = {
+        "total_enqueued": 5,
+        "total_executed": 4,
+        "total_failed": 1,
+        "total_dlq": 0,
+        "queue_depth": 2,
+        "uptime_secs": 60,
+        "per_shard": {1: 2, 0: 0},
+    }
+    assert enc(proto.stats(**counters, extra={"in_flight": 1})) == (
         b'{"action":"stats","total_enqueued":5,"total_executed":4,"total_failed":1,'
         b'"total_dlq":0,"queue_depth":2,"uptime_secs":60,'
         b'"per_shard":[{"shard":"shard-0","depth":0},{"shard":"shard-1","depth":2}],'
         b'"in_flight":1}\n'
     )
     with pytest.raises(ValueError, match="replace an upstream field"):
-        proto.stats(
-            total_enqueued=0,
-            total_executed=0,
-            total_failed=0,
-            total_dlq=0,
-            queue_depth=0,
-            uptime_secs=0,
-            per_shard={},
-            extra={"queue_depth": 9},
-        )
+        proto.stats(**counters, extra={"queue_depth": 9})
 
 
 def test_membership() -> None:
