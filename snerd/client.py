@@ -222,7 +222,7 @@ class SnerdQueue(_QueueFace):
                 tg.start_soon(self._relay_stderr, process.stderr, stderr_done)
                 self._accept_enqueues()
                 task_status.started()
-                await self._read_stdout(process.stdout)
+                await _read_lines(process.stdout, self._on_line)
                 # stdout closed: the daemon is exiting (or gone). Nothing can be answered now.
                 self._accepting = False
                 with anyio.move_on_after(2):
@@ -286,22 +286,6 @@ class SnerdQueue(_QueueFace):
                     self._outbox.clear()
                     return
 
-    async def _read_stdout(self, stdout: anyio.abc.ByteReceiveStream) -> None:
-        buffer = bytearray()
-        while True:
-            try:
-                chunk = await stdout.receive(1 << 16)
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                break
-            buffer += chunk
-            start = 0
-            while (nl := buffer.find(b"\n", start)) >= 0:
-                self._on_line(bytes(buffer[start:nl]))
-                start = nl + 1
-            del buffer[:start]
-        if buffer:
-            self._on_line(bytes(buffer))
-
     def _on_line(self, line: bytes) -> None:
         if not line.strip():
             return
@@ -317,20 +301,8 @@ class SnerdQueue(_QueueFace):
 
     async def _relay_stderr(self, stderr: anyio.abc.ByteReceiveStream, done: anyio.Event) -> None:
         """Copy the daemon's log lines to our stderr, prefixed; keep the last few."""
-        buffer = bytearray()
         try:
-            while True:
-                try:
-                    chunk = await stderr.receive(1 << 16)
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    break
-                buffer += chunk
-                lines = buffer.split(b"\n")
-                buffer = bytearray(lines.pop())
-                for raw in lines:
-                    self._relay_line(bytes(raw))
-            if buffer:
-                self._relay_line(bytes(buffer))
+            await _read_lines(stderr, self._relay_line)
         finally:
             done.set()
 
@@ -349,3 +321,24 @@ class SnerdQueue(_QueueFace):
             sys.stderr.flush()
         except (OSError, ValueError):
             pass  # our own stderr is gone; nothing sensible to do
+
+
+async def _read_lines(
+    stream: anyio.abc.ByteReceiveStream, on_line: Callable[[bytes], None]
+) -> None:
+    """Call `on_line` with each line of `stream` (without its newline; an unterminated last
+    line too) until the stream ends or breaks."""
+    buffer = bytearray()
+    while True:
+        try:
+            chunk = await stream.receive(1 << 16)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            break
+        buffer += chunk
+        start = 0
+        while (nl := buffer.find(b"\n", start)) >= 0:
+            on_line(bytes(buffer[start:nl]))
+            start = nl + 1
+        del buffer[:start]
+    if buffer:
+        on_line(bytes(buffer))
