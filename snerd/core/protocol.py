@@ -42,9 +42,10 @@ Decisions where upstream had no rule:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -243,9 +244,19 @@ def parse_line(line: bytes, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> 
     if not isinstance(doc, dict):
         raise ProtocolError(f"Invalid JSON: expected an object, got {_type_name(doc)}")
 
+    action = doc.get("action")
+    # The two lines that carry a queue's traffic take a fast path when they are plainly valid;
+    # anything else (including every error) goes the long way below, which words the errors.
+    if action == "enqueue":
+        fast_enqueue = _plain_enqueue(doc)
+        if fast_enqueue is not None:
+            return fast_enqueue
+    elif action == "result":
+        fast_result = _plain_result(doc)
+        if fast_result is not None:
+            return fast_result
     raw_id = doc.get("task_id")
     fields = _Fields(doc, raw_id if isinstance(raw_id, str) else None)
-    action = doc.get("action")
     if action is None:
         raise fields.invalid("missing field `action`")
     if not isinstance(action, str):
@@ -332,6 +343,121 @@ def validate_enqueue(cmd: Enqueue) -> None:
             raise refuse(f"task {cmd.task_id} cannot depend on itself")
     if len(set(cmd.trigger_after_ids)) != len(cmd.trigger_after_ids):
         raise refuse("trigger_after_ids must not repeat an id")
+
+
+#: Optional `enqueue` fields; `_plain_enqueue` takes only lines where all are absent or null.
+_ENQUEUE_OPTIONAL = frozenset(
+    {
+        "rate_limit_group",
+        "max_per_minute",
+        "auto_dedupe",
+        "urgency_score",
+        "execute_at",
+        "cron",
+        "webhook_url",
+        "max_execution_seconds",
+        "pool",
+        "trigger_after_ids",
+    }
+)
+#: Ids of at most this many characters are within `MAX_TASK_ID_BYTES` in any encoding (UTF-8
+#: takes at most 4 bytes a character), so the fast path need not encode them to check.
+_PLAIN_ID_CHARS = MAX_TASK_ID_BYTES // 4
+
+
+def _plain_enqueue(doc: dict[str, Any]) -> Enqueue | None:
+    """The `Enqueue` of a plainly valid enqueue object — the required fields well-typed and in
+    range, every optional one absent or null — or None: then `_parse_enqueue` decides (and
+    words the error). The result is what `_parse_enqueue` returns for such an object."""
+    for name in _ENQUEUE_OPTIONAL.intersection(doc):
+        if doc[name] is not None:
+            return None
+    task_id = doc.get("task_id")
+    task_type = doc.get("task_type")
+    task_data = doc.get("task_data")
+    max_retries = doc.get("max_retries")
+    hours = doc.get("retry_after_hours")
+    if (
+        type(task_id) is not str
+        or not 0 < len(task_id) <= _PLAIN_ID_CHARS
+        or type(task_type) is not str
+        or not task_type
+        or type(task_data) is not str
+        or type(max_retries) is not int
+        or not 0 <= max_retries <= _I32_MAX
+    ):
+        return None
+    if type(hours) is int:
+        if not 0 <= hours <= MAX_RETRY_AFTER_HOURS:
+            return None
+        hours = float(hours)
+    elif type(hours) is float:
+        if not 0.0 <= hours <= MAX_RETRY_AFTER_HOURS:  # NaN fails too
+            return None
+        hours += 0.0  # -0.0 -> 0.0, as `_parse_enqueue`
+    else:
+        return None
+    return _new_plain_enqueue(task_id, task_type, task_data, max_retries, hours)
+
+
+def _plain_enqueue_factory() -> Callable[[str, str, str, int, float], Enqueue]:
+    """`Enqueue(task_id=, task_type=, task_data=, max_retries=, retry_after_hours=)` with every
+    other field at its default, without the frozen dataclass's `__init__`: that sets each of
+    the 15 fields with `object.__setattr__`, about 6 us here — most of parsing a small
+    enqueue. Setting the slots directly builds an equal object (as `records._make_record` does
+    for `LogRecord`). If `Enqueue` ever changes shape, the class itself is used."""
+    required = ("task_id", "task_type", "task_data", "max_retries", "retry_after_hours")
+    fields = dataclasses.fields(Enqueue)
+    if tuple(f.name for f in fields[:5]) != required or any(
+        f.default is dataclasses.MISSING for f in fields[5:]
+    ):
+        return lambda task_id, task_type, task_data, max_retries, hours: Enqueue(
+            task_id=task_id,
+            task_type=task_type,
+            task_data=task_data,
+            max_retries=max_retries,
+            retry_after_hours=hours,
+        )
+    slots = vars(Enqueue)
+    set_id, set_type, set_data, set_retries, set_hours = (slots[n].__set__ for n in required)
+    defaults = tuple((slots[f.name].__set__, f.default) for f in fields[5:])
+    new = object.__new__
+
+    def make(
+        task_id: str, task_type: str, task_data: str, max_retries: int, hours: float
+    ) -> Enqueue:
+        cmd: Enqueue = new(Enqueue)
+        set_id(cmd, task_id)
+        set_type(cmd, task_type)
+        set_data(cmd, task_data)
+        set_retries(cmd, max_retries)
+        set_hours(cmd, hours)
+        for set_default, value in defaults:
+            set_default(cmd, value)
+        return cmd
+
+    return make
+
+
+def _plain_result(doc: dict[str, Any]) -> Result | None:
+    """The `Result` of a plainly valid result object (string id and status, `error_msg` a
+    string or absent, `attempt` a positive integer or absent), or None: `_parse_result`
+    decides."""
+    task_id = doc.get("task_id")
+    status = doc.get("status")
+    error_msg = doc.get("error_msg")
+    attempt = doc.get("attempt")
+    if (
+        type(task_id) is not str
+        or not task_id
+        or type(status) is not str
+        or (error_msg is not None and type(error_msg) is not str)
+        or (attempt is not None and (type(attempt) is not int or attempt < 1))
+    ):
+        return None
+    return Result(
+        task_id=task_id, success=status == "success", error_msg=error_msg, attempt=attempt
+    )
 
 
 def _parse_enqueue(f: _Fields) -> Enqueue:
@@ -682,3 +808,6 @@ def encode_message(msg: dict[str, Any]) -> bytes:
         TypeError: `msg` holds something JSON cannot carry (orjson's error).
     """
     return orjson.dumps(msg, option=orjson.OPT_APPEND_NEWLINE)
+
+
+_new_plain_enqueue = _plain_enqueue_factory()
