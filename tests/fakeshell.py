@@ -36,6 +36,10 @@ class FakeShell:
         self.logs_out: list[tuple[str, str]] = []
         self.exit_code: int | None = None
         self.disk_full = False
+        #: Fail appends whose base record is damaged, as the shell does (permanently).
+        self.fail_bases = False
+        #: Fail every membership read and write (an unreachable or vanished directory).
+        self.fail_membership = False
         #: Appends held back (not yet committed) when `hold_appends` is on.
         self.hold_appends = False
         self.held: deque[fx.Append] = deque()
@@ -119,7 +123,7 @@ class FakeShell:
 
     def log_records(self, shard: int = 0) -> list[dict[str, Any]]:
         data = bytes(self.disk["logs"].get(shard, b""))
-        return [decode_record(line) for line in data.splitlines() if line.strip()]
+        return [record.fields for record in scan(data).records]  # corrupt lines skipped
 
     # -------------------------------------------------------------- effects
 
@@ -136,6 +140,8 @@ class FakeShell:
             self.dead_letters.append(effect)
         elif isinstance(effect, fx.Exit):
             self.exit_code = effect.code
+        elif (isinstance(effect, fx.ReadMembership) and self.fail_membership) or (isinstance(effect, fx.WriteMembership) and self.fail_membership):
+            self.queue.append(ev.MembershipWriteFailed(doc=None, error="No such file"))
         elif isinstance(effect, fx.ReadMembership):
             self.queue.append(ev.MembershipRead(doc=self.disk["membership"]))
         elif isinstance(effect, fx.WriteMembership):
@@ -196,6 +202,19 @@ class FakeShell:
 
     def _commit(self, effect: fx.Append) -> None:
         log = self.disk["logs"].setdefault(effect.shard, bytearray())
+        if self.fail_bases:
+            for record in effect.records:
+                if record.base is None:
+                    continue
+                loc = record.base
+                src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
+                try:
+                    decode_record(bytes(src).rstrip(b"\n"))
+                except ValueError as exc:
+                    self.queue.append(
+                        ev.AppendFailed(token=effect.token, error=str(exc), permanent=True)
+                    )
+                    return
         offsets, lengths = [], []
         for record in effect.records:
             fields = dict(record.fields)

@@ -567,3 +567,66 @@ def test_fifo_order_survives_compaction_and_restart() -> None:
     sh2.result("A")
     sh2.result("B")
     assert sh2.executed_ids() == ["A", "B", "C"]  # enqueue order, not file order
+
+
+def test_an_adopted_task_with_an_invalid_cron_runs_once_instead_of_crashing() -> None:
+    sh = FakeShell()
+    from snerd.core.records import encode_record
+
+    log = bytearray()
+    for task_id, cron in (("bad", "every day"), ("upstream7", "0 */5 * * * * *")):
+        log += encode_record(
+            {
+                "taskId": task_id,
+                "retryCount": 0,
+                "maxRetries": 1,
+                "retryAfterHours": 0.0,
+                "retryAfterTime": "2026-01-01T00:00:00.000000Z",
+                "taskData": "{}",
+                "taskType": "t",
+                "executeAt": "2026-01-01T00:00:00.000000Z",
+                "cronExpression": cron,
+            }
+        )
+    sh.disk["logs"][0] = log
+    sh.start()
+    sh.register("t")
+    assert sorted(sh.executed_ids()) == ["bad", "upstream7"]
+    assert any("does not parse" in m for _, m in sh.logs_out)
+    sh.result("bad")
+    sh.result("upstream7")
+    assert "bad" not in sh.node.tasks  # ran once
+    assert sh.node.tasks["upstream7"].cron == "0 */5 * * * *"  # re-armed, year field dropped
+
+
+def test_a_damaged_base_record_dead_letters_the_task_instead_of_retrying_forever() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_retries=3)
+    loc = sh.node.tasks["a"].loc
+    assert loc is not None
+    sh.disk["logs"][0][loc.offset + 5] ^= 0x01  # a flipped bit on disk
+    sh.fail_bases = True
+    sh.result("a", ok=False, error="boom")
+    assert "a" not in sh.node.tasks
+    tomb = sh.log_records()[-1]
+    assert tomb["snerdOutcome"] == "dead_letter"
+    assert "could not rebuild" in tomb["LastErrorObj"]
+
+
+def test_no_busy_wakeups_while_draining_or_renewing() -> None:
+    sh = started(NodeConfig(node_id="n@pid-1-x", drain_timeout_us=2 * SECOND))
+    sh.register("t")
+    sh.enqueue("stuck")
+    # A renewal that comes due while another membership operation is out waits for it,
+    # without asking to be woken at once, again and again.
+    sh.node.membership_busy = True
+    sh.advance(11)
+    assert sh.node.wake_in(sh.now()) != 0
+    sh.node.membership_busy = False
+    sh.feed(ev.DrainRequested(reason="SIGTERM"))
+    sh.disk["membership"] = None  # membership.json vanished: the release cannot be written
+    sh.fail_membership = True
+    sh.advance(3)
+    assert sh.exit_code == 0  # the leases lapse on their own; the daemon still exits
+    assert sh.node.wake_in(sh.now()) is None

@@ -182,6 +182,9 @@ class AppendFailed(Event):
 
     token: int
     error: str
+    #: True when retrying cannot help: the record could not be built (its base record is
+    #: damaged on disk, or a field cannot be encoded), as opposed to an I/O error.
+    permanent: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,16 +18,19 @@ payload stays in the log and is read by the shell when an `Execute` needs it.
 A task moves through the states below, and only along the edges of `TRANSITIONS`; any other move
 is a bug and raises (TigerBeetle-style assertions are kept on)::
 
-    ENQUEUING -> WAITING | READY | BLOCKED          enqueue record durable (else: forgotten)
-    WAITING   -> READY                               its time came (execute_at, retry backoff)
-    READY     -> PARKED                              no handler registered / rate window full
-    PARKED    -> READY                               handler registered / window has room
-    READY     -> DISPATCHING                         a worker slot is free; dispatch record written
-    DISPATCHING -> RUNNING                           dispatch record durable; Execute sent
-    DISPATCHING -> READY                             dispatch record failed to commit
-    RUNNING   -> FINISHING                           result / timeout / webhook outcome
-    FINISHING -> WAITING                             retry record durable (or cron re-armed)
-    FINISHING -> (gone)                              completion or dead-letter record durable
+    ENQUEUING   -> WAITING | READY | BLOCKED      enqueue record durable (else: forgotten)
+    BLOCKED     -> READY | WAITING                 every parent finished
+    BLOCKED     -> FINISHING                       a parent was dead-lettered (fail-through)
+    WAITING     -> READY                           its time came (execute_at, retry backoff)
+    READY       -> PARKED                          no handler registered / rate window full
+    PARKED      -> READY                           handler registered / window has room
+    READY       -> DISPATCHING                     a worker slot is free; dispatch record written
+    DISPATCHING -> RUNNING                         dispatch record durable; Execute sent
+    DISPATCHING -> WAITING                         dispatch record failed (retried a bit later)
+    DISPATCHING -> READY                           a drain began before it was sent
+    RUNNING     -> FINISHING                       result / timeout / webhook outcome
+    FINISHING   -> WAITING | READY                 retry record durable (or cron re-armed)
+    FINISHING   -> (gone)                          completion or dead-letter record durable
 
 Durability rule: nothing is told to the SDK before the record that makes it true is durable. An
 `ack` follows the enqueue record's commit; an `execute` follows the dispatch record's commit, so
@@ -48,7 +51,7 @@ import xxhash
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.core.cron import next_fire
+from snerd.core.cron import next_fire, normalize_cron
 from snerd.core.ownership import (
     OwnershipConfig,
     ShardPhase,
@@ -283,6 +286,8 @@ class Node:
         self.started_mono: int | None = None
         self.renew_at_mono: int | None = None
         self.membership_busy = False
+        #: A renewal came due while a membership operation was out: do it when that ends.
+        self.renew_after_busy = False
         #: Shards whose lock this node took while another node's claim was live: that node's
         #: process is gone. The lock stays held until the claim is rewritten as ours.
         self.proven_dead: set[int] = set()
@@ -489,8 +494,9 @@ class Node:
             self._emit(fx.ReadMembership())
             return
         self.renew_at_mono = now.mono + self.config.ownership.renew_interval_us
-        if self.proven_dead:
-            self.renew_at_mono = now.mono  # a takeover is waiting for its claim
+        if self.proven_dead or self.renew_after_busy:
+            self.renew_at_mono = now.mono  # a takeover or a renewal is waiting
+            self.renew_after_busy = False
         changed = False
         for shard in owned_by(event.doc, self.config.node_id):
             info = self.shards.setdefault(shard, ShardInfo())
@@ -505,11 +511,13 @@ class Node:
 
     def _on_membership_write_failed(self, event: ev.MembershipWriteFailed) -> None:
         self.membership_busy = False
-        self._log("warning", f"membership.json not updated ({event.error}); retrying")
-        if self.releasing:
+        if self.released:
             # We tried to hand our shards over and could not: the leases lapse on their own.
+            self._log("warning", f"membership.json not updated ({event.error}) while stopping")
             self._finish_release()
             return
+        self._log("warning", f"membership.json not updated ({event.error}); retrying")
+        self.renew_after_busy = False
         self.renew_at_mono = self._now.mono + self.config.retry_io_us
 
     def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
@@ -590,10 +598,13 @@ class Node:
 
     def _renew(self, force: bool = False) -> None:
         if self.membership_busy:
-            if force:
-                self.renew_at_mono = self._now.mono  # right after the write in flight
+            # Another membership operation is out: renew right after it (no timer meanwhile,
+            # or the node would be woken again and again for a renewal it cannot start).
+            self.renew_at_mono = None
+            self.renew_after_busy = True
             return
         self.renew_at_mono = None
+        self.renew_after_busy = False
         self.membership_busy = True
         self._emit(fx.ReadMembership())
 
@@ -725,6 +736,15 @@ class Node:
             )
         except (KeyError, TypeError, ValueError):
             return None
+        cron = f.get("cronExpression")
+        if cron is not None:
+            cron = _adopt_cron(cron)
+            if cron is None:
+                self._log(
+                    "warning",
+                    f"task {task_id}: its cron expression {f.get('cronExpression')!r} does not "
+                    "parse; it runs once, as upstream did with an invalid expression",
+                )
         self.seq += 1
         urgency = f.get("urgencyScore")
         return Task(
@@ -742,7 +762,7 @@ class Node:
             group=f.get("rateLimitGroup"),
             max_per_minute=f.get("maxPerMinute"),
             payload_hash=f.get("payloadHash"),
-            cron=f.get("cronExpression"),
+            cron=cron,
             webhook_url=f.get("webhookUrl"),
             max_execution_seconds=f.get("maxExecutionSeconds"),
             trigger_after_ids=tuple(f.get("triggerAfterIds") or ()),
@@ -1413,6 +1433,36 @@ class Node:
                 # Try again later rather than spin on a full disk.
                 self._end_flight_unsent(task, delay_us=self.config.retry_io_us)
             return
+        task = self.tasks.get(p.task_id or "")
+        if event.permanent and task is not None and p.kind in ("retry", "rearm", "finish"):
+            # The task's last record cannot be read back (damaged on disk): retrying cannot
+            # help, and the task cannot run without its payload. Dead-letter it with a
+            # tombstone that needs no base record, saying why.
+            del self.pending[event.token]
+            error = f"snerd could not rebuild the task's record: {event.error}"
+            self._log("error", f"task {task.task_id}: {error}; dead-lettered")
+            fields = {
+                "taskId": task.task_id,
+                "taskType": task.task_type,
+                "retryCount": task.attempt,
+                "maxRetries": task.max_retries,
+                "deletedAt": format_rfc3339(self._now.wall),
+                "snerdOutcome": OUTCOME_DEAD,
+                "LastErrorObj": error,
+                "LastJobError": {"error": error, "retry_worthy": False},
+                **self._meta(task.shard),
+            }
+            self._append(
+                task.shard,
+                [fx.NewRecord(fields=fields)],
+                PendingAppend(
+                    kind="finish",
+                    shard=task.shard,
+                    task_id=task.task_id,
+                    extra={"outcome": OUTCOME_DEAD, "error": error},
+                ),
+            )
+            return
         # Outcome and claim records must land: retry the same append later.
         self._log(
             "warning",
@@ -1441,6 +1491,8 @@ class Node:
         self.input_closed = event.input_closed
 
     def _drain_progress(self) -> None:
+        if self.released:
+            return
         assert self.drain_deadline_mono is not None
         late = self._now.mono >= self.drain_deadline_mono
         waiting_for = [
@@ -1451,8 +1503,6 @@ class Node:
         busy = bool(waiting_for) or any(p.kind != "dispatch" for p in self.pending.values())
         if busy and not late:
             return
-        if self.released:
-            return
         if self.inflight:
             why = "drain timeout" if late else "no result can arrive (stdin closed)"
             self._log(
@@ -1461,6 +1511,7 @@ class Node:
                 "on the next owner",
             )
         self.released = True
+        self.drain_deadline_mono = None  # handled: it must not wake the node again
         if self.doc is None or (not self.owned_shards and not any(
             i.phase is not ShardPhase.UNOWNED for i in self.shards.values()
         )):
@@ -1591,6 +1642,23 @@ class Node:
 
     def _on_tick(self, event: ev.Tick) -> None:
         return
+
+
+def _adopt_cron(expr: Any) -> str | None:
+    """A stored cron expression in snerd's normalized form, or None when it does not parse.
+
+    Upstream stored 7-field expressions (seconds first, a trailing year `*`) and kept invalid
+    ones as they were; snerd drops the year field and refuses what it cannot parse.
+    """
+    if not isinstance(expr, str):
+        return None
+    fields = expr.split()
+    if len(fields) == 7 and fields[-1] == "*":
+        expr = " ".join(fields[:6])
+    try:
+        return normalize_cron(expr)
+    except ValueError:
+        return None
 
 
 def _parse_time(value: Any, default: int) -> int:

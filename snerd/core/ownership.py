@@ -11,8 +11,11 @@ another node's claim (upstream bug 6.3.15). Claims are renewed every `ttl / 3`; 
 claims and locks so another node can take over at once.
 
 This module owns the decisions about claims; it never touches a file. The node composes it and
-turns its answers into effects. The lapse rule here is the wall-clock one plus the monotonic
-observation rule of DESIGN §4.1.
+turns its answers into effects. The lapse rule here is upstream's wall-clock one; where flock
+proves liveness (one host, a local filesystem) a node that takes a shard's lock has proof that
+its claimant is dead and takes over at once (DESIGN §4.8). The monotonic observation rule of
+DESIGN §4.1 and fair shares for many daemons come with the ownership core of the simulator
+issue.
 """
 
 from __future__ import annotations

@@ -312,8 +312,13 @@ class Runtime:
         token = effect.token
         try:
             lines = logio.materialize(effect.records, self.log_path, self._log.reader)
-        except (OSError, ValueError, TypeError) as exc:  # TypeError: orjson.JSONEncodeError
+        except OSError as exc:
             self.submit(ev.AppendFailed(token=token, error=f"cannot build record: {exc}"))
+            return
+        except (ValueError, TypeError) as exc:  # a damaged base record; orjson.JSONEncodeError
+            self.submit(
+                ev.AppendFailed(token=token, error=f"cannot build record: {exc}", permanent=True)
+            )
             return
 
         def done(result: tuple[int, ...] | OSError) -> None:
@@ -362,6 +367,10 @@ class Runtime:
 
     async def _read_log_task(self, shard: int) -> None:
         path = self.log_path(shard)
+        # The log is read afresh (the shard was just locked, maybe after another owner had it
+        # and compacted it): forget any descriptor and remembered lines of the file as it was.
+        assert self._log is not None
+        self._log.reader.invalidate(path)
 
         def read() -> list[ev.Event]:
             out: list[ev.Event] = []
