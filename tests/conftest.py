@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import daemon as _daemons
+
 
 def missing_tool(reason: str) -> None:
     """Skip for a missing tool or privilege; under SNERD_REQUIRE_ALL=1 (CI) that is a failure."""
@@ -49,3 +51,15 @@ def fill(directory: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_daemons() -> Iterator[None]:
+    """A test that fails half-way must not leave a daemon behind (it would spin on a vanished
+    directory for the rest of the run)."""
+    yield
+    while _daemons.STARTED:
+        proc = _daemons.STARTED.pop()
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()

@@ -15,6 +15,9 @@ import trio
 
 SNERDMQ = [sys.executable, "-m", "snerd.cli"]
 
+#: Every daemon a test started; `kill_leftover_daemons` (conftest) kills those still running.
+STARTED: list[trio.Process] = []
+
 
 class Daemon:
     """One daemon process; `send` lines, `recv` parsed messages, `stderr` collected."""
@@ -43,6 +46,7 @@ class Daemon:
             stderr=subprocess.PIPE,
             env=full_env,
         )
+        STARTED.append(proc)
         daemon = cls(proc)
         nursery.start_soon(daemon._read_stderr)
         return daemon
