@@ -1553,8 +1553,7 @@ class Node:
                 or info.size < info.compact_checked_size + (info.compact_checked_size >> 3)
             ):
                 continue
-            keep = self._live_ranges(shard, info)
-            live = sum(r.length for r in keep)
+            live = sum(self._live_offsets(shard, info).values())
             if live * 2 > info.size:
                 info.compact_checked_size = info.size
                 continue
@@ -1562,25 +1561,31 @@ class Node:
 
     def _live_ranges(self, shard: int, info: ShardInfo) -> list[fx.KeepRange]:
         """Every record the shard's state still needs, in file order."""
+        offsets = self._live_offsets(shard, info)
+        return [fx.KeepRange(offset=o, length=offsets[o]) for o in sorted(offsets)]
+
+    def _live_offsets(self, shard: int, info: ShardInfo) -> dict[int, int]:
+        """Offset -> length of every record the shard's state still needs (unordered; the
+        compaction check only sums them, so it builds no `KeepRange`s and sorts nothing)."""
         offsets: dict[int, int] = {}
-
-        def add(loc: fx.Location | None) -> None:
-            if loc is not None:
-                offsets[loc.offset] = loc.length
-
-        add(info.claim_loc)
+        if info.claim_loc is not None:
+            offsets[info.claim_loc.offset] = info.claim_loc.length
         for task in self.tasks.values():
             if task.shard == shard:
-                add(task.loc)
-                add(task.dispatch_loc)
+                loc = task.loc
+                if loc is not None:
+                    offsets[loc.offset] = loc.length
+                loc = task.dispatch_loc
+                if loc is not None:
+                    offsets[loc.offset] = loc.length
         for _, loc in info.history:
-            add(loc)
+            offsets[loc.offset] = loc.length
         horizon = self._now.wall - RateWindows.WINDOW_US
         while info.window_records and info.window_records[0][0] < horizon:
             info.window_records.popleft()
         for _, loc in info.window_records:
-            add(loc)
-        return [fx.KeepRange(offset=o, length=offsets[o]) for o in sorted(offsets)]
+            offsets[loc.offset] = loc.length
+        return offsets
 
     def _on_compaction_requested(self, event: ev.CompactionRequested) -> None:
         if not self._compact(event.shard):
