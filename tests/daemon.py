@@ -16,7 +16,7 @@ import trio
 SNERDMQ = [sys.executable, "-m", "snerd.cli"]
 
 #: Every daemon a test started; `kill_leftover_daemons` (conftest) kills those still running.
-STARTED: list[trio.Process] = []
+STARTED: list[int] = []
 
 
 class Daemon:
@@ -46,7 +46,7 @@ class Daemon:
             stderr=subprocess.PIPE,
             env=full_env,
         )
-        STARTED.append(proc)
+        STARTED.append(proc.pid)
         daemon = cls(proc)
         nursery.start_soon(daemon._read_stderr)
         return daemon
