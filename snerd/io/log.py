@@ -549,6 +549,8 @@ class GroupCommitLog:
     `interval_ms` applies to `interval`. `on_background_error(path, exc)` is called in the trio
     thread when an fsync the `interval` policy does after the acks fails (acknowledged records
     may then be lost: there is nothing to take back, so it can only be reported).
+    `after_deliver()` is called in the trio thread after each batch of `on_done` callbacks (a
+    daemon handles the outcomes there, without waiting for a task switch).
 
     Paths are keys as given (`os.fspath`); use one spelling per file. Files are opened on first
     use (O_RDWR | O_APPEND | O_CREAT, kept open; a new file, and missing parent directories,
@@ -567,6 +569,7 @@ class GroupCommitLog:
         *,
         interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS,
         on_background_error: Callable[[str, OSError], None] | None = None,
+        after_deliver: Callable[[], None] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -575,6 +578,7 @@ class GroupCommitLog:
         self._policy = fsync
         self._interval = interval_ms / 1000.0
         self._on_background_error = on_background_error
+        self._after_deliver = after_deliver
         self.reader = LogReader()
         # Shared with the writer thread, under `_cond`.
         self._cond = threading.Condition(threading.Lock())
@@ -672,6 +676,36 @@ class GroupCommitLog:
                 raise RuntimeError("log is not open")
             self._queue.append(job)
             self._appends += 1
+            if self._idle:
+                self._cond.notify()
+
+    def submit_many(
+        self,
+        appends: Sequence[
+            tuple[str | os.PathLike[str], Sequence[bytes], Callable[[AppendOutcome], None]]
+        ],
+    ) -> None:
+        """`submit` each (path, lines, on_done) in order, taking the writer's lock once for all
+        of them (a daemon hands over a burst of appends at a time)."""
+        jobs: list[_Append] = []
+        for path, lines, on_done in appends:
+            checked: list[bytes] = []
+            for line in lines:
+                if type(line) is not bytes:
+                    line = bytes(line)
+                if line.find(b"\n") != len(line) - 1:
+                    raise ValueError("each line must end with its only newline")
+                checked.append(line)
+            if not checked:
+                raise ValueError("nothing to append")
+            jobs.append(_Append(os.fspath(path), checked, on_done))
+        if not jobs:
+            return
+        with self._cond:
+            if self._closing or self._token is None:
+                raise RuntimeError("log is not open")
+            self._queue.extend(jobs)
+            self._appends += len(jobs)
             if self._idle:
                 self._cond.notify()
 
@@ -846,11 +880,17 @@ class GroupCommitLog:
         self._token.run_sync_soon(job.on_done, failed)
 
     def _deliver(self, done: _Done) -> None:
-        """Runs in the trio thread (via run_sync_soon): hand each result to its callback."""
+        """Runs in the trio thread (via run_sync_soon): hand each result to its callback, then
+        call `after_deliver` once for the whole batch."""
         for callback, result in done:
             try:
                 callback(result)
             except BaseException as exc:  # never let a callback kill the trio run loop
+                self._callback_errors.append(exc)
+        if self._after_deliver is not None:
+            try:
+                self._after_deliver()
+            except BaseException as exc:
                 self._callback_errors.append(exc)
 
     # -- writer thread -----------------------------------------------------------------------

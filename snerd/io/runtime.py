@@ -117,6 +117,16 @@ class Runtime:
         self._timer_task: trio.lowlevel.Task | None = None
         #: Log path per shard (built once; `log_path` is on the path of every append).
         self._log_paths: dict[int, str] = {}
+        #: Appends built while handling a burst of events, handed to the log together at its
+        #: end (`_process`): one lock round with the writer thread per burst, not per append.
+        self._outbox: list[tuple[str, list[bytes], Callable[[logio.AppendOutcome], None]]] = []
+        #: `_process` is running (it is not re-entered), and an error it raised outside the
+        #: driver (in `pump`), re-raised by the driver.
+        self._processing = False
+        self._failure: BaseException | None = None
+        #: The peer's synchronous flush, if it has one (`StdioPeer.flush_nowait`): `pump` is
+        #: used only then.
+        self._flush_nowait: Callable[[], None] | None = getattr(peer, "flush_nowait", None)
         self._exit_code: int | None = None
         self._nursery: trio.Nursery | None = None
         self._log: logio.GroupCommitLog | None = None
@@ -137,6 +147,40 @@ class Runtime:
         if self._parked is not None:
             self._unpark()
 
+    def feed(self, events: list[ev.Event]) -> None:
+        """Queue events and handle them now, in the caller's task (the stdin reader): no task
+        switch to the driver between a line arriving and its append reaching the log writer."""
+        self.events.extend(events)
+        self.pump()
+
+    def pump(self) -> None:
+        """Handle every queued event now and push out the messages (call from the trio thread;
+        no await). Used where events arrive in a burst — stdin, the log writer's results — so
+        that a line is answered without waiting for the driver's turn; the driver still runs
+        for timers and for events from other tasks. An error is re-raised by the driver."""
+        if self._flush_nowait is None:
+            # A peer that flushes only asynchronously (the embedded engine): leave it all to
+            # the driver, which awaits the flush.
+            if self.events and self._parked is not None:
+                self._unpark()
+            return
+        if self._processing or self._log is None or self._exit_code is not None:
+            return
+        try:
+            self._process()
+        except BaseException as exc:
+            self._failure = exc
+            if self._parked is not None:
+                self._unpark()
+            return
+        if self._parked is not None:
+            if self._exit_code is not None:
+                self._unpark()
+            else:
+                # What was handled may have moved the node's next deadline earlier.
+                self._set_deadline(self.node.wake_in(self.clock.now()))
+        self._flush_nowait()
+
     def log_path(self, shard: int) -> str:
         path = self._log_paths.get(shard)
         if path is None:
@@ -153,6 +197,7 @@ class Runtime:
             self.settings.fsync,
             interval_ms=self.settings.fsync_interval_ms,
             on_background_error=self._background_error,
+            after_deliver=self.pump,
         ) as log:
             self._nursery = nursery
             self._log = log
@@ -177,9 +222,9 @@ class Runtime:
         node = self.node
         events = self.events
         now = self.clock.now
-        handle = node.handle
-        table = _EFFECTS
         while self._exit_code is None:
+            if self._failure is not None:
+                raise self._failure
             if not events:
                 wait = node.wake_in(now())
                 if wait is None or wait > 0:
@@ -187,14 +232,39 @@ class Runtime:
                     await self._park()
                 else:
                     await trio.lowlevel.checkpoint()
-                if not events:
+                if self._failure is not None:
+                    raise self._failure
+                if not events and self._exit_code is None:
                     events.append(ev.Tick())
+            self._process()
+            await self.peer.flush()
+
+    def _process(self) -> None:
+        """Hand every queued event to the node in turn and carry out the effects; then give
+        the burst's appends to the log writer at once."""
+        node = self.node
+        events = self.events
+        now = self.clock.now
+        handle = node.handle
+        table = _EFFECTS
+        self._processing = True
+        try:
             while events and self._exit_code is None:
                 for effect in handle(events.popleft(), now()):
                     table[type(effect)](self, effect)
-                if node.phase is not NodePhase.STARTING and not self.ready.is_set():
-                    self.ready.set()
-            await self.peer.flush()
+                if len(self._outbox) >= _OUTBOX_BURST:
+                    self._submit_appends()  # keep the writer busy during a long burst
+        finally:
+            self._processing = False
+            if self._outbox:
+                self._submit_appends()
+        if node.phase is not NodePhase.STARTING and not self.ready.is_set():
+            self.ready.set()
+
+    def _submit_appends(self) -> None:
+        assert self._log is not None
+        outbox, self._outbox = self._outbox, []
+        self._log.submit_many(outbox)
 
     async def _park(self) -> None:
         """Wait until `submit` (or the timer) reschedules the driver."""
@@ -329,7 +399,7 @@ class Runtime:
                     ev.AppendCommitted(token=token, offsets=result, lengths=tuple(map(len, lines)))
                 )
 
-        self._log.submit(path, lines, done)
+        self._outbox.append((path, lines, done))
 
     def _compact(self, effect: fx.Compact) -> None:
         assert self._nursery is not None
@@ -502,6 +572,9 @@ def _describe(exc: OSError) -> str:
     text = exc.strerror or str(exc)
     return f"{text} ({name})" if name else text
 
+
+#: Appends handed to the log writer at once while a long burst is still being handled.
+_OUTBOX_BURST = 256
 
 _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Send: Runtime._send,

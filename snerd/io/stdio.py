@@ -75,6 +75,11 @@ class StdioPeer:
         self.buffer += orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
     async def flush(self) -> None:
+        self.flush_nowait()
+
+    def flush_nowait(self) -> None:
+        """Write what is buffered now, as far as the pipe takes it; wake the writer task for
+        the rest. The runtime calls this after handling a burst outside its driver task."""
         if not self.buffer:
             return
         if self._fd is not None and not self._sending:
@@ -183,7 +188,7 @@ async def _read_stdin(
             elif rest:
                 buffer += rest
         if batch:
-            runtime.submit_many(batch)
+            runtime.feed(batch)
 
 
 def _line_received_factory() -> Any:
