@@ -245,12 +245,14 @@ class Runtime:
         node = self.node
         events = self.events
         now = self.clock.now
-        handle = node.handle
+        handle_burst = node.handle_burst
         table = _EFFECTS
         self._processing = True
         try:
             while events and self._exit_code is None:
-                for effect in handle(events.popleft(), now()):
+                # Up to _EVENT_BURST events per clock reading and per dispatch pass
+                # (`Node.handle_burst`); their effects are carried out in order after them.
+                for effect in handle_burst(events, now(), _EVENT_BURST):
                     table[type(effect)](self, effect)
                 if len(self._outbox) >= _OUTBOX_BURST:
                     self._submit_appends()  # keep the writer busy during a long burst
@@ -575,6 +577,8 @@ def _describe(exc: OSError) -> str:
 
 #: Appends handed to the log writer at once while a long burst is still being handled.
 _OUTBOX_BURST = 256
+#: Events handed to the node at once (one clock reading, one `_on_time` pass for all).
+_EVENT_BURST = 64
 
 _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Send: Runtime._send,
