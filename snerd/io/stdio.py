@@ -9,6 +9,7 @@ core as bytes.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import select
 import signal
@@ -31,6 +32,8 @@ __all__ = ["StdioPeer", "run_daemon", "write_stderr"]
 _OVERSIZE_PREFIX = 4096
 #: `sys.setswitchinterval` for the daemon process (CPython's default is 5 ms).
 _SWITCH_INTERVAL_S = 0.0005
+#: `gc.set_threshold` for the daemon process (CPython's default is 700, 10, 10).
+_GC_THRESHOLDS = (20_000, 20, 20)
 
 
 def write_stderr(text: str) -> None:
@@ -260,4 +263,12 @@ def run_daemon(directory: Path, settings: Settings) -> int:
     # default) for it. A short interval keeps that wait off the ack latency (see the
     # GroupCommitLog docstring). The daemon owns its process, so it may set this.
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
+    # The cyclic GC: everything imported so far lives as long as the process, so it is moved
+    # out of the collector's sight (gc.freeze), and young collections run every 20,000 net
+    # allocations instead of 700. A daemon with many queued tasks holds many long-lived
+    # objects; with the defaults, collections cost 15-20% of the CPU of a pipelined enqueue.
+    # Task state is freed by reference counting; only rare cycles wait a little longer.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*_GC_THRESHOLDS)
     return trio.run(_serve, directory, settings)
