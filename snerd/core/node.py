@@ -19,6 +19,8 @@ A task moves through the states below, and only along the edges of `TRANSITIONS`
 is a bug and raises (TigerBeetle-style assertions are kept on)::
 
     ENQUEUING   -> WAITING | READY | BLOCKED      enqueue record durable (else: forgotten)
+    ENQUEUING   -> DISPATCHING                     ready at once and a worker slot is free: the
+                                                   dispatch record goes in the same append
     BLOCKED     -> READY | WAITING                 every parent finished
     BLOCKED     -> FINISHING                       a parent was dead-lettered (fail-through)
     WAITING     -> READY                           its time came (execute_at, retry backoff)
@@ -107,6 +109,7 @@ TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
         (S.ENQUEUING, S.WAITING),
         (S.ENQUEUING, S.READY),
         (S.ENQUEUING, S.BLOCKED),
+        (S.ENQUEUING, S.DISPATCHING),
         (S.BLOCKED, S.READY),
         (S.BLOCKED, S.WAITING),
         (S.BLOCKED, S.FINISHING),
@@ -963,10 +966,31 @@ class Node:
         if payload_hash is not None:
             self.fingerprints[payload_hash] = cmd.task_id
         self.stats["total_enqueued"] += 1
+        records = [fx.NewRecord(fields=fields)]
+        if self._runs_at_once(task):
+            # Its first attempt starts now: the dispatch record shares the enqueue record's
+            # append (one commit, one fsync instead of two in a row); the ack and the
+            # `execute` both follow that commit (`_on_append_committed`).
+            records.append(fx.NewRecord(fields=self._begin_attempt(task, task.pool)))
         self._append(
-            shard,
-            [fx.NewRecord(fields=fields)],
-            PendingAppend(kind="enqueue", shard=shard, task_id=cmd.task_id),
+            shard, records, PendingAppend(kind="enqueue", shard=shard, task_id=cmd.task_id)
+        )
+
+    def _runs_at_once(self, task: Task) -> bool:
+        """True when a task being enqueued would be dispatched as soon as its enqueue record
+        commits anyway: ready now, no parents, no rate limit, a handler registered (not a
+        webhook), a free slot in its pool, and no ready task waiting for a slot (those go first
+        by urgency, in `_dispatch`)."""
+        return (
+            self.phase is NodePhase.RUNNING
+            and not task.trigger_after_ids
+            and task.ready_at_us <= self._now.wall
+            and task.webhook_url is None
+            and task.group is None
+            and task.task_type in self.registered
+            and len(self.inflight) < self.config.max_workers
+            and self.pool_busy.get(task.pool, 0) < self._pool_limit(task.pool)
+            and not any(self.ready.values())
         )
 
     def _ack_duplicate(self, task_id: str, original: Task) -> None:
@@ -1189,6 +1213,16 @@ class Node:
             self._start_attempt(task, pool)
 
     def _start_attempt(self, task: Task, pool: str) -> None:
+        fields = self._begin_attempt(task, pool)
+        self._append(
+            task.shard,
+            [fx.NewRecord(fields=fields)],
+            PendingAppend(kind="dispatch", shard=task.shard, task_id=task.task_id),
+        )
+
+    def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
+        """Take a worker slot for the task's next attempt (-> DISPATCHING); return the fields
+        of its dispatch record."""
         now = self._now
         self._move(task, TaskState.DISPATCHING)
         if task.attempt <= task.retry_count:
@@ -1206,11 +1240,7 @@ class Node:
         if task.group is not None:
             fields["group"] = task.group
         fields.update(self._meta(task.shard))
-        self._append(
-            task.shard,
-            [fx.NewRecord(fields=fields)],
-            PendingAppend(kind="dispatch", shard=task.shard, task_id=task.task_id),
-        )
+        return fields
 
     def _begin_execution(self, task: Task) -> None:
         now = self._now
@@ -1358,6 +1388,14 @@ class Node:
             self._send(proto.ack_enqueued(task.task_id, task.shard))
             for dup in p.dedupe_waiters:
                 self._send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
+            if task.state is TaskState.DISPATCHING:
+                # Dispatched with its enqueue record (`_runs_at_once`): that record is second.
+                task.dispatch_loc = fx.Location(p.shard, event.offsets[1], event.lengths[1])
+                if self.phase is NodePhase.DRAINING:
+                    self._end_flight_unsent(task)  # not sent yet: it runs elsewhere
+                    return
+                self._begin_execution(task)
+                return
             self._schedule(task, self._now)
         elif p.kind == "dispatch":
             task.dispatch_loc = loc
@@ -1447,6 +1485,9 @@ class Node:
         if p.kind == "enqueue":
             del self.pending[event.token]
             task = self.tasks.pop(p.task_id or "", None)
+            flight = self.inflight.pop(p.task_id or "", None)
+            if flight is not None:  # dispatched with its enqueue record: give the slot back
+                self.pool_busy[flight.pool] -= 1
             self.stats["total_enqueued"] -= 1
             if task is not None and task.payload_hash is not None:
                 self.fingerprints.pop(task.payload_hash, None)
