@@ -684,9 +684,20 @@ class GroupCommitLog:
         appends: Sequence[
             tuple[str | os.PathLike[str], Sequence[bytes], Callable[[AppendOutcome], None]]
         ],
+        *,
+        inline: bool = False,
     ) -> None:
         """`submit` each (path, lines, on_done) in order, taking the writer's lock once for all
-        of them (a daemon hands over a burst of appends at a time)."""
+        of them (a daemon hands over a burst of appends at a time).
+
+        With `inline`, if the writer thread is idle (asleep, nothing queued), the batch is
+        committed here, in the calling thread, exactly as the writer would (one write and one
+        fsync per file), and the callbacks and `after_deliver` run before this returns. That
+        blocks the caller for the fsync, and spares the two thread hand-offs (wake the writer,
+        wake trio: about 110 us each on this kind of VM) that otherwise sit on the path of a
+        lone append. While the writer is busy the batch is queued as usual, so a stream of
+        appends still overlaps CPU work with fsyncs. The writer cannot wake while the caller
+        holds its lock, so its state is never used by two threads at once."""
         jobs: list[_Append] = []
         for path, lines, on_done in appends:
             checked: list[bytes] = []
@@ -701,13 +712,20 @@ class GroupCommitLog:
             jobs.append(_Append(os.fspath(path), checked, on_done))
         if not jobs:
             return
+        done: _Done = []
         with self._cond:
             if self._closing or self._token is None:
                 raise RuntimeError("log is not open")
-            self._queue.extend(jobs)
             self._appends += len(jobs)
-            if self._idle:
-                self._cond.notify()
+            if inline and self._idle and not self._queue:
+                # The writer sleeps in `_cond.wait` and needs this lock to wake up.
+                self._process(list(jobs), done)
+            else:
+                self._queue.extend(jobs)
+                if self._idle:
+                    self._cond.notify()
+        if done:
+            self._deliver(done)
 
     async def append(self, path: str | os.PathLike[str], lines: Sequence[bytes]) -> tuple[int, ...]:
         """Append and wait for the commit; return the start offset of each line. Raises the

@@ -139,7 +139,7 @@ class Runtime:
     def submit(self, event: ev.Event) -> None:
         """Queue an event for the node (call from the trio thread)."""
         self.events.append(event)
-        if self._parked is not None:
+        if self._parked is not None and not self._processing:
             self._unpark()
 
     def submit_many(self, events: list[ev.Event]) -> None:
@@ -256,6 +256,16 @@ class Runtime:
                     table[type(effect)](self, effect)
                 if len(self._outbox) >= _OUTBOX_BURST:
                     self._submit_appends()  # keep the writer busy during a long burst
+                if (
+                    not events
+                    and 0 < len(self._outbox) <= _INLINE_APPENDS
+                    and self._exit_code is None
+                ):
+                    # The end of a small burst (a lone enqueue, a result): if the writer is
+                    # idle, commit here, sparing the two thread hand-offs; the outcomes come
+                    # back as events, handled by this same loop. Big bursts go to the writer,
+                    # which overlaps their fsync with handling the next burst.
+                    self._submit_appends(inline=True)
         finally:
             self._processing = False
             if self._outbox:
@@ -263,10 +273,10 @@ class Runtime:
         if node.phase is not NodePhase.STARTING and not self.ready.is_set():
             self.ready.set()
 
-    def _submit_appends(self) -> None:
+    def _submit_appends(self, *, inline: bool = False) -> None:
         assert self._log is not None
         outbox, self._outbox = self._outbox, []
-        self._log.submit_many(outbox)
+        self._log.submit_many(outbox, inline=inline)
 
     async def _park(self) -> None:
         """Wait until `submit` (or the timer) reschedules the driver."""
@@ -579,6 +589,9 @@ def _describe(exc: OSError) -> str:
 _OUTBOX_BURST = 256
 #: Events handed to the node at once (one clock reading, one `_on_time` pass for all).
 _EVENT_BURST = 64
+#: A burst that ends with at most this many appends commits them in the trio thread when the
+#: log writer is idle (`GroupCommitLog.submit_many(inline=True)`).
+_INLINE_APPENDS = 16
 
 _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Send: Runtime._send,
