@@ -1098,6 +1098,14 @@ class Node:
             self.due.push(task.task_id, task.ready_at_us, task.seq)
             return
         self._move(task, TaskState.READY)
+        if task.webhook_url is None and task.task_type not in self.registered:
+            # No handler here: `_dispatch` would only pop it to park it; park it now, in the
+            # same queue with the same order keys (`_on_register` makes it ready again).
+            self._move(task, TaskState.PARKED)
+            self.parked_by_type.setdefault(task.task_type, ReadyQueue()).push(
+                task.task_id, task.urgency, task.seq
+            )
+            return
         self._push_ready(task)
 
     def _push_ready(self, task: Task) -> None:
