@@ -90,6 +90,31 @@ def _now_factory() -> Callable[[int, int], ev.Now]:
 _new_now = _now_factory()
 
 
+def _committed_factory() -> Callable[[int, tuple[int, ...], tuple[int, ...]], ev.AppendCommitted]:
+    """`ev.AppendCommitted(token=, offsets=, lengths=)` without the frozen dataclass's
+    `__init__` (one per append; see `_now_factory`)."""
+    cls = ev.AppendCommitted
+    names = list(getattr(cls, "__dataclass_fields__", {}))
+    if names != ["token", "offsets", "lengths"] or "__slots__" not in vars(cls):
+        return lambda token, offsets, lengths: cls(token=token, offsets=offsets, lengths=lengths)
+    new = object.__new__
+    set_token = vars(cls)["token"].__set__
+    set_offsets = vars(cls)["offsets"].__set__
+    set_lengths = vars(cls)["lengths"].__set__
+
+    def make(token: int, offsets: tuple[int, ...], lengths: tuple[int, ...]) -> ev.AppendCommitted:
+        event: ev.AppendCommitted = new(cls)
+        set_token(event, token)
+        set_offsets(event, offsets)
+        set_lengths(event, lengths)
+        return event
+
+    return make
+
+
+_new_committed = _committed_factory()
+
+
 class Runtime:
     """Runs one node on one data directory until it exits."""
 
@@ -407,9 +432,7 @@ class Runtime:
             if isinstance(result, OSError):
                 self.submit(ev.AppendFailed(token=token, error=_describe(result)))
             else:
-                self.submit(
-                    ev.AppendCommitted(token=token, offsets=result, lengths=tuple(map(len, lines)))
-                )
+                self.submit(_new_committed(token, result, tuple(map(len, lines))))
 
         self._outbox.append((path, lines, done))
 
