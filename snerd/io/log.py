@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import outcome
 import trio
@@ -62,6 +62,7 @@ __all__ = [
     "LogChunk",
     "LogReader",
     "LogStatistics",
+    "RecordReader",
     "atomic_replace",
     "atomic_write",
     "compaction_tmp_path",
@@ -407,10 +408,18 @@ class LogReader:
                 os.close(fd)
 
 
+class RecordReader(Protocol):
+    """Anything that reads one record by location, as `LogReader.read_record` does."""
+
+    def read_record(
+        self, path: str | os.PathLike[str], offset: int, length: int
+    ) -> dict[str, Any]: ...
+
+
 def materialize(
     records: Sequence[NewRecord],
     path_for_shard: Callable[[int], str | os.PathLike[str]],
-    reader: LogReader | None = None,
+    reader: RecordReader | None = None,
 ) -> list[bytes]:
     """Turn the core's `NewRecord`s into log lines.
 

@@ -155,6 +155,7 @@ class Runtime:
         self._exit_code: int | None = None
         self._nursery: trio.Nursery | None = None
         self._log: logio.GroupCommitLog | None = None
+        self._recent: _RecentRecords | None = None
         self._webhooks: WebhookCaller | None = None
         #: Set once the node has taken every shard it could at start (for tests and the CLI).
         self.ready = trio.Event()
@@ -226,6 +227,7 @@ class Runtime:
         ) as log:
             self._nursery = nursery
             self._log = log
+            self._recent = _RecentRecords(log.reader)
             self._webhooks = WebhookCaller()
             nursery.start_soon(self._timer)
             task_status.started()
@@ -370,8 +372,8 @@ class Runtime:
         self._exit_code = effect.code
 
     def _read_payload(self, location: fx.Location) -> str:
-        assert self._log is not None
-        record = self._log.read_record(
+        assert self._recent is not None
+        record = self._recent.read_record(
             self.log_path(location.shard), location.offset, location.length
         )
         data = record.get("taskData")
@@ -417,8 +419,11 @@ class Runtime:
         assert self._log is not None
         path = self.log_path(effect.shard)
         token = effect.token
+        recent = self._recent
+        assert recent is not None
+        records = effect.records
         try:
-            lines = logio.materialize(effect.records, self.log_path, self._log.reader)
+            lines = logio.materialize(records, self.log_path, recent)
         except OSError as exc:
             self.submit(ev.AppendFailed(token=token, error=f"cannot build record: {exc}"))
             return
@@ -432,6 +437,7 @@ class Runtime:
             if isinstance(result, OSError):
                 self.submit(ev.AppendFailed(token=token, error=_describe(result)))
             else:
+                recent.remember(path, result, lines, records)
                 self.submit(_new_committed(token, result, tuple(map(len, lines))))
 
         self._outbox.append((path, lines, done))
@@ -448,10 +454,14 @@ class Runtime:
         )
 
     async def _compact_task(self, effect: fx.Compact) -> None:
-        assert self._log is not None
+        assert self._log is not None and self._recent is not None
+        path = self.log_path(effect.shard)
         try:
-            extra = logio.materialize(effect.extra, self.log_path, self._log.reader)
-            result = await self._log.compact(self.log_path(effect.shard), effect.keep, extra)
+            extra = logio.materialize(effect.extra, self.log_path, self._recent)
+            try:
+                result = await self._log.compact(path, effect.keep, extra)
+            finally:
+                self._recent.forget(path)  # the records may have moved
         except (OSError, ValueError) as exc:
             error = _describe(exc) if isinstance(exc, OSError) else str(exc)
             self.submit(ev.CompactionFailed(token=effect.token, shard=effect.shard, error=error))
@@ -474,8 +484,9 @@ class Runtime:
         path = self.log_path(shard)
         # The log is read afresh (the shard was just locked, maybe after another owner had it
         # and compacted it): forget any descriptor and remembered lines of the file as it was.
-        assert self._log is not None
+        assert self._log is not None and self._recent is not None
         self._log.reader.invalidate(path)
+        self._recent.forget(path)
 
         def read() -> list[ev.Event]:
             out: list[ev.Event] = []
@@ -598,6 +609,58 @@ class Runtime:
                 notification=effect.event != "Execute",
             )
         )
+
+
+class _RecentRecords:
+    """The fields of the task records this daemon appended most recently (up to `limit` bytes
+    of lines), by (path, offset), in front of the log's reader.
+
+    A task's record is read back soon after its commit: its payload for the `execute`, and as
+    the base of its next record (the tombstone copies it). From here that costs neither a
+    pread (which releases the GIL: getting it back in a busy daemon is the larger part) nor a
+    decode. Only records written whole (no base) with a payload are kept — exactly the fields
+    that were encoded into the line at that offset. The dicts are shared with `materialize`
+    and `_read_payload`, which only read them. A file's entries are dropped when it is read
+    afresh or compacted (`forget`); appends never overwrite a committed offset."""
+
+    def __init__(self, reader: logio.LogReader, limit: int = 8 << 20) -> None:
+        self._reader = reader
+        self._limit = limit
+        self._size = 0
+        #: (path, offset) -> (line length, fields), oldest first.
+        self._records: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+
+    def remember(
+        self,
+        path: str,
+        offsets: tuple[int, ...],
+        lines: list[bytes],
+        records: tuple[fx.NewRecord, ...],
+    ) -> None:
+        kept = self._records
+        for offset, line, record in zip(offsets, lines, records, strict=True):
+            if record.base is None and "taskData" in record.fields:
+                length = len(line)
+                if length * 8 > self._limit:
+                    continue
+                old = kept.pop((path, offset), None)
+                if old is not None:
+                    self._size -= old[0]
+                kept[(path, offset)] = (length, record.fields)
+                self._size += length
+        while self._size > self._limit:
+            self._size -= kept.pop(next(iter(kept)))[0]
+
+    def read_record(self, path: str | os.PathLike[str], offset: int, length: int) -> dict[str, Any]:
+        hit = self._records.get((os.fspath(path), offset))
+        if hit is not None and hit[0] == length:
+            return hit[1]
+        return self._reader.read_record(path, offset, length)
+
+    def forget(self, path: str) -> None:
+        stale = [key for key in self._records if key[0] == path]
+        for key in stale:
+            self._size -= self._records.pop(key)[0]
 
 
 def _describe(exc: OSError) -> str:
