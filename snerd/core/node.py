@@ -1031,12 +1031,16 @@ class Node:
         ):
             self._send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
             return
+        self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
+
+    def _attempt_ended(self, task: Task, ok: bool, error: str) -> None:
+        """The outcome of a running attempt, from the SDK or from a webhook."""
         self.stats["total_executed"] += 1
-        if cmd.success:
+        if ok:
             self._succeeded(task)
         else:
             self.stats["total_failed"] += 1
-            self._failed(task, cmd.error_msg or "Unknown error")
+            self._failed(task, error)
 
     def _on_progress(self, cmd: proto.Progress) -> None:
         # Progress is a pass-through stream; it is not persisted (upstream does the same).
@@ -1078,12 +1082,7 @@ class Node:
         task = self.tasks.get(event.task_id)
         if flight is None or task is None or flight.attempt != event.attempt:
             return
-        self.stats["total_executed"] += 1
-        if event.ok:
-            self._succeeded(task)
-        else:
-            self.stats["total_failed"] += 1
-            self._failed(task, event.error or "Webhook failed")
+        self._attempt_ended(task, event.ok, event.error or "Webhook failed")
 
     # ------------------------------------------------------------------ scheduling
 
