@@ -41,10 +41,10 @@ BENCHES = [
     Bench("raw64", raw.raw_fsync64, 2_000_000, 2.0, "raw appends, one fsync per 64"),
     Bench("huey-enqueue", huey_bench.huey_enqueue, 50_000, 2.0, "Huey SqliteHuey enqueue"),
     Bench("huey-e2e", huey_bench.huey_e2e, 50_000, 4.0, "Huey enqueue + in-process drain"),
-    Bench("pipelined", daemon.snerd_enqueue_pipelined, 300_000, 3.0, "snerd windowed enqueue"),
+    Bench("pipelined", daemon.snerd_enqueue_pipelined, 150_000, 3.0, "snerd windowed enqueue"),
     Bench("seq", daemon.snerd_enqueue_seq, 50_000, 3.0, "snerd one enqueue at a time"),
-    Bench("e2e", daemon.snerd_e2e, 200_000, 4.0, "snerd no-op jobs over the protocol"),
-    Bench("sdk", sdk.sdk_e2e, 100_000, 4.0, "snerd no-op jobs through SnerdQueue"),
+    Bench("e2e", daemon.snerd_e2e, 80_000, 4.0, "snerd no-op jobs over the protocol"),
+    Bench("sdk", sdk.sdk_e2e, 50_000, 4.0, "snerd no-op jobs through SnerdQueue"),
     Bench("exec", daemon.snerd_exec_latency, 3_000, 3.0, "snerd enqueue -> execute, idle"),
 ]
 GROUPS = {
@@ -72,6 +72,11 @@ class Results:
         runs = self.rates.get(key)
         return statistics.median(r.per_second for r in runs) if runs else None
 
+    def cpu_us(self, key: str) -> float | None:
+        """Median daemon CPU per operation over the rounds (None: not measured)."""
+        values = [v for r in self.rates.get(key, []) if (v := r.cpu_us_per_op) is not None]
+        return statistics.median(values) if values else None
+
     def spread(self, key: str) -> str:
         runs = self.rates.get(key, [])
         if len(runs) < 2:
@@ -90,6 +95,8 @@ class Results:
         for key, runs in self.rates.items():
             out[f"{key}.rate"] = self.rate(key)
             out[f"{key}.rounds"] = [r.per_second for r in runs]
+            if self.cpu_us(key) is not None:
+                out[f"{key}.daemon_cpu_us_per_op"] = self.cpu_us(key)
         for key, samples in self.latencies.items():
             ordered = sorted(samples)
             out[f"{key}.samples"] = len(ordered)
@@ -127,7 +134,11 @@ def build_rows(r: Results) -> list[Row]:
 
     def rate_text(key: str, unit: str) -> str:
         v = r.rate(key)
-        return na if v is None else f"{_num(v)} {unit}{r.spread(key)}"
+        if v is None:
+            return na
+        cpu = r.cpu_us(key)
+        cpu_text = "" if cpu is None else f", daemon CPU {cpu:,.0f} µs/op"
+        return f"{_num(v)} {unit}{r.spread(key)}{cpu_text}"
 
     def lat_text(key: str) -> str:
         p50, p99, n = r.pct_us(key, 50), r.pct_us(key, 99), len(r.latencies.get(key, []))
@@ -298,8 +309,11 @@ def main(argv: list[str] | None = None) -> int:
                 measured = b.fn(scratch, max(1, int(b.count * max(scale, 0.05))), b.seconds * scale)
                 for m in measured:
                     results.add(m)
+                    cpu = m.cpu_us_per_op if isinstance(m, Rate) else None
                     summary = (
-                        f"{_num(m.per_second)}/s ({m.ops:,} in {m.seconds:.2f} s)"
+                        f"{_num(m.per_second)}/s ({m.ops:,} in {m.seconds:.2f} s"
+                        + ("" if cpu is None else f", daemon CPU {cpu:,.0f} µs/op")
+                        + ")"
                         if isinstance(m, Rate)
                         else f"p50 {_us(percentile(sorted(m.samples), 50) * 1e6)} "
                         f"p99 {_us(percentile(sorted(m.samples), 99) * 1e6)} "

@@ -36,6 +36,14 @@ class Rate:
     ops: int
     seconds: float
     note: str = ""
+    #: CPU time the daemon process used (all threads, user + system) over the same period.
+    cpu_seconds: float | None = None
+
+    @property
+    def cpu_us_per_op(self) -> float | None:
+        if self.cpu_seconds is None or self.ops <= 0:
+            return None
+        return self.cpu_seconds / self.ops * 1e6
 
     @property
     def per_second(self) -> float:

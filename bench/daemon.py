@@ -145,6 +145,15 @@ class Daemon:
                     raise DaemonError(line.decode())
         raise DaemonError(f"no {want!r} within {timeout} s; stderr: {self.stderr_tail()}")
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the daemon process so far (all threads), from /proc."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", encoding="ascii") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stderr_tail(self) -> str:
         try:
             with open(self.stderr_path, "rb") as f:
@@ -208,6 +217,7 @@ def snerd_enqueue_pipelined(
             acked += chunk.count(_ACK)
         budget = Budget(count, seconds)
         sent = acked = 0
+        cpu0 = daemon.cpu_seconds()
         start = time.perf_counter()
         while True:
             room = window - (sent - acked)
@@ -223,7 +233,8 @@ def snerd_enqueue_pipelined(
             _check_errors(chunk)
             acked += chunk.count(_ACK)
         elapsed = time.perf_counter() - start
-    return [Rate("snerd_enqueue_pipelined", acked, elapsed, f"window {window}")]
+        cpu = daemon.cpu_seconds() - cpu0
+    return [Rate("snerd_enqueue_pipelined", acked, elapsed, f"window {window}", cpu)]
 
 
 def snerd_enqueue_seq(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
@@ -297,6 +308,7 @@ def snerd_e2e(scratch: Scratch, count: int, seconds: float, window: int = 1024) 
         # Half the budget for enqueueing, as for Huey.
         budget = Budget(count, seconds / 2)
         sent = acked = executed = 0
+        cpu0 = daemon.cpu_seconds()
         start = time.perf_counter()
         while True:
             room = window - (sent - acked)
@@ -317,7 +329,8 @@ def snerd_e2e(scratch: Scratch, count: int, seconds: float, window: int = 1024) 
                 executed += k
         _wait_empty(daemon)
         elapsed = time.perf_counter() - start
-    return [Rate("snerd_e2e", sent, elapsed, f"window {window}")]
+        cpu = daemon.cpu_seconds() - cpu0
+    return [Rate("snerd_e2e", sent, elapsed, f"window {window}", cpu)]
 
 
 def snerd_exec_latency(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
