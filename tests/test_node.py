@@ -630,3 +630,42 @@ def test_no_busy_wakeups_while_draining_or_renewing() -> None:
     sh.advance(3)
     assert sh.exit_code == 0  # the leases lapse on their own; the daemon still exits
     assert sh.node.wake_in(sh.now()) is None
+
+
+def test_a_burst_acks_after_commit_and_then_runs_most_urgent_first() -> None:
+    from collections import deque
+
+    from snerd.core import effects as fx
+
+    sh = started(NodeConfig(node_id="n@pid-1-x", max_workers=1))
+    sh.register("t")
+    lines = deque(
+        ev.LineReceived(
+            line=orjson.dumps(
+                {
+                    "action": "enqueue",
+                    "task_id": f"b{i}",
+                    "task_type": "t",
+                    "task_data": "{}",
+                    "max_retries": 0,
+                    "retry_after_hours": 0,
+                    "urgency_score": urgency,
+                }
+            )
+        )
+        for i, urgency in enumerate([1.0, 9.0, 5.0])
+    )
+    effects = sh.node.handle_burst(lines, sh.now())
+    assert not lines
+    # Nothing is told to the SDK before its record is durable.
+    assert not [e for e in effects if isinstance(e, (fx.Send, fx.Execute))]
+    for effect in effects:
+        sh._do(effect)
+    sh._pump()
+    # The first took the free slot as it arrived (dispatched with its enqueue record); the
+    # rest then go most urgent first.
+    assert sh.executed_ids() == ["b0"]
+    assert {m["task_id"] for m in sh.messages("ack") if "task_id" in m} == {"b0", "b1", "b2"}
+    sh.result("b0")
+    sh.result("b1")
+    assert sh.executed_ids() == ["b0", "b1", "b2"]

@@ -335,7 +335,8 @@ class Node:
         The same as `handle` for each in turn, except that the time-driven work (`_on_time`:
         filling free worker slots, due tasks, timeouts, leases, compaction) runs once, after
         the last of them, at `now`: a burst of lines costs one dispatch pass instead of one per
-        line, and the most urgent task the burst made ready is the first to go. Stops after an
+        line. (A task that finds a slot free as it arrives is dispatched with its
+        enqueue record, before later lines of the burst are read.) Stops after an
         event that stopped the node (the rest stay in `events`, as the shell stops there too).
         """
         assert not self._out
