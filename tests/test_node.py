@@ -669,3 +669,16 @@ def test_a_burst_acks_after_commit_and_then_runs_most_urgent_first() -> None:
     sh.result("b0")
     sh.result("b1")
     assert sh.executed_ids() == ["b0", "b1", "b2"]
+
+
+def test_an_unreadable_payload_is_a_failed_attempt_decided_by_the_core() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_retries=1)
+    sh.feed(ev.PayloadUnreadable(task_id="a", attempt=1, error="checksum mismatch"))
+    assert sh.node.tasks["a"].last_error == (
+        "snerd could not read the task's payload: checksum mismatch"
+    )
+    assert [e.attempt for e in sh.executed] == [1, 2]  # its retry rules applied
+    sh.feed(ev.PayloadUnreadable(task_id="a", attempt=1, error="late"))  # stale: ignored
+    assert [e.attempt for e in sh.executed] == [1, 2]

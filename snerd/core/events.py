@@ -32,6 +32,7 @@ __all__ = [
     "MembershipWriteFailed",
     "MembershipWritten",
     "Now",
+    "PayloadUnreadable",
     "Started",
     "Tick",
     "WebhookFinished",
@@ -206,6 +207,17 @@ class CompactionFailed(Event):
 
     token: int
     shard: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadUnreadable(Event):
+    """The shell could not read a task's record to carry out an `Execute`, `CallWebhook` or
+    `DeliverDeadLetter` (moved, damaged, I/O error). What that means for the task is the
+    core's decision."""
+
+    task_id: str
+    attempt: int
     error: str
 
 

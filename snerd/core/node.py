@@ -1034,6 +1034,21 @@ class Node:
             return
         self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
 
+    def _on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
+        flight = self.inflight.get(event.task_id)
+        task = self.tasks.get(event.task_id)
+        if flight is None or task is None or task.state is not TaskState.RUNNING:
+            # A dead-letter notice that could not be read: nothing left to decide.
+            self._log("error", f"task {event.task_id}: cannot read its record ({event.error})")
+            return
+        if flight.attempt != event.attempt:
+            return
+        # A failed attempt, so the task's retry and dead-letter rules apply instead of it
+        # hanging forever; a record that stays unreadable dead-letters it (`_on_append_failed`).
+        self._attempt_ended(
+            task, False, f"snerd could not read the task's payload: {event.error}"
+        )
+
     def _attempt_ended(self, task: Task, ok: bool, error: str) -> None:
         """The outcome of a running attempt, from the SDK or from a webhook."""
         self.stats["total_executed"] += 1
@@ -1258,17 +1273,7 @@ class Node:
         assert task.loc is not None
         if task.webhook_url is not None:
             timeout = float(task.max_execution_seconds or self.config.webhook_timeout_s)
-            self._emit(
-                fx.CallWebhook(
-                    task_id=task.task_id,
-                    task_type=task.task_type,
-                    attempt=task.attempt,
-                    url=task.webhook_url,
-                    location=task.loc,
-                    event="Execute",
-                    timeout_seconds=timeout,
-                )
-            )
+            self._call_webhook(task, task.webhook_url, task.loc, "Execute", timeout)
             return
         if task.max_execution_seconds is not None:
             flight.deadline_mono = now.mono + task.max_execution_seconds * SECOND
@@ -1280,6 +1285,21 @@ class Node:
                 attempt=task.attempt,
                 location=task.loc,
                 max_execution_seconds=task.max_execution_seconds,
+            )
+        )
+
+    def _call_webhook(
+        self, task: Task, url: str, loc: fx.Location, event: str, timeout: float
+    ) -> None:
+        self._emit(
+            fx.CallWebhook(
+                task_id=task.task_id,
+                task_type=task.task_type,
+                attempt=task.attempt,
+                url=url,
+                location=loc,
+                event=event,
+                timeout_seconds=timeout,
             )
         )
 
@@ -1455,16 +1475,8 @@ class Node:
         if outcome == OUTCOME_DEAD:
             self.stats["total_dlq"] += 1
             if task.webhook_url is not None:
-                self._emit(
-                    fx.CallWebhook(
-                        task_id=task.task_id,
-                        task_type=task.task_type,
-                        attempt=task.attempt,
-                        url=task.webhook_url,
-                        location=loc,
-                        event="MaxRetriesReached",
-                        timeout_seconds=self.config.webhook_timeout_s,
-                    )
+                self._call_webhook(
+                    task, task.webhook_url, loc, "MaxRetriesReached", self.config.webhook_timeout_s
                 )
             elif task.task_type in self.registered:
                 self._emit(
@@ -1814,6 +1826,7 @@ _HANDLERS: dict[type[Any], Any] = {
     ev.CompactionFailed: Node._on_compaction_failed,
     ev.WebhookFinished: Node._on_webhook,
     ev.CompactionRequested: Node._on_compaction_requested,
+    ev.PayloadUnreadable: Node._on_payload_unreadable,
     proto.Register: Node._on_register,
     proto.Enqueue: Node._on_enqueue,
     proto.Result: Node._on_result,

@@ -383,16 +383,8 @@ class Runtime:
         try:
             data = self._read_payload(effect.location)
         except (OSError, ValueError) as exc:
-            # The record moved or is unreadable: report it as a failed attempt so the task's
-            # retry and dead-letter rules apply instead of it hanging forever.
-            self.peer.log("error", f"task {effect.task_id}: cannot read its payload ({exc})")
             self.submit(
-                proto.Result(
-                    task_id=effect.task_id,
-                    success=False,
-                    error_msg=f"snerd could not read the task's payload: {exc}",
-                    attempt=effect.attempt,
-                )
+                ev.PayloadUnreadable(task_id=effect.task_id, attempt=effect.attempt, error=str(exc))
             )
             return
         self.peer.deliver(
@@ -579,13 +571,7 @@ class Runtime:
             data = self._read_payload(effect.location)
         except (OSError, ValueError) as exc:
             self.submit(
-                ev.WebhookFinished(
-                    task_id=effect.task_id,
-                    attempt=effect.attempt,
-                    ok=False,
-                    error=f"snerd could not read the task's payload: {exc}",
-                    notification=effect.event != "Execute",
-                )
+                ev.PayloadUnreadable(task_id=effect.task_id, attempt=effect.attempt, error=str(exc))
             )
             return
         self._nursery.start_soon(self._webhook_task, effect, data)
