@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(BIN)/snerdmq demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check snerd tests bench
+	$(BIN)/ruff check snerd sim tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
