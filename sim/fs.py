@@ -76,8 +76,11 @@ import orjson
 import xxhash
 
 __all__ = [
+    "EBADF_NOT_LOCKED",
     "EIO_LOCK_LOST",
     "ENOSPC",
+    "MEMBERSHIP_EIO",
+    "MEMBERSHIP_RENAME_UNKNOWN",
     "AppendHandle",
     "AppendStatus",
     "DoubleGrant",
@@ -93,6 +96,7 @@ ENOSPC = "No space left on device"
 EIO_LOCK_LOST = "EIO: lock lost"
 #: What `touch_lock` returns for a lock file this process does not have open.
 EBADF_NOT_LOCKED = "EBADF: lock file not open"
+#: What a membership write with `fail_before` reports (nothing was applied).
 MEMBERSHIP_EIO = "EIO: membership.json write failed"
 #: rename(2) BUGS: the rename may have happened although it reported failure.
 MEMBERSHIP_RENAME_UNKNOWN = "EIO: rename(2) of membership.json reported failure"
