@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -225,7 +226,7 @@ def test_restart_replays_the_log_and_reruns_unfinished_attempts() -> None:
     sh.enqueue("q2", task_type="other2")
     # Crash: a new node on the same disk (the old one's lock is gone with its process).
     sh.disk["locks"].clear()
-    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b"), disk=sh.disk)
+    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b", lock_proves_liveness=True), disk=sh.disk)
     sh2.wall = sh.wall + 40 * SECOND  # its lease lapsed
     sh2.start()
     assert sh2.node.phase is NodePhase.RUNNING
@@ -312,9 +313,13 @@ def test_compaction_keeps_live_state() -> None:
     ids = [r.get("taskId") for r in sh.log_records() if r.get("deletedAt")]
     assert len(ids) <= 5 + 10  # bounded history
     sh.disk["locks"].clear()
-    sh2 = FakeShell(cfg, disk=sh.disk)
+    sh2 = FakeShell(replace(cfg, node_id="n@pid-2-y"), disk=sh.disk)
     sh2.wall = sh.wall + 40 * SECOND
     sh2.start()
+    assert sh2.node.owned_shards == []  # the dead claim has not been seen long enough yet
+    # Seen unchanged for ttl + margin (35 s) on its own monotonic clock by its round at 40 s.
+    sh2.advance(41)
+    assert sh2.node.owned_shards == [0]
     assert set(sh2.node.tasks) == {"live"}
 
 
@@ -435,7 +440,10 @@ def test_random_workloads_finish_every_acked_task_within_its_attempts(
             note_executions(sh)
             sh.disk["locks"].clear()
             wall = sh.wall
-            sh = FakeShell(NodeConfig(node_id=f"n@pid-{n}-r", max_workers=3), disk=sh.disk)
+            sh = FakeShell(
+                NodeConfig(node_id=f"n@pid-{n}-r", max_workers=3, lock_proves_liveness=True),
+                disk=sh.disk,
+            )
             sh.wall = wall + 40 * SECOND
             sh.start()
             sh.register("t")
@@ -498,7 +506,7 @@ def test_rate_window_survives_a_restart() -> None:
     assert sh.executed_ids() == ["r0", "r1"]
     sh.advance(10)
     sh.disk["locks"].clear()
-    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b"), disk=sh.disk)
+    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b", lock_proves_liveness=True), disk=sh.disk)
     sh2.wall, sh2.mono = sh.wall + 36 * SECOND, sh.mono  # lease lapsed; 46 s after r0, r1 ran
     sh2.start()
     sh2.register("t")
@@ -560,7 +568,9 @@ def test_fifo_order_survives_compaction_and_restart() -> None:
     records = sh.log_records()
     assert [r["taskId"] for r in records if "taskId" in r] == ["B", "C", "A"]  # compacted
     sh.disk["locks"].clear()
-    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b", max_workers=1), disk=sh.disk)
+    sh2 = FakeShell(
+        NodeConfig(node_id="n2@pid-2-b", max_workers=1, lock_proves_liveness=True), disk=sh.disk
+    )
     sh2.wall = sh.wall + 40 * SECOND
     sh2.start()
     sh2.register("t")

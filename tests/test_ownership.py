@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from snerd.core.ownership import (
+    NODES_KEY,
+    Observer,
     OwnershipConfig,
     claim_epoch,
     claimable,
+    fair_cap,
+    give_back,
     initial_doc,
     live_foreign,
     owned_by,
     with_claims,
+    with_heartbeat,
     without_claims,
 )
 from snerd.core.timefmt import format_rfc3339
@@ -38,8 +43,6 @@ def test_free_own_and_lapsed_claims_are_claimable_but_a_live_one_is_not() -> Non
     dead = frozenset({0})
     assert claimable(doc, node_id="me", wall_us=T, config=CFG, proven_dead=dead) == [0, 1]
     assert live_foreign(doc, node_id="me") == [0]
-    capped = OwnershipConfig(max_shards=1)
-    assert claimable(initial_doc(queue="q", shards=3), node_id="me", wall_us=T, config=capped) == [0]
 
 
 def test_an_unparseable_expiry_is_never_treated_as_lapsed() -> None:
@@ -64,3 +67,87 @@ def test_claims_bump_the_epoch_renewals_keep_it_and_releases_remember_it() -> No
     assert claim_epoch(released, 0) == 4  # ...but the epoch is not forgotten
     again = with_claims(released, node_id="next", shards=[0], wall_us=T, config=CFG)
     assert again["claims"]["shard-0"]["epoch"] == 5
+
+
+def test_a_lapse_also_needs_the_claim_seen_unchanged_for_ttl_plus_margin_on_our_own_clock() -> None:
+    doc = doc_with("other", T)  # expired long ago by the wall clock
+    seen = Observer()
+    seen.observe(doc, mono_us=100 * S)
+    late_wall = T + 3600 * S  # a wall clock stepped far ahead proves nothing
+    assert claimable(doc, node_id="me", wall_us=late_wall, config=CFG) == [0, 1]
+    assert claimable(
+        doc, node_id="me", wall_us=late_wall, config=CFG, observer=seen, mono_us=134 * S
+    ) == [1]
+    assert claimable(
+        doc, node_id="me", wall_us=late_wall, config=CFG, observer=seen, mono_us=135 * S
+    ) == [0, 1]
+    # A renewal (any change) restarts the wait.
+    renewed = with_claims(doc, node_id="other", shards=[0], wall_us=T - 40 * S, config=CFG)
+    seen.observe(renewed, mono_us=135 * S)
+    assert claimable(
+        renewed, node_id="me", wall_us=late_wall, config=CFG, observer=seen, mono_us=160 * S
+    ) == [1]
+    # Both rules must hold: seen unchanged for long, but not yet expired by the wall clock.
+    assert claimable(
+        renewed, node_id="me", wall_us=T - 20 * S, config=CFG, observer=seen, mono_us=999 * S
+    ) == [1]
+    # The negative control judges on the wall clock alone.
+    unsafe = OwnershipConfig(ttl_us=30 * S, skew_margin_us=5 * S, unsafe_wall_clock_only=True)
+    assert claimable(
+        renewed, node_id="me", wall_us=late_wall, config=unsafe, observer=seen, mono_us=136 * S
+    ) == [0, 1]
+
+
+def test_heartbeats_make_nodes_live_until_they_stop_changing() -> None:
+    doc = initial_doc(queue="q", shards=4)
+    doc = with_heartbeat(doc, node_id="a", wall_us=T, live=None)
+    doc = with_heartbeat(doc, node_id="b", wall_us=T, live=None)
+    assert doc[NODES_KEY]["a"]["beat"] == 1
+    seen = Observer()
+    seen.observe(doc, mono_us=0)
+    assert seen.live_nodes(node_id="me", mono_us=34 * S, config=CFG) == ["a", "b", "me"]
+    doc = with_heartbeat(doc, node_id="a", wall_us=T, live=None)
+    seen.observe(doc, mono_us=20 * S)
+    assert seen.live_nodes(node_id="me", mono_us=35 * S, config=CFG) == ["a", "me"]
+    # Dead nodes' heartbeats are pruned by whoever writes next.
+    pruned = with_heartbeat(doc, node_id="me", wall_us=T, live=["a", "me"])
+    assert sorted(pruned[NODES_KEY]) == ["a", "me"]
+    assert pruned[NODES_KEY]["a"]["beat"] == 2
+    gone = without_claims(pruned, node_id="a")
+    assert sorted(gone[NODES_KEY]) == ["me"]
+
+
+def claimed(owners: dict[str, list[int]], shards: int) -> dict:
+    doc = initial_doc(queue="q", shards=shards)
+    for node, mine in owners.items():
+        doc = with_claims(doc, node_id=node, shards=mine, wall_us=T, config=CFG)
+    return doc
+
+
+def test_fair_cap_is_the_ceiling_share_and_max_shards() -> None:
+    assert fair_cap(4, 3, CFG) == 2
+    assert fair_cap(6, 3, CFG) == 2
+    assert fair_cap(1, 2, CFG) == 1
+    assert fair_cap(8, 1, OwnershipConfig(max_shards=3)) == 3
+
+
+def test_give_back_converges_to_counts_that_differ_by_at_most_one() -> None:
+    # A node above the ceiling gives the excess back.
+    doc = claimed({"a": [0, 1, 2, 3], "b": []}, 4)
+    assert give_back(doc, node_id="a", live=["a", "b"], config=CFG) == 2
+    assert give_back(doc, node_id="b", live=["a", "b"], config=CFG) == 0
+    # 4 shards, 3 nodes holding 2, 2, 0: one of the two at the ceiling gives one (the lowest
+    # ranked), so the spread becomes 2, 1, 1 and not 1, 1, 0 with a shard bouncing around.
+    doc = claimed({"a": [0, 1], "b": [2, 3], "c": []}, 4)
+    live = ["a", "b", "c"]
+    assert [give_back(doc, node_id=n, live=live, config=CFG) for n in live] == [0, 1, 0]
+    # While a shard is free the needy node claims it; nobody gives.
+    doc = claimed({"a": [0, 1], "b": [2], "c": []}, 4)
+    assert [give_back(doc, node_id=n, live=live, config=CFG) for n in live] == [0, 0, 0]
+    # Even already: 2, 1, 1.
+    doc = claimed({"a": [0, 1], "b": [2], "c": [3]}, 4)
+    assert [give_back(doc, node_id=n, live=live, config=CFG) for n in live] == [0, 0, 0]
+    # A node's own max_shards is not a share of the cluster: it never gives back for it.
+    capped = OwnershipConfig(max_shards=1)
+    doc = claimed({"a": [0], "b": []}, 1)
+    assert give_back(doc, node_id="a", live=["a", "b"], config=capped) == 0

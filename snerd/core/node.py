@@ -56,15 +56,19 @@ from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.cron import next_fire, normalize_cron
 from snerd.core.ownership import (
+    Observer,
     OwnershipConfig,
     ShardPhase,
     claim_epoch,
     claimable,
+    fair_cap,
+    give_back,
     initial_doc,
     live_foreign,
     owned_by,
     shard_name,
     with_claims,
+    with_heartbeat,
     without_claims,
 )
 from snerd.core.rate_limit import RateWindows
@@ -159,6 +163,9 @@ class NodeConfig:
     #: local filesystem): a shard whose lock this node can take is taken over at once instead
     #: of after its lease lapses (DESIGN §4.8). The shell decides it from the mount type.
     lock_proves_liveness: bool = False
+    #: Ignore log records of an epoch older than a claim before them (DESIGN §4.3). Only the
+    #: simulator's negative control `--unsafe-no-fence` turns it off.
+    fence: bool = True
 
 
 def route_shard(key: str, shards: int) -> int:
@@ -230,6 +237,11 @@ class ShardInfo:
     #: log being rewritten); emitted in order once it ends.
     backlog: list[fx.Append] = field(default_factory=list)
     retry_lock_at_mono: int | None = None
+    #: Above its fair share, this node hands the shard to another: nothing new is dispatched
+    #: from it, and once its attempts in flight end (or `drain_timeout` passes) its claim is
+    #: removed and its lock released. `giving_back_since_mono`: when that began.
+    giving_back: bool = False
+    giving_back_since_mono: int = 0
     #: Records and bytes of the latest replay, for the startup log line.
     loaded_records: int = 0
     corrupt_lines: int = 0
@@ -254,6 +266,8 @@ class PendingAppend:
     #: For outcome appends: the effect to retry with if it fails.
     effect: fx.Append | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The SDK was already answered (an enqueue whose shard changed owner before it committed).
+    answered: bool = False
 
 
 class Node:
@@ -295,6 +309,17 @@ class Node:
         #: Shards whose lock this node took while another node's claim was live: that node's
         #: process is gone. The lock stays held until the claim is rewritten as ours.
         self.proven_dead: set[int] = set()
+        #: Claims and heartbeats seen in membership.json, timed on this node's monotonic clock.
+        self.observer = Observer()
+        #: When the membership round in flight started (its read was issued).
+        self.round_started_mono: int | None = None
+        #: Shards whose claims the membership write in flight gives back.
+        self.round_releases: list[int] = []
+        #: This node acts for its shards only until then: the start of its last renewal known
+        #: to have committed, plus the lease (DESIGN §4.4). None: it holds no lease.
+        self.lease_deadline_mono: int | None = None
+        #: Ready tasks of shards being given back (not dispatched here any more), by shard.
+        self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.drain_deadline_mono: int | None = None
         #: The drain is over and claims are to be handed back; `releasing`: that write is out.
         self.released = False
@@ -318,6 +343,8 @@ class Node:
         self._now = now
         if self.started_mono is None:
             self.started_mono = now.mono
+        if self.lease_deadline_mono is not None and now.mono >= self.lease_deadline_mono:
+            self._lease_ran_out()
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise TypeError(f"Node cannot handle {type(event).__name__}")
@@ -343,6 +370,8 @@ class Node:
         self._now = now
         if self.started_mono is None:
             self.started_mono = now.mono
+        if self.lease_deadline_mono is not None and now.mono >= self.lease_deadline_mono:
+            self._lease_ran_out()
         handlers = _HANDLERS
         popleft = events.popleft
         for _ in range(min(limit, len(events))):
@@ -377,6 +406,8 @@ class Node:
                     candidates.append(flight.deadline_mono - now.mono)
         if self.renew_at_mono is not None:
             candidates.append(self.renew_at_mono - now.mono)
+        if self.lease_deadline_mono is not None:
+            candidates.append(self.lease_deadline_mono - now.mono)
         if self.drain_deadline_mono is not None:
             candidates.append(self.drain_deadline_mono - now.mono)
         for info in self.shards.values():
@@ -446,9 +477,15 @@ class Node:
 
     # ------------------------------------------------------------------ startup and ownership
 
-    def _on_started(self, event: ev.Started) -> None:
-        self._emit(fx.ReadMembership())
+    def _read_membership(self) -> None:
+        """Start a membership round: read, then (in `_on_membership_read`) write claims,
+        renewals, give-backs and this node's heartbeat. A renewal's lease counts from here."""
         self.membership_busy = True
+        self.round_started_mono = self._now.mono
+        self._emit(fx.ReadMembership())
+
+    def _on_started(self, event: ev.Started) -> None:
+        self._read_membership()
 
     def _on_membership_read(self, event: ev.MembershipRead) -> None:
         self.membership_busy = False
@@ -460,51 +497,89 @@ class Node:
             expected: int | None = None
         else:
             expected = int(doc.get("version", 0))
+        now = self._now
+        self.observer.observe(doc, now.mono)
         if self.phase is NodePhase.DRAINING and self.released:
             self._release(doc, expected)
             return
-        now = self._now
-        mine = set(owned_by(doc, self.config.node_id))
+        config = self.config.ownership
+        node_id = self.config.node_id
+        mine = set(owned_by(doc, node_id))
         # A shard we think we hold but membership.json gives to someone else: step down.
         for shard, info in self.shards.items():
-            if info.phase is not ShardPhase.UNOWNED and shard not in mine:
+            if info.phase not in (ShardPhase.UNOWNED, ShardPhase.PROBING) and shard not in mine:
                 self._step_down(shard, "its claim in membership.json now names another owner")
+        live = self.observer.live_nodes(node_id=node_id, mono_us=now.mono, config=config)
+        releases: list[int] = []
         if self.phase is NodePhase.DRAINING:
             # Renewals go on during a drain (upstream let leases lapse), but nothing new is
             # claimed.
             wanted = sorted(
-                s for s, i in self.shards.items() if i.phase is not ShardPhase.UNOWNED
+                s
+                for s, i in self.shards.items()
+                if i.phase not in (ShardPhase.UNOWNED, ShardPhase.PROBING)
             )
         else:
-            wanted = claimable(
+            candidates = claimable(
                 doc,
-                node_id=self.config.node_id,
+                node_id=node_id,
                 wall_us=now.wall,
-                config=self.config.ownership,
+                config=config,
                 proven_dead=frozenset(self.proven_dead),
+                observer=self.observer,
+                mono_us=now.mono,
             )
+            held = [s for s in candidates if s in mine or s in self.proven_dead]
+            room = max(0, fair_cap(int(doc.get("shards", 0)), len(live), config) - len(held))
+            wanted = sorted(held + [s for s in candidates if s not in held][:room])
+            self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
+            releases = [s for s in wanted if self._ready_to_give_back(s)]
+            wanted = [s for s in wanted if s not in releases]
             if self.config.lock_proves_liveness:
                 self._probe(doc, wanted)
-        if not wanted:
-            if self.phase is NodePhase.STARTING:
-                self._log(
-                    "warning",
-                    "every shard of this queue is claimed by a live daemon; this daemon waits "
-                    "and claims shards as their leases lapse",
-                )
-            self.doc = doc
-            self.renew_at_mono = now.mono + self.config.ownership.renew_interval_us
-            self._maybe_running()
-            return
-        new_doc = with_claims(
-            doc,
-            node_id=self.config.node_id,
-            shards=wanted,
-            wall_us=now.wall,
-            config=self.config.ownership,
-        )
+        if not wanted and self.phase is NodePhase.STARTING:
+            self._log(
+                "warning",
+                "every shard of this queue is claimed by a live daemon; this daemon waits "
+                "and claims shards as their leases lapse or as the others give shares back",
+            )
+        new_doc = with_claims(doc, node_id=node_id, shards=wanted, wall_us=now.wall, config=config)
+        if releases:
+            new_doc = without_claims(new_doc, node_id=node_id, shards=releases)
+        new_doc = with_heartbeat(new_doc, node_id=node_id, wall_us=now.wall, live=live)
+        new_doc["version"] = (expected or 0) + 1
+        self.round_releases = releases
         self.membership_busy = True
         self._emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
+
+    def _mark_give_backs(self, count: int) -> None:
+        """Start handing over `count` more shards (the highest numbered active ones)."""
+        giving = sum(1 for i in self.shards.values() if i.giving_back)
+        for shard in sorted(self.shards, reverse=True):
+            if giving >= count:
+                return
+            info = self.shards[shard]
+            if info.phase is ShardPhase.ACTIVE and not info.giving_back:
+                info.giving_back = True
+                info.giving_back_since_mono = self._now.mono
+                giving += 1
+                self._log(
+                    "info",
+                    f"{shard_name(shard)}: above this daemon's fair share; handing it over once "
+                    "its attempts in flight end",
+                )
+
+    def _ready_to_give_back(self, shard: int) -> bool:
+        info = self.shards.get(shard)
+        if info is None or not info.giving_back:
+            return False
+        if self._now.mono >= info.giving_back_since_mono + self.config.drain_timeout_us:
+            return True
+        return not (
+            info.appends_in_flight
+            or info.compacting
+            or any(self.tasks[t].shard == shard for t in self.inflight)
+        )
 
     def _probe(self, doc: dict[str, Any], wanted: list[int]) -> None:
         """Try the lock of each shard another node claims: getting it proves that node dead."""
@@ -525,10 +600,18 @@ class Node:
             return
         if self.released:
             # A renewal landed after the drain finished: now write the release itself.
-            self.membership_busy = True
-            self._emit(fx.ReadMembership())
+            self._read_membership()
             return
         self.renew_at_mono = now.mono + self.config.ownership.renew_interval_us
+        # The lease of every claim this write renewed or made counts from the round's start.
+        ours = owned_by(event.doc, self.config.node_id)
+        if ours and self.round_started_mono is not None:
+            self.lease_deadline_mono = self.round_started_mono + self.config.ownership.ttl_us
+        elif not ours:
+            self.lease_deadline_mono = None
+        releases, self.round_releases = self.round_releases, []
+        for shard in releases:
+            self._step_down(shard, "handed over to even out the shares", level="info")
         if self.proven_dead or self.renew_after_busy:
             self.renew_at_mono = now.mono  # a takeover or a renewal is waiting
             self.renew_after_busy = False
@@ -551,6 +634,7 @@ class Node:
             self._log("warning", f"membership.json not updated ({event.error}) while stopping")
             self._finish_release()
             return
+        self.round_releases = []
         self._log("warning", f"membership.json not updated ({event.error}); retrying")
         self.renew_after_busy = False
         self.renew_at_mono = self._now.mono + self.config.retry_io_us
@@ -574,7 +658,7 @@ class Node:
             return
         info.retry_lock_at_mono = None
         info.phase = ShardPhase.LOADING
-        info.fold = ShardFold(keep_payloads=False)
+        info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
         info.log_epoch = 0
         self._emit(fx.ReadLog(shard=event.shard))
 
@@ -598,14 +682,36 @@ class Node:
     def _on_lock_lost(self, event: ev.LockLost) -> None:
         self._step_down(event.shard, f"its lock failed: {event.error}")
 
-    def _step_down(self, shard: int, why: str) -> None:
+    def _lease_ran_out(self) -> None:
+        """No renewal committed within the lease: stop acting for every shard at once, whatever
+        the shell is doing (a hung write must not extend a lease, DESIGN §4.4). The claims
+        still name this node; the next round that commits takes them up again."""
+        self.lease_deadline_mono = None
+        for shard, info in self.shards.items():
+            if info.phase not in (ShardPhase.UNOWNED, ShardPhase.PROBING):
+                self._step_down(shard, "its lease ran out before a renewal committed")
+
+    def _step_down(self, shard: int, why: str, level: str = "error") -> None:
         info = self.shards.get(shard)
-        if info is None or info.phase is ShardPhase.UNOWNED:
+        if info is None or info.phase in (ShardPhase.UNOWNED, ShardPhase.PROBING):
             return
-        self._log("error", f"{shard_name(shard)}: this daemon stops acting for it: {why}")
+        self._log(level, f"{shard_name(shard)}: this daemon stops acting for it: {why}")
         was_locked = info.phase not in (ShardPhase.LOCKING, ShardPhase.PAUSED)
         info.phase = ShardPhase.UNOWNED
         info.retry_lock_at_mono = None
+        info.giving_back = False
+        self.parked_by_shard.pop(shard, None)
+        # Enqueues not yet committed will never be acked by this node: say so now (their
+        # records may still land; the next owner finds them).
+        for p in self.pending.values():
+            if p.shard == shard and p.kind == "enqueue" and not p.answered:
+                p.answered = True
+                message = proto.failed_to_enqueue(
+                    f"{shard_name(shard)} changed owner before the enqueue was confirmed; "
+                    "it may or may not be enqueued"
+                )
+                for task_id in [p.task_id, *p.dedupe_waiters]:
+                    self._send(proto.error(task_id, message))
         for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
             self._forget(task_id)
         if was_locked:
@@ -627,6 +733,7 @@ class Node:
             self.ready.get(task.pool),
             self.parked_by_type.get(task.task_type),
             self.parked_by_group.get(task.group or ""),
+            self.parked_by_shard.get(task.shard),
         ):
             if q is not None:
                 q.discard(task.task_id)
@@ -640,13 +747,12 @@ class Node:
             return
         self.renew_at_mono = None
         self.renew_after_busy = False
-        self.membership_busy = True
-        self._emit(fx.ReadMembership())
+        self._read_membership()
 
     def _maybe_running(self) -> None:
         if self.phase is not NodePhase.STARTING:
             return
-        if self.proven_dead or any(
+        if self.membership_busy or self.proven_dead or any(
             i.phase
             in (ShardPhase.LOCKING, ShardPhase.LOADING, ShardPhase.FENCING, ShardPhase.PROBING)
             for i in self.shards.values()
@@ -993,6 +1099,7 @@ class Node:
             and len(self.inflight) < self.config.max_workers
             and self.pool_busy.get(task.pool, 0) < self._pool_limit(task.pool)
             and not any(self.ready.values())
+            and not self.shards[task.shard].giving_back
         )
 
     def _ack_duplicate(self, task_id: str, original: Task) -> None:
@@ -1045,9 +1152,7 @@ class Node:
             return
         # A failed attempt, so the task's retry and dead-letter rules apply instead of it
         # hanging forever; a record that stays unreadable dead-letters it (`_on_append_failed`).
-        self._attempt_ended(
-            task, False, f"snerd could not read the task's payload: {event.error}"
-        )
+        self._attempt_ended(task, False, f"snerd could not read the task's payload: {event.error}")
 
     def _attempt_ended(self, task: Task, ok: bool, error: str) -> None:
         """The outcome of a running attempt, from the SDK or from a webhook."""
@@ -1217,6 +1322,12 @@ class Node:
                 return
             pool = best[2]
             task = self.tasks[self.ready[pool].pop()]
+            if self.shards[task.shard].giving_back:
+                self._move(task, TaskState.PARKED)
+                self.parked_by_shard.setdefault(task.shard, ReadyQueue()).push(
+                    task.task_id, task.urgency, task.seq
+                )
+                continue
             if task.webhook_url is None and task.task_type not in self.registered:
                 self._move(task, TaskState.PARKED)
                 self.parked_by_type.setdefault(task.task_type, ReadyQueue()).push(
@@ -1387,8 +1498,12 @@ class Node:
         self._append(
             task.shard,
             [_new_based_record(fields, task.loc, remove)],
-            PendingAppend(kind="finish", shard=task.shard, task_id=task.task_id,
-                          extra={"outcome": outcome, "error": error}),
+            PendingAppend(
+                kind="finish",
+                shard=task.shard,
+                task_id=task.task_id,
+                extra={"outcome": outcome, "error": error},
+            ),
         )
 
     # ------------------------------------------------------------------ append outcomes
@@ -1467,7 +1582,10 @@ class Node:
     def _finished(self, task: Task, outcome: str, error: str | None, loc: fx.Location) -> None:
         info = self.shards[task.shard]
         del self.tasks[task.task_id]
-        if task.payload_hash is not None and self.fingerprints.get(task.payload_hash) == task.task_id:
+        if (
+            task.payload_hash is not None
+            and self.fingerprints.get(task.payload_hash) == task.task_id
+        ):
             del self.fingerprints[task.payload_hash]
         info.history.append((task.task_id, loc))
         while len(info.history) > self.config.history_limit:
@@ -1505,6 +1623,8 @@ class Node:
         info.appends_in_flight -= 1
         if p.kind == "enqueue":
             del self.pending[event.token]
+            if p.answered:
+                return
             task = self.tasks.pop(p.task_id or "", None)
             flight = self.inflight.pop(p.task_id or "", None)
             if flight is not None:  # dispatched with its enqueue record: give the slot back
@@ -1604,15 +1724,15 @@ class Node:
             )
         self.released = True
         self.drain_deadline_mono = None  # handled: it must not wake the node again
-        if self.doc is None or (not self.owned_shards and not any(
-            i.phase is not ShardPhase.UNOWNED for i in self.shards.values()
-        )):
+        if self.doc is None or (
+            not self.owned_shards
+            and not any(i.phase is not ShardPhase.UNOWNED for i in self.shards.values())
+        ):
             self._finish_release()
             return
         if not self.membership_busy:
             self.renew_at_mono = None
-            self.membership_busy = True
-            self._emit(fx.ReadMembership())
+            self._read_membership()
 
     def _release(self, doc: dict[str, Any], expected: int | None) -> None:
         self.releasing = True
@@ -1693,9 +1813,7 @@ class Node:
         keep = self._live_ranges(shard, info)
         info.compacting = True
         token = self._next_token()
-        self.pending[token] = PendingAppend(
-            kind="compact", shard=shard, extra={"keep": keep}
-        )
+        self.pending[token] = PendingAppend(kind="compact", shard=shard, extra={"keep": keep})
         self._emit(fx.Compact(token=token, shard=shard, keep=tuple(keep)))
         return True
 
@@ -1721,7 +1839,9 @@ class Node:
                 task.loc = remap(task.loc)
                 task.dispatch_loc = remap(task.dispatch_loc)
         info.history = deque((t, moved.get(loc.offset, loc)) for t, loc in info.history)
-        info.window_records = deque((t, moved.get(loc.offset, loc)) for t, loc in info.window_records)
+        info.window_records = deque(
+            (t, moved.get(loc.offset, loc)) for t, loc in info.window_records
+        )
         before, info.size = info.size, event.size
         self._flush_backlog(info)
         self._log(

@@ -11,11 +11,28 @@ another node's claim (upstream bug 6.3.15). Claims are renewed every `ttl / 3`; 
 claims and locks so another node can take over at once.
 
 This module owns the decisions about claims; it never touches a file. The node composes it and
-turns its answers into effects. The lapse rule here is upstream's wall-clock one; where flock
+turns its answers into effects. Where flock
 proves liveness (one host, a local filesystem) a node that takes a shard's lock has proof that
-its claimant is dead and takes over at once (DESIGN §4.8). The monotonic observation rule of
-DESIGN §4.1 and fair shares for many daemons come with the ownership core of the simulator
-issue.
+its claimant is dead and takes over at once (DESIGN §4.8).
+
+Lapse rule (DESIGN §4.1). A challenger may take over a claim only when BOTH hold: its wall
+clock is past `lease_expiry + skew_margin` (upstream's rule, kept so upstream daemons and snerd
+agree), and it has itself seen that claim unchanged for `ttl + skew_margin` on its own monotonic
+clock (`Observer`). The second rule uses no other node's clock reading at all, so no clock
+offset and no wall-clock step can make a live owner look dead; only clock *rates* matter. The
+owner, for its part, counts its lease from the start of its last renewal known to have
+committed and stops acting when `ttl` has passed on its own monotonic clock. With rates within
+`1 ± r`, the challenger's wait of at least `(ttl + margin) / (1 + r)` true seconds after the
+renewal committed outlasts the owner's `ttl / (1 - r)` whenever
+`r <= margin / (2 ttl + margin)` (7.7 % with the defaults 30 s and 5 s).
+
+Fair shares (DESIGN §4.6). Every node writes a heartbeat under `nodes` in membership.json at
+each round; a node is live for an observer while its heartbeat keeps changing (the same
+observation rule). With `S` shards and `N` live nodes a node holds at most
+`cap = ceil(S / N)` (and `max_shards`), claims free and lapsed shards up to it, and gives back
+shards above it. When a live node holds fewer than `S // N` while every shard is held, the
+nodes at `cap` beyond the `S % N` that may stay there give one back, lowest ranked (by node id)
+first, so a cluster converges to counts that differ by at most one.
 """
 
 from __future__ import annotations
@@ -29,19 +46,26 @@ from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 #: Top-level key of membership.json holding the highest epoch per shard (snerd's addition).
 EPOCHS_KEY = "epochs"
+#: Top-level key of membership.json holding each node's heartbeat (snerd's addition).
+NODES_KEY = "nodes"
 
 __all__ = [
     "EPOCHS_KEY",
+    "NODES_KEY",
     "ClaimView",
+    "Observer",
     "OwnershipConfig",
     "ShardPhase",
     "claim_epoch",
     "claimable",
+    "fair_cap",
+    "give_back",
     "initial_doc",
     "live_foreign",
     "owned_by",
     "shard_name",
     "with_claims",
+    "with_heartbeat",
     "without_claims",
 ]
 
@@ -81,6 +105,15 @@ class OwnershipConfig:
     skew_margin_us: int = 5_000_000
     #: Most shards this node claims (None: no limit beyond its fair share).
     max_shards: int | None = None
+    #: Negative control of the simulator (`--unsafe-wall-clock-only`): judge a lapse on the
+    #: wall clock alone, as upstream does, without the monotonic observation rule. Unsafe
+    #: under clock steps; never set outside the simulator.
+    unsafe_wall_clock_only: bool = False
+
+    @property
+    def lapse_us(self) -> int:
+        """How long a claim must be seen unchanged before it counts as lapsed."""
+        return self.ttl_us + self.skew_margin_us
 
     @property
     def renew_interval_us(self) -> int:
@@ -145,25 +178,146 @@ def claimable(
     wall_us: int,
     config: OwnershipConfig,
     proven_dead: frozenset[int] = frozenset(),
+    observer: Observer | None = None,
+    mono_us: int = 0,
 ) -> list[int]:
-    """Shards this node may claim now: free, already its own, lapsed on the wall clock, or
-    held by a node whose death this node has proven by taking the shard's lock.
+    """Shards this node may claim now, lowest first: free, already its own, lapsed, or held by a
+    node whose death this node has proven by taking the shard's lock.
 
-    A claim is lapsed when `wall_us > lease_expiry + skew_margin` (upstream's rule). A claim
-    whose expiry does not parse is treated as lapsed only through the same rule failing
-    closed: it is not claimable (a human must look), and the caller logs it.
+    A claim is lapsed when `wall_us > lease_expiry + skew_margin` (upstream's rule) and, given
+    an `observer`, when this node has also seen it unchanged for `ttl + skew_margin` on its
+    monotonic clock. A claim whose expiry does not parse is never lapsed by the wall rule: a
+    human must look (the caller logs it). No fair share or `max_shards` cut is made here.
     """
     shards = int(doc.get("shards", 0))
     out: list[int] = []
     for shard in range(shards):
         view = _claim_view(doc, shard)
-        if view.owner is None or view.owner == node_id or shard in proven_dead or (view.lease_expiry_us is not None and (
-            wall_us > view.lease_expiry_us + config.skew_margin_us
-        )):
+        if view.owner is None or view.owner == node_id or shard in proven_dead:
             out.append(shard)
-    if config.max_shards is not None:
-        out = out[: config.max_shards]
+            continue
+        if view.lease_expiry_us is None or wall_us <= view.lease_expiry_us + config.skew_margin_us:
+            continue
+        if (
+            observer is not None
+            and not config.unsafe_wall_clock_only
+            and not observer.claim_unchanged_for(shard, config.lapse_us, mono_us)
+        ):
+            continue
+        out.append(shard)
     return out
+
+
+@dataclass(slots=True)
+class Observer:
+    """What this node has seen of membership.json, timed on its own monotonic clock.
+
+    For each shard's claim and each node's heartbeat it keeps the content last seen and when
+    that content was first seen. Nothing another node wrote is compared with this node's
+    clocks: only *that* something changed, and how long ago this node noticed (the
+    Kubernetes lease rule, reference §3.2 scheme M).
+    """
+
+    claims: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    nodes: dict[str, tuple[Any, int]] = field(default_factory=dict)
+
+    def observe(self, doc: dict[str, Any], mono_us: int) -> None:
+        """Note a fresh read of membership.json at `mono_us`."""
+        for shard in range(int(doc.get("shards", 0))):
+            view = _claim_view(doc, shard)
+            signature = (view.owner, view.epoch, view.renewals, view.raw.get("lease_expiry"))
+            seen = self.claims.get(shard)
+            if seen is None or seen[0] != signature:
+                self.claims[shard] = (signature, mono_us)
+        beats = doc.get(NODES_KEY)
+        beats = beats if isinstance(beats, dict) else {}
+        for node, beat in beats.items():
+            beat_text = repr(beat)
+            seen_node = self.nodes.get(node)
+            if seen_node is None or seen_node[0] != beat_text:
+                self.nodes[node] = (beat_text, mono_us)
+        for node in [n for n in self.nodes if n not in beats]:
+            del self.nodes[node]
+
+    def claim_unchanged_for(self, shard: int, span_us: int, mono_us: int) -> bool:
+        seen = self.claims.get(shard)
+        return seen is not None and mono_us - seen[1] >= span_us
+
+    def live_nodes(self, *, node_id: str, mono_us: int, config: OwnershipConfig) -> list[str]:
+        """Nodes whose heartbeat changed within `ttl + skew_margin` (this node always)."""
+        live = {
+            node
+            for node, (_, first_seen) in self.nodes.items()
+            if mono_us - first_seen < config.lapse_us
+        }
+        live.add(node_id)
+        return sorted(live)
+
+
+def fair_cap(shards: int, live_nodes: int, config: OwnershipConfig) -> int:
+    """The most shards one node should hold: `ceil(shards / live_nodes)`, and `max_shards`."""
+    assert live_nodes >= 1
+    cap = -(-shards // live_nodes)
+    if config.max_shards is not None:
+        cap = min(cap, config.max_shards)
+    return cap
+
+
+def give_back(
+    doc: dict[str, Any], *, node_id: str, live: list[str], config: OwnershipConfig
+) -> int:
+    """How many of its shards `node_id` should give back now for an even spread.
+
+    Above `cap` it gives back the excess. At `cap` it gives back one only when every shard is
+    held, some live node holds fewer than `shards // N`, and more nodes sit at `cap` than the
+    `shards % N` that may: the lowest ranked of those (greatest node id) give, so the nodes do
+    not all give at once.
+    """
+    shards = int(doc.get("shards", 0))
+    n = len(live)
+    cap = fair_cap(shards, n, config)
+    held = {node: len(owned_by(doc, node)) for node in live}
+    mine = held.get(node_id, 0)
+    if mine > cap:
+        return mine - cap
+    if config.max_shards is not None and cap == config.max_shards:
+        return 0  # the cap is this node's own limit, not a share of the cluster
+    free = shards - sum(len(owned_by(doc, node)) for node in _owners(doc))
+    base = shards // n
+    if mine < cap or free > 0 or not any(count < base for count in held.values()):
+        return 0
+    at_cap = sorted(node for node, count in held.items() if count >= cap)
+    allowed = shards % n if shards % n else n
+    return 1 if node_id in at_cap[allowed:] else 0
+
+
+def _owners(doc: dict[str, Any]) -> set[str]:
+    return {
+        view.owner
+        for view in (_claim_view(doc, s) for s in range(int(doc.get("shards", 0))))
+        if view.owner is not None
+    }
+
+
+def with_heartbeat(
+    doc: dict[str, Any], *, node_id: str, wall_us: int, live: list[str] | None
+) -> dict[str, Any]:
+    """A new document carrying this node's heartbeat (one more beat), and without the
+    heartbeats of nodes not in `live` (None: keep them all). Bumps `version`."""
+    new = dict(doc)
+    beats = doc.get(NODES_KEY)
+    beats = dict(beats) if isinstance(beats, dict) else {}
+    if live is not None:
+        beats = {node: beat for node, beat in beats.items() if node in live}
+    mine = beats.get(node_id)
+    count = mine.get("beat", 0) if isinstance(mine, dict) else 0
+    beats[node_id] = {
+        "beat": count + 1 if isinstance(count, int) else 1,
+        "seen": format_rfc3339(wall_us),
+    }
+    new[NODES_KEY] = beats
+    new["version"] = int(doc.get("version", 0)) + 1
+    return new
 
 
 def with_claims(
@@ -203,15 +357,25 @@ def with_claims(
     return new
 
 
-def without_claims(doc: dict[str, Any], *, node_id: str) -> dict[str, Any]:
-    """A new document with every claim of `node_id` removed (a drain hands shards over)."""
+def without_claims(
+    doc: dict[str, Any], *, node_id: str, shards: Iterable[int] | None = None
+) -> dict[str, Any]:
+    """A new document with the claims of `node_id` on `shards` removed (None: every claim, and
+    its heartbeat too: a drain hands everything over)."""
     new = dict(doc)
+    names = None if shards is None else {shard_name(s) for s in shards}
     claims = {
         key: value
         for key, value in (doc.get("claims") or {}).items()
-        if not (isinstance(value, dict) and value.get("owner") == node_id)
+        if not (
+            isinstance(value, dict)
+            and value.get("owner") == node_id
+            and (names is None or key in names)
+        )
     }
     new["claims"] = claims
+    if shards is None and isinstance(doc.get(NODES_KEY), dict):
+        new[NODES_KEY] = {k: v for k, v in doc[NODES_KEY].items() if k != node_id}
     new["version"] = int(doc.get("version", 0)) + 1
     return new
 

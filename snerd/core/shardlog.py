@@ -160,6 +160,10 @@ class ShardFold:
     """
 
     keep_payloads: bool = True
+    #: Ignore records written under an epoch older than a claim read before them (DESIGN §4.3).
+    #: Only the simulator's negative control `--unsafe-no-fence` turns it off, to prove that
+    #: the checkers notice what fencing prevents.
+    fence: bool = True
     #: Well-formed records seen.
     records: int = 0
     #: The highest claim epoch read so far (the fence).
@@ -194,7 +198,7 @@ class ShardFold:
         self.records += 1
         kind = f.get("snerdKind")
         epoch = f.get("snerdEpoch")
-        if isinstance(epoch, int) and epoch < self.log_epoch and kind != KIND_CLAIM:
+        if isinstance(epoch, int) and epoch < self.log_epoch and kind != KIND_CLAIM and self.fence:
             self.stale.append(
                 StaleRecord(
                     offset=record.offset,
@@ -309,8 +313,7 @@ class ShardFold:
         return sum(
             1
             for task_id, record in self.finished.items()
-            if task_id not in self.live
-            and tombstone_outcome(record.fields) == OUTCOME_COMPLETED
+            if task_id not in self.live and tombstone_outcome(record.fields) == OUTCOME_COMPLETED
         )
 
     def keep_ranges(
