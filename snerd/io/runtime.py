@@ -477,6 +477,10 @@ class Runtime:
         # The log is read afresh (the shard was just locked, maybe after another owner had it
         # and compacted it): forget any descriptor and remembered lines of the file as it was.
         assert self._log is not None and self._recent is not None
+        # The writer's descriptor too: had another owner compacted the log since this daemon
+        # last wrote it, that descriptor would point at the replaced (unlinked) file, and
+        # appends through it would be acknowledged but never be in tasks.log.
+        await self._log.close_file(path)
         self._log.reader.invalidate(path)
         self._recent.forget(path)
 
