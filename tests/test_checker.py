@@ -1,0 +1,624 @@
+"""`sim.checker`: a corpus of small histories, each check shown passing and failing.
+
+A checker that cannot fail proves nothing: every invariant has at least one planted bad history
+here that it must reject, next to a near-miss it must accept. Histories are written with `H`, a
+tiny builder that advances true time by 1 ms per entry unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import checker
+from sim.checker import (
+    ACK_NOT_DURABLE,
+    ATTEMPTS_EXCEEDED,
+    BELIEF_OVERLAP,
+    DOUBLE_OWNERSHIP,
+    DUPLICATE_PENDING,
+    INVENTED_TASK,
+    LOST_TASK,
+    PRIORITY_INVERSION,
+    RATE_EXCEEDED,
+    STALE_OWNER_ACTED,
+    HistoryError,
+    LivenessWatch,
+    check,
+    check_at_least_once,
+    check_attempts,
+    check_belief,
+    check_dedupe,
+    check_fenced_acts,
+    check_ownership,
+    check_priority,
+    check_rate_windows,
+    unfinished,
+)
+
+MS = 1_000
+SECOND = 1_000_000
+
+
+class H:
+    """A history builder: each method appends one entry (or a few) and returns self."""
+
+    def __init__(self, *, fence: bool = True, assumptions_hold: bool = True,
+                 slack_us: int = 0) -> None:
+        self.t = 0
+        self.entries: list[dict[str, Any]] = [{
+            "t": 0, "kind": "params", "ttl_us": 30 * SECOND, "margin_us": 5 * SECOND,
+            "fence": fence, "assumptions_hold": assumptions_hold, "window_slack_us": slack_us,
+        }]
+
+    def at(self, t: int) -> H:
+        """The next entry is at true time `t`."""
+        self.t = t - MS
+        return self
+
+    def add(self, kind: str, **fields: Any) -> H:
+        self.t += MS
+        self.entries.append({"t": self.t, "kind": kind, **fields})
+        return self
+
+    def copy(self) -> H:
+        other = H()
+        other.entries, other.t = list(self.entries), self.t
+        return other
+
+    # -- client side
+
+    def invoke(self, task: str, node: str = "n1", **attrs: Any) -> H:
+        full = {"type": "email", "max_retries": 2, "urgency": 0, "group": None,
+                "max_per_minute": None, "fingerprint": None, "delay_us": 0, "parents": []}
+        full.update(attrs)
+        return self.add("enqueue", phase="invoke", task=task, node=node, attrs=full)
+
+    def ok(self, task: str, node: str = "n1", shard: int = 0, **extra: Any) -> H:
+        return self.add("enqueue", phase="ok", task=task, node=node, shard=shard, **extra)
+
+    # -- log records
+
+    def rec(self, fields: dict[str, Any], shard: int = 0, node: str = "n1",
+            issued_ago: int = MS // 2) -> H:
+        epoch = fields.get("snerdEpoch")
+        return self.add("record", shard=shard, node=node, epoch=epoch, fields=fields,
+                        t_issue=self.t + MS - issued_ago)
+
+    def claim(self, epoch: int, node: str = "n1", shard: int = 0) -> H:
+        return self.rec({"snerdKind": "claim", "epoch": epoch, "node": node,
+                         "snerdNode": node, "snerdEpoch": epoch}, shard, node)
+
+    def enq_rec(self, task: str, epoch: int = 1, node: str = "n1", shard: int = 0,
+                **extra: Any) -> H:
+        return self.rec({"taskId": task, "retryCount": 0, "taskType": "email",
+                         "snerdNode": node, "snerdEpoch": epoch, **extra}, shard, node)
+
+    def dispatch(self, task: str, attempt: int = 1, epoch: int = 1, node: str = "n1",
+                 shard: int = 0, issued_ago: int = MS // 2) -> H:
+        return self.rec({"snerdKind": "dispatch", "task": task, "attempt": attempt,
+                         "snerdNode": node, "snerdEpoch": epoch}, shard, node, issued_ago)
+
+    def retry_rec(self, task: str, attempt: int, epoch: int = 1, node: str = "n1",
+                  shard: int = 0) -> H:
+        return self.rec({"taskId": task, "retryCount": attempt, "taskType": "email",
+                         "snerdNode": node, "snerdEpoch": epoch}, shard, node)
+
+    def tomb(self, task: str, epoch: int = 1, node: str = "n1", shard: int = 0,
+             outcome: str = "completed") -> H:
+        return self.rec({"taskId": task, "retryCount": 0, "taskType": "email",
+                         "deletedAt": "2024-01-01T00:00:00Z", "snerdOutcome": outcome,
+                         "snerdNode": node, "snerdEpoch": epoch}, shard, node)
+
+    # -- node side
+
+    def execute(self, task: str, attempt: int = 1, node: str = "n1", shard: int = 0,
+                epoch: int = 1) -> H:
+        return self.add("execute", task=task, attempt=attempt, node=node, shard=shard,
+                        epoch=epoch)
+
+    def done(self, task: str, attempt: int = 1, node: str = "n1", ok: bool = True) -> H:
+        return self.add("handler_done", task=task, attempt=attempt, node=node, ok=ok)
+
+    def belief(self, on: bool, node: str = "n1", shard: int = 0) -> H:
+        return self.add("belief", node=node, shard=shard, on=on)
+
+    # -- whole lives
+
+    def start(self, node: str = "n1", epoch: int = 1, shard: int = 0) -> H:
+        return self.claim(epoch, node, shard).belief(True, node, shard)
+
+    def acked(self, task: str, node: str = "n1", epoch: int = 1, shard: int = 0,
+              **attrs: Any) -> H:
+        """Invoke, durable enqueue record, ok."""
+        return (self.invoke(task, node, **attrs).enq_rec(task, epoch, node, shard)
+                .ok(task, node, shard))
+
+    def run(self, task: str, attempt: int = 1, node: str = "n1", epoch: int = 1,
+            shard: int = 0, finish: bool = True, issued_ago: int = MS // 2) -> H:
+        """Dispatch record, execute, handler done, tombstone."""
+        self.dispatch(task, attempt, epoch, node, shard, issued_ago)
+        self.execute(task, attempt, node, shard, epoch)
+        self.done(task, attempt, node)
+        return self.tomb(task, epoch, node, shard) if finish else self
+
+    def life(self, task: str, **kw: Any) -> H:
+        return self.acked(task, **kw).run(task)
+
+    def end(self) -> H:
+        return self.add("end")
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.entries
+
+
+def kinds(violations: list[checker.Violation]) -> list[str]:
+    return [v.kind for v in violations]
+
+
+# ---------------------------------------------------------------------------- whole runs
+
+
+def test_a_clean_run_passes_with_metrics() -> None:
+    h = H().start().life("t-1").life("t-2").acked("t-3").run("t-3", finish=False)
+    h.retry_rec("t-3", 1).run("t-3", attempt=2).end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    m = report.metrics
+    assert (m.acked, m.finished, m.executions, m.re_executions, m.max_attempts) == (3, 3, 4, 0, 2)
+    assert m.belief_overlap_us == 0 and m.fenced_records == 0
+    assert report.describe().startswith("OK: 0 violation(s)")
+
+
+def test_report_lists_every_check_s_violations_in_history_order() -> None:
+    h = H().start().acked("t-1").execute("t-9").end()
+    report = check(h.history)
+    assert not report.ok
+    assert kinds(list(report.violations)) == [LOST_TASK, INVENTED_TASK, STALE_OWNER_ACTED]
+    assert [v.index for v in report.violations] == sorted(v.index for v in report.violations)
+    assert "FAILED: 3 violation(s)" in report.describe()
+
+
+def test_malformed_histories_are_the_recorder_s_fault() -> None:
+    with pytest.raises(HistoryError, match="params"):
+        check([{"t": 0, "kind": "end"}])
+    h = H().start()
+    h.entries.append({"t": 1, "kind": "end"})
+    with pytest.raises(HistoryError, match="back in time"):
+        check(h.history)
+    with pytest.raises(HistoryError, match="without an invoke"):
+        check(H().ok("t-1").history)
+    with pytest.raises(HistoryError, match="'attempt'"):
+        check(H().add("execute", task="t-1", node="n1", shard=0, epoch=1).history)
+    with pytest.raises(HistoryError, match="no fingerprint"):
+        check(H().invoke("t-1").ok("t-1", deduplicated=True).history)
+
+
+def test_checker_stays_pure() -> None:
+    """It must run on a jepsen-lite history too: no shell, no clocks, no randomness."""
+    source = pathlib.Path(checker.__file__).read_text()
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+    forbidden = {"os", "time", "random", "trio", "sim.world", "sim.fs"}
+    assert not imported & forbidden
+    assert not any(m.startswith("snerd.io") for m in imported)
+
+
+# ---------------------------------------------------------------------------- 1. at-least-once
+
+
+def test_lost_acked_task_is_reported_and_unfinished() -> None:
+    h = H().start().life("t-1").acked("t-17").end()
+    v = check_at_least_once(h.history)
+    assert kinds(v) == [LOST_TASK]
+    assert "task t-17 acked by n1 at t=" in v[0].message
+    assert "never completed or dead-lettered" in v[0].message
+    assert unfinished(h.history) == ["t-17"]
+
+
+def test_liveness_watch_follows_a_growing_history() -> None:
+    h = H().start().acked("t-1").acked("t-2")
+    watch = LivenessWatch()
+    assert watch.unfinished(h.history) == ["t-1", "t-2"]
+    h.run("t-2")
+    assert watch.unfinished(h.history) == ["t-1"]
+    h.run("t-1")
+    assert watch.unfinished(h.history) == [] == unfinished(h.history)
+    with pytest.raises(HistoryError, match="never shrinks"):
+        watch.unfinished(h.history[:3])
+
+
+def test_dead_letter_counts_as_finished() -> None:
+    h = H(fence=True).start().acked("t-1", max_retries=0).run("t-1", finish=False)
+    h.tomb("t-1", outcome="dead_letter").add("dead_letter", task="t-1", node="n1").end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert report.metrics.dead_letters == 1 and unfinished(h.history) == []
+
+
+def test_a_fenced_tombstone_does_not_finish_a_task() -> None:
+    def run(fence: bool) -> list[dict[str, Any]]:
+        h = H(fence=fence).start().acked("t-1").dispatch("t-1").execute("t-1")
+        h.claim(2, "n2").tomb("t-1", epoch=1)  # the stale owner's tombstone follows the claim
+        return h.end().history
+
+    v = check_at_least_once(run(True))
+    assert kinds(v) == [LOST_TASK]
+    assert "was fenced: epoch 1 < 2" in v[0].message
+    # Without fencing the stale tombstone is part of the state: the task is finished, and the
+    # out-of-order transition is what gets reported.
+    assert kinds(list(check(run(False)).violations)) == [DOUBLE_OWNERSHIP]
+
+
+def test_unacked_enqueues_need_not_finish() -> None:
+    h = H().start().invoke("t-1").add("enqueue", phase="fail", task="t-1", node="n1")
+    h.invoke("t-2").enq_rec("t-2").add("enqueue", phase="info", task="t-2", node="n1")
+    assert check(h.end().history).ok
+
+
+def test_deduplicated_ack_is_covered_by_its_fingerprint_finishing() -> None:
+    h = H().start().acked("t-1", fingerprint="f1")
+    h.invoke("t-2", fingerprint="f1").ok("t-2", deduplicated=True)
+    good = h.copy().run("t-1").end()
+    assert check(good.history).ok, check(good.history).describe()
+    v = check_at_least_once(h.end().history)
+    assert kinds(v) == [LOST_TASK, LOST_TASK]
+    assert "duplicate of fingerprint f1" in v[1].message
+    assert unfinished(h.history) == ["t-1", "t-2"]
+
+
+def test_a_reused_id_must_finish_again() -> None:
+    h = H().start().life("t-1").acked("t-1").end()
+    assert kinds(check_at_least_once(h.history)) == [LOST_TASK]
+    h = H().start().life("t-1").life("t-1").end()
+    assert check(h.history).ok
+
+
+def test_invented_tasks_are_reported_once() -> None:
+    h = H().start().enq_rec("ghost").dispatch("ghost").execute("ghost").end()
+    v = check_at_least_once(h.history)
+    assert kinds(v) == [INVENTED_TASK]
+    assert "task ghost appears in an accepted task record in shard 0" in v[0].message
+    h = H().start().execute("ghost").end()
+    assert "an execute on n1" in check_at_least_once(h.history)[0].message
+
+
+def test_a_fenced_record_of_an_unknown_task_is_not_invented() -> None:
+    h = H().start().claim(2, "n2").enq_rec("ghost", epoch=1).end()
+    assert check_at_least_once(h.history) == []
+
+
+# ---------------------------------------------------------------------------- 2. ownership
+
+
+def test_stale_epoch_record_after_a_claim_is_accepted_without_fencing() -> None:
+    def run(fence: bool) -> H:
+        h = H(fence=fence).start().acked("t-1")
+        h.claim(2, "n2").enq_rec("t-2", epoch=1)  # n1, stale, writes under epoch 1
+        return h.end()
+
+    fenced = check(run(True).history)
+    assert not any(v.kind == DOUBLE_OWNERSHIP for v in fenced.violations)
+    assert fenced.metrics.fenced_records == 1
+    v = check_ownership(run(False).history)
+    assert kinds(v) == [DOUBLE_OWNERSHIP]
+    assert "under epoch 1 was accepted after the claim of epoch 2" in v[0].message
+    assert check(run(False).history).metrics.fenced_records == 0
+
+
+def test_a_stale_claim_is_fenced_or_out_of_order() -> None:
+    h = H(fence=True).start().claim(3, "n2").claim(2, "n3").end()
+    assert check_ownership(h.history) == []
+    h = H(fence=False).start().claim(3, "n2").claim(2, "n3").end()
+    assert kinds(check_ownership(h.history)) == [DOUBLE_OWNERSHIP]
+
+
+def test_two_nodes_claiming_one_epoch() -> None:
+    h = H().start().claim(2, "n2").claim(2, "n3").end()
+    v = check_ownership(h.history)
+    assert kinds(v) == [DOUBLE_OWNERSHIP]
+    assert "epoch 2 claimed by n2" in v[0].message and "again by n3" in v[0].message
+
+
+def test_one_node_rewriting_its_claim_is_no_double_ownership() -> None:
+    h = H().start().claim(2, "n2").claim(2, "n2").claim(1, "n2", shard=1).end()
+    assert check_ownership(h.history) == []
+
+
+def test_a_record_under_someone_else_s_epoch() -> None:
+    h = H().start().claim(2, "n2").enq_rec("t-1", epoch=2, node="n3")
+    h.enq_rec("t-2", epoch=2, node="n3").end()  # reported once per (shard, epoch, node)
+    v = check_ownership(h.history)
+    assert kinds(v) == [DOUBLE_OWNERSHIP]
+    assert "n3 wrote an accepted task record under epoch 2, which n2 claimed" in v[0].message
+
+
+# ---------------------------------------------------------------------------- 3. fenced acts
+
+
+def test_execute_based_on_a_fenced_dispatch() -> None:
+    h = H().start().acked("t-1").claim(2, "n2").dispatch("t-1", epoch=1).execute("t-1")
+    v = check_fenced_acts(h.end().history)
+    assert kinds(v) == [STALE_OWNER_ACTED]
+    assert "stale owner acted: n1 executed task t-1 attempt 1 under epoch 1" in v[0].message
+    assert "fenced by the claim of epoch 2" in v[0].message
+
+
+def test_execute_needs_a_matching_dispatch_durable_before_it() -> None:
+    h = H().start().acked("t-1").execute("t-1").dispatch("t-1").end()
+    assert "no dispatch record" in check_fenced_acts(h.history)[0].message
+    h = H().start().acked("t-1").dispatch("t-1", attempt=2).execute("t-1", attempt=1).end()
+    assert kinds(check_fenced_acts(h.history)) == [STALE_OWNER_ACTED]
+    h = H().start().claim(2, "n2").acked("t-1", epoch=2, node="n2")
+    h.dispatch("t-1", epoch=2, node="n2").execute("t-1", node="n2", epoch=1).end()
+    assert kinds(check_fenced_acts(h.history)) == [STALE_OWNER_ACTED]
+
+
+def test_a_new_owner_re_running_an_attempt_is_fine() -> None:
+    h = H().start().acked("t-1").dispatch("t-1").execute("t-1")
+    h.claim(2, "n2").run("t-1", node="n2", epoch=2).end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert report.metrics.re_executions == 1
+
+
+def test_ack_before_the_enqueue_record_is_durable() -> None:
+    h = H().start().invoke("t-1").ok("t-1").enq_rec("t-1").run("t-1").end()
+    v = check_fenced_acts(h.history)
+    assert kinds(v) == [ACK_NOT_DURABLE]
+    assert "no enqueue record of it in shard 0 was durable by then" in v[0].message
+
+
+def test_ack_on_a_fenced_enqueue_record() -> None:
+    h = H().start().invoke("t-1").claim(2, "n2").enq_rec("t-1", epoch=1).ok("t-1").end()
+    v = check_fenced_acts(h.history)
+    assert kinds(v) == [ACK_NOT_DURABLE]
+    assert "was fenced (epoch 1 < 2)" in v[0].message
+
+
+def test_ack_naming_the_wrong_shard() -> None:
+    h = H().start().invoke("t-1").enq_rec("t-1").ok("t-1", shard=1).end()
+    assert kinds(check_fenced_acts(h.history)) == [ACK_NOT_DURABLE]
+
+
+# ---------------------------------------------------------------------------- 4. attempts
+
+
+def test_attempts_over_budget() -> None:
+    h = H().start().acked("t-1", max_retries=1).run("t-1", finish=False).retry_rec("t-1", 1)
+    h.run("t-1", attempt=2, finish=False).retry_rec("t-1", 2).run("t-1", attempt=3).end()
+    v = check_attempts(h.history)
+    assert kinds(v) == [ATTEMPTS_EXCEEDED]
+    assert "task t-1 ran attempt 3" in v[0].message and "allows 2" in v[0].message
+    assert check(h.history).metrics.max_attempts == 3
+
+
+def test_an_attempt_number_above_the_budget() -> None:
+    h = H().start().acked("t-1", max_retries=0).run("t-1", attempt=2).end()
+    assert kinds(check_attempts(h.history)) == [ATTEMPTS_EXCEEDED]
+
+
+def test_crash_re_executions_use_no_attempt() -> None:
+    h = H().start().acked("t-1", max_retries=0).dispatch("t-1").execute("t-1")
+    h.add("crash", node="n1").add("restart", node="n1").claim(2).belief(True)
+    h.run("t-1", epoch=2).end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert (report.metrics.executions, report.metrics.re_executions) == (2, 1)
+
+
+def test_cron_tasks_are_not_judged_on_attempts() -> None:
+    h = H().start().acked("t-1", max_retries=0, cron="* * * * *")
+    for _ in range(3):
+        h.run("t-1", finish=False)
+    assert check_attempts(h.end().history) == []
+
+
+# ---------------------------------------------------------------------------- 5. rate windows
+
+
+def grouped(h: H, tasks: list[str], times: list[int], m: int = 2) -> H:
+    for task in tasks:
+        h.acked(task, group="g", max_per_minute=m)
+    for task, t in zip(tasks, times, strict=True):
+        h.at(t).run(task)
+    return h.end()
+
+
+def test_rate_window_exceeded() -> None:
+    h = grouped(H().start(), ["a", "b", "c"], [1 * SECOND, 2 * SECOND, 50 * SECOND])
+    v = check_rate_windows(h.history)
+    assert kinds(v) == [RATE_EXCEEDED]
+    assert "group g (max_per_minute=2): 3 first executions within 49.000 s" in v[0].message
+
+
+def test_rate_window_respected() -> None:
+    h = grouped(H().start(), ["a", "b", "c", "d"],
+                [1 * SECOND, 2 * SECOND, 62 * SECOND, 63 * SECOND])
+    assert check_rate_windows(h.history) == []
+
+
+def test_rate_window_within_slack_is_not_a_violation() -> None:
+    times = [1 * SECOND, 2 * SECOND, 60 * SECOND + 500 * MS]  # 59.5 s apart
+    assert check_rate_windows(grouped(H(slack_us=SECOND).start(), ["a", "b", "c"],
+                                      times).history) == []
+    assert kinds(check_rate_windows(grouped(H(slack_us=0).start(), ["a", "b", "c"],
+                                            times).history)) == [RATE_EXCEEDED]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gaps=st.lists(st.integers(min_value=0, max_value=40 * SECOND), min_size=1, max_size=8),
+    m=st.integers(min_value=1, max_value=3),
+    slack=st.integers(min_value=0, max_value=5 * SECOND),
+)
+def test_rate_window_law(gaps: list[int], m: int, slack: int) -> None:
+    """Flagged exactly when some half-open window of 60 s less the slack, starting at a first
+    execution, holds more than `m` first executions (brute force)."""
+    h = H(slack_us=slack).start()
+    tasks = [f"t-{i}" for i in range(len(gaps))]
+    for task in tasks:
+        h.acked(task, group="g", max_per_minute=m)
+    t = SECOND
+    for task, gap in zip(tasks, gaps, strict=True):
+        t += gap + 10 * MS
+        h.at(t).dispatch(task).execute(task)
+    times = [e["t"] for e in h.history if e["kind"] == "execute"]
+    window = 60 * SECOND - slack
+    over = any(sum(1 for u in times if s <= u < s + window) > m for s in times)
+    assert bool(check_rate_windows(h.end().history)) == over
+
+
+def test_rate_window_counts_crash_re_executions_once() -> None:
+    h = H().start()
+    for task in ["a", "b"]:
+        h.acked(task, group="g", max_per_minute=2)
+    h.at(SECOND).dispatch("a").execute("a").claim(2, "n2").run("a", node="n2", epoch=2)
+    h.at(2 * SECOND).run("b", node="n2", epoch=2)
+    report = check(h.end().history)
+    assert report.ok, report.describe()
+
+
+# ---------------------------------------------------------------------------- 6. priority
+
+
+def inversion(**tweak: Any) -> H:
+    """n1 acks B (urgency 5), then, with nothing else happening, dispatches and runs A
+    (urgency 1, acked earlier). `tweak` plants near-misses at the marked points."""
+    h = H().start()
+    h.acked("A", urgency=1, **tweak.get("a_attrs", {}))
+    h.acked("B", urgency=tweak.get("ub", 5), shard=tweak.get("b_shard", 0),
+            **tweak.get("b_attrs", {}))
+    for step in tweak.get("between", []):
+        step(h)
+    h.run("A", issued_ago=tweak.get("issued_ago", MS // 2))
+    h.run("B")
+    return h.end()
+
+
+def test_planted_priority_inversion_is_caught() -> None:
+    v = check_priority(inversion().history)
+    assert kinds(v) == [PRIORITY_INVERSION]
+    assert "n1 dispatched task A (urgency 1)" in v[0].message
+    assert "task B (urgency 5, same type, shard 0)" in v[0].message
+
+
+def _other_runs(h: H) -> None:
+    h.acked("C", urgency=9).run("C")
+
+
+@pytest.mark.parametrize(
+    "tweak",
+    [
+        pytest.param({"ub": 1}, id="equal-urgency"),
+        pytest.param({"b_attrs": {"type": "sms"}}, id="other-type"),
+        pytest.param({"b_attrs": {"pool": "slow"}}, id="other-pool"),
+        pytest.param({"b_attrs": {"delay_us": SECOND}}, id="b-delayed"),
+        pytest.param({"b_attrs": {"parents": ["A"]}}, id="b-has-parents"),
+        pytest.param({"b_attrs": {"group": "g"}}, id="b-rate-limited"),
+        pytest.param({"a_attrs": {"group": "g"}}, id="a-rate-limited"),
+        pytest.param({"b_shard": 1}, id="other-shard"),
+        pytest.param({"between": [_other_runs]}, id="another-execute-between"),
+        pytest.param({"between": [lambda h: h.belief(False).belief(True)]},
+                     id="belief-change-between"),
+        pytest.param({"between": [lambda h: h.add("pause", node="n1")
+                                   .add("resume", node="n1")]}, id="pause-between"),
+        pytest.param({"between": [lambda h: h.add("clock_step")]}, id="world-clock-step"),
+        pytest.param({"between": [lambda h: h.dispatch("B", issued_ago=0)]},
+                     id="b-dispatched-first"),
+        pytest.param({"issued_ago": 3 * MS}, id="a-issued-before-b-acked"),
+        pytest.param({"between": [lambda h: h.rec({"x": 1}, issued_ago=5 * MS)]},
+                     id="writer-busy"),
+    ],
+)
+def test_priority_near_misses_are_not_flagged(tweak: dict[str, Any]) -> None:
+    assert check_priority(inversion(**tweak).history) == []
+
+
+def test_priority_ignores_acks_on_other_nodes_and_retries() -> None:
+    h = H().start().start("n2", epoch=1, shard=1).acked("A", urgency=1)
+    h.acked("B", node="n2", urgency=5, shard=1, epoch=1).run("A").end()
+    assert check_priority(h.history) == []
+    h = H().start().acked("A", urgency=1).run("A", finish=False).retry_rec("A", 1)
+    h.acked("B", urgency=5).run("A", attempt=2).run("B").end()
+    assert check_priority(h.history) == []
+
+
+# ---------------------------------------------------------------------------- 7. dedupe
+
+
+def test_dedupe_twins_are_reported() -> None:
+    twin: dict[str, Any] = {"autoDedupe": True, "payloadHash": "abc"}
+    h = H().start().invoke("t-1").enq_rec("t-1", **twin).invoke("t-2").enq_rec("t-2", **twin)
+    v = check_dedupe(h.end().history)
+    assert kinds(v) == [DUPLICATE_PENDING]
+    assert "task t-2 became pending" in v[0].message and "task t-1" in v[0].message
+
+
+@pytest.mark.parametrize("case", ["after-tombstone", "no-autodedupe", "other-shard",
+                                  "fenced", "same-task-retried"])
+def test_dedupe_near_misses(case: str) -> None:
+    twin: dict[str, Any] = {"autoDedupe": True, "payloadHash": "abc"}
+    h = H().start().start("n2", shard=1).invoke("t-1").enq_rec("t-1", **twin).invoke("t-2")
+    if case == "after-tombstone":
+        h.tomb("t-1").enq_rec("t-2", **twin)
+    elif case == "no-autodedupe":
+        h.enq_rec("t-2", payloadHash="abc")
+    elif case == "other-shard":
+        h.enq_rec("t-2", node="n2", shard=1, **twin)
+    elif case == "fenced":
+        h.claim(2, "n2").enq_rec("t-2", epoch=1, **twin)
+    else:
+        h.rec({"taskId": "t-1", "retryCount": 1, "snerdEpoch": 1, **twin})
+    assert check_dedupe(h.end().history) == []
+
+
+# ---------------------------------------------------------------------------- 8. belief
+
+
+def overlapping(assumptions_hold: bool) -> H:
+    h = H(assumptions_hold=assumptions_hold).at(SECOND).start()
+    h.at(5 * SECOND).belief(True, "n2").at(7 * SECOND).belief(False, "n1")
+    return h.at(9 * SECOND).end()
+
+
+def test_belief_overlap_is_a_violation_when_the_assumptions_held() -> None:
+    report = check(overlapping(True).history)
+    v = [x for x in report.violations if x.kind == BELIEF_OVERLAP]
+    assert len(v) == 1
+    assert "shard 0: n1 and n2 both believed they owned it from t=5.000000s to t=7.000000s" \
+        in v[0].message
+    assert report.metrics.belief_overlap_us == 2 * SECOND
+
+
+def test_belief_overlap_is_only_measured_when_they_did_not() -> None:
+    report = check(overlapping(False).history)
+    assert report.ok
+    assert report.metrics.belief_overlap_us == 2 * SECOND
+    assert report.metrics.belief_overlap_us_by_shard == {0: 2 * SECOND}
+
+
+def test_belief_ends_at_a_crash_and_a_hand_over_at_one_instant_is_no_overlap() -> None:
+    h = H().at(SECOND).start().at(3 * SECOND).add("crash", node="n1")
+    h.t -= MS
+    h.belief(True, "n2").at(4 * SECOND).belief(False, "n2")
+    h.t -= MS
+    h.belief(True, "n3").end()
+    assert check_belief(h.history) == []
+    assert check(h.history).metrics.belief_overlap_us == 0
+
+
+def test_belief_left_on_lasts_to_the_end() -> None:
+    h = H(assumptions_hold=False).at(SECOND).start().at(2 * SECOND).belief(True, "n2")
+    h.belief(True, "n2").at(10 * SECOND).end()  # a repeated "on" changes nothing
+    assert check(h.history).metrics.belief_overlap_us == 8 * SECOND
