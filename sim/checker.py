@@ -30,8 +30,10 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
 - `{"kind": "execute", "task", "attempt", "node", "shard", "epoch"}` — a handler was handed an
   attempt. `{"kind": "handler_done", "task", "attempt", "node", "ok": bool}` — it returned.
 - `{"kind": "record", "shard", "node", "epoch", "fields": {...}, "t_issue": int}` — one record
-  became durable in shard `shard`'s log (entries for one shard are in that log's durable order:
-  the append history, untouched by compaction). `node`: the writer (its name in the history,
+  became durable in shard `shard`'s log. Entries for one shard are in that log's file order
+  (the order readers see; the append history, untouched by compaction), which can differ from
+  the order in which they became durable; `t_durable` (optional, default `t`) says when each
+  did, and "acked only once durable" is judged on it. `node`: the writer (its name in the history,
   also used to tell claimers apart); `fields`: the record as written, merged with its base
   record (so a tombstone carries `taskId`): `snerdKind`, `snerdEpoch`, `snerdNode`, `taskId`,
   `retryCount`, `deletedAt`, `snerdOutcome`, `payloadHash`, `autoDedupe`, a claim's `epoch`, a
@@ -260,6 +262,8 @@ class _Record:
     node: str
     fields: Mapping[str, Any]
     t_issue: int
+    #: When the record became durable (`t_durable`, else the entry's `t`).
+    t_durable: int
     #: `snerdKind`, or None for a task record.
     kind: str | None
     #: The epoch fencing judges: a claim's `epoch`, else `snerdEpoch`; None when not an int.
@@ -316,9 +320,9 @@ class _Analysis:
     disturbances: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     dead_letters: int = 0
     ownership: list[Violation] = field(default_factory=list)
-    #: Task records (accepted or fenced) by task id, in durable order.
+    #: Task records (accepted or fenced) by task id, in file order.
     task_records: dict[str, list[_Record]] = field(default_factory=dict)
-    #: Dispatch records (accepted or fenced) by task id, in durable order.
+    #: Dispatch records (accepted or fenced) by task id, in file order.
     dispatches: dict[str, list[_Record]] = field(default_factory=dict)
     #: Fingerprints of which some enqueued task has an accepted tombstone.
     finished_fingerprints: set[str] = field(default_factory=set)
@@ -355,7 +359,7 @@ class _Analysis:
 
     def feed(self, history: History) -> None:
         """Parse the entries of `history` not fed yet (a history only ever grows), judging
-        acceptance as records arrive: fencing is decided in durable order, once."""
+        acceptance as records arrive: fencing is decided in file order, once."""
         for i in range(self.fed, len(history)):
             self._feed_one(i, history[i])
         self.fed = len(history)
@@ -364,23 +368,36 @@ class _Analysis:
         kind = e.get("kind")
         t = _need(e, "t", int, i)
         if t < self.end_t:
-            raise HistoryError(f"history entry {i} ({kind!r}) goes back in time: {t} < {self.end_t}")
+            raise HistoryError(
+                f"history entry {i} ({kind!r}) goes back in time: {t} < {self.end_t}"
+            )
         self.end_t = t
         if kind == "enqueue":
             self._feed_enqueue(i, t, e)
         elif kind == "record":
             self._feed_record(i, t, e)
         elif kind == "execute":
-            self.executes.append(_Execute(
-                index=i, t=t, task=_need(e, "task", str, i), attempt=_need(e, "attempt", int, i),
-                node=_need(e, "node", str, i), shard=_need(e, "shard", int, i),
-                epoch=_need(e, "epoch", int, i),
-            ))
+            self.executes.append(
+                _Execute(
+                    index=i,
+                    t=t,
+                    task=_need(e, "task", str, i),
+                    attempt=_need(e, "attempt", int, i),
+                    node=_need(e, "node", str, i),
+                    shard=_need(e, "shard", int, i),
+                    epoch=_need(e, "epoch", int, i),
+                )
+            )
         elif kind == "belief":
-            self.beliefs.append(_Belief(
-                index=i, t=t, node=_need(e, "node", str, i), shard=_need(e, "shard", int, i),
-                on=_need(e, "on", bool, i),
-            ))
+            self.beliefs.append(
+                _Belief(
+                    index=i,
+                    t=t,
+                    node=_need(e, "node", str, i),
+                    shard=_need(e, "shard", int, i),
+                    on=_need(e, "on", bool, i),
+                )
+            )
         elif kind == "dead_letter":
             self.dead_letters += 1
         elif kind in _DISTURBANCES:
@@ -410,10 +427,17 @@ class _Analysis:
                     f"history entry {i}: {task} acked as deduplicated but its invoke carries no "
                     "fingerprint"
                 )
-            self.acks.append(_Ack(
-                index=i, t=t, task=task, node=node, deduplicated=dedup,
-                shard=_opt(e, "shard", int, i), invoke=inv_or_none,
-            ))
+            self.acks.append(
+                _Ack(
+                    index=i,
+                    t=t,
+                    task=task,
+                    node=node,
+                    deduplicated=dedup,
+                    shard=_opt(e, "shard", int, i),
+                    invoke=inv_or_none,
+                )
+            )
         elif phase not in ("fail", "info"):
             raise HistoryError(f"history entry {i}: unknown enqueue phase {phase!r}")
 
@@ -430,27 +454,35 @@ class _Analysis:
         accepted = not below or not self.params.fence
         what = f"{rkind or 'task'} record"
         if below and accepted:
-            self.ownership.append(Violation(
-                kind=DOUBLE_OWNERSHIP, index=i, t=t,
-                message=(
-                    f"shard {shard}: a {what} by {node} under epoch {epoch} was accepted after "
-                    f"the claim of epoch {fence} (#{claimed[fence][1]}): a transition out of "
-                    "epoch order"
-                ),
-            ))
+            self.ownership.append(
+                Violation(
+                    kind=DOUBLE_OWNERSHIP,
+                    index=i,
+                    t=t,
+                    message=(
+                        f"shard {shard}: a {what} by {node} under epoch {epoch} was accepted after "
+                        f"the claim of epoch {fence} (#{claimed[fence][1]}): a transition out of "
+                        "epoch order"
+                    ),
+                )
+            )
         if accepted and epoch is not None:
             owner = claimed.get(epoch)
             if rkind == KIND_CLAIM:
                 if owner is None:
                     claimed[epoch] = (node, i)
                 elif owner[0] != node:
-                    self.ownership.append(Violation(
-                        kind=DOUBLE_OWNERSHIP, index=i, t=t,
-                        message=(
-                            f"shard {shard}: epoch {epoch} claimed by {owner[0]} (#{owner[1]}) "
-                            f"and again by {node}"
-                        ),
-                    ))
+                    self.ownership.append(
+                        Violation(
+                            kind=DOUBLE_OWNERSHIP,
+                            index=i,
+                            t=t,
+                            message=(
+                                f"shard {shard}: epoch {epoch} claimed by {owner[0]} (#{owner[1]}) "
+                                f"and again by {node}"
+                            ),
+                        )
+                    )
                 self.fences[shard] = max(fence, epoch)
             elif (
                 owner is not None
@@ -458,17 +490,29 @@ class _Analysis:
                 and (shard, epoch, node) not in self.foreign_seen
             ):
                 self.foreign_seen.add((shard, epoch, node))
-                self.ownership.append(Violation(
-                    kind=DOUBLE_OWNERSHIP, index=i, t=t,
-                    message=(
-                        f"shard {shard}: {node} wrote an accepted {what} under epoch {epoch}, "
-                        f"which {owner[0]} claimed (#{owner[1]})"
-                    ),
-                ))
+                self.ownership.append(
+                    Violation(
+                        kind=DOUBLE_OWNERSHIP,
+                        index=i,
+                        t=t,
+                        message=(
+                            f"shard {shard}: {node} wrote an accepted {what} under epoch {epoch}, "
+                            f"which {owner[0]} claimed (#{owner[1]})"
+                        ),
+                    )
+                )
         rec = _Record(
-            index=i, t=t, shard=shard, node=node, fields=fields,
-            t_issue=_need(e, "t_issue", int, i), kind=rkind, epoch=epoch,
-            accepted=accepted, fence=fence,
+            index=i,
+            t=t,
+            shard=shard,
+            node=node,
+            fields=fields,
+            t_issue=_need(e, "t_issue", int, i),
+            kind=rkind,
+            epoch=epoch,
+            t_durable=_opt(e, "t_durable", int, i) or t,
+            accepted=accepted,
+            fence=fence,
         )
         self.records.append(rec)
         task_id = rec.task_id
@@ -581,7 +625,8 @@ def _at_least_once(a: _Analysis) -> list[Violation]:
             else "never"
         )
         fenced = [
-            r for r in a.task_records.get(ack.task, ())
+            r
+            for r in a.task_records.get(ack.task, ())
             if r.tombstone and not r.accepted and r.index > ack.invoke.index
         ]
         extra = (
@@ -590,13 +635,17 @@ def _at_least_once(a: _Analysis) -> list[Violation]:
             if fenced and not ack.deduplicated
             else ""
         )
-        out.append(Violation(
-            kind=LOST_TASK, index=ack.index, t=ack.t,
-            message=(
-                f"task {ack.task} acked by {ack.node} at {_at(ack.t)} {what} completed or "
-                f"dead-lettered{extra}"
-            ),
-        ))
+        out.append(
+            Violation(
+                kind=LOST_TASK,
+                index=ack.index,
+                t=ack.t,
+                message=(
+                    f"task {ack.task} acked by {ack.node} at {_at(ack.t)} {what} completed or "
+                    f"dead-lettered{extra}"
+                ),
+            )
+        )
     reported: set[str] = set()
     sightings: list[tuple[int, int, str, str]] = [
         (r.index, r.t, r.task_id, f"an accepted {r.kind or 'task'} record in shard {r.shard}")
@@ -608,10 +657,14 @@ def _at_least_once(a: _Analysis) -> list[Violation]:
         if task in reported or a.invoke_before(task, index) is not None:
             continue
         reported.add(task)
-        out.append(Violation(
-            kind=INVENTED_TASK, index=index, t=t,
-            message=f"task {task} appears in {where} but no client had enqueued it",
-        ))
+        out.append(
+            Violation(
+                kind=INVENTED_TASK,
+                index=index,
+                t=t,
+                message=f"task {task} appears in {where} but no client had enqueued it",
+            )
+        )
     return out
 
 
@@ -677,8 +730,9 @@ def _fenced_acts(a: _Analysis) -> list[Violation]:
     out: list[Violation] = []
     for x in a.executes:
         matching = [
-            r for r in a.dispatches.get(x.task, ())
-            if r.index < x.index
+            r
+            for r in a.dispatches.get(x.task, ())
+            if r.t_durable <= x.t
             and r.shard == x.shard
             and r.fields.get("attempt") == x.attempt
             and r.epoch == x.epoch
@@ -692,19 +746,21 @@ def _fenced_acts(a: _Analysis) -> list[Violation]:
         if matching:
             r = matching[-1]
             why = (
-                f"its dispatch record (#{r.index}, durable at {_at(r.t)}) was fenced by the "
+                f"its dispatch record (#{r.index}, durable at {_at(r.t_durable)}) was fenced by the "
                 f"claim of epoch {r.fence}"
             )
         else:
             why = "no dispatch record of that attempt and epoch was durable before it"
-        out.append(Violation(kind=STALE_OWNER_ACTED, index=x.index, t=x.t,
-                             message=f"{head}; {why}"))
+        out.append(
+            Violation(kind=STALE_OWNER_ACTED, index=x.index, t=x.t, message=f"{head}; {why}")
+        )
     for ack in a.acks:
         if ack.deduplicated:
             continue
         candidates = [
-            r for r in a.task_records.get(ack.task, ())
-            if ack.invoke.index < r.index < ack.index
+            r
+            for r in a.task_records.get(ack.task, ())
+            if ack.invoke.t <= r.t_durable <= ack.t
             and (ack.shard is None or r.shard == ack.shard)
             and r.fields.get("retryCount", 0) == 0
             and r.fields.get("deletedAt") is None
@@ -718,10 +774,14 @@ def _fenced_acts(a: _Analysis) -> list[Violation]:
             if candidates
             else f"no enqueue record of it{where} was durable by then"
         )
-        out.append(Violation(
-            kind=ACK_NOT_DURABLE, index=ack.index, t=ack.t,
-            message=f"task {ack.task} acked by {ack.node} at {_at(ack.t)}, but {why}",
-        ))
+        out.append(
+            Violation(
+                kind=ACK_NOT_DURABLE,
+                index=ack.index,
+                t=ack.t,
+                message=f"task {ack.task} acked by {ack.node} at {_at(ack.t)}, but {why}",
+            )
+        )
     return out
 
 
@@ -776,14 +836,18 @@ def _attempts(runs: list[_Runs]) -> tuple[list[Violation], int, int]:
             if judged and (len(seen) > allowed or x.attempt > allowed):
                 judged = False  # one violation per task is enough to read
                 assert inv is not None
-                out.append(Violation(
-                    kind=ATTEMPTS_EXCEEDED, index=x.index, t=x.t,
-                    message=(
-                        f"task {run.task} ran attempt {x.attempt} on {x.node} at {_at(x.t)}: "
-                        f"attempts {sorted(seen)} so far, but max_retries={inv.max_retries} "
-                        f"allows {allowed}"
-                    ),
-                ))
+                out.append(
+                    Violation(
+                        kind=ATTEMPTS_EXCEEDED,
+                        index=x.index,
+                        t=x.t,
+                        message=(
+                            f"task {run.task} ran attempt {x.attempt} on {x.node} at {_at(x.t)}: "
+                            f"attempts {sorted(seen)} so far, but max_retries={inv.max_retries} "
+                            f"allows {allowed}"
+                        ),
+                    )
+                )
         most = max(most, len(seen))
     return out, re_executions, most
 
@@ -823,15 +887,19 @@ def _rate_windows(params: Params, runs: list[_Runs]) -> list[Violation]:
         for j in range(m, len(execs)):
             first, last = execs[j - m], execs[j]
             if last.t - first.t < window:
-                out.append(Violation(
-                    kind=RATE_EXCEEDED, index=last.index, t=last.t,
-                    message=(
-                        f"group {group} (max_per_minute={m}): {m + 1} first executions within "
-                        f"{(last.t - first.t) / 1e6:.3f} s, from task {first.task} at "
-                        f"{_at(first.t)} to task {last.task} at {_at(last.t)} (window judged: "
-                        f"{window / 1e6:.3f} s, 60 s less {params.window_slack_us} µs slack)"
-                    ),
-                ))
+                out.append(
+                    Violation(
+                        kind=RATE_EXCEEDED,
+                        index=last.index,
+                        t=last.t,
+                        message=(
+                            f"group {group} (max_per_minute={m}): {m + 1} first executions within "
+                            f"{(last.t - first.t) / 1e6:.3f} s, from task {first.task} at "
+                            f"{_at(first.t)} to task {last.task} at {_at(last.t)} (window judged: "
+                            f"{window / 1e6:.3f} s, 60 s less {params.window_slack_us} µs slack)"
+                        ),
+                    )
+                )
     return out
 
 
@@ -902,9 +970,15 @@ def _priority(a: _Analysis) -> list[Violation]:
             continue
         dispatches = a.dispatches.get(task, [])
         d = next(
-            (r for r in dispatches
-             if r.index < x.index and r.accepted and r.shard == x.shard
-             and r.fields.get("attempt") == 1 and r.epoch == x.epoch),
+            (
+                r
+                for r in dispatches
+                if r.index < x.index
+                and r.accepted
+                and r.shard == x.shard
+                and r.fields.get("attempt") == 1
+                and r.epoch == x.epoch
+            ),
             None,
         )
         if (
@@ -942,15 +1016,19 @@ def _priority(a: _Analysis) -> list[Violation]:
                 busy = writer_busy_since(x.node, d)
             if busy >= ack.t:
                 continue
-            out.append(Violation(
-                kind=PRIORITY_INVERSION, index=x.index, t=x.t,
-                message=(
-                    f"{x.node} dispatched task {task} (urgency {inv_a.urgency}) at "
-                    f"{_at(d.t_issue)} while task {ack.task} (urgency {inv_b.urgency}, same type, "
-                    f"shard {x.shard}), acked by {x.node} at {_at(ack.t)}, was ready and "
-                    "nothing else ran on that node in between"
-                ),
-            ))
+            out.append(
+                Violation(
+                    kind=PRIORITY_INVERSION,
+                    index=x.index,
+                    t=x.t,
+                    message=(
+                        f"{x.node} dispatched task {task} (urgency {inv_a.urgency}) at "
+                        f"{_at(d.t_issue)} while task {ack.task} (urgency {inv_b.urgency}, same type, "
+                        f"shard {x.shard}), acked by {x.node} at {_at(ack.t)}, was ready and "
+                        "nothing else ran on that node in between"
+                    ),
+                )
+            )
             break
     out.sort(key=lambda v: v.index)
     return out
@@ -998,23 +1076,28 @@ def _dedupe(a: _Analysis) -> list[Violation]:
         h = r.fields.get("payloadHash")
         fp = h if r.fields.get("autoDedupe") is True and isinstance(h, str) else None
         if fp is not None and shard_live.get(task) != fp:
-            twin = next((other for other, f in shard_live.items() if f == fp and other != task),
-                        None)
+            twin = next(
+                (other for other, f in shard_live.items() if f == fp and other != task), None
+            )
             if twin is not None:
-                out.append(Violation(
-                    kind=DUPLICATE_PENDING, index=r.index, t=r.t,
-                    message=(
-                        f"shard {r.shard}: task {task} became pending (record by {r.node}) "
-                        f"while task {twin} with the same fingerprint {fp} was still pending "
-                        "(auto_dedupe)"
-                    ),
-                ))
+                out.append(
+                    Violation(
+                        kind=DUPLICATE_PENDING,
+                        index=r.index,
+                        t=r.t,
+                        message=(
+                            f"shard {r.shard}: task {task} became pending (record by {r.node}) "
+                            f"while task {twin} with the same fingerprint {fp} was still pending "
+                            "(auto_dedupe)"
+                        ),
+                    )
+                )
         shard_live[task] = fp
     return out
 
 
 def check_dedupe(history: History) -> list[Violation]:
-    """Per shard, over accepted records in durable order: no two live tasks (enqueued, not yet
+    """Per shard, over accepted records in file order: no two live tasks (enqueued, not yet
     tombstoned) with `autoDedupe` and one `payloadHash` at the same time."""
     return _dedupe(_analyse(history))
 
@@ -1067,14 +1150,18 @@ def _belief(a: _Analysis) -> tuple[list[Violation], dict[int, int]]:
                     begin, idx0, nodes = episode
                     episode = None
                     if t > begin and a.params.assumptions_hold:
-                        out.append(Violation(
-                            kind=BELIEF_OVERLAP, index=idx0, t=begin,
-                            message=(
-                                f"shard {shard}: {' and '.join(nodes)} both believed they owned "
-                                f"it from {_at(begin)} to {_at(t)} ({t - begin} µs), though "
-                                "skew and pauses stayed within the assumptions"
-                            ),
-                        ))
+                        out.append(
+                            Violation(
+                                kind=BELIEF_OVERLAP,
+                                index=idx0,
+                                t=begin,
+                                message=(
+                                    f"shard {shard}: {' and '.join(nodes)} both believed they owned "
+                                    f"it from {_at(begin)} to {_at(t)} ({t - begin} µs), though "
+                                    "skew and pauses stayed within the assumptions"
+                                ),
+                            )
+                        )
         by_shard[shard] = total
     return out, by_shard
 

@@ -168,6 +168,8 @@ class SimFSStats:
     replaced_pending: int = 0
     replaces: int = 0
     replaces_refused: int = 0
+    #: Torn last lines cut off by a new owner before appending.
+    truncates: int = 0
     membership_writes: int = 0
     membership_conflicts: int = 0
     membership_fail_before: int = 0
@@ -467,6 +469,24 @@ class SimFS:
         self._fds.pop((pid, shard), None)
         self._n["replaces"] += 1
         return None
+
+    def truncate_log(self, pid: str, shard: int, size: int) -> bool:
+        """ftruncate(2) of the shard log to `size` (the shell cutting a torn last line before it
+        appends after it). The inode stays the same, so other fds keep writing into this file.
+        Only done when nothing is pending in it (returns False and changes nothing otherwise):
+        the daemon cuts right after taking the shard's lock, when no other writer should be
+        active."""
+        inode = self._logs.get(shard)
+        if inode is None or size >= inode.size:
+            return True
+        if any(not seg.durable for seg in inode.tail):
+            return False
+        data = inode.visible()[:size]
+        inode.prefix = bytearray(data)
+        inode.tail.clear()
+        inode.size = size
+        self._n["truncates"] += 1
+        return True
 
     def close_log(self, pid: str, shard: int) -> None:
         """`pid` closes its fd on the shard log; its next append reopens the current file.

@@ -242,6 +242,10 @@ class ShardInfo:
     #: removed and its lock released. `giving_back_since_mono`: when that began.
     giving_back: bool = False
     giving_back_since_mono: int = 0
+    #: Counts this node's step-downs from the shard. An append issued in an earlier tenure
+    #: means nothing once it ends (its task was forgotten, its enqueue answered): its outcome
+    #: is ignored, even if the shard was taken up again and the record reloaded meanwhile.
+    tenure: int = 0
     #: Records and bytes of the latest replay, for the startup log line.
     loaded_records: int = 0
     corrupt_lines: int = 0
@@ -268,6 +272,8 @@ class PendingAppend:
     extra: dict[str, Any] = field(default_factory=dict)
     #: The SDK was already answered (an enqueue whose shard changed owner before it committed).
     answered: bool = False
+    #: The shard's tenure when the append was issued (`ShardInfo.tenure`).
+    tenure: int = 0
 
 
 class Node:
@@ -451,6 +457,7 @@ class Node:
         pending.effect = effect
         self.pending[token] = pending
         info = self.shards[shard]
+        pending.tenure = info.tenure
         if info.compacting:
             info.backlog.append(effect)
             return token
@@ -698,6 +705,7 @@ class Node:
         self._log(level, f"{shard_name(shard)}: this daemon stops acting for it: {why}")
         was_locked = info.phase not in (ShardPhase.LOCKING, ShardPhase.PAUSED)
         info.phase = ShardPhase.UNOWNED
+        info.tenure += 1
         info.retry_lock_at_mono = None
         info.giving_back = False
         self.parked_by_shard.pop(shard, None)
@@ -1254,6 +1262,9 @@ class Node:
         # Appends that failed and are due for another try.
         for token in self.retry_appends.pop_due(now.mono):
             p = self.pending.get(token)
+            if p is not None and p.tenure != self.shards[p.shard].tenure:
+                del self.pending[token]
+                continue
             if p is not None and p.effect is not None:
                 info = self.shards[p.shard]
                 if info.compacting:
@@ -1512,10 +1523,10 @@ class Node:
         p = self.pending.pop(event.token)
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
+        if info.phase is ShardPhase.UNOWNED or p.tenure != info.tenure:
+            return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
         loc = _new_location(p.shard, event.offsets[0], event.lengths[0])
-        if info.phase is ShardPhase.UNOWNED:
-            return
         if p.kind == "claim":
             info.claim_loc = loc
             info.phase = ShardPhase.ACTIVE
@@ -1621,6 +1632,9 @@ class Node:
         p = self.pending[event.token]
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
+        if p.tenure != info.tenure:
+            del self.pending[event.token]  # from an earlier tenure: nothing to retry or say
+            return
         if p.kind == "enqueue":
             del self.pending[event.token]
             if p.answered:

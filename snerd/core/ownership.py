@@ -153,6 +153,25 @@ def _claim_view(doc: dict[str, Any], shard: int) -> ClaimView:
     )
 
 
+def _owner_of(doc: dict[str, Any], shard: int) -> str | None:
+    """The owner a shard's claim names (None: free), without parsing the rest of the claim."""
+    raw = (doc.get("claims") or {}).get(shard_name(shard))
+    if not isinstance(raw, dict):
+        return None
+    owner = raw.get("owner")
+    return owner if isinstance(owner, str) else None
+
+
+def _holdings(doc: dict[str, Any]) -> dict[str, int]:
+    """How many shards each owner's claims name."""
+    out: dict[str, int] = {}
+    for shard in range(int(doc.get("shards", 0))):
+        owner = _owner_of(doc, shard)
+        if owner is not None:
+            out[owner] = out.get(owner, 0) + 1
+    return out
+
+
 def claim_epoch(doc: dict[str, Any], shard: int) -> int:
     """The highest epoch ever recorded for a shard (0 when never claimed by snerd).
 
@@ -223,9 +242,14 @@ class Observer:
 
     def observe(self, doc: dict[str, Any], mono_us: int) -> None:
         """Note a fresh read of membership.json at `mono_us`."""
+        claims = doc.get("claims") or {}
         for shard in range(int(doc.get("shards", 0))):
-            view = _claim_view(doc, shard)
-            signature = (view.owner, view.epoch, view.renewals, view.raw.get("lease_expiry"))
+            raw = claims.get(shard_name(shard))
+            signature = (
+                tuple(sorted((str(k), repr(v)) for k, v in raw.items()))
+                if isinstance(raw, dict)
+                else None
+            )
             seen = self.claims.get(shard)
             if seen is None or seen[0] != signature:
                 self.claims[shard] = (signature, mono_us)
@@ -276,27 +300,20 @@ def give_back(
     shards = int(doc.get("shards", 0))
     n = len(live)
     cap = fair_cap(shards, n, config)
-    held = {node: len(owned_by(doc, node)) for node in live}
+    holdings = _holdings(doc)
+    held = {node: holdings.get(node, 0) for node in live}
     mine = held.get(node_id, 0)
     if mine > cap:
         return mine - cap
     if config.max_shards is not None and cap == config.max_shards:
         return 0  # the cap is this node's own limit, not a share of the cluster
-    free = shards - sum(len(owned_by(doc, node)) for node in _owners(doc))
+    free = shards - sum(holdings.values())
     base = shards // n
     if mine < cap or free > 0 or not any(count < base for count in held.values()):
         return 0
     at_cap = sorted(node for node, count in held.items() if count >= cap)
     allowed = shards % n if shards % n else n
     return 1 if node_id in at_cap[allowed:] else 0
-
-
-def _owners(doc: dict[str, Any]) -> set[str]:
-    return {
-        view.owner
-        for view in (_claim_view(doc, s) for s in range(int(doc.get("shards", 0))))
-        if view.owner is not None
-    }
 
 
 def with_heartbeat(
@@ -382,13 +399,9 @@ def without_claims(
 
 def live_foreign(doc: dict[str, Any], *, node_id: str) -> list[int]:
     """Shards claimed by some other node (lapsed or not)."""
-    return [
-        s
-        for s in range(int(doc.get("shards", 0)))
-        if _claim_view(doc, s).owner not in (None, node_id)
-    ]
+    return [s for s in range(int(doc.get("shards", 0))) if _owner_of(doc, s) not in (None, node_id)]
 
 
 def owned_by(doc: dict[str, Any], node_id: str) -> list[int]:
     """Shards whose claim names `node_id`."""
-    return [s for s in range(int(doc.get("shards", 0))) if _claim_view(doc, s).owner == node_id]
+    return [s for s in range(int(doc.get("shards", 0))) if _owner_of(doc, s) == node_id]

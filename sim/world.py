@@ -1,0 +1,1131 @@
+"""One simulated world: real `snerd.core` nodes, virtual time, a shared filesystem and faults.
+
+Theory of operation
+-------------------
+True time is an integer number of microseconds that only the world sees. Each host has a
+`NodeClock` (offset, drift, wall steps); a process reads its host's clocks and nothing else, so
+a node never learns true time. Everything happens through one event queue ordered by
+`(time, sequence)`: a node's effects are carried out by its "shell" a few microseconds after
+the node decided them (so a pause can fall between a decision and its effect, as a SIGSTOP
+can), and every outcome comes back to the node as the event the real shell would send.
+
+A process is a `Node` (the real core object, never a copy or a model of it) plus what its shell
+holds: its pending filesystem operations, the handlers running its attempts, and its SDK
+client's outstanding enqueues. Processes crash (their pending appends are lost or torn, their
+locks released, their outstanding enqueues become `info`), restart as a new process with a new
+node id and monotonic clock, and pause (nothing of theirs runs; what arrives for them waits).
+
+Faults are drawn per run (swarm testing: `Settings.draw` turns whole fault kinds off in some
+runs). The run has a *safety phase* with faults and a workload, then a *liveness phase*: faults
+stop, paused processes resume, crashed ones restart, producers stop, and every acknowledged task
+must finish and ownership must settle into an even spread within a bound.
+
+Everything the run does is recorded in a history (`sim.checker`'s format), which the checkers
+judge; `trace_digest` hashes it so two runs of one seed can be compared byte for byte.
+
+Determinism: one `random.Random(seed)` derives a child generator per subsystem, draws use only
+`random()` (whose sequence Python promises across versions), events tie-break on a sequence
+number, and nothing iterates a set. `python -m sim` pins `PYTHONHASHSEED` because the core may
+iterate sets of strings.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import orjson
+import xxhash
+
+from sim import checker
+from sim.clock import NodeClock
+from sim.fs import SimFS
+from snerd.core import effects as fx
+from snerd.core import events as ev
+from snerd.core.node import Node, NodeConfig, route_shard
+from snerd.core.ownership import OwnershipConfig
+from snerd.core.records import CorruptRecord, decode_record, encode_record, scan
+from snerd.core.timefmt import format_rfc3339
+
+__all__ = ["SECOND", "Outcome", "Settings", "World", "run"]
+
+SECOND = 1_000_000
+#: True time 0 is this wall time (2027), so clock offsets never make a wall clock negative.
+WALL_ORIGIN = 1_800_000_000 * SECOND
+TASK_TYPE = "t"
+
+# Event kinds, in the queue as small ints (a tuple compare never reaches them: seq is unique).
+_DELIVER = 0  # (proc index, incarnation, core event)
+_EFFECTS = 1  # (proc index, incarnation, effects)
+_WAKE = 2  # (proc index, incarnation, generation)
+_APPEND_DONE = 3  # (proc index, incarnation, _Append)
+_HANDLER_DONE = 4  # (proc index, incarnation, (task, attempt, ok))
+_PRODUCE = 5
+_FAULT = 6  # (fault name, None, None)
+_RESUME = 7  # (proc index, incarnation, None)
+_RESTART = 8  # (proc index, None, None)
+_BELIEF = 9  # (proc index, incarnation, None): a lease deadline passed
+_PHASE = 10
+_CHECK = 11
+
+
+def _exp(rng: random.Random, rate_per_s: float) -> int:
+    """An exponential wait in µs for a Poisson process of `rate_per_s` (from `random()` only)."""
+    return max(1, int(-math.log(1.0 - rng.random()) / rate_per_s * SECOND))
+
+
+def _uniform(rng: random.Random, lo: int, hi: int) -> int:
+    return lo + int(rng.random() * (hi - lo + 1)) if hi > lo else lo
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """Everything one run depends on besides its seed; drawn from the seed unless given."""
+
+    seed: int
+    nodes: int = 3
+    shards: int = 4
+    #: Most world events in the safety phase (it also ends after `safety_us`).
+    steps: int = 40_000
+    safety_us: int = 120 * SECOND
+    #: The liveness phase must finish every acked task and settle ownership within this.
+    liveness_us: int = 600 * SECOND
+    ttl_us: int = 6 * SECOND
+    margin_us: int = 1 * SECOND
+    # clocks
+    offset_max_us: int = 0
+    drift_max_ppm: int = 0
+    step_rate: float = 0.0
+    step_max_us: int = 0
+    # processes
+    crash_rate: float = 0.0
+    pause_rate: float = 0.0
+    pause_max_us: int = 0
+    # filesystem
+    fs_mode: str = "posix"
+    torn_prob: float = 0.0
+    enospc_rate: float = 0.0
+    membership_fail_prob: float = 0.0
+    membership_unknown_prob: float = 0.0
+    lock_loss_rate: float = 0.0
+    lock_loss_silent_prob: float = 0.0
+    slow_io_prob: float = 0.0
+    slow_io_max_us: int = 0
+    # workload
+    enqueue_rate: float = 5.0
+    fail_prob: float = 0.1
+    slow_prob: float = 0.1
+    retries_max: int = 3
+    group_prob: float = 0.1
+    dedupe_prob: float = 0.1
+    delay_prob: float = 0.1
+    urgency_prob: float = 0.3
+    # negative controls
+    unsafe_no_margin: bool = False
+    unsafe_no_fence: bool = False
+    unsafe_wall_clock_only: bool = False
+
+    @classmethod
+    def draw(cls, seed: int, **given: Any) -> Settings:
+        """The settings of seed `seed`, swarm style: each fault kind is on in about half the
+        runs, with its strength drawn too. Every value is drawn whether or not it is `given`,
+        so overriding one setting does not change the others."""
+        rng = random.Random(seed)
+
+        def on(p: float = 0.5) -> bool:
+            return rng.random() < p
+
+        def pick(lo: float, hi: float) -> float:
+            return lo + rng.random() * (hi - lo)
+
+        ttl_choices = (3 * SECOND, 6 * SECOND, 30 * SECOND)
+        ttl = ttl_choices[int(rng.random() * len(ttl_choices))]
+        margin = ttl // 6
+        # Rates within what the margin tolerates: r <= margin / (2 ttl + margin).
+        safe_ppm = int(margin * 1_000_000 // (2 * ttl + margin))
+        drawn: dict[str, Any] = {
+            "nodes": 2 + int(rng.random() * 4),
+            "shards": 1 + int(rng.random() * 8),
+            "ttl_us": ttl,
+            "margin_us": margin,
+            "safety_us": ttl * 20,
+            "liveness_us": max(600 * SECOND, ttl * 40),
+            "offset_max_us": int(pick(0, 30) * SECOND) if on() else 0,
+            "drift_max_ppm": int(pick(0.1, 1.0) * safe_ppm) if on() else 0,
+            "step_rate": pick(0.005, 0.05) if on(0.3) else 0.0,
+            "step_max_us": int(pick(1, 120) * SECOND),
+            "crash_rate": pick(0.005, 0.05) if on() else 0.0,
+            "pause_rate": pick(0.005, 0.05) if on() else 0.0,
+            "pause_max_us": int(pick(0.2, 3.0) * ttl),
+            "fs_mode": "posix",
+            "torn_prob": pick(0.2, 1.0) if on() else 0.0,
+            "enospc_rate": pick(0.002, 0.02) if on(0.3) else 0.0,
+            "membership_fail_prob": pick(0.01, 0.3) if on() else 0.0,
+            "membership_unknown_prob": pick(0.01, 0.2) if on(0.3) else 0.0,
+            "lock_loss_rate": pick(0.005, 0.05) if on(0.3) else 0.0,
+            "lock_loss_silent_prob": rng.random(),
+            "slow_io_prob": pick(0.001, 0.05) if on() else 0.0,
+            "slow_io_max_us": int(pick(0.1, 1.5) * ttl),
+            "enqueue_rate": pick(1.0, 10.0),
+            "fail_prob": pick(0.0, 0.3),
+            "slow_prob": pick(0.0, 0.3),
+            "retries_max": int(rng.random() * 4),
+            "group_prob": pick(0.0, 0.2),
+            "dedupe_prob": pick(0.0, 0.2),
+            "delay_prob": pick(0.0, 0.2),
+            "urgency_prob": pick(0.0, 0.5),
+        }
+        drawn.update(given)
+        settings = cls(seed=seed, **drawn)
+        return settings.forced()
+
+    def forced(self) -> Settings:
+        """The fault kinds each negative control needs to be seen (DESIGN §5): a control must
+        make the model unsafe in worlds where the safe model stays safe."""
+        changes: dict[str, Any] = {}
+        if self.unsafe_no_margin:
+            # Renewals that fail while the owner lives, rates at the bound, and a lock that
+            # does not stop the challenger: only the margin kept them apart.
+            safe_ppm = int(self.margin_us * 1_000_000 // (2 * self.ttl_us + self.margin_us))
+            changes |= {
+                "drift_max_ppm": safe_ppm,
+                "membership_fail_prob": max(self.membership_fail_prob, 0.5),
+                "lock_loss_rate": max(self.lock_loss_rate, 0.05),
+                "lock_loss_silent_prob": 1.0,
+            }
+        if self.unsafe_wall_clock_only:
+            changes |= {
+                "step_rate": max(self.step_rate, 0.05),
+                "step_max_us": max(self.step_max_us, 4 * self.ttl_us),
+                "lock_loss_rate": max(self.lock_loss_rate, 0.05),
+                "lock_loss_silent_prob": 1.0,
+            }
+        if self.unsafe_no_fence:
+            # A stale owner's write must land after a newer claim: a pause longer than the
+            # lease between deciding an append and making it, with a lock that did not stop
+            # the next owner.
+            changes |= {
+                "pause_rate": max(self.pause_rate, 0.05),
+                "pause_max_us": max(self.pause_max_us, 4 * self.ttl_us),
+                "lock_loss_rate": max(self.lock_loss_rate, 0.05),
+                "lock_loss_silent_prob": 1.0,
+            }
+        if self.fs_mode == "nfsv3":
+            # Timing assumptions broken (clock rates far apart, renewals failing): the lock
+            # file is what keeps a second owner paused, and NFSv3 grants it twice.
+            changes |= {
+                "drift_max_ppm": max(self.drift_max_ppm, 300_000),
+                "membership_fail_prob": max(self.membership_fail_prob, 0.5),
+            }
+        if not changes:
+            return self
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return Settings(**values)
+
+    @property
+    def assumptions_hold(self) -> bool:
+        """Clock rates within what the margin tolerates (offsets and steps do not matter).
+
+        Pauses do not matter either for what is judged as belief: a node's belief ends at its
+        own lease deadline, paused or not."""
+        safe_ppm = self.margin_us * 1_000_000 // (2 * self.ttl_us + self.margin_us)
+        return self.drift_max_ppm <= safe_ppm
+
+    @property
+    def window_slack_us(self) -> int:
+        """Clock error allowed when judging rate windows: offsets between hosts, steps, rates."""
+        slack = 2 * self.offset_max_us + 2 * self.drift_max_ppm * 60 + SECOND
+        if self.step_rate:
+            slack += 2 * self.step_max_us
+        return min(slack, 60 * SECOND)
+
+    def flags(self) -> str:
+        """The command-line flags that reproduce the settings that were not drawn."""
+        out = []
+        if self.unsafe_no_margin:
+            out.append("--unsafe-no-margin")
+        if self.unsafe_no_fence:
+            out.append("--unsafe-no-fence")
+        if self.unsafe_wall_clock_only:
+            out.append("--unsafe-wall-clock-only")
+        if self.fs_mode != "posix":
+            out.append(f"--fs {self.fs_mode}")
+        return " ".join(out)
+
+    def describe(self) -> str:
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float):
+                value = round(value, 4)
+            parts.append(f"{f.name}={value}")
+        return " ".join(parts)
+
+
+@dataclass(slots=True)
+class _Append:
+    token: int
+    shard: int
+    seq: int
+    records: list[dict[str, Any]]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    t_issue: int
+    epoch: int
+    error: str | None
+
+
+class _Proc:
+    """A process: the node and what its shell and SDK client hold."""
+
+    __slots__ = (
+        "beliefs",
+        "clock",
+        "inc",
+        "index",
+        "lanes",
+        "name",
+        "node",
+        "outstanding",
+        "paused_until",
+        "pid",
+        "state",
+        "waiting",
+        "wake_gen",
+    )
+
+    def __init__(self, index: int, inc: int, node: Node, clock: NodeClock) -> None:
+        self.index = index
+        self.inc = inc
+        self.node = node
+        self.clock = clock
+        self.name = node.config.node_id
+        self.pid = f"host{index}#{inc}"
+        #: "running", "paused", "down" (crashed or exited).
+        self.state = "running"
+        self.paused_until = 0
+        #: Events and effect batches that arrived while paused, in order.
+        self.waiting: deque[tuple[int, Any]] = deque()
+        self.wake_gen = 0
+        self.beliefs: list[int] = []
+        #: Enqueues sent and not answered: task id -> None.
+        self.outstanding: dict[str, None] = {}
+        #: When each of this process's I/O lanes is next free: calls on one lane complete in
+        #: order ("log": the group-commit writer thread; "meta": membership, locks, reads).
+        self.lanes = {"log": 0, "meta": 0}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What a run produced."""
+
+    settings: Settings
+    report: checker.Report
+    #: Violations the world itself found (liveness, a wrong payload location, ...).
+    world_violations: tuple[str, ...]
+    digest: str
+    events: int
+    true_us: int
+    history_len: int
+    counters: dict[str, int]
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and not self.world_violations
+
+
+class World:
+    """One run. `World(settings).run()` returns its `Outcome`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        root = random.Random(settings.seed ^ 0x5EED)
+        self.rng_fault = random.Random(root.getrandbits(64))
+        self.rng_io = random.Random(root.getrandbits(64))
+        self.rng_work = random.Random(root.getrandbits(64))
+        self.rng_clock = random.Random(root.getrandbits(64))
+        self.rng_crash = random.Random(root.getrandbits(64))
+        self.fs = SimFS(lock_mode="nfsv3" if settings.fs_mode == "nfsv3" else "posix")
+        self.t = 0
+        self.seq = 0
+        self.queue: list[tuple[int, int, int, Any, Any, Any]] = []
+        self.history: list[dict[str, Any]] = []
+        self._digest = xxhash.xxh3_128()
+        self.procs: list[_Proc] = []
+        self.clocks: list[NodeClock] = []
+        self.events = 0
+        self.liveness = False
+        self.finished = False
+        self.world_violations: list[str] = []
+        self.counters: dict[str, int] = {
+            "crashes": 0,
+            "restarts": 0,
+            "pauses": 0,
+            "clock_steps": 0,
+            "locks_lost": 0,
+            "disk_full": 0,
+            "enqueues": 0,
+            "executions": 0,
+            "node_errors": 0,
+        }
+        self.next_task = 0
+        #: Recent auto_dedupe payloads, for duplicates.
+        self.dedupe_payloads: deque[str] = deque(maxlen=8)
+        self.watch = checker.LivenessWatch()
+        self._ownership = OwnershipConfig(
+            ttl_us=settings.ttl_us,
+            skew_margin_us=0 if settings.unsafe_no_margin else settings.margin_us,
+            unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
+        )
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _at(self, t: int, kind: int, a: Any = None, b: Any = None, c: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (t, self.seq, kind, a, b, c))
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        entry["t"] = self.t
+        self.history.append(entry)
+        self._digest.update(orjson.dumps(entry, option=orjson.OPT_SORT_KEYS))
+
+    def _io_latency(self, lo: int, hi: int) -> int:
+        s = self.s
+        if s.slow_io_prob and not self.liveness and self.rng_io.random() < s.slow_io_prob:
+            return _uniform(self.rng_io, hi, max(hi, s.slow_io_max_us))
+        return _uniform(self.rng_io, lo, hi)
+
+    def _io_done_at(self, proc: _Proc, lo: int, hi: int, lane: str = "meta") -> int:
+        """When an I/O call of `proc` issued now completes: calls on one lane complete in
+        order."""
+        at = max(self.t + self._io_latency(lo, hi), proc.lanes[lane])
+        proc.lanes[lane] = at
+        return at
+
+    # ------------------------------------------------------------------ processes
+
+    def _node_config(self, index: int, inc: int) -> NodeConfig:
+        return NodeConfig(
+            node_id=f"n{index}@pid-{inc}",
+            new_queue_shards=self.s.shards,
+            max_workers=4,
+            drain_timeout_us=self.s.ttl_us,
+            ownership=self._ownership,
+            retry_io_us=max(100_000, self.s.ttl_us // 10),
+            compact_min_bytes=64 * 1024,
+            history_limit=50,
+            fence=not self.s.unsafe_no_fence,
+        )
+
+    def _start(self, index: int, inc: int) -> None:
+        clock = self.clocks[index]
+        proc = _Proc(index, inc, Node(self._node_config(index, inc)), clock)
+        if index < len(self.procs):
+            self.procs[index] = proc
+        else:
+            self.procs.append(proc)
+        self._deliver(proc, ev.Started())
+        self._deliver(proc, ev.LineReceived(line=b'{"action":"register","task_type":"t"}'))
+
+    def _alive(self, proc: _Proc, inc: Any) -> bool:
+        return proc.inc == inc and proc.state != "down"
+
+    def _deliver(self, proc: _Proc, event: ev.Event) -> None:
+        if proc.state == "down":
+            return
+        if proc.state == "paused":
+            proc.waiting.append((_DELIVER, event))
+            return
+        effects = proc.node.handle(event, proc.clock.now(self.t))
+        if effects:
+            # The shell carries them out a moment later (a pause can fall in between).
+            self._at(self.t + 20, _EFFECTS, proc.index, proc.inc, effects)
+        self._after_handle(proc)
+
+    def _after_handle(self, proc: _Proc) -> None:
+        now = proc.clock.now(self.t)
+        wait = proc.node.wake_in(now)
+        if wait is not None:
+            proc.wake_gen += 1
+            at = max(proc.clock.true_at_mono(now.mono + wait), self.t + 1)
+            self._at(at, _WAKE, proc.index, proc.inc, proc.wake_gen)
+        deadline = proc.node.lease_deadline_mono
+        if deadline is not None:
+            self._at(proc.clock.true_at_mono(deadline), _BELIEF, proc.index, proc.inc)
+        self._update_beliefs(proc)
+
+    def _believed(self, proc: _Proc) -> list[int]:
+        if proc.state == "down":
+            return []
+        deadline = proc.node.lease_deadline_mono
+        if deadline is not None and proc.clock.mono(self.t) >= deadline:
+            return []
+        return proc.node.owned_shards
+
+    def _update_beliefs(self, proc: _Proc) -> None:
+        now = self._believed(proc)
+        if now == proc.beliefs:
+            return
+        for shard in proc.beliefs:
+            if shard not in now:
+                self._record({"kind": "belief", "node": proc.name, "shard": shard, "on": False})
+        for shard in now:
+            if shard not in proc.beliefs:
+                self._record({"kind": "belief", "node": proc.name, "shard": shard, "on": True})
+        proc.beliefs = now
+
+    # ------------------------------------------------------------------ the shell
+
+    def _run_effects(self, proc: _Proc, effects: list[fx.Effect]) -> None:
+        if proc.state == "paused":
+            proc.waiting.append((_EFFECTS, effects))
+            return
+        for effect in effects:
+            handler = self._shell.get(type(effect))
+            if handler is None:
+                raise AssertionError(f"the simulated shell has no handler for {effect!r}")
+            handler(self, proc, effect)
+
+    def _answer(self, proc: _Proc, event: ev.Event, lo: int, hi: int, lane: str = "meta") -> None:
+        self._at(self._io_done_at(proc, lo, hi, lane), _DELIVER, proc.index, proc.inc, event)
+
+    def _fx_send(self, proc: _Proc, effect: fx.Send) -> None:
+        msg = effect.message
+        task = msg.get("task_id")
+        if not isinstance(task, str) or task not in proc.outstanding:
+            return
+        action = msg.get("action")
+        if action == "ack":
+            del proc.outstanding[task]
+            entry: dict[str, Any] = {"kind": "enqueue", "phase": "ok", "task": task}
+            entry["node"] = proc.name
+            shard = msg.get("shard")
+            if isinstance(shard, str) and shard.startswith("shard-"):
+                entry["shard"] = int(shard[6:])
+            if msg.get("deduplicated"):
+                entry["deduplicated"] = True
+            self._record(entry)
+        elif action == "error":
+            del proc.outstanding[task]
+            self._record({"kind": "enqueue", "phase": "fail", "task": task, "node": proc.name})
+
+    def _fx_log(self, proc: _Proc, effect: fx.Log) -> None:
+        if effect.level == "error":
+            self.counters["node_errors"] += 1
+
+    def _fx_execute(self, proc: _Proc, effect: fx.Execute) -> None:
+        loc = effect.location
+        raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
+        try:
+            fields_ = decode_record(raw.rstrip(b"\n"))
+        except CorruptRecord as exc:
+            self.world_violations.append(
+                f"t={self.t}: {proc.name} executes {effect.task_id} from an unreadable record "
+                f"at shard-{loc.shard}@{loc.offset} ({exc})"
+            )
+            return
+        if fields_.get("taskId") != effect.task_id:
+            self.world_violations.append(
+                f"t={self.t}: {proc.name} executes {effect.task_id} but its location "
+                f"shard-{loc.shard}@{loc.offset} holds {fields_.get('taskId')!r}"
+            )
+            return
+        info = proc.node.shards.get(loc.shard)
+        self.counters["executions"] += 1
+        self._record(
+            {
+                "kind": "execute",
+                "task": effect.task_id,
+                "attempt": effect.attempt,
+                "node": proc.name,
+                "shard": loc.shard,
+                "epoch": info.epoch if info is not None else -1,
+            }
+        )
+        rng = self.rng_work
+        ok = rng.random() >= self.s.fail_prob
+        slow = rng.random() < self.s.slow_prob
+        took = _uniform(rng, 1_000, 50_000) if not slow else _uniform(rng, 0, self.s.ttl_us)
+        self._at(
+            self.t + took, _HANDLER_DONE, proc.index, proc.inc, (effect.task_id, effect.attempt, ok)
+        )
+
+    def _fx_dead_letter(self, proc: _Proc, effect: fx.DeliverDeadLetter) -> None:
+        self._record({"kind": "dead_letter", "task": effect.task_id, "node": proc.name})
+
+    def _fx_webhook(self, proc: _Proc, effect: fx.CallWebhook) -> None:
+        done = ev.WebhookFinished(task_id=effect.task_id, attempt=effect.attempt, ok=True)
+        self._answer(proc, done, 1_000, 10_000)
+
+    def _fx_exit(self, proc: _Proc, effect: fx.Exit) -> None:
+        self._down(proc, crashed=False)
+
+    def _fx_read_membership(self, proc: _Proc, effect: fx.ReadMembership) -> None:
+        # Each membership read is a renewal point: the shell writes through every held lock fd,
+        # so a lock lost with an error surfaces here (snerd.io.runtime does the same).
+        for shard, info in proc.node.shards.items():
+            if info.phase.value in ("loading", "fencing", "active"):
+                error = self.fs.touch_lock(proc.pid, shard)
+                if error is not None:
+                    self._answer(proc, ev.LockLost(shard=shard, error=error), 100, 1_000)
+        self._answer(proc, ev.MembershipRead(doc=self.fs.read_membership()), 500, 5_000)
+
+    def _fx_write_membership(self, proc: _Proc, effect: fx.WriteMembership) -> None:
+        s = self.s
+        faults = not self.liveness
+        r1, r2 = self.rng_io.random(), self.rng_io.random()
+        fail_before = faults and r1 < s.membership_fail_prob
+        fail_after = faults and not fail_before and r2 < s.membership_unknown_prob
+        # The write lands when it completes (a late renewal lands late), judged then against
+        # the version it expects.
+        at = self._io_done_at(proc, 1_000, 10_000)
+        self._at(
+            at, _DELIVER, proc.index, proc.inc, ("membership", effect, fail_before, fail_after)
+        )
+
+    def _membership_done(
+        self, proc: _Proc, effect: fx.WriteMembership, before: bool, after: bool
+    ) -> None:
+        out = self.fs.write_membership(
+            proc.pid, effect.doc, effect.expected_version, fail_before=before, fail_after=after
+        )
+        event: ev.Event
+        if out.ok:
+            assert out.doc is not None
+            event = ev.MembershipWritten(doc=out.doc)
+        else:
+            event = ev.MembershipWriteFailed(doc=out.doc, error=out.error or "failed")
+        self._deliver(proc, event)
+
+    def _fx_try_lock(self, proc: _Proc, effect: fx.TryLock) -> None:
+        got = self.fs.try_lock(proc.pid, effect.shard)
+        event: ev.Event = (
+            ev.LockAcquired(shard=effect.shard) if got else ev.LockBusy(shard=effect.shard)
+        )
+        self._answer(proc, event, 100, 1_000)
+
+    def _fx_unlock(self, proc: _Proc, effect: fx.Unlock) -> None:
+        self.fs.unlock(proc.pid, effect.shard)
+
+    def _fx_read_log(self, proc: _Proc, effect: fx.ReadLog) -> None:
+        shard = effect.shard
+        # The shell reopens the log for writing (another owner may have compacted it) and cuts
+        # a torn last line before anything is appended after it.
+        self.fs.close_log(proc.pid, shard)
+        data = self.fs.read_log(shard)
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            if self.fs.truncate_log(proc.pid, shard, cut):
+                data = data[:cut]
+        result = scan(data)
+        read = ev.LogRecordsRead(
+            shard=shard,
+            records=tuple(result.records),
+            corrupt=tuple(result.corrupt),
+            final=True,
+            size=result.end,
+        )
+        self._answer(proc, read, 1_000, 5_000)
+
+    def _build(self, record: fx.NewRecord) -> dict[str, Any]:
+        fields_ = dict(record.fields)
+        if record.base is not None:
+            loc = record.base
+            raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
+            base = decode_record(raw.rstrip(b"\n"))
+            fields_ = {**base, **fields_}
+            for key in record.remove:
+                fields_.pop(key, None)
+        return fields_
+
+    def _fx_append(self, proc: _Proc, effect: fx.Append) -> None:
+        try:
+            built = [self._build(r) for r in effect.records]
+        except CorruptRecord as exc:
+            failed = ev.AppendFailed(token=effect.token, error=str(exc), permanent=True)
+            self._answer(proc, failed, 100, 1_000, "log")
+            return
+        lines = [encode_record(f) for f in built]
+        data = b"".join(lines)
+        enospc = self.fs.disk_full
+        handle = self.fs.append(proc.pid, effect.shard, data, enospc=enospc)
+        offsets, lengths, at = [], [], handle.offset
+        for line in lines:
+            offsets.append(at)
+            lengths.append(len(line))
+            at += len(line)
+        info = proc.node.shards.get(effect.shard)
+        pending = _Append(
+            token=effect.token,
+            shard=effect.shard,
+            seq=handle.seq,
+            records=built,
+            offsets=tuple(offsets),
+            lengths=tuple(lengths),
+            t_issue=self.t,
+            epoch=info.epoch if info is not None else -1,
+            error=handle.error,
+        )
+        if handle.error is None:
+            self._handles[handle.seq] = (handle, pending, proc.name)
+            self._order.setdefault(effect.shard, deque()).append(handle.seq)
+        done_at = self._io_done_at(proc, 100, 2_000, "log")
+        self._at(done_at, _APPEND_DONE, proc.index, proc.inc, pending)
+
+    def _append_done(self, proc: _Proc, pending: _Append) -> None:
+        if pending.error is not None:
+            self._deliver(proc, ev.AppendFailed(token=pending.token, error=pending.error))
+            return
+        handle, _, _ = self._handles[pending.seq]
+        for done in self.fs.complete_append(handle):
+            self._resolved[done.seq] = self.t if self.fs.status(done) == "durable" else None
+        self._flush_records(pending.shard)
+        status = self.fs.status(handle)
+        if status in ("durable", "replaced"):
+            # fsync returned: the shell reports success even for a replaced file (it cannot
+            # know); the checkers see whether the record is in the log.
+            self._deliver(
+                proc,
+                ev.AppendCommitted(
+                    token=pending.token, offsets=pending.offsets, lengths=pending.lengths
+                ),
+            )
+
+    def _flush_records(self, shard: int) -> None:
+        """Record, in file order, the records of `shard` whose append and every append before
+        it in the file are resolved (durable, or lost in a crash, or in a replaced file).
+
+        Readers judge fencing in file order, and a write is in the file from the moment it is
+        issued, so the history lists records in that order; each carries when it became
+        durable (`t_durable`), and only durable ones are listed."""
+        order = self._order.get(shard)
+        while order and order[0] in self._resolved:
+            seq = order.popleft()
+            durable_at = self._resolved.pop(seq)
+            handle, pending, name = self._handles.pop(seq)
+            if durable_at is None:
+                continue
+            for fields_ in pending.records:
+                epoch = fields_.get("snerdEpoch")
+                self._record(
+                    {
+                        "kind": "record",
+                        "shard": pending.shard,
+                        "node": name,
+                        "epoch": epoch if isinstance(epoch, int) else pending.epoch,
+                        "fields": _history_fields(fields_),
+                        "t_issue": pending.t_issue,
+                        "t_durable": durable_at,
+                    }
+                )
+
+    def _fx_compact(self, proc: _Proc, effect: fx.Compact) -> None:
+        data = self.fs.read_log(effect.shard)
+        parts: list[bytes] = []
+        offsets, lengths, at = [], [], 0
+        for keep in effect.keep:
+            chunk = data[keep.offset : keep.offset + keep.length]
+            parts.append(chunk)
+            offsets.append(at)
+            lengths.append(len(chunk))
+            at += len(chunk)
+        for record in effect.extra:
+            line = encode_record(self._build(record))
+            parts.append(line)
+            offsets.append(at)
+            lengths.append(len(line))
+            at += len(line)
+        error = self.fs.replace_log(proc.pid, effect.shard, b"".join(parts))
+        event: ev.Event
+        if error is not None:
+            event = ev.CompactionFailed(token=effect.token, shard=effect.shard, error=error)
+        else:
+            event = ev.Compacted(
+                token=effect.token,
+                shard=effect.shard,
+                offsets=tuple(offsets),
+                lengths=tuple(lengths),
+                size=at,
+            )
+        self._answer(proc, event, 1_000, 10_000, "log")
+
+    _shell: dict[type, Callable[[World, _Proc, Any], None]] = {
+        fx.Send: _fx_send,
+        fx.Log: _fx_log,
+        fx.Execute: _fx_execute,
+        fx.DeliverDeadLetter: _fx_dead_letter,
+        fx.CallWebhook: _fx_webhook,
+        fx.Exit: _fx_exit,
+        fx.ReadMembership: _fx_read_membership,
+        fx.WriteMembership: _fx_write_membership,
+        fx.TryLock: _fx_try_lock,
+        fx.Unlock: _fx_unlock,
+        fx.ReadLog: _fx_read_log,
+        fx.Append: _fx_append,
+        fx.Compact: _fx_compact,
+    }
+
+    # ------------------------------------------------------------------ faults and workload
+
+    def _down(self, proc: _Proc, *, crashed: bool) -> None:
+        if proc.state == "down":
+            return
+        if crashed:
+            self.fs.crash(proc.pid, self.rng_crash, self.s.torn_prob)
+            for seq, (handle, _, _) in self._handles.items():
+                if handle.pid == proc.pid and seq not in self._resolved:
+                    if self.fs.status(handle) != "pending":
+                        self._resolved[seq] = None
+            for shard in list(self._order):
+                self._flush_records(shard)
+            self.counters["crashes"] += 1
+            self._record({"kind": "crash", "node": proc.name})
+        else:
+            self.fs.release_all(proc.pid)
+            self._record({"kind": "exit", "node": proc.name})
+        proc.state = "down"
+        self._update_beliefs(proc)
+        for task in proc.outstanding:
+            self._record({"kind": "enqueue", "phase": "info", "task": task, "node": proc.name})
+        proc.outstanding.clear()
+        proc.waiting.clear()
+        self._at(self.t + _uniform(self.rng_fault, SECOND, 5 * SECOND), _RESTART, proc.index)
+
+    def _pause(self, proc: _Proc, length: int) -> None:
+        if proc.state != "running":
+            return
+        proc.state = "paused"
+        proc.paused_until = self.t + length
+        self.counters["pauses"] += 1
+        self._record({"kind": "pause", "node": proc.name, "us": length})
+        self._at(self.t + length, _RESUME, proc.index, proc.inc)
+
+    def _resume(self, proc: _Proc) -> None:
+        if proc.state != "paused":
+            return
+        proc.state = "running"
+        self._record({"kind": "resume", "node": proc.name})
+        waiting, proc.waiting = proc.waiting, deque()
+        for kind, item in waiting:
+            if proc.state != "running":
+                if proc.state == "paused":
+                    proc.waiting.append((kind, item))
+                continue
+            if kind == _DELIVER and isinstance(item, tuple):
+                self._membership_done(proc, item[1], item[2], item[3])
+            elif kind == _DELIVER:
+                self._deliver(proc, item)
+            else:
+                self._run_effects(proc, item)
+        self._update_beliefs(proc)
+
+    def _fault(self, name: str) -> None:
+        if self.liveness:
+            return
+        s, rng = self.s, self.rng_fault
+        procs = self.procs
+        proc = procs[int(rng.random() * len(procs))]
+        if name == "crash":
+            self._down(proc, crashed=True)
+            self._at(self.t + _exp(rng, s.crash_rate), _FAULT, "crash")
+        elif name == "pause":
+            self._pause(proc, _uniform(rng, 1_000, s.pause_max_us))
+            self._at(self.t + _exp(rng, s.pause_rate), _FAULT, "pause")
+        elif name == "step":
+            delta = _uniform(rng, -s.step_max_us, s.step_max_us)
+            proc.clock.step(self.t, delta)
+            self.counters["clock_steps"] += 1
+            self._record({"kind": "clock_step", "node": proc.name, "us": delta})
+            self._at(self.t + _exp(rng, s.step_rate), _FAULT, "step")
+        elif name == "lock":
+            held = [sh for sh in range(s.shards) if proc.pid in self.fs.holders(sh)]
+            if held:
+                shard = held[int(rng.random() * len(held))]
+                silent = rng.random() < s.lock_loss_silent_prob
+                if self.fs.lose_lock(proc.pid, shard, silent=silent):
+                    self.counters["locks_lost"] += 1
+                    self._record(
+                        {
+                            "kind": "fault",
+                            "what": "lock_lost",
+                            "node": proc.name,
+                            "shard": shard,
+                            "silent": silent,
+                        }
+                    )
+            self._at(self.t + _exp(rng, s.lock_loss_rate), _FAULT, "lock")
+        elif name == "disk_full":
+            self.fs.disk_full = True
+            self.counters["disk_full"] += 1
+            self._record({"kind": "fault", "what": "disk_full"})
+            self._at(self.t + _uniform(rng, 100_000, 3 * SECOND), _FAULT, "disk_ok")
+        elif name == "disk_ok":
+            self.fs.disk_full = False
+            self._at(self.t + _exp(rng, s.enospc_rate), _FAULT, "disk_full")
+
+    def _produce(self) -> None:
+        if self.liveness:
+            return
+        s, rng = self.s, self.rng_work
+        self._at(self.t + _exp(rng, s.enqueue_rate), _PRODUCE)
+        self.next_task += 1
+        task = f"t{self.next_task}"
+        data = orjson.dumps({"n": self.next_task}).decode()
+        attrs: dict[str, Any] = {
+            "type": TASK_TYPE,
+            "max_retries": int(rng.random() * (s.retries_max + 1)),
+        }
+        msg: dict[str, Any] = {
+            "action": "enqueue",
+            "task_id": task,
+            "task_type": TASK_TYPE,
+            "max_retries": attrs["max_retries"],
+            "retry_after_hours": 0.0,
+        }
+        fingerprint = None
+        if rng.random() < s.dedupe_prob:
+            if self.dedupe_payloads and rng.random() < 0.5:
+                data = self.dedupe_payloads[int(rng.random() * len(self.dedupe_payloads))]
+            else:
+                self.dedupe_payloads.append(data)
+            msg["auto_dedupe"] = True
+            fingerprint = xxhash.xxh64_hexdigest((TASK_TYPE + data).encode()).lstrip("0") or "0"
+        attrs["fingerprint"] = fingerprint
+        msg["task_data"] = data
+        group = None
+        if rng.random() < s.group_prob:
+            group = "g0" if rng.random() < 0.5 else "g1"
+            msg["rate_limit_group"] = group
+            msg["max_per_minute"] = 120 if group == "g0" else 30
+            attrs["group"] = group
+            attrs["max_per_minute"] = msg["max_per_minute"]
+        if rng.random() < s.urgency_prob:
+            msg["urgency_score"] = attrs["urgency"] = 1 + int(rng.random() * 9)
+        delay = 0
+        if rng.random() < s.delay_prob:
+            delay = _uniform(rng, SECOND, 20 * SECOND)
+        # The target: the shard's owner per membership.json most of the time (a smart client),
+        # any live process otherwise.
+        live = [p for p in self.procs if p.state != "down"]
+        if not live:
+            return
+        key = group or fingerprint or task
+        shard = route_shard(key, s.shards) if s.shards != 1 else 0
+        target = live[int(rng.random() * len(live))]
+        if rng.random() < 0.8:
+            doc = self.fs.read_membership() or {}
+            owner = ((doc.get("claims") or {}).get(f"shard-{shard}") or {}).get("owner")
+            for p in live:
+                if p.name == owner:
+                    target = p
+        if delay:
+            msg["execute_at"] = format_rfc3339(target.clock.wall(self.t) + delay)
+        attrs["delay_us"] = delay
+        self.counters["enqueues"] += 1
+        self._record(
+            {
+                "kind": "enqueue",
+                "phase": "invoke",
+                "task": task,
+                "node": target.name,
+                "attrs": attrs,
+            }
+        )
+        target.outstanding[task] = None
+        self._deliver(target, ev.LineReceived(line=orjson.dumps(msg)))
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> Outcome:
+        s = self.s
+        self._handles: dict[int, tuple[Any, _Append, str]] = {}
+        #: Appends issued to each shard's log, in file order, not yet recorded.
+        self._order: dict[int, deque[int]] = {}
+        #: Resolved appends: seq -> when durable (None: lost, or in a replaced file).
+        self._resolved: dict[int, int | None] = {}
+        self._record(
+            {
+                "kind": "params",
+                "ttl_us": s.ttl_us,
+                "margin_us": s.margin_us,
+                "fence": not s.unsafe_no_fence,
+                "assumptions_hold": s.assumptions_hold,
+                "window_slack_us": s.window_slack_us,
+            }
+        )
+        rng = self.rng_clock
+        for index in range(s.nodes):
+            offset = _uniform(rng, -s.offset_max_us, s.offset_max_us)
+            drift = _uniform(rng, -s.drift_max_ppm, s.drift_max_ppm)
+            origin = _uniform(rng, SECOND, 1000 * SECOND)
+            self.clocks.append(
+                NodeClock(t=0, offset_us=WALL_ORIGIN + offset, drift_ppm=drift, mono_origin=origin)
+            )
+        for index in range(s.nodes):
+            self._start(index, 0)
+        self._at(_exp(self.rng_work, s.enqueue_rate), _PRODUCE)
+        for name, rate in (
+            ("crash", s.crash_rate),
+            ("pause", s.pause_rate),
+            ("step", s.step_rate),
+            ("lock", s.lock_loss_rate),
+            ("disk_full", s.enospc_rate),
+        ):
+            if rate:
+                self._at(_exp(self.rng_fault, rate), _FAULT, name)
+        self._at(s.safety_us, _PHASE)
+        end = s.safety_us + s.liveness_us
+        while self.queue and not self.finished:
+            t, _, kind, a, b, c = heapq.heappop(self.queue)
+            if t > end:
+                break
+            self.t = t
+            self.events += 1
+            self._step(kind, a, b, c)
+            if not self.liveness and self.events >= s.steps:
+                self._start_liveness()
+        if not self.finished:
+            self._judge_liveness(final=True)
+        self._record({"kind": "end"})
+        report = checker.check(self.history)
+        return Outcome(
+            settings=s,
+            report=report,
+            world_violations=tuple(self.world_violations),
+            digest=self._digest.hexdigest(),
+            events=self.events,
+            true_us=self.t,
+            history_len=len(self.history),
+            counters={**self.counters, **asdict(self.fs.stats())},
+        )
+
+    def _step(self, kind: int, a: Any, b: Any, c: Any) -> None:
+        if kind == _DELIVER:
+            proc = self.procs[a]
+            if not self._alive(proc, b):
+                return
+            if isinstance(c, tuple):  # a membership write completing
+                if proc.state == "paused":
+                    proc.waiting.append((_DELIVER, c))  # resolved on resume
+                    return
+                self._membership_done(proc, c[1], c[2], c[3])
+                return
+            self._deliver(proc, c)
+        elif kind == _EFFECTS:
+            proc = self.procs[a]
+            if self._alive(proc, b):
+                self._run_effects(proc, c)
+        elif kind == _WAKE:
+            proc = self.procs[a]
+            if self._alive(proc, b) and c == proc.wake_gen:
+                self._deliver(proc, ev.Tick())
+        elif kind == _APPEND_DONE:
+            proc = self.procs[a]
+            if proc.inc == b:
+                if proc.state == "down":
+                    return
+                self._append_done(proc, c)
+        elif kind == _HANDLER_DONE:
+            proc = self.procs[a]
+            if self._alive(proc, b):
+                task, attempt, ok = c
+                self._record(
+                    {
+                        "kind": "handler_done",
+                        "task": task,
+                        "attempt": attempt,
+                        "node": proc.name,
+                        "ok": ok,
+                    }
+                )
+                result: dict[str, Any] = {"action": "result", "task_id": task, "attempt": attempt}
+                result["status"] = "success" if ok else "error"
+                if not ok:
+                    result["error_msg"] = "simulated failure"
+                self._deliver(proc, ev.LineReceived(line=orjson.dumps(result)))
+        elif kind == _PRODUCE:
+            self._produce()
+        elif kind == _FAULT:
+            self._fault(a)
+        elif kind == _RESUME:
+            proc = self.procs[a]
+            if proc.inc == b:
+                self._resume(proc)
+        elif kind == _RESTART:
+            proc = self.procs[a]
+            if proc.state == "down":
+                self.counters["restarts"] += 1
+                self._record({"kind": "restart", "node": f"n{a}@pid-{proc.inc + 1}"})
+                self._start(a, proc.inc + 1)
+        elif kind == _BELIEF:
+            proc = self.procs[a]
+            if proc.inc == b:
+                self._update_beliefs(proc)
+        elif kind == _PHASE:
+            if not self.liveness:
+                self._start_liveness()
+        elif kind == _CHECK:
+            self._judge_liveness(final=False)
+
+    def _start_liveness(self) -> None:
+        """Faults off, everything healed; from here every acked task must finish."""
+        self.liveness = True
+        self.fs.disk_full = False
+        self._record({"kind": "phase", "name": "liveness"})
+        for proc in self.procs:
+            if proc.state == "paused":
+                self._resume(proc)
+        self.liveness_started = self.t
+        self._at(self.t + SECOND, _CHECK)
+
+    def _settled(self) -> bool:
+        """Every shard believed by exactly one running process, counts within one."""
+        running = [p for p in self.procs if p.state == "running"]
+        if len(running) < len(self.procs):
+            return False
+        owners: dict[int, int] = {}
+        for p in running:
+            for shard in self._believed(p):
+                owners[shard] = owners.get(shard, 0) + 1
+        if sorted(owners) != list(range(self.s.shards)) or any(v != 1 for v in owners.values()):
+            return False
+        counts = [len(self._believed(p)) for p in running]
+        return max(counts) - min(counts) <= 1
+
+    def _judge_liveness(self, *, final: bool) -> None:
+        left = self.watch.unfinished(self.history)
+        settled = self._settled()
+        if not left and settled:
+            self.finished = True
+            return
+        if final:
+            if left:
+                self.world_violations.append(
+                    f"liveness: {len(left)} acked task(s) unfinished {self.s.liveness_us // SECOND}"
+                    f" s after the faults stopped, e.g. {', '.join(left[:5])}"
+                )
+            if not settled:
+                spread = {p.name: self._believed(p) for p in self.procs}
+                self.world_violations.append(
+                    f"liveness: ownership did not settle into an even spread: {spread}"
+                )
+            return
+        self._at(self.t + SECOND, _CHECK)
+
+
+def _history_fields(fields_: dict[str, Any]) -> dict[str, Any]:
+    """A record's fields for the history, without the payload (the checkers never read it)."""
+    if "taskData" in fields_:
+        return {k: v for k, v in fields_.items() if k != "taskData"}
+    return fields_
+
+
+def run(settings: Settings) -> Outcome:
+    """Run one world."""
+    return World(settings).run()
