@@ -401,6 +401,12 @@ class SimFS:
             return "replaced"
         return "durable"
 
+    def in_current_log(self, handle: AppendHandle) -> bool:
+        """True when `handle` is pending in the file its shard's log now names (not in a file
+        a compaction has replaced)."""
+        seg = self._pending.get(handle.seq)
+        return seg is not None and self._logs.get(handle.shard) is seg.inode
+
     def pending(self, pid: str) -> tuple[AppendHandle, ...]:
         """`pid`'s pending appends, in issue order."""
         out = [seg.handle for seg in self._pending.values() if seg.handle and seg.handle.pid == pid]

@@ -279,6 +279,7 @@ class _Append:
     t_issue: int
     epoch: int
     error: str | None
+    handle: Any = None
 
 
 class _Proc:
@@ -443,10 +444,33 @@ class World:
             proc.waiting.append((_DELIVER, event))
             return
         effects = proc.node.handle(event, proc.clock.now(self.t))
+        if type(event) is ev.Compacted or type(event) is ev.LogRecordsRead:
+            self._check_locations(proc, event.shard)
         if effects:
             # The shell carries them out a moment later (a pause can fall in between).
             self._at(self.t + 20, _EFFECTS, proc.index, proc.inc, effects)
         self._after_handle(proc)
+
+    def _check_locations(self, proc: _Proc, shard: int) -> None:
+        """Every location the node holds for a task of `shard` must point at that task's
+        record (payloads are read from there): checked after each load and compaction."""
+        for task in proc.node.tasks.values():
+            if task.shard != shard:
+                continue
+            for what, loc in (("record", task.loc), ("dispatch record", task.dispatch_loc)):
+                if loc is None:
+                    continue
+                raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
+                try:
+                    got = decode_record(raw.rstrip(b"\n"))
+                except CorruptRecord as exc:
+                    got = {"error": str(exc)}
+                key = "task" if what == "dispatch record" else "taskId"
+                if got.get(key) != task.task_id:
+                    self.world_violations.append(
+                        f"t={self.t}: {proc.name} holds shard-{shard}@{loc.offset}+{loc.length} "
+                        f"as the {what} of {task.task_id}, but it reads {str(got)[:120]}"
+                    )
 
     def _after_handle(self, proc: _Proc) -> None:
         now = proc.clock.now(self.t)
@@ -671,6 +695,7 @@ class World:
             t_issue=self.t,
             epoch=info.epoch if info is not None else -1,
             error=handle.error,
+            handle=handle,
         )
         if handle.error is None:
             self._handles[handle.seq] = (handle, pending, proc.name)
@@ -682,9 +707,10 @@ class World:
         if pending.error is not None:
             self._deliver(proc, ev.AppendFailed(token=pending.token, error=pending.error))
             return
-        handle, _, _ = self._handles[pending.seq]
+        handle = pending.handle
         for done in self.fs.complete_append(handle):
-            self._resolved[done.seq] = self.t if self.fs.status(done) == "durable" else None
+            if done.seq in self._handles and done.seq not in self._resolved:
+                self._resolved[done.seq] = self.t if self.fs.status(done) == "durable" else None
         self._flush_records(pending.shard)
         status = self.fs.status(handle)
         if status in ("durable", "replaced"):
@@ -708,7 +734,7 @@ class World:
         while order and order[0] in self._resolved:
             seq = order.popleft()
             durable_at = self._resolved.pop(seq)
-            handle, pending, name = self._handles.pop(seq)
+            _, pending, name = self._handles.pop(seq)
             if durable_at is None:
                 continue
             for fields_ in pending.records:
@@ -741,7 +767,21 @@ class World:
             offsets.append(at)
             lengths.append(len(line))
             at += len(line)
+        # Appends of other writers still pending in the log being replaced: those whose bytes
+        # the compaction copies are durable from now on (copied and fsynced by the compactor);
+        # the rest never reach the log.
+        copied = []
+        for seq in self._order.get(effect.shard, ()):
+            handle = self._handles[seq][0]
+            if seq not in self._resolved and self.fs.in_current_log(handle):
+                end = handle.offset + handle.length
+                if any(k.offset <= handle.offset and end <= k.offset + k.length for k in effect.keep):
+                    copied.append(seq)
         error = self.fs.replace_log(proc.pid, effect.shard, b"".join(parts))
+        if error is None and copied:
+            for seq in copied:
+                self._resolved[seq] = self.t
+            self._flush_records(effect.shard)
         event: ev.Event
         if error is not None:
             event = ev.CompactionFailed(token=effect.token, shard=effect.shard, error=error)

@@ -1856,6 +1856,17 @@ class Node:
         info.window_records = deque(
             (t, moved.get(loc.offset, loc)) for t, loc in info.window_records
         )
+        # Appends decided while the compaction ran (held back) or waiting for a retry name
+        # their base records by offsets in the old file: move them too.
+        for pending in self.pending.values():
+            effect = pending.effect
+            if pending.shard == event.shard and effect is not None:
+                if any(r.base is not None and r.base.offset in moved for r in effect.records):
+                    pending.effect = _rebased(effect, moved)
+        info.backlog = [
+            self.pending[e.token].effect or e if e.token in self.pending else e
+            for e in info.backlog
+        ]
         before, info.size = info.size, event.size
         self._flush_backlog(info)
         self._log(
@@ -1873,6 +1884,17 @@ class Node:
 
     def _on_tick(self, event: ev.Tick) -> None:
         return
+
+
+def _rebased(effect: fx.Append, moved: Mapping[int, fx.Location]) -> fx.Append:
+    """`effect` with the base locations of its records moved by a compaction."""
+    records = tuple(
+        fx.NewRecord(fields=r.fields, base=moved.get(r.base.offset, r.base), remove=r.remove)
+        if r.base is not None
+        else r
+        for r in effect.records
+    )
+    return fx.Append(token=effect.token, shard=effect.shard, records=records)
 
 
 def _adopt_cron(expr: Any) -> str | None:
