@@ -693,12 +693,15 @@ def unfinished(history: History) -> list[str]:
 
 class LivenessWatch:
     """`unfinished` for a history that keeps growing: each call parses only the entries
-    appended since the last one, so polling during the liveness phase stays cheap."""
+    appended since the last one and re-judges only the acks still open (a finished task stays
+    finished: acceptance is decided once), so polling during the liveness phase stays cheap."""
 
-    __slots__ = ("_analysis",)
+    __slots__ = ("_acks_seen", "_analysis", "_open")
 
     def __init__(self) -> None:
         self._analysis: _Analysis | None = None
+        self._open: list[_Ack] = []
+        self._acks_seen = 0
 
     def unfinished(self, history: History) -> list[str]:
         """As the module's `unfinished`; `history` must be the one seen before, grown."""
@@ -708,8 +711,12 @@ class LivenessWatch:
             )
         elif len(history) < self._analysis.fed:
             raise HistoryError("a LivenessWatch follows one history, which never shrinks")
-        self._analysis.feed(history)
-        return _unfinished(self._analysis)
+        a = self._analysis
+        a.feed(history)
+        self._open.extend(a.acks[self._acks_seen :])
+        self._acks_seen = len(a.acks)
+        self._open = [ack for ack in self._open if not _satisfied(a, ack)]
+        return list(dict.fromkeys(ack.task for ack in self._open))
 
 
 # ---------------------------------------------------------------------------- 2. ownership

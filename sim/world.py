@@ -143,7 +143,7 @@ class Settings:
         def pick(lo: float, hi: float) -> float:
             return lo + rng.random() * (hi - lo)
 
-        ttl_choices = (3 * SECOND, 6 * SECOND, 30 * SECOND)
+        ttl_choices = (2 * SECOND, 5 * SECOND, 30 * SECOND)
         ttl = ttl_choices[int(rng.random() * len(ttl_choices))]
         margin = ttl // 6
         # Rates within what the margin tolerates: r <= margin / (2 ttl + margin).
@@ -153,8 +153,8 @@ class Settings:
             "shards": 1 + int(rng.random() * 8),
             "ttl_us": ttl,
             "margin_us": margin,
-            "safety_us": ttl * 20,
-            "liveness_us": max(600 * SECOND, ttl * 40),
+            "safety_us": min(ttl * 20, 300 * SECOND),
+            "liveness_us": 600 * SECOND + 4 * ttl,
             "offset_max_us": int(pick(0, 30) * SECOND) if on() else 0,
             "drift_max_ppm": int(pick(0.1, 1.0) * safe_ppm) if on() else 0,
             "step_rate": pick(0.005, 0.05) if on(0.3) else 0.0,
@@ -171,11 +171,11 @@ class Settings:
             "lock_loss_silent_prob": rng.random(),
             "slow_io_prob": pick(0.001, 0.05) if on() else 0.0,
             "slow_io_max_us": int(pick(0.1, 1.5) * ttl),
-            "enqueue_rate": pick(1.0, 10.0),
+            "enqueue_rate": pick(1.0, 6.0),
             "fail_prob": pick(0.0, 0.3),
             "slow_prob": pick(0.0, 0.3),
             "retries_max": int(rng.random() * 4),
-            "group_prob": pick(0.0, 0.2),
+            "group_prob": pick(0.0, 0.15),
             "dedupe_prob": pick(0.0, 0.2),
             "delay_prob": pick(0.0, 0.2),
             "urgency_prob": pick(0.0, 0.5),
@@ -298,7 +298,9 @@ class _Proc:
         "pid",
         "state",
         "waiting",
+        "wake_at",
         "wake_gen",
+        "watched_deadline",
     )
 
     def __init__(self, index: int, inc: int, node: Node, clock: NodeClock) -> None:
@@ -314,6 +316,9 @@ class _Proc:
         #: Events and effect batches that arrived while paused, in order.
         self.waiting: deque[tuple[int, Any]] = deque()
         self.wake_gen = 0
+        #: When the pending wake-up fires (true time), and the lease deadline being watched.
+        self.wake_at = -1
+        self.watched_deadline: int | None = None
         self.beliefs: list[int] = []
         #: Enqueues sent and not answered: task id -> None.
         self.outstanding: dict[str, None] = {}
@@ -476,11 +481,14 @@ class World:
         now = proc.clock.now(self.t)
         wait = proc.node.wake_in(now)
         if wait is not None:
-            proc.wake_gen += 1
             at = max(proc.clock.true_at_mono(now.mono + wait), self.t + 1)
-            self._at(at, _WAKE, proc.index, proc.inc, proc.wake_gen)
+            if at != proc.wake_at:
+                proc.wake_gen += 1
+                proc.wake_at = at
+                self._at(at, _WAKE, proc.index, proc.inc, proc.wake_gen)
         deadline = proc.node.lease_deadline_mono
-        if deadline is not None:
+        if deadline is not None and deadline != proc.watched_deadline:
+            proc.watched_deadline = deadline
             self._at(proc.clock.true_at_mono(deadline), _BELIEF, proc.index, proc.inc)
         self._update_beliefs(proc)
 
@@ -648,6 +656,7 @@ class World:
             if self.fs.truncate_log(proc.pid, shard, cut):
                 data = data[:cut]
         result = scan(data)
+        self._loaded[(proc.pid, shard)] = result.end
         read = ev.LogRecordsRead(
             shard=shard,
             records=tuple(result.records),
@@ -767,15 +776,19 @@ class World:
             offsets.append(at)
             lengths.append(len(line))
             at += len(line)
-        # Appends of other writers still pending in the log being replaced: those whose bytes
-        # the compaction copies are durable from now on (copied and fsynced by the compactor);
-        # the rest never reach the log.
+        # Appends of other writers still pending in the log being replaced: those the
+        # compactor read when it loaded the shard, or whose bytes it copies, are part of the
+        # log's history from now on (read and acted on, or copied and fsynced by it); the
+        # rest never reach the log.
         copied = []
+        loaded = self._loaded.get((proc.pid, effect.shard), 0)
         for seq in self._order.get(effect.shard, ()):
             handle = self._handles[seq][0]
             if seq not in self._resolved and self.fs.in_current_log(handle):
                 end = handle.offset + handle.length
-                if any(k.offset <= handle.offset and end <= k.offset + k.length for k in effect.keep):
+                if end <= loaded or any(
+                    k.offset <= handle.offset and end <= k.offset + k.length for k in effect.keep
+                ):
                     copied.append(seq)
         error = self.fs.replace_log(proc.pid, effect.shard, b"".join(parts))
         if error is None and copied:
@@ -942,7 +955,7 @@ class World:
         if rng.random() < s.group_prob:
             group = "g0" if rng.random() < 0.5 else "g1"
             msg["rate_limit_group"] = group
-            msg["max_per_minute"] = 120 if group == "g0" else 30
+            msg["max_per_minute"] = 600 if group == "g0" else 120
             attrs["group"] = group
             attrs["max_per_minute"] = msg["max_per_minute"]
         if rng.random() < s.urgency_prob:
@@ -989,6 +1002,8 @@ class World:
         self._order: dict[int, deque[int]] = {}
         #: Resolved appends: seq -> when durable (None: lost, or in a replaced file).
         self._resolved: dict[int, int | None] = {}
+        #: How much of a shard's log a process read at its last load.
+        self._loaded: dict[tuple[str, int], int] = {}
         self._record(
             {
                 "kind": "params",
@@ -1064,6 +1079,7 @@ class World:
         elif kind == _WAKE:
             proc = self.procs[a]
             if self._alive(proc, b) and c == proc.wake_gen:
+                proc.wake_at = -1
                 self._deliver(proc, ev.Tick())
         elif kind == _APPEND_DONE:
             proc = self.procs[a]

@@ -211,10 +211,11 @@ def claimable(
     shards = int(doc.get("shards", 0))
     out: list[int] = []
     for shard in range(shards):
-        view = _claim_view(doc, shard)
-        if view.owner is None or view.owner == node_id or shard in proven_dead:
+        owner = _owner_of(doc, shard)
+        if owner is None or owner == node_id or shard in proven_dead:
             out.append(shard)
             continue
+        view = _claim_view(doc, shard)
         if view.lease_expiry_us is None or wall_us <= view.lease_expiry_us + config.skew_margin_us:
             continue
         if (
@@ -246,7 +247,7 @@ class Observer:
         for shard in range(int(doc.get("shards", 0))):
             raw = claims.get(shard_name(shard))
             signature = (
-                tuple(sorted((str(k), repr(v)) for k, v in raw.items()))
+                (raw.get("owner"), raw.get("epoch"), raw.get("renewals"), raw.get("lease_expiry"))
                 if isinstance(raw, dict)
                 else None
             )
