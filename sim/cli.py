@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--unsafe-no-margin", action="store_true")
     p.add_argument("--unsafe-no-fence", action="store_true")
     p.add_argument("--unsafe-wall-clock-only", action="store_true")
+    p.add_argument(
+        "--faults-of",
+        choices=("no-margin", "no-fence", "wall-clock-only", "nfsv3"),
+        help="the world of a negative control, without its unsafe switch (its safe twin)",
+    )
     p.add_argument("--quiet", action="store_true", help="batch: print failures and the summary")
     return p
 
@@ -78,6 +83,8 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     if args.pause_max_s is not None:
         given["pause_max_us"] = int(args.pause_max_s * SECOND)
     given["fs_mode"] = args.fs
+    if args.faults_of:
+        given["faults_of"] = args.faults_of
     given["unsafe_no_margin"] = args.unsafe_no_margin
     given["unsafe_no_fence"] = args.unsafe_no_fence
     given["unsafe_wall_clock_only"] = args.unsafe_wall_clock_only

@@ -93,8 +93,10 @@ class Settings:
     #: Most world events in the safety phase (it also ends after `safety_us`).
     steps: int = 40_000
     safety_us: int = 120 * SECOND
-    #: The liveness phase must finish every acked task and settle ownership within this.
-    liveness_us: int = 600 * SECOND
+    #: In the liveness phase, a stall this long (acked tasks unfinished and no record written,
+    #: or ownership unsettled) is a liveness failure; `liveness_us` bounds the phase overall.
+    stall_us: int = 120 * SECOND
+    liveness_us: int = 3600 * SECOND
     ttl_us: int = 6 * SECOND
     margin_us: int = 1 * SECOND
     # clocks
@@ -112,6 +114,10 @@ class Settings:
     enospc_rate: float = 0.0
     membership_fail_prob: float = 0.0
     membership_unknown_prob: float = 0.0
+    #: Episodes in which one process cannot reach membership.json at all (a partition, a
+    #: hung mount): per second, each up to `outage_max_us`.
+    outage_rate: float = 0.0
+    outage_max_us: int = 0
     lock_loss_rate: float = 0.0
     lock_loss_silent_prob: float = 0.0
     slow_io_prob: float = 0.0
@@ -129,6 +135,9 @@ class Settings:
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
     unsafe_wall_clock_only: bool = False
+    #: Build the world of this negative control without its unsafe switch (its safe twin):
+    #: "no-margin", "no-fence", "wall-clock-only" or "nfsv3".
+    faults_of: str = ""
 
     @classmethod
     def draw(cls, seed: int, **given: Any) -> Settings:
@@ -154,7 +163,7 @@ class Settings:
             "ttl_us": ttl,
             "margin_us": margin,
             "safety_us": min(ttl * 20, 300 * SECOND),
-            "liveness_us": 600 * SECOND + 4 * ttl,
+            "stall_us": 120 * SECOND + 4 * ttl,
             "offset_max_us": int(pick(0, 30) * SECOND) if on() else 0,
             "drift_max_ppm": int(pick(0.1, 1.0) * safe_ppm) if on() else 0,
             "step_rate": pick(0.005, 0.05) if on(0.3) else 0.0,
@@ -167,6 +176,8 @@ class Settings:
             "enospc_rate": pick(0.002, 0.02) if on(0.3) else 0.0,
             "membership_fail_prob": pick(0.01, 0.3) if on() else 0.0,
             "membership_unknown_prob": pick(0.01, 0.2) if on(0.3) else 0.0,
+            "outage_rate": pick(0.005, 0.05) if on(0.3) else 0.0,
+            "outage_max_us": int(pick(0.5, 3.0) * ttl),
             "lock_loss_rate": pick(0.005, 0.05) if on(0.3) else 0.0,
             "lock_loss_silent_prob": rng.random(),
             "slow_io_prob": pick(0.001, 0.05) if on() else 0.0,
@@ -185,42 +196,47 @@ class Settings:
         return settings.forced()
 
     def forced(self) -> Settings:
-        """The fault kinds each negative control needs to be seen (DESIGN §5): a control must
-        make the model unsafe in worlds where the safe model stays safe."""
+        """The world each negative control needs to be seen (DESIGN §5): a control must make
+        the model unsafe in worlds where the safe model stays safe. `faults_of` names a
+        control whose world to build without its unsafe switch: its safe twin, which must pass.
+        """
         changes: dict[str, Any] = {}
-        if self.unsafe_no_margin:
-            # Renewals that fail while the owner lives, rates at the bound, and a lock that
-            # does not stop the challenger: only the margin kept them apart.
+        twin = self.faults_of
+        if self.unsafe_no_margin or twin == "no-margin":
+            # Clock rates at the bound the margin is sized for, owners cut off from
+            # membership.json while they live, and locks that do not stop a second owner
+            # (NFSv3): only the margin keeps the lease beliefs apart.
             safe_ppm = int(self.margin_us * 1_000_000 // (2 * self.ttl_us + self.margin_us))
             changes |= {
+                "fs_mode": "nfsv3",
                 "drift_max_ppm": safe_ppm,
-                "membership_fail_prob": max(self.membership_fail_prob, 0.5),
-                "lock_loss_rate": max(self.lock_loss_rate, 0.05),
-                "lock_loss_silent_prob": 1.0,
+                "outage_rate": max(self.outage_rate, 0.2),
+                "outage_max_us": max(self.outage_max_us, 3 * self.ttl_us),
             }
-        if self.unsafe_wall_clock_only:
+        if self.unsafe_wall_clock_only or twin == "wall-clock-only":
+            # Wall clocks stepped far and locks that do not stop a second owner.
             changes |= {
+                "fs_mode": "nfsv3",
                 "step_rate": max(self.step_rate, 0.05),
                 "step_max_us": max(self.step_max_us, 4 * self.ttl_us),
-                "lock_loss_rate": max(self.lock_loss_rate, 0.05),
-                "lock_loss_silent_prob": 1.0,
             }
-        if self.unsafe_no_fence:
+        if self.unsafe_no_fence or twin == "no-fence":
             # A stale owner's write must land after a newer claim: a pause longer than the
             # lease between deciding an append and making it, with a lock that did not stop
             # the next owner.
             changes |= {
+                "fs_mode": "nfsv3",
                 "pause_rate": max(self.pause_rate, 0.05),
                 "pause_max_us": max(self.pause_max_us, 4 * self.ttl_us),
-                "lock_loss_rate": max(self.lock_loss_rate, 0.05),
-                "lock_loss_silent_prob": 1.0,
             }
-        if self.fs_mode == "nfsv3":
-            # Timing assumptions broken (clock rates far apart, renewals failing): the lock
-            # file is what keeps a second owner paused, and NFSv3 grants it twice.
+        if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
+            # Timing assumptions broken (clock rates far apart, owners cut off from
+            # membership.json): the lock file is what keeps a second owner paused, and NFSv3
+            # grants it twice. The twin keeps POSIX locks.
             changes |= {
-                "drift_max_ppm": max(self.drift_max_ppm, 300_000),
-                "membership_fail_prob": max(self.membership_fail_prob, 0.5),
+                "drift_max_ppm": max(self.drift_max_ppm, 400_000),
+                "outage_rate": max(self.outage_rate, 0.2),
+                "outage_max_us": max(self.outage_max_us, 3 * self.ttl_us),
             }
         if not changes:
             return self
@@ -254,7 +270,11 @@ class Settings:
             out.append("--unsafe-no-fence")
         if self.unsafe_wall_clock_only:
             out.append("--unsafe-wall-clock-only")
-        if self.fs_mode != "posix":
+        if self.faults_of:
+            out.append(f"--faults-of {self.faults_of}")
+        elif self.fs_mode != "posix" and not (
+            self.unsafe_no_margin or self.unsafe_wall_clock_only or self.unsafe_no_fence
+        ):
             out.append(f"--fs {self.fs_mode}")
         return " ".join(out)
 
@@ -295,6 +315,7 @@ class _Proc:
         "node",
         "outstanding",
         "paused_until",
+        "unreachable_until",
         "pid",
         "state",
         "waiting",
@@ -313,6 +334,8 @@ class _Proc:
         #: "running", "paused", "down" (crashed or exited).
         self.state = "running"
         self.paused_until = 0
+        #: membership.json cannot be reached by this process until then (an outage).
+        self.unreachable_until = 0
         #: Events and effect batches that arrived while paused, in order.
         self.waiting: deque[tuple[int, Any]] = deque()
         self.wake_gen = 0
@@ -449,6 +472,16 @@ class World:
             proc.waiting.append((_DELIVER, event))
             return
         effects = proc.node.handle(event, proc.clock.now(self.t))
+        if (
+            effects
+            and self.s.pause_rate
+            and not self.liveness
+            and self.rng_fault.random() < 0.002
+            and any(type(e) is fx.Append for e in effects)
+        ):
+            # A SIGSTOP between deciding an append and making it (BUGGIFY-style): the effects
+            # run when the process resumes, maybe after its lease ran out.
+            self._pause(proc, _uniform(self.rng_fault, 1_000, self.s.pause_max_us))
         if type(event) is ev.Compacted or type(event) is ev.LogRecordsRead:
             self._check_locations(proc, event.shard)
         if effects:
@@ -606,13 +639,17 @@ class World:
                 error = self.fs.touch_lock(proc.pid, shard)
                 if error is not None:
                     self._answer(proc, ev.LockLost(shard=shard, error=error), 100, 1_000)
+        if self.t < proc.unreachable_until:
+            failed = ev.MembershipWriteFailed(doc=None, error="membership.json unreachable")
+            self._answer(proc, failed, 500, 5_000)
+            return
         self._answer(proc, ev.MembershipRead(doc=self.fs.read_membership()), 500, 5_000)
 
     def _fx_write_membership(self, proc: _Proc, effect: fx.WriteMembership) -> None:
         s = self.s
         faults = not self.liveness
         r1, r2 = self.rng_io.random(), self.rng_io.random()
-        fail_before = faults and r1 < s.membership_fail_prob
+        fail_before = faults and (r1 < s.membership_fail_prob or self.t < proc.unreachable_until)
         fail_after = faults and not fail_before and r2 < s.membership_unknown_prob
         # The write lands when it completes (a late renewal lands late), judged then against
         # the version it expects.
@@ -913,6 +950,11 @@ class World:
                         }
                     )
             self._at(self.t + _exp(rng, s.lock_loss_rate), _FAULT, "lock")
+        elif name == "outage":
+            proc.unreachable_until = self.t + _uniform(rng, 100_000, s.outage_max_us)
+            self._record({"kind": "fault", "what": "membership_outage", "node": proc.name,
+                          "us": proc.unreachable_until - self.t})
+            self._at(self.t + _exp(rng, s.outage_rate), _FAULT, "outage")
         elif name == "disk_full":
             self.fs.disk_full = True
             self.counters["disk_full"] += 1
@@ -1031,6 +1073,7 @@ class World:
             ("step", s.step_rate),
             ("lock", s.lock_loss_rate),
             ("disk_full", s.enospc_rate),
+            ("outage", s.outage_rate),
         ):
             if rate:
                 self._at(_exp(self.rng_fault, rate), _FAULT, name)
@@ -1138,6 +1181,7 @@ class World:
             if proc.state == "paused":
                 self._resume(proc)
         self.liveness_started = self.t
+        self._progress: tuple[int, bool, int] = (-1, False, self.t)
         self._at(self.t + SECOND, _CHECK)
 
     def _settled(self) -> bool:
@@ -1160,11 +1204,21 @@ class World:
         if not left and settled:
             self.finished = True
             return
-        if final:
+        records = self.fs.stats().appends_completed
+        if records != self._progress[0] or (not left and settled != self._progress[1]):
+            self._progress = (records, settled, self.t)
+        stalled = self.t - self._progress[2] >= self.s.stall_us
+        if final or stalled:
+            self.finished = True
+            how = (
+                f"nothing was written for {self.s.stall_us // SECOND} s"
+                if stalled
+                else f"{(self.t - self.liveness_started) // SECOND} s after the faults stopped"
+            )
             if left:
                 self.world_violations.append(
-                    f"liveness: {len(left)} acked task(s) unfinished {self.s.liveness_us // SECOND}"
-                    f" s after the faults stopped, e.g. {', '.join(left[:5])}"
+                    f"liveness: {len(left)} acked task(s) unfinished and {how}, e.g. "
+                    f"{', '.join(left[:5])}"
                 )
             if not settled:
                 spread = {p.name: self._believed(p) for p in self.procs}

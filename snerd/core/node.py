@@ -319,8 +319,6 @@ class Node:
         self.observer = Observer()
         #: When the membership round in flight started (its read was issued).
         self.round_started_mono: int | None = None
-        #: Shards whose claims the membership write in flight gives back.
-        self.round_releases: list[int] = []
         #: This node acts for its shards only until then: the start of its last renewal known
         #: to have committed, plus the lease (DESIGN §4.4). None: it holds no lease.
         self.lease_deadline_mono: int | None = None
@@ -542,6 +540,10 @@ class Node:
             self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
             releases = [s for s in wanted if self._ready_to_give_back(s)]
             wanted = [s for s in wanted if s not in releases]
+            # Stop acting for a shard before the write that frees it: once that write lands,
+            # another node may claim it at once, before this node hears back.
+            for shard in releases:
+                self._step_down(shard, "handed over to even out the shares", level="info")
             if self.config.lock_proves_liveness:
                 self._probe(doc, wanted)
         if not wanted and self.phase is NodePhase.STARTING:
@@ -555,7 +557,6 @@ class Node:
             new_doc = without_claims(new_doc, node_id=node_id, shards=releases)
         new_doc = with_heartbeat(new_doc, node_id=node_id, wall_us=now.wall, live=live)
         new_doc["version"] = (expected or 0) + 1
-        self.round_releases = releases
         self.membership_busy = True
         self._emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
 
@@ -616,9 +617,6 @@ class Node:
             self.lease_deadline_mono = self.round_started_mono + self.config.ownership.ttl_us
         elif not ours:
             self.lease_deadline_mono = None
-        releases, self.round_releases = self.round_releases, []
-        for shard in releases:
-            self._step_down(shard, "handed over to even out the shares", level="info")
         if self.proven_dead or self.renew_after_busy:
             self.renew_at_mono = now.mono  # a takeover or a renewal is waiting
             self.renew_after_busy = False
@@ -641,7 +639,6 @@ class Node:
             self._log("warning", f"membership.json not updated ({event.error}) while stopping")
             self._finish_release()
             return
-        self.round_releases = []
         self._log("warning", f"membership.json not updated ({event.error}); retrying")
         self.renew_after_busy = False
         self.renew_at_mono = self._now.mono + self.config.retry_io_us
@@ -1749,6 +1746,9 @@ class Node:
             self._read_membership()
 
     def _release(self, doc: dict[str, Any], expected: int | None) -> None:
+        # Stop acting for every shard before the write that frees them (see `_mark_give_backs`).
+        for shard in sorted(self.shards):
+            self._step_down(shard, "handed over on drain", level="info")
         self.releasing = True
         self.membership_busy = True
         self._emit(
