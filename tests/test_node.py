@@ -161,6 +161,21 @@ def test_dedupe_drops_a_pending_duplicate_and_says_so() -> None:
     assert "c" in sh.node.tasks
 
 
+def test_a_duplicate_is_acked_only_once_its_original_is_durable() -> None:
+    """The original runs at once (its dispatch record shares its enqueue append), so it is
+    DISPATCHING, not ENQUEUING, while that append is out: the duplicate must still wait."""
+    sh = started()
+    sh.register("t")
+    sh.hold_appends = True
+    sh.enqueue("a", data={"same": 1}, auto_dedupe=True)
+    sh.enqueue("b", data={"same": 1}, auto_dedupe=True)
+    assert sh.messages("ack")[1:] == []  # nothing is durable yet: nobody is told anything
+    sh.hold_appends = False
+    sh.release_held()
+    acks = {m["task_id"]: m for m in sh.messages("ack") if "task_id" in m}
+    assert acks["b"].get("deduplicated") is True and "a" in acks
+
+
 def test_duplicate_live_task_id_is_refused_not_overwritten() -> None:
     sh = started()
     sh.enqueue("a", data={"v": 1})

@@ -1108,7 +1108,10 @@ class Node:
         )
 
     def _ack_duplicate(self, task_id: str, original: Task) -> None:
-        if original.state is TaskState.ENQUEUING:
+        # Until the original's enqueue record is durable (it has no location yet: ENQUEUING,
+        # or DISPATCHING with its dispatch record in the same append), the duplicate's ack
+        # waits for it: acked now, it would be lost with the original in a crash.
+        if original.loc is None:
             for p in self.pending.values():
                 if p.kind == "enqueue" and p.task_id == original.task_id:
                     p.dedupe_waiters.append(task_id)
