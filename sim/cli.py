@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sim.world import SECOND, Outcome, Settings, run
@@ -23,6 +24,11 @@ def _parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int, help="run one seed")
     which.add_argument("--seeds", help="run a batch, A..B (B excluded)")
+    which.add_argument(
+        "--regression-seeds",
+        action="store_true",
+        help="run only the regression seeds kept in sim/regressions.txt",
+    )
     p.add_argument("--steps", type=int, help="most world events in the safety phase")
     p.add_argument("--nodes", type=int)
     p.add_argument("--shards", type=int)
@@ -54,6 +60,14 @@ def _parser() -> argparse.ArgumentParser:
         help="the world of a negative control, without its unsafe switch (its safe twin)",
     )
     p.add_argument("--quiet", action="store_true", help="batch: print failures and the summary")
+    p.add_argument(
+        "--stop-on-failure", action="store_true", help="batch: stop at the first failing seed"
+    )
+    p.add_argument(
+        "--regressions",
+        action="store_true",
+        help="also run the regression seeds kept in sim/regressions.txt",
+    )
     return p
 
 
@@ -91,6 +105,23 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     return given
 
 
+REGRESSIONS = Path(__file__).with_name("regressions.txt")
+
+
+def regression_seeds() -> list[tuple[int, dict[str, Any]]]:
+    """The seeds of `sim/regressions.txt`: each line `SEED [FLAGS]` (`#` starts a comment),
+    the flags as on the command line."""
+    out = []
+    for line in REGRESSIONS.read_text().splitlines():
+        line = line.partition("#")[0].strip()
+        if not line:
+            continue
+        seed_text, *flags = line.split()
+        args = _parser().parse_args(["--seed", seed_text, *flags])
+        out.append((int(seed_text), _given(args)))
+    return out
+
+
 def repro_command(settings: Settings, argv_extra: str = "") -> str:
     flags = settings.flags()
     return f"python -m sim --seed {settings.seed}" + (f" {flags}" if flags else "") + argv_extra
@@ -110,7 +141,7 @@ def _summary(outcome: Outcome, elapsed: float) -> str:
         f"dead letters {m.dead_letters}, executions {m.executions} "
         f"(re-executions {m.re_executions}), belief overlap {m.belief_overlap_us} µs; "
         f"crashes {outcome.counters['crashes']}, pauses {outcome.counters['pauses']}, "
-        f"locks lost {outcome.counters['locks_lost']}, clock steps "
+        f"locks lost {outcome.counters['locks_lost']}, disk full {outcome.counters['disk_full']}, clock steps "
         f"{outcome.counters['clock_steps']}; digest {outcome.digest[:16]}"
     )
 
@@ -142,13 +173,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_failure(outcome))
             return 1
         return 0
-    lo_text, _, hi_text = args.seeds.partition("..")
-    lo, hi = int(lo_text), int(hi_text)
+    batch: list[tuple[int, dict[str, Any]]] = []
+    if args.seeds is not None:
+        lo_text, _, hi_text = args.seeds.partition("..")
+        batch += [(seed, given) for seed in range(int(lo_text), int(hi_text))]
+    if args.regression_seeds or args.regressions:
+        batch += regression_seeds()
     failed = 0
     events = 0
     started = time.perf_counter()
-    for seed in range(lo, hi):
-        settings = Settings.draw(seed, **given)
+    for seed, seed_given in batch:
+        settings = Settings.draw(seed, **seed_given)
         if not args.quiet:
             print(f"seed {seed}: {settings.describe()}", flush=True)
         t0 = time.perf_counter()
@@ -158,11 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             print(_summary(outcome, time.perf_counter() - t0))
             print(_failure(outcome), flush=True)
+            if args.stop_on_failure:
+                break
         elif not args.quiet:
             print(_summary(outcome, time.perf_counter() - t0), flush=True)
     elapsed = time.perf_counter() - started
     print(
-        f"{hi - lo} seeds, {failed} failed; {events} events in {elapsed:.1f} s "
+        f"{len(batch)} seeds, {failed} failed; {events} events in {elapsed:.1f} s "
         f"({events / elapsed:,.0f}/s)"
     )
     return 1 if failed else 0

@@ -315,9 +315,9 @@ class _Proc:
         "node",
         "outstanding",
         "paused_until",
-        "unreachable_until",
         "pid",
         "state",
+        "unreachable_until",
         "waiting",
         "wake_at",
         "wake_gen",
@@ -404,6 +404,10 @@ class World:
             "node_errors": 0,
         }
         self.next_task = 0
+        #: The largest wall-clock error any host had: a claim written by a host whose clock
+        #: ran that far ahead looks live that much longer to the wall-clock half of the lapse
+        #: rule, which delays takeovers (liveness, not safety).
+        self.max_wall_error = settings.offset_max_us
         #: Recent auto_dedupe payloads, for duplicates.
         self.dedupe_payloads: deque[str] = deque(maxlen=8)
         self.watch = checker.LivenessWatch()
@@ -869,9 +873,12 @@ class World:
         if crashed:
             self.fs.crash(proc.pid, self.rng_crash, self.s.torn_prob)
             for seq, (handle, _, _) in self._handles.items():
-                if handle.pid == proc.pid and seq not in self._resolved:
-                    if self.fs.status(handle) != "pending":
-                        self._resolved[seq] = None
+                if (
+                    handle.pid == proc.pid
+                    and seq not in self._resolved
+                    and self.fs.status(handle) != "pending"
+                ):
+                    self._resolved[seq] = None
             for shard in list(self._order):
                 self._flush_records(shard)
             self.counters["crashes"] += 1
@@ -930,6 +937,9 @@ class World:
         elif name == "step":
             delta = _uniform(rng, -s.step_max_us, s.step_max_us)
             proc.clock.step(self.t, delta)
+            self.max_wall_error = max(
+                self.max_wall_error, abs(proc.clock.offset_at(self.t) - WALL_ORIGIN)
+            )
             self.counters["clock_steps"] += 1
             self._record({"kind": "clock_step", "node": proc.name, "us": delta})
             self._at(self.t + _exp(rng, s.step_rate), _FAULT, "step")
@@ -952,8 +962,14 @@ class World:
             self._at(self.t + _exp(rng, s.lock_loss_rate), _FAULT, "lock")
         elif name == "outage":
             proc.unreachable_until = self.t + _uniform(rng, 100_000, s.outage_max_us)
-            self._record({"kind": "fault", "what": "membership_outage", "node": proc.name,
-                          "us": proc.unreachable_until - self.t})
+            self._record(
+                {
+                    "kind": "fault",
+                    "what": "membership_outage",
+                    "node": proc.name,
+                    "us": proc.unreachable_until - self.t,
+                }
+            )
             self._at(self.t + _exp(rng, s.outage_rate), _FAULT, "outage")
         elif name == "disk_full":
             self.fs.disk_full = True
@@ -1057,7 +1073,7 @@ class World:
             }
         )
         rng = self.rng_clock
-        for index in range(s.nodes):
+        for _ in range(s.nodes):
             offset = _uniform(rng, -s.offset_max_us, s.offset_max_us)
             drift = _uniform(rng, -s.drift_max_ppm, s.drift_max_ppm)
             origin = _uniform(rng, SECOND, 1000 * SECOND)
@@ -1180,6 +1196,11 @@ class World:
         for proc in self.procs:
             if proc.state == "paused":
                 self._resume(proc)
+        # NTP brings stepped wall clocks back near true time.
+        for clock in self.clocks:
+            error = clock.offset_at(self.t) - WALL_ORIGIN
+            if abs(error) > self.s.offset_max_us:
+                clock.step(self.t, -error)
         self.liveness_started = self.t
         self._progress: tuple[int, bool, int] = (-1, False, self.t)
         self._at(self.t + SECOND, _CHECK)
@@ -1207,11 +1228,11 @@ class World:
         records = self.fs.stats().appends_completed
         if records != self._progress[0] or (not left and settled != self._progress[1]):
             self._progress = (records, settled, self.t)
-        stalled = self.t - self._progress[2] >= self.s.stall_us
+        stalled = self.t - self._progress[2] >= self.s.stall_us + self.max_wall_error
         if final or stalled:
             self.finished = True
             how = (
-                f"nothing was written for {self.s.stall_us // SECOND} s"
+                f"nothing was written for {(self.s.stall_us + self.max_wall_error) // SECOND} s"
                 if stalled
                 else f"{(self.t - self.liveness_started) // SECOND} s after the faults stopped"
             )

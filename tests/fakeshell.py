@@ -140,7 +140,9 @@ class FakeShell:
             self.dead_letters.append(effect)
         elif isinstance(effect, fx.Exit):
             self.exit_code = effect.code
-        elif (isinstance(effect, fx.ReadMembership) and self.fail_membership) or (isinstance(effect, fx.WriteMembership) and self.fail_membership):
+        elif (isinstance(effect, fx.ReadMembership) and self.fail_membership) or (
+            isinstance(effect, fx.WriteMembership) and self.fail_membership
+        ):
             self.queue.append(ev.MembershipWriteFailed(doc=None, error="No such file"))
         elif isinstance(effect, fx.ReadMembership):
             self.queue.append(ev.MembershipRead(doc=self.disk["membership"]))

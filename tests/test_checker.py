@@ -48,13 +48,21 @@ SECOND = 1_000_000
 class H:
     """A history builder: each method appends one entry (or a few) and returns self."""
 
-    def __init__(self, *, fence: bool = True, assumptions_hold: bool = True,
-                 slack_us: int = 0) -> None:
+    def __init__(
+        self, *, fence: bool = True, assumptions_hold: bool = True, slack_us: int = 0
+    ) -> None:
         self.t = 0
-        self.entries: list[dict[str, Any]] = [{
-            "t": 0, "kind": "params", "ttl_us": 30 * SECOND, "margin_us": 5 * SECOND,
-            "fence": fence, "assumptions_hold": assumptions_hold, "window_slack_us": slack_us,
-        }]
+        self.entries: list[dict[str, Any]] = [
+            {
+                "t": 0,
+                "kind": "params",
+                "ttl_us": 30 * SECOND,
+                "margin_us": 5 * SECOND,
+                "fence": fence,
+                "assumptions_hold": assumptions_hold,
+                "window_slack_us": slack_us,
+            }
+        ]
 
     def at(self, t: int) -> H:
         """The next entry is at true time `t`."""
@@ -74,8 +82,16 @@ class H:
     # -- client side
 
     def invoke(self, task: str, node: str = "n1", **attrs: Any) -> H:
-        full = {"type": "email", "max_retries": 2, "urgency": 0, "group": None,
-                "max_per_minute": None, "fingerprint": None, "delay_us": 0, "parents": []}
+        full = {
+            "type": "email",
+            "max_retries": 2,
+            "urgency": 0,
+            "group": None,
+            "max_per_minute": None,
+            "fingerprint": None,
+            "delay_us": 0,
+            "parents": [],
+        }
         full.update(attrs)
         return self.add("enqueue", phase="invoke", task=task, node=node, attrs=full)
 
@@ -84,43 +100,113 @@ class H:
 
     # -- log records
 
-    def rec(self, fields: dict[str, Any], shard: int = 0, node: str = "n1",
-            issued_ago: int = MS // 2) -> H:
+    def rec(
+        self, fields: dict[str, Any], shard: int = 0, node: str = "n1", issued_ago: int = MS // 2
+    ) -> H:
         epoch = fields.get("snerdEpoch")
-        return self.add("record", shard=shard, node=node, epoch=epoch, fields=fields,
-                        t_issue=self.t + MS - issued_ago)
+        return self.add(
+            "record",
+            shard=shard,
+            node=node,
+            epoch=epoch,
+            fields=fields,
+            t_issue=self.t + MS - issued_ago,
+        )
 
     def claim(self, epoch: int, node: str = "n1", shard: int = 0) -> H:
-        return self.rec({"snerdKind": "claim", "epoch": epoch, "node": node,
-                         "snerdNode": node, "snerdEpoch": epoch}, shard, node)
+        return self.rec(
+            {
+                "snerdKind": "claim",
+                "epoch": epoch,
+                "node": node,
+                "snerdNode": node,
+                "snerdEpoch": epoch,
+            },
+            shard,
+            node,
+        )
 
-    def enq_rec(self, task: str, epoch: int = 1, node: str = "n1", shard: int = 0,
-                **extra: Any) -> H:
-        return self.rec({"taskId": task, "retryCount": 0, "taskType": "email",
-                         "snerdNode": node, "snerdEpoch": epoch, **extra}, shard, node)
+    def enq_rec(
+        self, task: str, epoch: int = 1, node: str = "n1", shard: int = 0, **extra: Any
+    ) -> H:
+        return self.rec(
+            {
+                "taskId": task,
+                "retryCount": 0,
+                "taskType": "email",
+                "snerdNode": node,
+                "snerdEpoch": epoch,
+                **extra,
+            },
+            shard,
+            node,
+        )
 
-    def dispatch(self, task: str, attempt: int = 1, epoch: int = 1, node: str = "n1",
-                 shard: int = 0, issued_ago: int = MS // 2) -> H:
-        return self.rec({"snerdKind": "dispatch", "task": task, "attempt": attempt,
-                         "snerdNode": node, "snerdEpoch": epoch}, shard, node, issued_ago)
+    def dispatch(
+        self,
+        task: str,
+        attempt: int = 1,
+        epoch: int = 1,
+        node: str = "n1",
+        shard: int = 0,
+        issued_ago: int = MS // 2,
+    ) -> H:
+        return self.rec(
+            {
+                "snerdKind": "dispatch",
+                "task": task,
+                "attempt": attempt,
+                "snerdNode": node,
+                "snerdEpoch": epoch,
+            },
+            shard,
+            node,
+            issued_ago,
+        )
 
-    def retry_rec(self, task: str, attempt: int, epoch: int = 1, node: str = "n1",
-                  shard: int = 0) -> H:
-        return self.rec({"taskId": task, "retryCount": attempt, "taskType": "email",
-                         "snerdNode": node, "snerdEpoch": epoch}, shard, node)
+    def retry_rec(
+        self, task: str, attempt: int, epoch: int = 1, node: str = "n1", shard: int = 0
+    ) -> H:
+        return self.rec(
+            {
+                "taskId": task,
+                "retryCount": attempt,
+                "taskType": "email",
+                "snerdNode": node,
+                "snerdEpoch": epoch,
+            },
+            shard,
+            node,
+        )
 
-    def tomb(self, task: str, epoch: int = 1, node: str = "n1", shard: int = 0,
-             outcome: str = "completed") -> H:
-        return self.rec({"taskId": task, "retryCount": 0, "taskType": "email",
-                         "deletedAt": "2024-01-01T00:00:00Z", "snerdOutcome": outcome,
-                         "snerdNode": node, "snerdEpoch": epoch}, shard, node)
+    def tomb(
+        self,
+        task: str,
+        epoch: int = 1,
+        node: str = "n1",
+        shard: int = 0,
+        outcome: str = "completed",
+    ) -> H:
+        return self.rec(
+            {
+                "taskId": task,
+                "retryCount": 0,
+                "taskType": "email",
+                "deletedAt": "2024-01-01T00:00:00Z",
+                "snerdOutcome": outcome,
+                "snerdNode": node,
+                "snerdEpoch": epoch,
+            },
+            shard,
+            node,
+        )
 
     # -- node side
 
-    def execute(self, task: str, attempt: int = 1, node: str = "n1", shard: int = 0,
-                epoch: int = 1) -> H:
-        return self.add("execute", task=task, attempt=attempt, node=node, shard=shard,
-                        epoch=epoch)
+    def execute(
+        self, task: str, attempt: int = 1, node: str = "n1", shard: int = 0, epoch: int = 1
+    ) -> H:
+        return self.add("execute", task=task, attempt=attempt, node=node, shard=shard, epoch=epoch)
 
     def done(self, task: str, attempt: int = 1, node: str = "n1", ok: bool = True) -> H:
         return self.add("handler_done", task=task, attempt=attempt, node=node, ok=ok)
@@ -133,14 +219,22 @@ class H:
     def start(self, node: str = "n1", epoch: int = 1, shard: int = 0) -> H:
         return self.claim(epoch, node, shard).belief(True, node, shard)
 
-    def acked(self, task: str, node: str = "n1", epoch: int = 1, shard: int = 0,
-              **attrs: Any) -> H:
+    def acked(self, task: str, node: str = "n1", epoch: int = 1, shard: int = 0, **attrs: Any) -> H:
         """Invoke, durable enqueue record, ok."""
-        return (self.invoke(task, node, **attrs).enq_rec(task, epoch, node, shard)
-                .ok(task, node, shard))
+        return (
+            self.invoke(task, node, **attrs).enq_rec(task, epoch, node, shard).ok(task, node, shard)
+        )
 
-    def run(self, task: str, attempt: int = 1, node: str = "n1", epoch: int = 1,
-            shard: int = 0, finish: bool = True, issued_ago: int = MS // 2) -> H:
+    def run(
+        self,
+        task: str,
+        attempt: int = 1,
+        node: str = "n1",
+        epoch: int = 1,
+        shard: int = 0,
+        finish: bool = True,
+        issued_ago: int = MS // 2,
+    ) -> H:
         """Dispatch record, execute, handler done, tombstone."""
         self.dispatch(task, attempt, epoch, node, shard, issued_ago)
         self.execute(task, attempt, node, shard, epoch)
@@ -443,17 +537,21 @@ def test_rate_window_exceeded() -> None:
 
 
 def test_rate_window_respected() -> None:
-    h = grouped(H().start(), ["a", "b", "c", "d"],
-                [1 * SECOND, 2 * SECOND, 62 * SECOND, 63 * SECOND])
+    h = grouped(
+        H().start(), ["a", "b", "c", "d"], [1 * SECOND, 2 * SECOND, 62 * SECOND, 63 * SECOND]
+    )
     assert check_rate_windows(h.history) == []
 
 
 def test_rate_window_within_slack_is_not_a_violation() -> None:
     times = [1 * SECOND, 2 * SECOND, 60 * SECOND + 500 * MS]  # 59.5 s apart
-    assert check_rate_windows(grouped(H(slack_us=SECOND).start(), ["a", "b", "c"],
-                                      times).history) == []
-    assert kinds(check_rate_windows(grouped(H(slack_us=0).start(), ["a", "b", "c"],
-                                            times).history)) == [RATE_EXCEEDED]
+    assert (
+        check_rate_windows(grouped(H(slack_us=SECOND).start(), ["a", "b", "c"], times).history)
+        == []
+    )
+    assert kinds(
+        check_rate_windows(grouped(H(slack_us=0).start(), ["a", "b", "c"], times).history)
+    ) == [RATE_EXCEEDED]
 
 
 @settings(max_examples=60, deadline=None)
@@ -497,8 +595,9 @@ def inversion(**tweak: Any) -> H:
     (urgency 1, acked earlier). `tweak` plants near-misses at the marked points."""
     h = H().start()
     h.acked("A", urgency=1, **tweak.get("a_attrs", {}))
-    h.acked("B", urgency=tweak.get("ub", 5), shard=tweak.get("b_shard", 0),
-            **tweak.get("b_attrs", {}))
+    h.acked(
+        "B", urgency=tweak.get("ub", 5), shard=tweak.get("b_shard", 0), **tweak.get("b_attrs", {})
+    )
     for step in tweak.get("between", []):
         step(h)
     h.run("A", issued_ago=tweak.get("issued_ago", MS // 2))
@@ -529,16 +628,19 @@ def _other_runs(h: H) -> None:
         pytest.param({"a_attrs": {"group": "g"}}, id="a-rate-limited"),
         pytest.param({"b_shard": 1}, id="other-shard"),
         pytest.param({"between": [_other_runs]}, id="another-execute-between"),
-        pytest.param({"between": [lambda h: h.belief(False).belief(True)]},
-                     id="belief-change-between"),
-        pytest.param({"between": [lambda h: h.add("pause", node="n1")
-                                   .add("resume", node="n1")]}, id="pause-between"),
+        pytest.param(
+            {"between": [lambda h: h.belief(False).belief(True)]}, id="belief-change-between"
+        ),
+        pytest.param(
+            {"between": [lambda h: h.add("pause", node="n1").add("resume", node="n1")]},
+            id="pause-between",
+        ),
         pytest.param({"between": [lambda h: h.add("clock_step")]}, id="world-clock-step"),
-        pytest.param({"between": [lambda h: h.dispatch("B", issued_ago=0)]},
-                     id="b-dispatched-first"),
+        pytest.param(
+            {"between": [lambda h: h.dispatch("B", issued_ago=0)]}, id="b-dispatched-first"
+        ),
         pytest.param({"issued_ago": 3 * MS}, id="a-issued-before-b-acked"),
-        pytest.param({"between": [lambda h: h.rec({"x": 1}, issued_ago=5 * MS)]},
-                     id="writer-busy"),
+        pytest.param({"between": [lambda h: h.rec({"x": 1}, issued_ago=5 * MS)]}, id="writer-busy"),
     ],
 )
 def test_priority_near_misses_are_not_flagged(tweak: dict[str, Any]) -> None:
@@ -565,8 +667,9 @@ def test_dedupe_twins_are_reported() -> None:
     assert "task t-2 became pending" in v[0].message and "task t-1" in v[0].message
 
 
-@pytest.mark.parametrize("case", ["after-tombstone", "no-autodedupe", "other-shard",
-                                  "fenced", "same-task-retried"])
+@pytest.mark.parametrize(
+    "case", ["after-tombstone", "no-autodedupe", "other-shard", "fenced", "same-task-retried"]
+)
 def test_dedupe_near_misses(case: str) -> None:
     twin: dict[str, Any] = {"autoDedupe": True, "payloadHash": "abc"}
     h = H().start().start("n2", shard=1).invoke("t-1").enq_rec("t-1", **twin).invoke("t-2")
@@ -596,8 +699,10 @@ def test_belief_overlap_is_a_violation_when_the_assumptions_held() -> None:
     report = check(overlapping(True).history)
     v = [x for x in report.violations if x.kind == BELIEF_OVERLAP]
     assert len(v) == 1
-    assert "shard 0: n1 and n2 both believed they owned it from t=5.000000s to t=7.000000s" \
+    assert (
+        "shard 0: n1 and n2 both believed they owned it from t=5.000000s to t=7.000000s"
         in v[0].message
+    )
     assert report.metrics.belief_overlap_us == 2 * SECOND
 
 

@@ -54,7 +54,9 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     return run
 
 
-def task(task_id: str, task_type: str = "job", epoch: int | None = 1, **extra: Any) -> dict[str, Any]:
+def task(
+    task_id: str, task_type: str = "job", epoch: int | None = 1, **extra: Any
+) -> dict[str, Any]:
     f: dict[str, Any] = {
         "taskId": task_id,
         "retryCount": 0,
@@ -79,19 +81,35 @@ def done(task_id: str, task_type: str = "job", **extra: Any) -> dict[str, Any]:
 def dead(task_id: str, task_type: str = "job", error: str = "boom", **extra: Any) -> dict[str, Any]:
     extra.setdefault("retryCount", 3)
     return task(
-        task_id, task_type, deletedAt=PAST, snerdOutcome="dead_letter", LastErrorObj=error,
-        LastJobError={"error": error, "retry_worthy": False}, **extra,
+        task_id,
+        task_type,
+        deletedAt=PAST,
+        snerdOutcome="dead_letter",
+        LastErrorObj=error,
+        LastJobError={"error": error, "retry_worthy": False},
+        **extra,
     )
 
 
 def dispatch(task_id: str, attempt: int, epoch: int = 1, **extra: Any) -> dict[str, Any]:
-    return {"snerdKind": "dispatch", "task": task_id, "attempt": attempt, "at": PAST,
-            "snerdEpoch": epoch, **extra}
+    return {
+        "snerdKind": "dispatch",
+        "task": task_id,
+        "attempt": attempt,
+        "at": PAST,
+        "snerdEpoch": epoch,
+        **extra,
+    }
 
 
 def claim(epoch: int) -> dict[str, Any]:
-    return {"snerdKind": "claim", "epoch": epoch, "node": f"old@pid-{epoch}", "at": PAST,
-            "snerdEpoch": epoch}
+    return {
+        "snerdKind": "claim",
+        "epoch": epoch,
+        "node": f"old@pid-{epoch}",
+        "at": PAST,
+        "snerdEpoch": epoch,
+    }
 
 
 def plant(
@@ -123,8 +141,11 @@ def log_path(directory: Path, shard: int = 0) -> Path:
 
 
 def records(directory: Path, shard: int = 0) -> list[dict[str, Any]]:
-    return [decode_record(line) for line in log_path(directory, shard).read_bytes().splitlines()
-            if line.strip()]
+    return [
+        decode_record(line)
+        for line in log_path(directory, shard).read_bytes().splitlines()
+        if line.strip()
+    ]
 
 
 def membership(directory: Path) -> dict[str, Any]:
@@ -157,8 +178,9 @@ class Daemon:
         self.proc.stdin.write(orjson.dumps(message) + b"\n")
         self.proc.stdin.flush()
 
-    def wait_for(self, predicate: Callable[[dict[str, Any]], bool],
-                 timeout: float = 15.0) -> dict[str, Any]:
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 15.0
+    ) -> dict[str, Any]:
         """The first message (already seen or new) for which `predicate` holds."""
         for i, message in enumerate(self.seen):
             if predicate(message):
@@ -184,18 +206,30 @@ class Daemon:
                 self.buffer += chunk
 
     def enqueue(self, task_id: str, task_type: str, data: Any, **extra: Any) -> dict[str, Any]:
-        self.send({"action": "enqueue", "task_id": task_id, "task_type": task_type,
-                   "task_data": json.dumps(data), "max_retries": extra.pop("max_retries", 0),
-                   "retry_after_hours": 0.0, **extra})
-        return self.wait_for(lambda m: m.get("task_id") == task_id
-                             and m.get("action") in ("ack", "error"))
+        self.send(
+            {
+                "action": "enqueue",
+                "task_id": task_id,
+                "task_type": task_type,
+                "task_data": json.dumps(data),
+                "max_retries": extra.pop("max_retries", 0),
+                "retry_after_hours": 0.0,
+                **extra,
+            }
+        )
+        return self.wait_for(
+            lambda m: m.get("task_id") == task_id and m.get("action") in ("ack", "error")
+        )
 
     def execute(self, timeout: float = 15.0) -> dict[str, Any]:
         return self.wait_for(lambda m: m.get("action") == "execute", timeout)
 
     def result(self, task_id: str, ok: bool, error: str | None = None) -> None:
-        message: dict[str, Any] = {"action": "result", "task_id": task_id,
-                                   "status": "success" if ok else "error"}
+        message: dict[str, Any] = {
+            "action": "result",
+            "task_id": task_id,
+            "status": "success" if ok else "error",
+        }
         if error is not None:
             message["error_msg"] = error
         self.send(message)
@@ -257,9 +291,16 @@ def test_a_dir_that_is_not_a_queue_is_a_usage_error(cli: Cli, tmp_path: Path, co
 
 @pytest.mark.parametrize(
     "args",
-    [["stats", "q", "--bogus"], ["validate", "q", "--bogus"], ["dlq", "q", "--bogus"],
-     ["replay", "--bogus"], ["fsck", "q", "--bogus"], ["compact", "q", "--bogus"],
-     ["add-shards", "--bogus", "1", "q"], ["demo", "--bogus"]],
+    [
+        ["stats", "q", "--bogus"],
+        ["validate", "q", "--bogus"],
+        ["dlq", "q", "--bogus"],
+        ["replay", "--bogus"],
+        ["fsck", "q", "--bogus"],
+        ["compact", "q", "--bogus"],
+        ["add-shards", "--bogus", "1", "q"],
+        ["demo", "--bogus"],
+    ],
 )
 def test_a_bad_flag_is_a_usage_error_naming_it(cli: Cli, tmp_path: Path, args: list[str]) -> None:
     code, _, err = cli(*args)
@@ -317,18 +358,24 @@ def planted_mix(directory: Path) -> Path:
         {
             0: [
                 claim(1),
-                task("w1"), task("w2", "mail"),
+                task("w1"),
+                task("w2", "mail"),
                 task("later", executeAt=FUTURE, retryAfterTime=FUTURE),
-                task("r1"), dispatch("r1", 1), task("r1", retryCount=1, LastErrorObj="x",
-                                                    retryAfterTime=FUTURE),
-                task("fly"), dispatch("fly", 1),
-                task("ok1"), dispatch("ok1", 1), done("ok1"),
+                task("r1"),
+                dispatch("r1", 1),
+                task("r1", retryCount=1, LastErrorObj="x", retryAfterTime=FUTURE),
+                task("fly"),
+                dispatch("fly", 1),
+                task("ok1"),
+                dispatch("ok1", 1),
+                done("ok1"),
                 dead("d1"),
             ],
             1: [claim(2), task("w3", "mail", epoch=2), done("ok2", epoch=2)],
         },
-        claims={"shard-0": {"owner": "h@pid-1-aa", "lease_expiry": FUTURE, "epoch": 1,
-                            "renewals": 4}},
+        claims={
+            "shard-0": {"owner": "h@pid-1-aa", "lease_expiry": FUTURE, "epoch": 1, "renewals": 4}
+        },
         epochs={"shard-0": 1, "shard-1": 2},
     )
 
@@ -340,9 +387,18 @@ def test_stats_counts_tasks_by_state(cli: Cli, tmp_path: Path) -> None:
     report = json.loads(out)
     s0, s1 = report["per_shard"]
     assert (s0["live"], s0["waiting"], s0["delayed"], s0["retrying"], s0["in_flight"]) == (
-        5, 2, 1, 1, 1)
+        5,
+        2,
+        1,
+        1,
+        1,
+    )
     assert (s0["completed"], s0["dead_letters"], s0["owner"], s0["epoch"]) == (
-        1, 1, "h@pid-1-aa", 1)
+        1,
+        1,
+        "h@pid-1-aa",
+        1,
+    )
     assert s0["types"] == {"job": 4, "mail": 1}
     assert s0["log_bytes"] == log_path(q).stat().st_size
     assert (s1["live"], s1["completed"], s1["owner"], s1["epoch"]) == (1, 1, None, 2)
@@ -361,9 +417,16 @@ def test_stats_counts_tasks_by_state(cli: Cli, tmp_path: Path) -> None:
 def test_stats_reads_an_upstream_v02_directory(cli: Cli, tmp_path: Path) -> None:
     q = tmp_path / "old"
     (q / "tasks").mkdir(parents=True)
-    upstream = {"taskId": "u1", "retryCount": 0, "maxRetries": 3, "retryAfterHours": 0.0,
-                "retryAfterTime": PAST, "taskData": "{}", "taskType": "legacy",
-                "executeAt": PAST}
+    upstream = {
+        "taskId": "u1",
+        "retryCount": 0,
+        "maxRetries": 3,
+        "retryAfterHours": 0.0,
+        "retryAfterTime": PAST,
+        "taskData": "{}",
+        "taskType": "legacy",
+        "executeAt": PAST,
+    }
     (q / "tasks" / "tasks.log").write_bytes(orjson.dumps(upstream) + b"\n")
     code, out, _ = cli("stats", q)
     assert code == 0
@@ -423,9 +486,11 @@ def test_validate_within_the_skew_margin_is_not_lapsed(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     expired = format_rfc3339(time.time_ns() // 1000 - 3 * SECOND)
-    q = plant(tmp_path / "q", {0: [claim(1)]},
-              claims={"shard-0": {"owner": "slow@pid-1-aa", "lease_expiry": expired,
-                                  "epoch": 1}})
+    q = plant(
+        tmp_path / "q",
+        {0: [claim(1)]},
+        claims={"shard-0": {"owner": "slow@pid-1-aa", "lease_expiry": expired, "epoch": 1}},
+    )
     code, out, _ = cli("validate", q)
     assert code == 0
     assert "within the 5 s skew margin" in out
@@ -436,9 +501,12 @@ def test_validate_within_the_skew_margin_is_not_lapsed(
 
 
 def test_validate_reports_a_paused_shard(cli: Cli, tmp_path: Path) -> None:
-    q = plant(tmp_path / "q", {0: [claim(1), task("a")]},
-              claims={"shard-0": {"owner": "new@pid-2-bb", "lease_expiry": FUTURE, "epoch": 2}},
-              epochs={"shard-0": 2})
+    q = plant(
+        tmp_path / "q",
+        {0: [claim(1), task("a")]},
+        claims={"shard-0": {"owner": "new@pid-2-bb", "lease_expiry": FUTURE, "epoch": 2}},
+        epochs={"shard-0": 2},
+    )
     locks = ShardLocks(q)
     assert locks.try_lock(0, "old@pid-1-aa")
     try:
@@ -521,8 +589,9 @@ def test_a_running_daemon_claims_shards_added_later(
     d = daemons(q, SNERD_LEASE_TTL="0.9")
     code, _, _ = cli("add-shards", "1", q)
     assert code == 0
-    m = d.wait_for(lambda m: m.get("action") == "membership" and "shard-1" in m["owned"],
-                   timeout=10)
+    m = d.wait_for(
+        lambda m: m.get("action") == "membership" and "shard-1" in m["owned"], timeout=10
+    )
     assert m["shards"] == 2
     assert d.stop() == 0
 
@@ -531,19 +600,37 @@ def test_a_running_daemon_claims_shards_added_later(
 
 
 def planted_dead_letters(directory: Path) -> Path:
-    return plant(directory, {
-        0: [
-            claim(1),
-            dead("d1", "export", "disk full", retryCount=3),
-            done("s1", LastErrorObj="stale error kept by upstream"),   # succeeded: never a DLQ
-            task("u1", "legacy", epoch=None, retryCount=2, maxRetries=3, deletedAt=PAST,
-                 LastErrorObj="upstream error"),                     # upstream-shaped DLQ
-            task("u2", "legacy", epoch=None, retryCount=0, maxRetries=3, deletedAt=PAST,
-                 LastErrorObj="failed once, then succeeded"),        # upstream success
-            dead("back", "export"), task("back", "export"),          # re-enqueued since
-        ],
-        1: [claim(1), dead("d2", "mail", "smtp said no", retryCount=1)],
-    })
+    return plant(
+        directory,
+        {
+            0: [
+                claim(1),
+                dead("d1", "export", "disk full", retryCount=3),
+                done("s1", LastErrorObj="stale error kept by upstream"),  # succeeded: never a DLQ
+                task(
+                    "u1",
+                    "legacy",
+                    epoch=None,
+                    retryCount=2,
+                    maxRetries=3,
+                    deletedAt=PAST,
+                    LastErrorObj="upstream error",
+                ),  # upstream-shaped DLQ
+                task(
+                    "u2",
+                    "legacy",
+                    epoch=None,
+                    retryCount=0,
+                    maxRetries=3,
+                    deletedAt=PAST,
+                    LastErrorObj="failed once, then succeeded",
+                ),  # upstream success
+                dead("back", "export"),
+                task("back", "export"),  # re-enqueued since
+            ],
+            1: [claim(1), dead("d2", "mail", "smtp said no", retryCount=1)],
+        },
+    )
 
 
 def test_dlq_lists_dead_letters(cli: Cli, tmp_path: Path) -> None:
@@ -560,9 +647,15 @@ def test_dlq_lists_dead_letters(cli: Cli, tmp_path: Path) -> None:
     assert code == 0
     (only,) = json.loads(out)
     assert only == {
-        "task_id": "d2", "task_type": "mail", "shard": "shard-1", "attempts": 1,
-        "max_retries": 2, "error": "smtp said no", "dead_lettered_at": PAST,
-        "inferred": False, "task_data": json.dumps({"id": "d2"}),
+        "task_id": "d2",
+        "task_type": "mail",
+        "shard": "shard-1",
+        "attempts": 1,
+        "max_retries": 2,
+        "error": "smtp said no",
+        "dead_lettered_at": PAST,
+        "inferred": False,
+        "task_data": json.dumps({"id": "d2"}),
     }
     code, out, _ = cli("dlq", q, "--id", "nothing-like-it")
     assert code == 0
@@ -583,7 +676,8 @@ def test_replay_puts_back_only_real_dead_letters(
     assert code == 0
     assert "replayed d1 (export) into shard-0" in out
     assert out.rstrip().endswith(
-        "Replay complete. Recovered 1 failed task(s) into the active queue.")
+        "Replay complete. Recovered 1 failed task(s) into the active queue."
+    )
     new = records(q)[-1]
     assert new["taskId"] == "d1" and new["retryCount"] == 0
     assert new["taskData"] == json.dumps({"id": "d1"})
@@ -608,11 +702,16 @@ def test_replay_puts_back_only_real_dead_letters(
 
 
 def test_replay_skips_a_duplicate_of_a_pending_deduped_task(cli: Cli, tmp_path: Path) -> None:
-    q = plant(tmp_path / "q", {0: [
-        claim(1),
-        dead("d1", autoDedupe=True, payloadHash="abc"),
-        task("twin", autoDedupe=True, payloadHash="abc"),
-    ]})
+    q = plant(
+        tmp_path / "q",
+        {
+            0: [
+                claim(1),
+                dead("d1", autoDedupe=True, payloadHash="abc"),
+                task("twin", autoDedupe=True, payloadHash="abc"),
+            ]
+        },
+    )
     code, out, _ = cli("replay", q)
     assert code == 0
     assert "skipped d1: an identical task (twin) is pending (auto_dedupe)" in out
@@ -722,10 +821,13 @@ def test_fsck_finds_a_corrupt_middle_line_a_torn_tail_and_temp_files(
 
 
 def test_fsck_reports_stale_records_and_ids_live_in_two_shards(cli: Cli, tmp_path: Path) -> None:
-    q = plant(tmp_path / "q", {
-        0: [claim(1), task("x"), claim(2), task("late", epoch=1)],
-        1: [claim(1), task("x")],
-    })
+    q = plant(
+        tmp_path / "q",
+        {
+            0: [claim(1), task("x"), claim(2), task("late", epoch=1)],
+            1: [claim(1), task("x")],
+        },
+    )
     code, out, _ = cli("fsck", q)
     assert code == 1
     assert "1 stale-epoch record(s) fenced off" in out and "epoch 1 < 2" in out
@@ -758,14 +860,24 @@ def test_compact_shrinks_the_log_and_a_restarted_daemon_has_every_live_task(
         history += [task(f"old-{i}"), dispatch(f"old-{i}", 1), done(f"old-{i}")]
     live = [
         task("keep-1", "keep"),
-        task("keep-2", "keep"), dispatch("keep-2", 1),
+        task("keep-2", "keep"),
+        dispatch("keep-2", 1),
         task("keep-2", "keep", retryCount=1, LastErrorObj="once"),
         task("keep-3", "keep", taskData=json.dumps({"big": "x" * 500})),
-        task("keep-4", "keep"), dispatch("keep-4", 1),  # in flight when the owner died
+        task("keep-4", "keep"),
+        dispatch("keep-4", 1),  # in flight when the owner died
     ]
-    q = plant(tmp_path / "q", {0: history[:400] + live + history[400:] + [
-        task("keep-5", "keep", epoch=0),  # written by a fenced-off owner: not live
-    ]})
+    q = plant(
+        tmp_path / "q",
+        {
+            0: history[:400]
+            + live
+            + history[400:]
+            + [
+                task("keep-5", "keep", epoch=0),  # written by a fenced-off owner: not live
+            ]
+        },
+    )
     before = log_path(q).stat().st_size
     code, out, _ = cli("compact", q, "--history", "10")
     assert code == 0, out
@@ -792,8 +904,9 @@ def test_compact_shrinks_the_log_and_a_restarted_daemon_has_every_live_task(
 
 
 def test_compact_skips_a_shard_a_daemon_holds(cli: Cli, tmp_path: Path) -> None:
-    q = plant(tmp_path / "q", {0: [claim(1), task("a"), done("a")], 1: [claim(1), task("b"),
-                                                                         done("b")]})
+    q = plant(
+        tmp_path / "q", {0: [claim(1), task("a"), done("a")], 1: [claim(1), task("b"), done("b")]}
+    )
     locks = ShardLocks(q)
     assert locks.try_lock(1, "busy@pid-7-cc")
     size1 = log_path(q, 1).stat().st_size

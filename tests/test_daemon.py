@@ -262,9 +262,7 @@ async def test_bad_environment_is_a_clear_startup_error(tmp_path: Path) -> None:
         assert name in proc.stderr.decode()
 
 
-async def test_upstream_sharded_directory_is_adopted(
-    tmp_path: Path, nursery: trio.Nursery
-) -> None:
+async def test_upstream_sharded_directory_is_adopted(tmp_path: Path, nursery: trio.Nursery) -> None:
     q = tmp_path / "q"
     # What upstream v0.3 leaves behind: two shards, a claim whose daemon died a second ago
     # (its lease is still live, but its lock is free), and a claim that lapsed long ago.

@@ -76,8 +76,9 @@ def test_the_demo_runs_again_on_the_same_directory(tmp_path: Path) -> None:
     assert "[Snerd] Shutdown complete." in done.stderr
 
 
-def test_the_demo_refuses_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_demo_refuses_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert main([str(tmp_path), "--timeout", "soon"]) == 2
     assert "--timeout must be a number of seconds, got 'soon'" in capsys.readouterr().err
     not_a_dir = tmp_path / "file"

@@ -176,6 +176,23 @@ def test_a_duplicate_is_acked_only_once_its_original_is_durable() -> None:
     assert acks["b"].get("deduplicated") is True and "a" in acks
 
 
+def test_a_dispatch_record_refused_by_a_full_disk_keeps_the_task_ahead_of_newer_ones() -> None:
+    sh = started(NodeConfig(node_id="n@pid-1-x", max_workers=1))
+    sh.register("t")
+    sh.enqueue("busy")  # takes the only slot
+    sh.enqueue("urgent", urgency_score=5)
+    sh.disk_full = True
+    sh.result("busy")  # the slot frees; the finish record and urgent's dispatch both fail
+    assert "urgent" not in sh.executed_ids()
+    sh.disk_full = False
+    sh.enqueue("later")  # the disk has room again: a newer, less urgent task arrives
+    assert sh.executed_ids() == ["busy"]  # nothing overtakes while the shard's dispatch waits
+    sh.advance(1.5)
+    assert sh.executed_ids() == ["busy", "urgent"]
+    sh.result("urgent")
+    assert sh.executed_ids() == ["busy", "urgent", "later"]
+
+
 def test_duplicate_live_task_id_is_refused_not_overwritten() -> None:
     sh = started()
     sh.enqueue("a", data={"v": 1})
@@ -195,9 +212,7 @@ def test_hard_timeout_fails_the_attempt_and_refuses_the_late_result() -> None:
     assert len(sh.executed) == 2  # retried at once (no backoff)
     # A result naming the first attempt is late: refused with the unknown/expired text.
     sh.line({"action": "result", "task_id": "a", "status": "success", "attempt": 1})
-    assert sh.messages("error")[-1]["message"] == (
-        "Received result for unknown/expired task_id a"
-    )
+    assert sh.messages("error")[-1]["message"] == ("Received result for unknown/expired task_id a")
     sh.result("a")
     assert "a" not in sh.node.tasks
 

@@ -46,26 +46,38 @@ def task(task_id: str, epoch: int | None = 1, **extra: Any) -> dict[str, Any]:
     return f
 
 
-def tomb(task_id: str, outcome: str | None = "completed", epoch: int | None = 1,
-         **extra: Any) -> dict[str, Any]:
+def tomb(
+    task_id: str, outcome: str | None = "completed", epoch: int | None = 1, **extra: Any
+) -> dict[str, Any]:
     f = task(task_id, epoch, deletedAt=TS, **extra)
     if outcome is not None:
         f["snerdOutcome"] = outcome
     return f
 
 
-def dispatch(task_id: str, attempt: int, epoch: int = 1, group: str | None = None,
-             at: int = T0 - 10 * SECOND) -> dict[str, Any]:
-    f: dict[str, Any] = {"snerdKind": "dispatch", "task": task_id, "attempt": attempt,
-                         "at": format_rfc3339(at), "snerdEpoch": epoch}
+def dispatch(
+    task_id: str, attempt: int, epoch: int = 1, group: str | None = None, at: int = T0 - 10 * SECOND
+) -> dict[str, Any]:
+    f: dict[str, Any] = {
+        "snerdKind": "dispatch",
+        "task": task_id,
+        "attempt": attempt,
+        "at": format_rfc3339(at),
+        "snerdEpoch": epoch,
+    }
     if group is not None:
         f["group"] = group
     return f
 
 
 def claim(epoch: int) -> dict[str, Any]:
-    return {"snerdKind": "claim", "epoch": epoch, "node": f"n{epoch}", "at": TS,
-            "snerdEpoch": epoch}
+    return {
+        "snerdKind": "claim",
+        "epoch": epoch,
+        "node": f"n{epoch}",
+        "at": TS,
+        "snerdEpoch": epoch,
+    }
 
 
 def log_of(records: list[dict[str, Any]]) -> bytes:
@@ -80,8 +92,13 @@ def node_view(data: bytes) -> tuple[dict[str, str], dict[str, int]]:
     """Live task ids -> taskData, and in-flight attempts, as a daemon recovers them."""
     shell = FakeShell(NodeConfig(node_id="checker@pid-1-aa"))
     shell.disk["logs"][0] = bytearray(data)
-    shell.disk["membership"] = {"queue": "snerdmq-daemon", "shards": 1, "version": 1,
-                                "claims": {}, "epochs": {"shard-0": 50}}
+    shell.disk["membership"] = {
+        "queue": "snerdmq-daemon",
+        "shards": 1,
+        "version": 1,
+        "claims": {},
+        "epochs": {"shard-0": 50},
+    }
     shell.start()
     live = {t.task_id: shell.payload(t.loc) for t in shell.node.tasks.values() if t.loc}
     flying = {t.task_id: t.attempt for t in shell.node.tasks.values() if t.dispatch_loc}
@@ -94,10 +111,18 @@ def fold_view(data: bytes) -> tuple[dict[str, str], dict[str, int]]:
 
 
 def test_last_record_wins_and_tombstones_remove() -> None:
-    fold = fold_log(log_of([
-        claim(1), task("a"), task("b"), task("a", retryCount=1, LastErrorObj="x"),
-        tomb("b"), task("c"),
-    ]))
+    fold = fold_log(
+        log_of(
+            [
+                claim(1),
+                task("a"),
+                task("b"),
+                task("a", retryCount=1, LastErrorObj="x"),
+                tomb("b"),
+                task("c"),
+            ]
+        )
+    )
     assert list(fold.live) == ["a", "c"]
     assert fold.live["a"].fields["retryCount"] == 1
     assert list(fold.finished) == ["b"]
@@ -106,10 +131,19 @@ def test_last_record_wins_and_tombstones_remove() -> None:
 
 
 def test_fencing_ignores_records_below_the_latest_claim_before_them() -> None:
-    fold = fold_log(log_of([
-        claim(1), task("a", epoch=1), claim(2), task("b", epoch=1), tomb("a", epoch=1),
-        task("c", epoch=2), task("d", epoch=None),
-    ]))
+    fold = fold_log(
+        log_of(
+            [
+                claim(1),
+                task("a", epoch=1),
+                claim(2),
+                task("b", epoch=1),
+                tomb("a", epoch=1),
+                task("c", epoch=2),
+                task("d", epoch=None),
+            ]
+        )
+    )
     # b and a's tombstone were written by the fenced-off owner: stale.
     assert list(fold.live) == ["a", "c", "d"]
     assert [(s.epoch, s.fence) for s in fold.stale] == [(1, 2), (1, 2)]
@@ -117,10 +151,21 @@ def test_fencing_ignores_records_below_the_latest_claim_before_them() -> None:
 
 
 def test_in_flight_is_a_dispatch_not_resolved_by_a_later_full_record() -> None:
-    fold = fold_log(log_of([
-        claim(1), task("a"), dispatch("a", 1), task("b"), dispatch("b", 1),
-        task("b", retryCount=1), task("c"), dispatch("c", 1), tomb("c"),
-    ]))
+    fold = fold_log(
+        log_of(
+            [
+                claim(1),
+                task("a"),
+                dispatch("a", 1),
+                task("b"),
+                dispatch("b", 1),
+                task("b", retryCount=1),
+                task("c"),
+                dispatch("c", 1),
+                tomb("c"),
+            ]
+        )
+    )
     assert fold.in_flight() == {"a": 1}
 
 
@@ -133,10 +178,18 @@ def test_dead_letters_and_outcomes() -> None:
     assert tombstone_outcome(upstream_dead) == OUTCOME_DEAD_INFERRED
     assert tombstone_outcome(upstream_success) == OUTCOME_COMPLETED
     assert tombstone_outcome(snerd_success) == OUTCOME_COMPLETED
-    fold = fold_log(log_of([
-        snerd_dead, upstream_dead, upstream_success, snerd_success,
-        tomb("again", OUTCOME_DEAD, LastErrorObj="x"), task("again"),
-    ]))
+    fold = fold_log(
+        log_of(
+            [
+                snerd_dead,
+                upstream_dead,
+                upstream_success,
+                snerd_success,
+                tomb("again", OUTCOME_DEAD, LastErrorObj="x"),
+                task("again"),
+            ]
+        )
+    )
     letters = {d.task_id: d for d in fold.dead_letters()}
     assert set(letters) == {"d1", "d2"}  # "again" is live again
     assert letters["d1"].attempts == 3 and letters["d1"].error == "final"
@@ -145,13 +198,21 @@ def test_dead_letters_and_outcomes() -> None:
 
 def test_keep_ranges_keep_what_the_state_needs() -> None:
     now = T0
-    data = log_of([
-        claim(1), task("old"), dispatch("old", 1), tomb("old"),
-        task("rl", rateLimitGroup="g", maxPerMinute=5),
-        dispatch("rl", 1, group="g", at=now - 70 * SECOND), task("rl", retryCount=1),
-        dispatch("rl", 2, group="g", at=now - 5 * SECOND),
-        claim(2), task("live", epoch=2), task("stale", epoch=1),
-    ])
+    data = log_of(
+        [
+            claim(1),
+            task("old"),
+            dispatch("old", 1),
+            tomb("old"),
+            task("rl", rateLimitGroup="g", maxPerMinute=5),
+            dispatch("rl", 1, group="g", at=now - 70 * SECOND),
+            task("rl", retryCount=1),
+            dispatch("rl", 2, group="g", at=now - 5 * SECOND),
+            claim(2),
+            task("live", epoch=2),
+            task("stale", epoch=1),
+        ]
+    )
     fold = fold_log(data)
     keep = fold.keep_ranges(now, history_limit=0)
     kept = fold_records(r for r in scan(data).records if r.offset in {k.offset for k in keep})
@@ -198,7 +259,9 @@ def logs(draw: st.DrawFn) -> list[dict[str, Any]]:
 
 @settings(max_examples=150, deadline=None)
 @given(logs())
-def test_fold_agrees_with_node_replay_and_survives_compaction(records: list[dict[str, Any]]) -> None:
+def test_fold_agrees_with_node_replay_and_survives_compaction(
+    records: list[dict[str, Any]],
+) -> None:
     data = log_of(records)
     assert fold_view(data) == node_view(data)
     assert list(fold_view(data)[0]) == list(node_view(data)[0])  # FIFO order too

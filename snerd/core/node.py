@@ -242,6 +242,9 @@ class ShardInfo:
     #: removed and its lock released. `giving_back_since_mono`: when that began.
     giving_back: bool = False
     giving_back_since_mono: int = 0
+    #: A dispatch record could not be written (disk full, I/O error): nothing is dispatched
+    #: from the shard until then (mono), and its ready tasks keep their places meanwhile.
+    hold_dispatch_until_mono: int | None = None
     #: Counts this node's step-downs from the shard. An append issued in an earlier tenure
     #: means nothing once it ends (its task was forgotten, its enqueue answered): its outcome
     #: is ignored, even if the shard was taken up again and the record reloaded meanwhile.
@@ -417,6 +420,8 @@ class Node:
         for info in self.shards.values():
             if info.retry_lock_at_mono is not None:
                 candidates.append(info.retry_lock_at_mono - now.mono)
+            if info.hold_dispatch_until_mono is not None:
+                candidates.append(info.hold_dispatch_until_mono - now.mono)
         if not candidates:
             return None
         return max(0, min(candidates))
@@ -705,6 +710,7 @@ class Node:
         info.tenure += 1
         info.retry_lock_at_mono = None
         info.giving_back = False
+        info.hold_dispatch_until_mono = None
         self.parked_by_shard.pop(shard, None)
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
@@ -1105,6 +1111,7 @@ class Node:
             and self.pool_busy.get(task.pool, 0) < self._pool_limit(task.pool)
             and not any(self.ready.values())
             and not self.shards[task.shard].giving_back
+            and self.shards[task.shard].hold_dispatch_until_mono is None
         )
 
     def _ack_duplicate(self, task_id: str, original: Task) -> None:
@@ -1272,8 +1279,16 @@ class Node:
                 else:
                     info.appends_in_flight += 1
                     self._emit(p.effect)
-        # Locks to retry.
+        # Locks to retry, and shards whose dispatch hold ends.
         for shard, info in self.shards.items():
+            until = info.hold_dispatch_until_mono
+            if until is not None and now.mono >= until:
+                info.hold_dispatch_until_mono = None
+                parked = self.parked_by_shard.get(shard)
+                while parked and not info.giving_back:
+                    task = self.tasks[parked.pop()]
+                    self._move(task, TaskState.READY)
+                    self._push_ready(task)
             if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
                 info.retry_lock_at_mono = None
                 if info.phase is ShardPhase.PAUSED:
@@ -1333,7 +1348,8 @@ class Node:
                 return
             pool = best[2]
             task = self.tasks[self.ready[pool].pop()]
-            if self.shards[task.shard].giving_back:
+            info = self.shards[task.shard]
+            if info.giving_back or info.hold_dispatch_until_mono is not None:
                 self._move(task, TaskState.PARKED)
                 self.parked_by_shard.setdefault(task.shard, ReadyQueue()).push(
                     task.task_id, task.urgency, task.seq
@@ -1656,8 +1672,12 @@ class Node:
             task = self.tasks.get(p.task_id or "")
             self._log("warning", f"task {p.task_id}: dispatch record not written ({event.error})")
             if task is not None and task.state is TaskState.DISPATCHING:
-                # Try again later rather than spin on a full disk.
-                self._end_flight_unsent(task, delay_us=self.config.retry_io_us)
+                # Try again later rather than spin on a full disk; the task keeps its place by
+                # urgency, and nothing else is dispatched from the shard meanwhile (a newer,
+                # less urgent task must not overtake it).
+                if info.hold_dispatch_until_mono is None:
+                    info.hold_dispatch_until_mono = self._now.mono + self.config.retry_io_us
+                self._end_flight_unsent(task)
             return
         task = self.tasks.get(p.task_id or "")
         if event.permanent and task is not None and p.kind in ("retry", "rearm", "finish"):
@@ -1863,9 +1883,12 @@ class Node:
         # their base records by offsets in the old file: move them too.
         for pending in self.pending.values():
             effect = pending.effect
-            if pending.shard == event.shard and effect is not None:
-                if any(r.base is not None and r.base.offset in moved for r in effect.records):
-                    pending.effect = _rebased(effect, moved)
+            if (
+                pending.shard == event.shard
+                and effect is not None
+                and any(r.base is not None and r.base.offset in moved for r in effect.records)
+            ):
+                pending.effect = _rebased(effect, moved)
         info.backlog = [
             self.pending[e.token].effect or e if e.token in self.pending else e
             for e in info.backlog
