@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench import daemon, huey_bench, raw, sdk
+from bench import daemon, huey_bench, raw, sdk, sim
 from bench.common import Measurement, Rate, Scratch, percentile
 
 BenchFn = Callable[[Scratch, int, float], list[Measurement]]
@@ -46,12 +46,14 @@ BENCHES = [
     Bench("e2e", daemon.snerd_e2e, 80_000, 4.0, "snerd no-op jobs over the protocol"),
     Bench("sdk", sdk.sdk_e2e, 50_000, 4.0, "snerd no-op jobs through SnerdQueue"),
     Bench("exec", daemon.snerd_exec_latency, 3_000, 3.0, "snerd enqueue -> execute, idle"),
+    Bench("sim", sim.sim_events, 10_000_000, 6.0, "simulator world events per second, one core"),
 ]
 GROUPS = {
     "raw": ["raw1", "raw64"],
     "huey": ["huey-enqueue", "huey-e2e"],
     "snerd": ["pipelined", "seq", "e2e", "sdk", "exec"],
     "protocol": ["pipelined", "seq", "e2e", "exec"],
+    "simulator": ["sim"],
 }
 
 
@@ -219,6 +221,20 @@ def build_rows(r: Results) -> list[Row]:
             _check(None if e50 is None else e50 <= 1000),
         )
     )
+    sim_rate, bare = r.rate("sim_events"), r.rate("sim_bare_loop")
+    if sim_rate is not None:
+        node_rate = r.rate("sim_node_events")
+        rows.append(
+            Row(
+                "simulator: world events/s, one core",
+                rate_text("sim_events", "events/s")
+                + ("" if node_rate is None else f" ({_num(node_rate)} core events/s)"),
+                na if bare is None else f"bare heapq loop {_num(bare)}",
+                na if not bare else f"{sim_rate / bare:.3f}x",
+                "≥ 50,000/s",
+                _check(sim_rate >= 50_000),
+            )
+        )
     return rows
 
 

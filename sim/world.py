@@ -360,6 +360,7 @@ class Outcome:
     world_violations: tuple[str, ...]
     digest: str
     events: int
+    node_events: int
     true_us: int
     history_len: int
     counters: dict[str, int]
@@ -389,6 +390,8 @@ class World:
         self.procs: list[_Proc] = []
         self.clocks: list[NodeClock] = []
         self.events = 0
+        #: Events handed to a node's core (`Node.handle` calls).
+        self.node_events = 0
         self.liveness = False
         self.finished = False
         self.world_violations: list[str] = []
@@ -475,6 +478,7 @@ class World:
         if proc.state == "paused":
             proc.waiting.append((_DELIVER, event))
             return
+        self.node_events += 1
         effects = proc.node.handle(event, proc.clock.now(self.t))
         if (
             effects
@@ -1114,6 +1118,7 @@ class World:
             world_violations=tuple(self.world_violations),
             digest=self._digest.hexdigest(),
             events=self.events,
+            node_events=self.node_events,
             true_us=self.t,
             history_len=len(self.history),
             counters={**self.counters, **asdict(self.fs.stats())},
