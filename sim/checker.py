@@ -718,6 +718,12 @@ class LivenessWatch:
         self._open = [ack for ack in self._open if not _satisfied(a, ack)]
         return list(dict.fromkeys(ack.task for ack in self._open))
 
+    def check(self, history: History) -> Report:
+        """`check(history)`, reusing what was parsed already (the same verdict)."""
+        self.unfinished(history)
+        assert self._analysis is not None
+        return _report(self._analysis)
+
 
 # ---------------------------------------------------------------------------- 2. ownership
 
@@ -1185,7 +1191,10 @@ def check_belief(history: History) -> list[Violation]:
 
 def check(history: History) -> Report:
     """Run every check on one history and measure it."""
-    a = _analyse(history)
+    return _report(_analyse(history))
+
+
+def _report(a: _Analysis) -> Report:
     runs = _task_runs(a)
     attempts, re_executions, most = _attempts(runs)
     belief, overlap = _belief(a)

@@ -681,6 +681,11 @@ class SimFS:
         """Every lock granted while held by another process, in order."""
         return tuple(self._double_grants)
 
+    @property
+    def membership_generation(self) -> int:
+        """Changes whenever membership.json is replaced (for callers caching a parse of it)."""
+        return self._n["membership_writes"]
+
     def stats(self) -> SimFSStats:
         """A snapshot of the counters."""
         return SimFSStats(**self._n)

@@ -414,6 +414,7 @@ class World:
         #: Recent auto_dedupe payloads, for duplicates.
         self.dedupe_payloads: deque[str] = deque(maxlen=8)
         self.watch = checker.LivenessWatch()
+        self._owners_cache: tuple[int, dict[int, str]] = (-1, {})
         self._ownership = OwnershipConfig(
             ttl_us=settings.ttl_us,
             skew_margin_us=0 if settings.unsafe_no_margin else settings.margin_us,
@@ -479,7 +480,8 @@ class World:
             proc.waiting.append((_DELIVER, event))
             return
         self.node_events += 1
-        effects = proc.node.handle(event, proc.clock.now(self.t))
+        now = proc.clock.now(self.t)
+        effects = proc.node.handle(event, now)
         if (
             effects
             and self.s.pause_rate
@@ -495,7 +497,7 @@ class World:
         if effects:
             # The shell carries them out a moment later (a pause can fall in between).
             self._at(self.t + 20, _EFFECTS, proc.index, proc.inc, effects)
-        self._after_handle(proc)
+        self._after_handle(proc, now)
 
     def _check_locations(self, proc: _Proc, shard: int) -> None:
         """Every location the node holds for a task of `shard` must point at that task's
@@ -518,8 +520,7 @@ class World:
                         f"as the {what} of {task.task_id}, but it reads {str(got)[:120]}"
                     )
 
-    def _after_handle(self, proc: _Proc) -> None:
-        now = proc.clock.now(self.t)
+    def _after_handle(self, proc: _Proc, now: ev.Now) -> None:
         wait = proc.node.wake_in(now)
         if wait is not None:
             at = max(proc.clock.true_at_mono(now.mono + wait), self.t + 1)
@@ -1034,8 +1035,7 @@ class World:
         shard = route_shard(key, s.shards) if s.shards != 1 else 0
         target = live[int(rng.random() * len(live))]
         if rng.random() < 0.8:
-            doc = self.fs.read_membership() or {}
-            owner = ((doc.get("claims") or {}).get(f"shard-{shard}") or {}).get("owner")
+            owner = self._owners().get(shard)
             for p in live:
                 if p.name == owner:
                     target = p
@@ -1054,6 +1054,20 @@ class World:
         )
         target.outstanding[task] = None
         self._deliver(target, ev.LineReceived(line=orjson.dumps(msg)))
+
+    def _owners(self) -> dict[int, str]:
+        """Each shard's owner per membership.json (parsed once per version of the file)."""
+        version = self.fs.membership_generation
+        if self._owners_cache[0] != version:
+            doc = self.fs.read_membership() or {}
+            claims = doc.get("claims") or {}
+            owners = {}
+            for shard in range(self.s.shards):
+                owner = (claims.get(f"shard-{shard}") or {}).get("owner")
+                if isinstance(owner, str):
+                    owners[shard] = owner
+            self._owners_cache = (version, owners)
+        return self._owners_cache[1]
 
     # ------------------------------------------------------------------ the run
 
@@ -1111,7 +1125,7 @@ class World:
         if not self.finished:
             self._judge_liveness(final=True)
         self._record({"kind": "end"})
-        report = checker.check(self.history)
+        report = self.watch.check(self.history)
         return Outcome(
             settings=s,
             report=report,

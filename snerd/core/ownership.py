@@ -215,14 +215,14 @@ def claimable(
         if owner is None or owner == node_id or shard in proven_dead:
             out.append(shard)
             continue
-        view = _claim_view(doc, shard)
-        if view.lease_expiry_us is None or wall_us <= view.lease_expiry_us + config.skew_margin_us:
-            continue
         if (
             observer is not None
             and not config.unsafe_wall_clock_only
             and not observer.claim_unchanged_for(shard, config.lapse_us, mono_us)
         ):
+            continue  # (checked first: it is cheaper than parsing the expiry)
+        view = _claim_view(doc, shard)
+        if view.lease_expiry_us is None or wall_us <= view.lease_expiry_us + config.skew_margin_us:
             continue
         out.append(shard)
     return out
