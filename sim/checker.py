@@ -13,8 +13,9 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
 
 - `{"kind": "params", "ttl_us", "margin_us", "fence": bool, "assumptions_hold": bool,
   "window_slack_us": int}` — the first entry. `assumptions_hold`: the world states that clock
-  rate skew stayed within what the margin tolerates and no process paused longer than the
-  lease (then no two nodes may even believe they own one shard at once). `window_slack_us`: the
+  rates stayed within what the margin tolerates (then no two nodes may even believe they own
+  one shard at once; pauses do not matter, as a node's belief ends at its own lease deadline,
+  paused or not, and the recorder ends it there). `window_slack_us`: the
   clock error and dispatch-to-execute latency allowed when judging rate windows. `fence`:
   whether the system under test fences stale records (False for the `--unsafe-no-fence`
   negative control).
@@ -1171,7 +1172,7 @@ def _belief(a: _Analysis) -> tuple[list[Violation], dict[int, int]]:
                                 message=(
                                     f"shard {shard}: {' and '.join(nodes)} both believed they owned "
                                     f"it from {_at(begin)} to {_at(t)} ({t - begin} µs), though "
-                                    "skew and pauses stayed within the assumptions"
+                                    "clock rates stayed within what the margin tolerates"
                                 ),
                             )
                         )

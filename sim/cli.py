@@ -19,6 +19,19 @@ from sim.world import SECOND, Outcome, Settings, run
 __all__ = ["main", "repro_command", "run_seed"]
 
 
+_RATES = ("crash-rate", "pause-rate", "step-rate", "lock-loss-rate", "enospc-rate", "outage-rate")
+_PROBS = (
+    "torn-prob",
+    "membership-fail-prob",
+    "membership-unknown-prob",
+    "slow-io-prob",
+    "lock-loss-silent-prob",
+)
+#: Settings the command line can set, with their flags (float ones and int ones).
+_FLOAT_FLAGS = (*_RATES, *_PROBS, "enqueue-rate", "fail-prob")
+_INT_FLAGS = ("steps", "nodes", "shards", "drift-max-ppm")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
     which = p.add_mutually_exclusive_group(required=True)
@@ -32,21 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="most world events in the safety phase")
     p.add_argument("--nodes", type=int)
     p.add_argument("--shards", type=int)
-    for name in (
-        "crash-rate",
-        "pause-rate",
-        "step-rate",
-        "lock-loss-rate",
-        "enospc-rate",
-        "enqueue-rate",
-        "torn-prob",
-        "membership-fail-prob",
-        "membership-unknown-prob",
-        "slow-io-prob",
-        "lock-loss-silent-prob",
-        "fail-prob",
-    ):
-        p.add_argument(f"--{name}", type=float, help="a fault rate (per s) or probability")
+    for name in _RATES:
+        p.add_argument(f"--{name}", type=float, help="fault episodes per second of true time")
+    for name in _PROBS:
+        p.add_argument(f"--{name}", type=float, help="a fault's probability per operation")
+    p.add_argument("--enqueue-rate", type=float, help="enqueues per second (the workload)")
+    p.add_argument("--fail-prob", type=float, help="probability that a handler fails")
     p.add_argument("--drift-max-ppm", type=int)
     p.add_argument("--offset-max-s", type=float)
     p.add_argument("--pause-max-s", type=float)
@@ -73,23 +77,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
     given: dict[str, Any] = {}
-    for key in ("steps", "nodes", "shards", "drift_max_ppm"):
-        if getattr(args, key) is not None:
-            given[key] = getattr(args, key)
-    for key in (
-        "crash_rate",
-        "pause_rate",
-        "step_rate",
-        "lock_loss_rate",
-        "enospc_rate",
-        "enqueue_rate",
-        "torn_prob",
-        "membership_fail_prob",
-        "membership_unknown_prob",
-        "slow_io_prob",
-        "lock_loss_silent_prob",
-        "fail_prob",
-    ):
+    for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
+        key = flag.replace("-", "_")
         if getattr(args, key) is not None:
             given[key] = getattr(args, key)
     if args.offset_max_s is not None:
@@ -122,9 +111,27 @@ def regression_seeds() -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def repro_command(settings: Settings, argv_extra: str = "") -> str:
-    flags = settings.flags()
-    return f"python -m sim --seed {settings.seed}" + (f" {flags}" if flags else "") + argv_extra
+def repro_command(settings: Settings) -> str:
+    """The command that runs `settings` again: the seed, the control or twin flags, and every
+    setting given on the command line (one that differs from what the seed draws)."""
+    flags = [settings.flags()] if settings.flags() else []
+    drawn = Settings.draw(
+        settings.seed,
+        fs_mode=settings.fs_mode,
+        faults_of=settings.faults_of,
+        unsafe_no_margin=settings.unsafe_no_margin,
+        unsafe_no_fence=settings.unsafe_no_fence,
+        unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
+    )
+    for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
+        key = flag.replace("-", "_")
+        if getattr(settings, key) != getattr(drawn, key):
+            flags.append(f"--{flag} {getattr(settings, key)!r}")
+    if settings.offset_max_us != drawn.offset_max_us:
+        flags.append(f"--offset-max-s {settings.offset_max_us / SECOND!r}")
+    if settings.pause_max_us != drawn.pause_max_us:
+        flags.append(f"--pause-max-s {settings.pause_max_us / SECOND!r}")
+    return " ".join([f"python -m sim --seed {settings.seed}", *flags])
 
 
 def run_seed(seed: int, **given: Any) -> Outcome:
@@ -147,8 +154,9 @@ def _summary(outcome: Outcome, elapsed: float) -> str:
 
 
 def _failure(outcome: Outcome) -> str:
-    lines = [v for v in outcome.world_violations[:3]]
-    lines += [str(v) for v in outcome.report.violations[:3]]
+    # The checkers' verdicts first: a world violation (liveness) is often their symptom.
+    lines = [str(v) for v in outcome.report.violations[:3]]
+    lines += list(outcome.world_violations[:3])
     first = lines[0] if lines else "?"
     return f"  first violation: {first}\n  reproduce: {repro_command(outcome.settings)}"
 

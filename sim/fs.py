@@ -75,6 +75,8 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
+from snerd.core.slots import slot_constructor
+
 __all__ = [
     "EBADF_NOT_LOCKED",
     "EIO_LOCK_LOST",
@@ -186,34 +188,9 @@ class SimFSStats:
 _STAT_NAMES = tuple(f.name for f in fields(SimFSStats))
 
 
-def _handle_constructor() -> Callable[[int, str, int, int, int, bool], AppendHandle]:
-    """A constructor for `AppendHandle` on the append path that sets its slots directly: the
-    frozen dataclass `__init__` goes through `object.__setattr__` per field (about 3 µs here,
-    more than the rest of an append), this about 1 µs. The same trick as
-    `snerd.core.node._slot_constructor`; `test_sim_fs` checks the two agree."""
-    slot = vars(AppendHandle)
-    new = object.__new__
-    set_seq, set_pid, set_shard = slot["seq"].__set__, slot["pid"].__set__, slot["shard"].__set__
-    set_offset, set_length = slot["offset"].__set__, slot["length"].__set__
-    set_error, set_orphaned = slot["error"].__set__, slot["orphaned"].__set__
-
-    def make(
-        seq: int, pid: str, shard: int, offset: int, length: int, orphaned: bool
-    ) -> AppendHandle:
-        h: AppendHandle = new(AppendHandle)
-        set_seq(h, seq)
-        set_pid(h, pid)
-        set_shard(h, shard)
-        set_offset(h, offset)
-        set_length(h, length)
-        set_error(h, None)
-        set_orphaned(h, orphaned)
-        return h
-
-    return make
-
-
-_new_handle = _handle_constructor()
+_new_handle = slot_constructor(
+    AppendHandle, "seq", "pid", "shard", "offset", "length", "orphaned"
+)
 
 
 class _Segment:

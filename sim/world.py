@@ -13,7 +13,8 @@ A process is a `Node` (the real core object, never a copy or a model of it) plus
 holds: its pending filesystem operations, the handlers running its attempts, and its SDK
 client's outstanding enqueues. Processes crash (their pending appends are lost or torn, their
 locks released, their outstanding enqueues become `info`), restart as a new process with a new
-node id and monotonic clock, and pause (nothing of theirs runs; what arrives for them waits).
+node id on the same host clocks (CLOCK_MONOTONIC counts from the host's boot, not the
+process's start), and pause (nothing of theirs runs; what arrives for them waits).
 
 Faults are drawn per run (swarm testing: `Settings.draw` turns whole fault kinds off in some
 runs). The run has a *safety phase* with faults and a workload, then a *liveness phase*: faults
@@ -72,6 +73,7 @@ _RESTART = 8  # (proc index, None, None)
 _BELIEF = 9  # (proc index, incarnation, None): a lease deadline passed
 _PHASE = 10
 _CHECK = 11
+_APPEND_ISSUE = 12  # (proc index, incarnation, (effect, lines, done_at)): the writer thread writes
 
 
 def _exp(rng: random.Random, rate_per_s: float) -> int:
@@ -237,6 +239,8 @@ class Settings:
                 "drift_max_ppm": max(self.drift_max_ppm, 400_000),
                 "outage_rate": max(self.outage_rate, 0.2),
                 "outage_max_us": max(self.outage_max_us, 3 * self.ttl_us),
+                # Locks are the only guard left here: none may be lost (the twin must pass).
+                "lock_loss_rate": 0.0,
             }
         if not changes:
             return self
@@ -731,6 +735,25 @@ class World:
             self._answer(proc, failed, 100, 1_000, "log")
             return
         lines = [encode_record(f) for f in built]
+        # The shell's group-commit writer thread writes appends in order, one batch after
+        # another: when it is still busy, this write(2) happens later (after an Unlock the
+        # node emitted meanwhile, say), and the fsync after it.
+        start = max(self.t, proc.lanes["log"])
+        done_at = start + self._io_latency(100, 2_000)
+        proc.lanes["log"] = done_at
+        if start > self.t:
+            self._at(start, _APPEND_ISSUE, proc.index, proc.inc, (effect, built, lines, done_at))
+            return
+        self._issue_append(proc, effect, built, lines, done_at)
+
+    def _issue_append(
+        self,
+        proc: _Proc,
+        effect: fx.Append,
+        built: list[dict[str, Any]],
+        lines: list[bytes],
+        done_at: int,
+    ) -> None:
         data = b"".join(lines)
         enospc = self.fs.disk_full
         handle = self.fs.append(proc.pid, effect.shard, data, enospc=enospc)
@@ -755,7 +778,6 @@ class World:
         if handle.error is None:
             self._handles[handle.seq] = (handle, pending, proc.name)
             self._order.setdefault(effect.shard, deque()).append(handle.seq)
-        done_at = self._io_done_at(proc, 100, 2_000, "log")
         self._at(done_at, _APPEND_DONE, proc.index, proc.inc, pending)
 
     def _append_done(self, proc: _Proc, pending: _Append) -> None:
@@ -919,7 +941,10 @@ class World:
                 if proc.state == "paused":
                     proc.waiting.append((kind, item))
                 continue
-            if kind == _DELIVER and isinstance(item, tuple):
+            if kind == _APPEND_ISSUE:
+                effect, built, lines, done_at = item
+                self._issue_append(proc, effect, built, lines, max(done_at, self.t + 100))
+            elif kind == _DELIVER and isinstance(item, tuple):
                 self._membership_done(proc, item[1], item[2], item[3])
             elif kind == _DELIVER:
                 self._deliver(proc, item)
@@ -1165,6 +1190,13 @@ class World:
                 if proc.state == "down":
                     return
                 self._append_done(proc, c)
+        elif kind == _APPEND_ISSUE:
+            proc = self.procs[a]
+            if self._alive(proc, b):
+                if proc.state == "paused":
+                    proc.waiting.append((_APPEND_ISSUE, c))
+                else:
+                    self._issue_append(proc, *c)
         elif kind == _HANDLER_DONE:
             proc = self.procs[a]
             if self._alive(proc, b):

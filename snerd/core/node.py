@@ -44,9 +44,8 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field
-from dataclasses import fields as dataclass_fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import xxhash
@@ -75,6 +74,7 @@ from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
 from snerd.core.retry import attempts_allowed, retry_delay_us
 from snerd.core.shardlog import ShardFold
+from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = ["TRANSITIONS", "Node", "NodeConfig", "NodePhase", "TaskState", "route_shard"]
@@ -245,6 +245,9 @@ class ShardInfo:
     #: A dispatch record could not be written (disk full, I/O error): nothing is dispatched
     #: from the shard until then (mono), and its ready tasks keep their places meanwhile.
     hold_dispatch_until_mono: int | None = None
+    #: The shard is locked again, but its log is read only once appends issued before the
+    #: last step-down have landed (`appends_in_flight` back at zero).
+    read_when_drained: bool = False
     #: Counts this node's step-downs from the shard. An append issued in an earlier tenure
     #: means nothing once it ends (its task was forgotten, its enqueue answered): its outcome
     #: is ignored, even if the shard was taken up again and the record reloaded meanwhile.
@@ -669,6 +672,12 @@ class Node:
         info.phase = ShardPhase.LOADING
         info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
         info.log_epoch = 0
+        if info.appends_in_flight:
+            # Appends from before this node last stepped down are still on their way (the
+            # shell writes in order, maybe after the Unlock): read the log once they are in
+            # it, or the reload would miss them and they would surface later, unknown.
+            info.read_when_drained = True
+            return
         self._emit(fx.ReadLog(shard=event.shard))
 
     def _on_lock_busy(self, event: ev.LockBusy) -> None:
@@ -708,6 +717,7 @@ class Node:
         was_locked = info.phase not in (ShardPhase.LOCKING, ShardPhase.PAUSED)
         info.phase = ShardPhase.UNOWNED
         info.tenure += 1
+        info.read_when_drained = False
         info.retry_lock_at_mono = None
         info.giving_back = False
         info.hold_dispatch_until_mono = None
@@ -862,9 +872,17 @@ class Node:
                 self._check_blocked(task)
         # Fence: our first record in this log is a claim with our epoch.
         info.phase = ShardPhase.FENCING
-        # Our epoch comes from our claim; should the log already hold that epoch or a newer one
-        # (membership.json lost or restored from a backup), go past it so fencing still holds.
-        info.epoch = max(info.epoch, info.log_epoch + 1)
+        # Our epoch comes from our claim; should the log already hold a newer one, or this one
+        # claimed by another node (membership.json lost or restored from a backup), go past it
+        # so fencing still holds. Our own claim of this epoch (the shard taken up again after a
+        # lease ran out) keeps it: membership.json names this epoch, and the next claimant
+        # bumps from there.
+        fence = fold.fence_claim
+        fence_node = fence.fields.get("node") if fence is not None else None
+        if info.log_epoch > info.epoch or (
+            info.log_epoch == info.epoch and fence_node != self.config.node_id
+        ):
+            info.epoch = info.log_epoch + 1
         claim = fx.NewRecord(
             fields={
                 "snerdKind": KIND_CLAIM,
@@ -1539,6 +1557,10 @@ class Node:
         p = self.pending.pop(event.token)
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
+        if info.read_when_drained and not info.appends_in_flight:
+            info.read_when_drained = False
+            if info.phase is ShardPhase.LOADING:
+                self._emit(fx.ReadLog(shard=p.shard))
         if info.phase is ShardPhase.UNOWNED or p.tenure != info.tenure:
             return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
@@ -1648,6 +1670,10 @@ class Node:
         p = self.pending[event.token]
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
+        if info.read_when_drained and not info.appends_in_flight:
+            info.read_when_drained = False
+            if info.phase is ShardPhase.LOADING:
+                self._emit(fx.ReadLog(shard=p.shard))
         if p.tenure != info.tenure:
             del self.pending[event.token]  # from an earlier tenure: nothing to retry or say
             return
@@ -1949,45 +1975,11 @@ def _parse_time(value: Any, default: int) -> int:
 _T = TypeVar("_T")
 
 
-def _slot_constructor(cls: type[_T], *names: str) -> Callable[..., _T]:
-    """A constructor for the frozen, slotted dataclass `cls` taking the fields `names`
-    positionally, every other field at its default: `make(*args) == cls(**dict(zip(names,
-    args)))`. It sets the slots directly instead of going through the dataclass `__init__`,
-    which calls `object.__setattr__` per field: about 1-1.5 us for the two- or three-field
-    effects a node builds for every record and message here, against 0.4 us (the same trick
-    as `records._make_record`). The code is generated, as dataclasses generates `__init__`.
-    If the class has a shape this does not expect, the class itself is used."""
-    all_fields = dataclass_fields(cls)  # type: ignore[arg-type]
-    known = {f.name for f in all_fields}
-    slots = vars(cls)
-    if not set(names) <= known or any(f.name not in slots for f in all_fields):
-        return lambda *args: cls(**dict(zip(names, args, strict=True)))
-    namespace: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    lines = [f"def make({', '.join(names)}):", "    obj = _new(_cls)"]
-    for f in all_fields:
-        namespace[f"_set_{f.name}"] = slots[f.name].__set__
-        if f.name in names:
-            value = f.name
-        elif f.default is not MISSING:
-            namespace[f"_default_{f.name}"] = f.default
-            value = f"_default_{f.name}"
-        elif f.default_factory is not MISSING:
-            namespace[f"_factory_{f.name}"] = f.default_factory
-            value = f"_factory_{f.name}()"
-        else:
-            return lambda *args: cls(**dict(zip(names, args, strict=True)))
-        lines.append(f"    _set_{f.name}(obj, {value})")
-    lines.append("    return obj")
-    exec("\n".join(lines), namespace)
-    make: Callable[..., _T] = namespace["make"]
-    return make
-
-
-_new_send = _slot_constructor(fx.Send, "message")
-_new_append = _slot_constructor(fx.Append, "token", "shard", "records")
-_new_record = _slot_constructor(fx.NewRecord, "fields")
-_new_based_record = _slot_constructor(fx.NewRecord, "fields", "base", "remove")
-_new_location = _slot_constructor(fx.Location, "shard", "offset", "length")
+_new_send = slot_constructor(fx.Send, "message")
+_new_append = slot_constructor(fx.Append, "token", "shard", "records")
+_new_record = slot_constructor(fx.NewRecord, "fields")
+_new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
+_new_location = slot_constructor(fx.Location, "shard", "offset", "length")
 
 
 _HANDLERS: dict[type[Any], Any] = {

@@ -33,14 +33,14 @@ ignore the rest of the file and the next compaction destroyed it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import fields as _dataclass_fields
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import orjson
 import xxhash
 
 from snerd.core.events import LogRecord
+from snerd.core.slots import slot_constructor
 
 __all__ = [
     "CHECKSUM_KEY",
@@ -179,30 +179,7 @@ def _near_checksum_tail(line: bytes | bytearray) -> bool:
     return diffs == 1
 
 
-def _fast_log_record_factory() -> Callable[[int, int, dict[str, Any]], LogRecord]:
-    """`LogRecord(offset=, length=, fields=)` without the frozen-dataclass `__init__`, which
-    costs about 1.5 µs here (one `object.__setattr__` per field) — a third of replaying a log
-    line. Setting the three slots directly builds the identical object. If `LogRecord` ever
-    gains fields, fall back to the real constructor."""
-    names = tuple(f.name for f in _dataclass_fields(LogRecord))
-    if names != ("offset", "length", "fields") or not hasattr(LogRecord, "__slots__"):
-        return lambda offset, length, fields: LogRecord(offset=offset, length=length, fields=fields)
-    new = object.__new__
-    set_offset = vars(LogRecord)["offset"].__set__
-    set_length = vars(LogRecord)["length"].__set__
-    set_fields = vars(LogRecord)["fields"].__set__
-
-    def make(offset: int, length: int, fields: dict[str, Any]) -> LogRecord:
-        record: LogRecord = new(LogRecord)
-        set_offset(record, offset)
-        set_length(record, length)
-        set_fields(record, fields)
-        return record
-
-    return make
-
-
-_make_record = _fast_log_record_factory()
+_make_record = slot_constructor(LogRecord, "offset", "length", "fields")
 
 
 class ScanResult(NamedTuple):

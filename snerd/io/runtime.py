@@ -29,6 +29,7 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
+from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
 from snerd.io.membership import (
     LOST_LOCK_ERRNOS,
@@ -90,29 +91,7 @@ def _now_factory() -> Callable[[int, int], ev.Now]:
 _new_now = _now_factory()
 
 
-def _committed_factory() -> Callable[[int, tuple[int, ...], tuple[int, ...]], ev.AppendCommitted]:
-    """`ev.AppendCommitted(token=, offsets=, lengths=)` without the frozen dataclass's
-    `__init__` (one per append; see `_now_factory`)."""
-    cls = ev.AppendCommitted
-    names = list(getattr(cls, "__dataclass_fields__", {}))
-    if names != ["token", "offsets", "lengths"] or "__slots__" not in vars(cls):
-        return lambda token, offsets, lengths: cls(token=token, offsets=offsets, lengths=lengths)
-    new = object.__new__
-    set_token = vars(cls)["token"].__set__
-    set_offsets = vars(cls)["offsets"].__set__
-    set_lengths = vars(cls)["lengths"].__set__
-
-    def make(token: int, offsets: tuple[int, ...], lengths: tuple[int, ...]) -> ev.AppendCommitted:
-        event: ev.AppendCommitted = new(cls)
-        set_token(event, token)
-        set_offsets(event, offsets)
-        set_lengths(event, lengths)
-        return event
-
-    return make
-
-
-_new_committed = _committed_factory()
+_new_committed = slot_constructor(ev.AppendCommitted, "token", "offsets", "lengths")
 
 
 class Runtime:
