@@ -36,9 +36,12 @@ def test_a_node_whose_renewals_fail_stops_acting_when_its_lease_runs_out() -> No
     a.enqueue("late")  # its record is on its way when the lease runs out
     run([a], 2)
     assert a.node.owned_shards == []
-    assert a.disk["locks"] == {}  # the lock is given up with the lease
+    # The lock is kept until the record on its way has landed: the next owner, who needs the
+    # lock, then reads it before writing its claim.
+    assert a.disk["locks"] == {0: "a@pid-1-x"}
     a.hold_appends = False
     a.release_held()  # the record lands after all
+    assert a.disk["locks"] == {}  # ...and the lock is given up
     replies = [m for m in a.sent if m.get("task_id") == "late"]
     assert [m["action"] for m in replies] == ["error"]  # never acked by a node that lost it
     assert "changed owner before the enqueue was confirmed" in replies[0]["message"]

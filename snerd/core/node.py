@@ -248,6 +248,8 @@ class ShardInfo:
     #: The shard is locked again, but its log is read only once appends issued before the
     #: last step-down have landed (`appends_in_flight` back at zero).
     read_when_drained: bool = False
+    #: Stepped down while appends were in flight: the lock is released once they have landed.
+    unlock_when_drained: bool = False
     #: Counts this node's step-downs from the shard. An append issued in an earlier tenure
     #: means nothing once it ends (its task was forgotten, its enqueue answered): its outcome
     #: is ignored, even if the shard was taken up again and the record reloaded meanwhile.
@@ -669,6 +671,7 @@ class Node:
             self._emit(fx.Unlock(shard=event.shard))
             return
         info.retry_lock_at_mono = None
+        info.unlock_when_drained = False  # held again: the deferred Unlock is moot
         info.phase = ShardPhase.LOADING
         info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
         info.log_epoch = 0
@@ -736,8 +739,23 @@ class Node:
         for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
             self._forget(task_id)
         if was_locked:
-            self._emit(fx.Unlock(shard=shard))
+            if info.appends_in_flight:
+                # The shell may write them after an Unlock: keep the lock until they are in
+                # the log, so the next owner, who needs the lock, reads them before its claim.
+                info.unlock_when_drained = True
+            else:
+                self._emit(fx.Unlock(shard=shard))
         self._announce_membership()
+
+    def _appends_drained(self, shard: int, info: ShardInfo) -> None:
+        """Every append issued to `shard` has landed or failed: do what waited for that."""
+        if info.unlock_when_drained:
+            info.unlock_when_drained = False
+            self._emit(fx.Unlock(shard=shard))
+        if info.read_when_drained:
+            info.read_when_drained = False
+            if info.phase is ShardPhase.LOADING:
+                self._emit(fx.ReadLog(shard=shard))
 
     def _forget(self, task_id: str) -> None:
         task = self.tasks.pop(task_id)
@@ -1557,10 +1575,8 @@ class Node:
         p = self.pending.pop(event.token)
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
-        if info.read_when_drained and not info.appends_in_flight:
-            info.read_when_drained = False
-            if info.phase is ShardPhase.LOADING:
-                self._emit(fx.ReadLog(shard=p.shard))
+        if not info.appends_in_flight:
+            self._appends_drained(p.shard, info)
         if info.phase is ShardPhase.UNOWNED or p.tenure != info.tenure:
             return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
@@ -1670,10 +1686,8 @@ class Node:
         p = self.pending[event.token]
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
-        if info.read_when_drained and not info.appends_in_flight:
-            info.read_when_drained = False
-            if info.phase is ShardPhase.LOADING:
-                self._emit(fx.ReadLog(shard=p.shard))
+        if not info.appends_in_flight:
+            self._appends_drained(p.shard, info)
         if p.tenure != info.tenure:
             del self.pending[event.token]  # from an earlier tenure: nothing to retry or say
             return
