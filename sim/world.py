@@ -128,6 +128,10 @@ class Settings:
     enqueue_rate: float = 5.0
     fail_prob: float = 0.1
     slow_prob: float = 0.1
+    #: Tasks enqueued with a hard timeout (`max_execution_seconds`, 1-4 s), and the chance that
+    #: a handler of such a task hangs past it (its result comes far too late and is refused).
+    timeout_prob: float = 0.0
+    hang_prob: float = 0.0
     retries_max: int = 3
     group_prob: float = 0.1
     dedupe_prob: float = 0.1
@@ -187,6 +191,8 @@ class Settings:
             "enqueue_rate": pick(1.0, 6.0),
             "fail_prob": pick(0.0, 0.3),
             "slow_prob": pick(0.0, 0.3),
+            "timeout_prob": pick(0.0, 0.3) if on() else 0.0,
+            "hang_prob": pick(0.05, 0.5),
             "retries_max": int(rng.random() * 4),
             "group_prob": pick(0.0, 0.15),
             "dedupe_prob": pick(0.0, 0.2),
@@ -629,7 +635,12 @@ class World:
         rng = self.rng_work
         ok = rng.random() >= self.s.fail_prob
         slow = rng.random() < self.s.slow_prob
+        hang = rng.random() < self.s.hang_prob
         took = _uniform(rng, 1_000, 50_000) if not slow else _uniform(rng, 0, self.s.ttl_us)
+        if effect.max_execution_seconds and hang:
+            # Hangs past its hard timeout: the daemon fails the attempt at the deadline; this
+            # result, when it finally comes, must be refused.
+            took = 3 * effect.max_execution_seconds * SECOND
         self._at(
             self.t + took, _HANDLER_DONE, proc.index, proc.inc, (effect.task_id, effect.attempt, ok)
         )
@@ -1048,6 +1059,8 @@ class World:
             attrs["max_per_minute"] = msg["max_per_minute"]
         if rng.random() < s.urgency_prob:
             msg["urgency_score"] = attrs["urgency"] = 1 + int(rng.random() * 9)
+        if rng.random() < s.timeout_prob:
+            msg["max_execution_seconds"] = attrs["timeout_s"] = 1 + int(rng.random() * 4)
         delay = 0
         if rng.random() < s.delay_prob:
             delay = _uniform(rng, SECOND, 20 * SECOND)

@@ -112,3 +112,19 @@ def test_nodes_converge_to_an_even_spread_and_back_when_one_leaves() -> None:
     run([a, b, c], 20)
     assert c.node.phase is NodePhase.STOPPED
     assert sorted(len(sh.node.owned_shards) for sh in (a, b)) == [2, 2]
+
+
+def test_a_drain_removes_its_claims_even_after_its_lease_ran_out() -> None:
+    a = node("a")
+    a.start()
+    a.register("t")
+    a.enqueue("slow")  # running: the drain waits for it
+    a.feed(ev.DrainRequested(reason="test"))
+    # The process is stopped (SIGSTOP) past its lease and the drain timeout, then resumes.
+    a.wall += 40 * SECOND
+    a.mono += 40 * SECOND
+    a.feed(ev.Tick())
+    assert a.node.phase is NodePhase.STOPPED
+    doc = a.disk["membership"]
+    assert doc["claims"] == {}  # handed over: nobody waits for a lapse
+    assert "a@pid-1-x" not in doc.get("nodes", {})

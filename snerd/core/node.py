@@ -1798,12 +1798,12 @@ class Node:
             )
         self.released = True
         self.drain_deadline_mono = None  # handled: it must not wake the node again
-        if self.doc is None or (
-            not self.owned_shards
-            and not any(i.phase is not ShardPhase.UNOWNED for i in self.shards.values())
-        ):
+        if self.doc is None:
             self._finish_release()
             return
+        # Even holding no shard now (a lease that ran out during the drain), claims and the
+        # heartbeat in membership.json may still name this node: remove them, so others take
+        # over at once instead of waiting for them to lapse.
         if not self.membership_busy:
             self.renew_at_mono = None
             self._read_membership()
