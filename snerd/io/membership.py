@@ -125,6 +125,11 @@ class ShardLocks:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.fds: dict[int, int] = {}
+        #: fds a renewal is writing through in a worker thread right now (`touching`): an
+        #: unlock meanwhile releases the lock at once but closes the fd only when the write is
+        #: done, so the number is never reused for another file under the writer's feet.
+        self._touching: dict[int, int] = {}
+        self._close_later: set[int] = set()
 
     def path(self, shard: int) -> Path:
         return self.directory / f"shard-{shard}" / ".lock"
@@ -146,13 +151,39 @@ class ShardLocks:
         return True
 
     def touch(self, shard: int, owner: str) -> None:
-        """Write the owner and pid through the locked fd and fsync it. Raises OSError when the
-        lock may be lost (EIO, EBADF, ENOTCONN, ENOLCK)."""
-        fd = self.fds[shard]
+        """Write the owner and pid through the locked fd and fsync it (nothing when the shard
+        is not locked). Raises OSError when the lock may be lost (EIO, EBADF, ENOTCONN,
+        ENOLCK)."""
+        fd = self.fds.get(shard)
+        if fd is None:
+            return
+        self._write_owner(fd, owner)
+
+    @staticmethod
+    def _write_owner(fd: int, owner: str) -> None:
         text = f"{os.getpid()}\n{owner}\n".encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, text, 0)
         os.fsync(fd)
+
+    def begin_touch(self, shard: int) -> int | None:
+        """In the event loop: reserve the fd of `shard` for a `touch_reserved` in a worker
+        thread (None when the shard is not locked)."""
+        fd = self.fds.get(shard)
+        if fd is not None:
+            self._touching[shard] = fd
+        return fd
+
+    def touch_reserved(self, fd: int, owner: str) -> None:
+        """In a worker thread: the renewal write through an fd reserved by `begin_touch`."""
+        self._write_owner(fd, owner)
+
+    def end_touch(self, shard: int) -> None:
+        """In the event loop, after `touch_reserved`: close the fd if it was unlocked meanwhile."""
+        fd = self._touching.pop(shard, None)
+        if fd is not None and fd in self._close_later:
+            self._close_later.discard(fd)
+            os.close(fd)
 
     def unlock(self, shard: int) -> None:
         fd = self.fds.pop(shard, None)
@@ -161,7 +192,10 @@ class ShardLocks:
         try:
             portalocker.unlock(fd)
         finally:
-            os.close(fd)
+            if self._touching.get(shard) == fd:
+                self._close_later.add(fd)  # closed by `end_touch`
+            else:
+                os.close(fd)
 
     def unlock_all(self) -> None:
         for shard in list(self.fds):

@@ -499,11 +499,20 @@ class Runtime:
         # lost on a network filesystem surfaces as an error now, not at the next append.
         lost: list[ev.Event] = []
         for shard in list(self.locks.fds):
+            # The Unlock of a shard given up meanwhile may run while the write is out: the fd
+            # is reserved so that it is closed only after it (never reused under the write).
+            fd = self.locks.begin_touch(shard)
+            if fd is None:
+                continue
             try:
-                await trio.to_thread.run_sync(self.locks.touch, shard, self.node.config.node_id)
+                await trio.to_thread.run_sync(
+                    self.locks.touch_reserved, fd, self.node.config.node_id
+                )
             except OSError as exc:
-                if exc.errno in LOST_LOCK_ERRNOS:
+                if exc.errno in LOST_LOCK_ERRNOS and shard in self.locks.fds:
                     lost.append(ev.LockLost(shard=shard, error=_describe(exc)))
+            finally:
+                self.locks.end_touch(shard)
         try:
             doc = await trio.to_thread.run_sync(read_membership, self.directory)
         except (OSError, ValueError) as exc:

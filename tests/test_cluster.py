@@ -1,0 +1,193 @@
+"""A cluster of real daemons on one queue directory under faults: kill -9, SIGSTOP past the
+lease, SIGTERM, new daemons joining. Every acked task runs at least once, no shard's log accepts
+a record from another node's epoch, and the spread ends even.
+
+The test is each daemon's SDK: it registers a handler, answers every `execute`, and, having no
+inbox routing to rely on, sends each enqueue to the daemon that announced owning the task's
+shard, trying again elsewhere when a daemon says it does not own it (or is gone).
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import trio
+
+from snerd.core.node import route_shard
+from snerd.core.records import scan
+from tests.daemon import Daemon
+
+SHARDS = 10
+TASKS = 600
+ENV = {
+    "SNERD_SHARDS": str(SHARDS),
+    "SNERD_LEASE_TTL": "1.5",
+    "SNERD_CLOCK_SKEW_MARGIN": "0.25",
+    "SNERD_DRAIN_TIMEOUT": "2",
+}
+
+
+class Cluster:
+    def __init__(self, nursery: trio.Nursery, directory: Path) -> None:
+        self.nursery = nursery
+        self.directory = directory
+        self.daemons: dict[str, Daemon] = {}
+        #: What each daemon announced it owns (its latest `membership` message).
+        self.owned: dict[str, list[int]] = {}
+        self.acked: set[str] = set()
+        self.executed: dict[str, int] = {}
+        self.unanswered: dict[str, str] = {}  # task id -> daemon it was sent to
+        self.changed = trio.Event()
+
+    async def start(self, name: str) -> Daemon:
+        d = await Daemon.start(self.nursery, self.directory, env=ENV)
+        self.daemons[name] = d
+        self.owned[name] = []
+        await d.send({"action": "register", "task_type": "t"})
+        self.nursery.start_soon(self._serve, name, d)
+        return d
+
+    async def _serve(self, name: str, d: Daemon) -> None:
+        try:
+            while True:
+                m = await d.recv(timeout=120)
+                action = m.get("action")
+                if action == "membership":
+                    self.owned[name] = [int(s.split("-")[1]) for s in m["owned"]]
+                elif action == "execute":
+                    task = m["task_id"]
+                    self.executed[task] = self.executed.get(task, 0) + 1
+                    reply = {"action": "result", "task_id": task, "status": "success"}
+                    reply["attempt"] = m["attempt"]
+                    await d.send(reply)
+                elif action == "ack" and "task_id" in m:
+                    self.acked.add(m["task_id"])
+                    self.unanswered.pop(m["task_id"], None)
+                elif action == "error" and "task_id" in m:
+                    self.unanswered.pop(m["task_id"], None)
+                self.changed.set()
+                self.changed = trio.Event()
+        except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
+            self.owned[name] = []
+            for task, where in list(self.unanswered.items()):
+                if where == name:
+                    del self.unanswered[task]  # outcome unknown (`info`): not required
+
+    def owner_of(self, shard: int, stopped: set[str]) -> str | None:
+        for name, shards in self.owned.items():
+            if shard in shards and name not in stopped:
+                return name
+        return None
+
+    async def enqueue(self, task: str, stopped: set[str]) -> None:
+        """Send `task` to its shard's owner until some daemon acks it (or it is unknown)."""
+        shard = route_shard(task, SHARDS)
+        while task not in self.acked:
+            owner = self.owner_of(shard, stopped)
+            if owner is None or task in self.unanswered:
+                await self.changed.wait()
+                continue
+            self.unanswered[task] = owner
+            try:
+                await self.daemons[owner].enqueue(task)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.unanswered.pop(task, None)
+            with trio.move_on_after(5):
+                while task in self.unanswered:
+                    await self.changed.wait()
+            if task not in self.acked:
+                await trio.sleep(0.05)  # refused (not owned there any more): ask again
+
+
+def epoch_report(directory: Path) -> list[str]:
+    """Problems with epochs in the shard logs: a claim epoch not above the previous claims of
+    other nodes, or an accepted record written under an epoch another node claimed."""
+    problems = []
+    for log in sorted(directory.glob("shard-*/tasks/tasks.log")):
+        result = scan(log.read_bytes())
+        assert result.corrupt == [], f"{log}: corrupt lines {result.corrupt}"
+        fence, claimed_by = 0, {}
+        for record in result.records:
+            f = record.fields
+            epoch = f.get("epoch") if f.get("snerdKind") == "claim" else f.get("snerdEpoch")
+            if not isinstance(epoch, int):
+                continue
+            if f.get("snerdKind") == "claim":
+                owner = claimed_by.setdefault(epoch, f.get("node"))
+                if owner != f.get("node") or (epoch < fence):
+                    problems.append(f"{log}: claim of epoch {epoch} by {f.get('node')} at "
+                                    f"{record.offset} after {claimed_by} / fence {fence}")
+                fence = max(fence, epoch)
+            elif epoch >= fence and claimed_by.get(epoch) not in (None, f.get("snerdNode")):
+                problems.append(f"{log}: accepted record at {record.offset} by "
+                                f"{f.get('snerdNode')} under epoch {epoch} of {claimed_by[epoch]}")
+    return problems
+
+
+async def run_scenario(
+    c: Cluster, a: Daemon, b: Daemon, d3: Daemon, stopped: set[str]
+) -> None:
+    async def produce() -> None:
+        async with trio.open_nursery() as inner:
+            for i in range(TASKS):
+                inner.start_soon(c.enqueue, f"k{i}", stopped)
+                if i % 20 == 0:
+                    await trio.sleep(0.02)
+
+    async def faults() -> None:
+        await trio.sleep(0.4)
+        a.kill()  # kill -9: its shards are taken over, its unfinished tasks run again
+        stopped.add("a")
+        await trio.sleep(0.3)
+        b.signal(signal.SIGSTOP)  # longer than the lease: others claim, then it steps down
+        stopped.add("b")
+        await trio.sleep(3.0)
+        b.signal(signal.SIGCONT)
+        stopped.discard("b")
+        d3.signal(signal.SIGTERM)  # drains and hands its shards over
+        stopped.add("c")
+        await c.start("d")
+        await c.start("e")
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as work:
+            work.start_soon(produce)
+            work.start_soon(faults)
+        assert await d3.wait() == 0
+        # Every acked task runs at least once (the cluster heals meanwhile).
+        while not c.acked <= set(c.executed):
+            await c.changed.wait()
+        # The spread settles: b, d and e share the 10 shards as 4, 3, 3.
+        while sorted(len(c.owned[n]) for n in ("b", "d", "e")) != [3, 3, 4] or sorted(
+            s for n in ("b", "d", "e") for s in c.owned[n]
+        ) != list(range(SHARDS)):
+            await c.changed.wait()
+
+
+async def test_a_cluster_survives_kill_stop_and_drain_and_runs_every_acked_task(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    c = Cluster(nursery, tmp_path / "q")
+    a = await c.start("a")
+    b = await c.start("b")
+    d3 = await c.start("c")
+    stopped: set[str] = set()
+    with trio.fail_after(30):
+        while sum(len(v) for v in c.owned.values()) < SHARDS:
+            await c.changed.wait()
+
+    try:
+        await run_scenario(c, a, b, d3, stopped)
+    except trio.TooSlowError:
+        missing = sorted(c.acked - set(c.executed))
+        raise AssertionError(
+            f"stuck: owned {c.owned}; acked {len(c.acked)}, never run {missing[:10]}; "
+            f"daemon stderr: "
+            + " || ".join(f"{n}: {d.stderr.decode()[-1500:]}" for n, d in c.daemons.items())
+        ) from None
+    assert len(c.acked) > TASKS // 2  # most enqueues were acked despite the faults
+    for d in (b, c.daemons["d"], c.daemons["e"]):
+        await d.close_stdin()
+        assert await d.wait() == 0
+    assert epoch_report(tmp_path / "q") == []
