@@ -2,12 +2,14 @@
 
 `snerdmq [DIR]` runs the daemon (upstream's invocation: a bare positional directory, default
 `.snerdata`). Any other first word is a subcommand; each has `--help`. A bad argument or
-environment value is a clear error naming it, with exit code 2.
+environment value is a clear error naming it, with exit code 2; so is a data directory on a
+filesystem the startup check refuses (unless `--force`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +28,15 @@ def _daemon(argv: Sequence[str]) -> int:
         ),
     )
     parser.add_argument("directory", nargs="?", default=DEFAULT_DIR, help="data directory")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help=(
+            "start even on a filesystem the startup check refuses (NFSv3, SMB/CIFS, FUSE "
+            "object stores, a failed lock probe), with a warning; same as "
+            "SNERD_FORCE_FILESYSTEM=1"
+        ),
+    )
     args = parser.parse_args(argv)
     # Imported here: the daemon's modules (trio, the core) are not needed by the subcommands,
     # which then start in a third of the time.
@@ -36,6 +47,9 @@ def _daemon(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         print(f"snerdmq: error: {exc}", file=sys.stderr)
         return 2
+    if args.force:
+        settings = dataclasses.replace(settings, force_filesystem=True)
+    from snerd.io.fscheck import FilesystemRefused
     from snerd.io.layout import LegacyDaemonRunning
     from snerd.io.stdio import run_daemon
 
@@ -44,6 +58,9 @@ def _daemon(argv: Sequence[str]) -> int:
     except LegacyDaemonRunning as exc:
         print(f"[Snerd] ERROR: {exc}", file=sys.stderr)
         return 1
+    except FilesystemRefused as exc:
+        print(f"[Snerd] ERROR: {exc}", file=sys.stderr)
+        return 2
 
 
 def _subcommands() -> dict[str, Callable[[Sequence[str]], int]]:

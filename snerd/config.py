@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from snerd.core.node import SECOND, NodeConfig
 from snerd.core.ownership import OwnershipConfig
+from snerd.io.fscheck import MOUNTINFO
 from snerd.io.log import FSYNC_POLICIES
 
 __all__ = ["ConfigError", "Settings", "load_settings", "make_node_id", "parse_pools"]
@@ -34,6 +35,11 @@ class Settings:
     clock_offset_s: float = 0.0
     #: Longest accepted SDK line, in bytes.
     max_line_bytes: int = 64 * 1024 * 1024
+    #: SNERD_FORCE_FILESYSTEM (or `snerdmq --force`): start on a filesystem the startup check
+    #: refuses, with a warning instead.
+    force_filesystem: bool = False
+    #: Test hook: the mount table the startup check reads (SNERD_TEST_MOUNTINFO).
+    mountinfo_path: str = MOUNTINFO
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -61,6 +67,18 @@ def _seconds(env: Mapping[str, str], name: str, default: float, *, minimum: floa
     if not math.isfinite(value) or value < minimum:
         raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= {minimum}")
     return value
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return False
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} must be 1 or 0 (true/false, yes/no, on/off)")
 
 
 def parse_pools(raw: str, name: str = "SNERD_POOLS") -> dict[str, int]:
@@ -116,6 +134,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigError(f"SNERD_BACKOFF={backoff!r} must be constant or exponential")
     offset = _seconds(env, "SNERD_TEST_CLOCK_OFFSET", 0.0, minimum=-math.inf)
     max_line = _int(env, "SNERD_MAX_LINE_BYTES", 64 * 1024 * 1024, minimum=1024)
+    force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
+    mountinfo = env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO
     node = NodeConfig(
         node_id=make_node_id(env),
         new_queue_shards=shards,
@@ -134,4 +154,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         fsync_interval_ms=fsync_interval_ms,
         clock_offset_s=offset,
         max_line_bytes=max_line,
+        force_filesystem=force_filesystem,
+        mountinfo_path=mountinfo,
     )

@@ -22,7 +22,7 @@ import trio
 
 from snerd.config import Settings
 from snerd.core import events as ev
-from snerd.io.fscheck import filesystem_type, lock_proves_liveness
+from snerd.io.fscheck import LOCAL_FILESYSTEMS, check_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
 
@@ -245,17 +245,25 @@ async def _serve(directory: Path, settings: Settings) -> int:
 
 
 def run_daemon(directory: Path, settings: Settings) -> int:
-    """Run the daemon on `directory` until it drains; returns the exit code."""
+    """Run the daemon on `directory` until it drains; returns the exit code.
+
+    Raises FilesystemRefused (before anything is claimed or adopted) when the directory's
+    filesystem fails the startup check, and LegacyDaemonRunning."""
     directory.mkdir(parents=True, exist_ok=True)
+    mount, warnings = check_data_directory(
+        directory, force=settings.force_filesystem, mountinfo=settings.mountinfo_path
+    )
+    fs_type = "unknown" if mount is None else mount.fs_type
+    write_stderr(f"[Snerd] data directory {directory} is on {fs_type}\n")
+    for warning in warnings:
+        write_stderr(f"[Snerd] WARNING: {warning}\n")
     message = adopt_legacy_layout(directory)
     if message:
         write_stderr(f"[Snerd] {message}\n")
-    fs_type = filesystem_type(directory)
-    if lock_proves_liveness(directory):
+    if fs_type in LOCAL_FILESYSTEMS:
         settings = dataclasses.replace(
             settings, node=dataclasses.replace(settings.node, lock_proves_liveness=True)
         )
-    write_stderr(f"[Snerd] data directory {directory} is on {fs_type}\n")
     # SIGPIPE would kill us on a closed stdout; we want EPIPE and a drain instead.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     # The log writer thread needs the GIL right after each fsync to hand the acks back; while
