@@ -535,6 +535,8 @@ def _at(t: int) -> str:
 
 def _need(entry: Mapping[str, Any], key: str, kind: type | tuple[type, ...], index: int) -> Any:
     value = entry.get(key)
+    if type(value) is kind:  # the common case, exactly the type asked for (never bool for int)
+        return value
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _types(kind)):
         raise HistoryError(
             f"history entry {index} ({entry.get('kind')!r}): {key!r} is {value!r}, expected "
