@@ -1,7 +1,7 @@
 """The `snerdmq` subcommands other than the daemon itself: operator tools on a queue directory.
 
     snerdmq stats DIR [--json]                     what each shard holds, from the files
-    snerdmq validate DIR [--json]                  upstream's checks plus snerd's; exit 1: degraded
+    snerdmq validate DIR [--json]                  health check of the cluster; exit 1: degraded
     snerdmq add-shards N DIR                       grow the queue by N shards
     snerdmq dlq DIR [--type T] [--id ID] [--json]  list dead letters
     snerdmq replay [--type T] [--id ID] [DIR]      put dead letters back into the queue
@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 import orjson
 
 from snerd.core.events import LogRecord
+from snerd.core.ownership import shard_name
 from snerd.core.shardlog import (
     HISTORY_LIMIT,
     DeadLetter,
@@ -60,12 +61,23 @@ from snerd.core.shardlog import (
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = [
+    "DAEMON_STATES",
+    "LEASE_STATES",
     "SUBCOMMANDS",
+    "DaemonHealth",
+    "HealthReport",
+    "HealthSettings",
+    "QueueFacts",
+    "ShardFacts",
+    "ShardHealth",
     "add_shards_main",
     "compact_main",
     "demo_main",
     "dlq_main",
     "fsck_main",
+    "health_json",
+    "health_lines",
+    "judge_health",
     "replay_main",
     "stats_main",
     "validate_main",
@@ -700,150 +712,601 @@ def _stats(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------
 # validate
 # ------------------------------------------------------------------------------------------
+#
+# The health check of a running cluster. `_validate` only gathers facts (membership.json, each
+# shard's lock probe and folded log, the filesystem type, the wall clock) and prints;
+# `judge_health` decides everything from those facts and `now_us`, so every judgement can be
+# tested with a fixed clock. The tool has one snapshot and no monotonic observation of its
+# own, so it judges leases and heartbeats on its wall clock, with the skew margin added, and
+# only calls a shard degraded once a running daemon would long since have acted.
+
+#: Lease states of a shard's claim (`judge_health`, `--json` `per_shard[].lease.state`).
+LEASE_STATES = ("free", "live", "grace", "lapsed", "unparseable")
+#: Daemon states (`--json` `daemons[].state`).
+DAEMON_STATES = ("live", "late", "stale", "no heartbeat")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HealthSettings:
+    """The lease parameters the daemons run with, as the tool reads them from the environment."""
+
+    #: SNERD_LEASE_TTL (default 30 s).
+    ttl_us: int = 30 * SECOND
+    #: SNERD_CLOCK_SKEW_MARGIN (default 5 s).
+    skew_margin_us: int = 5 * SECOND
+
+    @property
+    def renew_interval_us(self) -> int:
+        """Daemons renew, and write their heartbeat, every third of the lease."""
+        return self.ttl_us // 3
+
+    @property
+    def overdue_us(self) -> int:
+        """How long past a lease's expiry (or a heartbeat's `seen`) the tool waits before it
+        calls the shard degraded: lease + margin + one renewal. A running daemon takes a lapsed
+        claim over once it has seen it unchanged for lease + margin, which it notices within
+        one renewal, so by then a healthy cluster has acted."""
+        return self.ttl_us + self.skew_margin_us + self.renew_interval_us
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardFacts:
+    """What the tool found about one shard, besides its claim in membership.json."""
+
+    shard: int
+    directory_exists: bool
+    lock: LockState
+    log_exists: bool
+    #: The highest claim epoch in the log (0: no claim record).
+    log_epoch: int = 0
+    corrupt_lines: int = 0
+    torn_tail_bytes: int = 0
+    stale_records: int = 0
+    #: Live tasks by type.
+    live_types: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueFacts:
+    """Everything `judge_health` needs besides membership.json and the clock."""
+
+    directory: str
+    shards: list[ShardFacts]
+    #: `shard-k` directories with k >= shards.
+    orphans: list[int] = field(default_factory=list)
+    #: The filesystem type of DIR (`ext4`, `nfs4`, `unknown`).
+    filesystem: str = "unknown"
+    #: True on a local filesystem, where a free lock proves its last holder's process is gone.
+    lock_proves_liveness: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardHealth:
+    """One shard, judged."""
+
+    shard: str
+    #: `free`, `active`, `lapsed`, `unreadable`, `paused` (the summary kept from before).
+    status: str
+    owner: str | None
+    lease_expiry: str | None
+    #: One of LEASE_STATES.
+    lease: str
+    #: lease_expiry - now, in µs (None when free or unparseable).
+    expires_in_us: int | None
+    #: "live (expires in 12 s)", "expired 40 s ago (lapsed: ...)", "unparseable expiry", "free".
+    lease_text: str
+    #: membership.json's epoch (the claim's, or the highest ever given out).
+    epoch: int
+    log_epoch: int
+    #: `never claimed`, `in step`, `log ahead`, `taking over`, `not fenced`.
+    epoch_state: str
+    lock: str
+    lock_holder: str | None
+    directory_exists: bool
+    corrupt_lines: int
+    torn_tail_bytes: int
+    stale_records: int
+    #: The details printed after the lease: epoch, lock, log.
+    details: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonHealth:
+    """One daemon, from its heartbeat and the claims naming it."""
+
+    node: str
+    shards: list[str]
+    beat: int | None
+    seen: str | None
+    #: now - seen, in µs (None: no heartbeat, or `seen` does not parse).
+    seen_age_us: int | None
+    #: One of DAEMON_STATES.
+    state: str
+    #: Counted among the running daemons (for the fair share).
+    running: bool
+    above_share: bool
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HealthReport:
+    """The verdict of `judge_health`: printed by `validate`, or dumped by `--json`."""
+
+    now_us: int
+    settings: HealthSettings
+    facts: QueueFacts
+    shards: list[ShardHealth]
+    daemons: list[DaemonHealth]
+    #: Daemons counted as running (fresh or late heartbeat, or a live lease without one).
+    running: int
+    #: ceil(shards / running), None when no daemon runs.
+    fair_share: int | None
+    unowned: list[str]
+    task_types: dict[str, int]
+    problems: list[str]
+    warnings: list[str]
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.problems)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.problems else 0
+
+
+def _int_field(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parse_time(value: Any) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_rfc3339(value)
+    except ValueError:
+        return None
+
+
+def _claim_of(doc: dict[str, Any], shard: int) -> Claim:
+    # Queue.claim reads only the document (no path, no shard count): the same parsing as stats.
+    return Queue(directory=Path("."), doc=doc, shards=0).claim(shard)
+
+
+def _lease(claim: Claim, now_us: int, settings: HealthSettings, running: bool) -> tuple[str, str]:
+    """(state, text) of a claim's lease on the tool's clock."""
+    if claim.owner is None:
+        return "free", "free"
+    if claim.expiry_us is None:
+        return "unparseable", f"unparseable expiry ({claim.expiry!r})"
+    left = claim.expiry_us - now_us
+    if left >= 0:
+        return "live", f"live (expires in {_fmt_span(left)})"
+    ago = _fmt_span(left)
+    if -left <= settings.skew_margin_us:
+        margin = f"{settings.skew_margin_us / SECOND:g} s"
+        return "grace", f"expired {ago} ago (within the {margin} skew margin: not lapsed yet)"
+    who = "another daemon takes it over" if running else "a daemon started on DIR takes it over"
+    return "lapsed", f"expired {ago} ago (lapsed: {who})"
+
+
+def judge_health(
+    doc: dict[str, Any], facts: QueueFacts, *, now_us: int, settings: HealthSettings
+) -> HealthReport:
+    """Judge a queue's health from membership.json, what was found on disk, and `now_us` (the
+    tool's wall clock). No I/O and no clock reads: the same inputs give the same report.
+
+    Degraded (exit 1) when: a shard is free while a daemon runs (its enqueues are refused); a
+    lease expired more than `settings.overdue_us` ago; a shard's owner's heartbeat is older
+    than that; a lease expiry does not parse (daemons never take such a claim over); a claimed
+    shard's directory is missing; a `shard-k` directory lies beyond the shard count; a log has
+    corrupt lines. A queue with no daemon and nothing claimed is healthy.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    shard_count = len(facts.shards)
+    claims = [_claim_of(doc, f.shard) for f in facts.shards]
+    overdue = _fmt_span(settings.overdue_us)
+
+    # Daemons: every heartbeat, and every owner a claim names.
+    beats_raw = doc.get("nodes")
+    beats: dict[str, Any] = beats_raw if isinstance(beats_raw, dict) else {}
+    held: dict[str, list[str]] = {}
+    for f, claim in zip(facts.shards, claims, strict=True):
+        if claim.owner is not None:
+            held.setdefault(claim.owner, []).append(shard_name(f.shard))
+    lease_alive = {
+        claim.owner
+        for claim in claims
+        if claim.owner is not None
+        and claim.expiry_us is not None
+        and now_us <= claim.expiry_us + settings.skew_margin_us
+    }
+    nodes = sorted(set(beats) | set(held))
+    partial: list[tuple[str, int | None, str | None, int | None, str, bool]] = []
+    for node in nodes:
+        beat = beats.get(node)
+        beat_count = _int_field(beat.get("beat")) if isinstance(beat, dict) else None
+        seen = beat.get("seen") if isinstance(beat, dict) else None
+        seen = seen if isinstance(seen, str) else None
+        seen_us = _parse_time(seen)
+        age = None if seen_us is None else now_us - seen_us
+        if node not in beats:
+            state = "no heartbeat"
+            running = node in lease_alive
+        elif age is None or age <= settings.renew_interval_us + settings.skew_margin_us:
+            state, running = "live", True
+        elif age <= settings.overdue_us:
+            state, running = "late", True
+        else:
+            state, running = "stale", False
+        partial.append((node, beat_count, seen, age, state, running))
+    running_count = sum(1 for p in partial if p[5])
+    fair = -(-shard_count // running_count) if running_count else None
+    daemons: list[DaemonHealth] = []
+    for node, beat_count, seen, age, state, running in partial:
+        mine = held.get(node, [])
+        above = fair is not None and running and len(mine) > fair
+        owns = f"{len(mine)} shard(s)" + (f" ({', '.join(mine)})" if mine else "")
+        if state == "no heartbeat":
+            beat_text = "no heartbeat (an upstream daemon, or one the others pruned as gone); " + (
+                "its lease is live" if running else "its lease has lapsed"
+            )
+        elif age is None:
+            beat_text = f"heartbeat {beat_count}, seen {seen!r} (unparseable)"
+        elif age < 0:
+            beat_text = f"heartbeat seen {_fmt_span(age)} ahead of this clock"
+        else:
+            beat_text = f"heartbeat seen {_fmt_span(age)} ago"
+            if state == "late":
+                beat_text += " (late: it missed a renewal)"
+            elif state == "stale":
+                beat_text += f" (stale: older than {overdue}; not running)"
+        text = f"{node}: {owns}, {beat_text}"
+        if above:
+            text += f"; ABOVE its fair share of {fair}"
+            warnings.append(
+                f"{node} holds {len(mine)} shard(s), above its fair share of {fair} "
+                f"(ceil({shard_count} shards / {running_count} running daemons)); it gives the "
+                "excess back at its next round"
+            )
+        if state == "late":
+            warnings.append(
+                f"{node}: its heartbeat is {_fmt_span(age or 0)} old, more than one renewal "
+                f"({_fmt_span(settings.renew_interval_us)}) plus the skew margin: it missed a "
+                "renewal (busy, paused, or its membership writes fail)"
+            )
+        daemons.append(
+            DaemonHealth(
+                node=node, shards=mine, beat=beat_count, seen=seen, seen_age_us=age,
+                state=state, running=running, above_share=above, text=text,
+            )
+        )
+    state_of = {d.node: d for d in daemons}
+
+    advisory = (
+        ""
+        if facts.lock_proves_liveness
+        else f" (DIR is on {facts.filesystem}: a lock held on another host may not show here, "
+        "so the lock state is advisory; the lease decides)"
+    )
+    shards: list[ShardHealth] = []
+    unowned: list[str] = []
+    types: Counter[str] = Counter()
+    for f, claim in zip(facts.shards, claims, strict=True):
+        name = shard_name(f.shard)
+        types.update(f.live_types)
+        lease, lease_text = _lease(claim, now_us, settings, running_count > 0)
+        status = {"free": "free", "unparseable": "unreadable", "lapsed": "lapsed"}.get(
+            lease, "active"
+        )
+        details = [f"epoch {claim.epoch}"]
+        owner = claim.owner
+        if lease == "free":
+            unowned.append(name)
+            if running_count:
+                problems.append(
+                    f"{name} is free while {running_count} daemon(s) run: its enqueues are "
+                    f"refused until one claims it (daemons claim free shards at their next "
+                    f"round, within {_fmt_span(settings.renew_interval_us)}; a shard freed by a "
+                    "give-back or a drain is free that long; if it stays free, check "
+                    "SNERD_MAX_SHARDS)"
+                )
+        elif lease == "unparseable":
+            problems.append(
+                f"{name}: lease_expiry {claim.expiry!r} does not parse; daemons never take such "
+                "a claim over: a human must look"
+            )
+        elif lease == "lapsed" and claim.expiry_us is not None:
+            late = now_us - claim.expiry_us
+            if late > settings.overdue_us:
+                why = (
+                    "no running daemon has taken it over"
+                    if running_count
+                    else "no daemon is running to take it over: start one on DIR"
+                )
+                problems.append(
+                    f"{name}: the lease of {owner} expired {_fmt_span(late)} ago, longer than "
+                    f"{overdue} (lease + skew margin + one renewal); {why}"
+                )
+        owner_state = state_of.get(owner) if owner is not None else None
+        if owner_state is not None and owner_state.state == "stale":
+            problems.append(
+                f"{name} is claimed by {owner}, whose heartbeat is "
+                f"{_fmt_span(owner_state.seen_age_us or 0)} old (more than {overdue}): that "
+                "daemon is gone or hung"
+                + ("" if lease == "lapsed" else "; its claim lapses at its lease expiry plus "
+                   "the skew margin")
+            )
+
+        # The lock.
+        lock = f.lock
+        if lock.state == "held":
+            details.append(f"lock held by {lock.holder()}")
+            if owner is not None and lock.owner is not None and lock.owner != owner:
+                if status == "active":
+                    status = "paused"
+                warnings.append(
+                    f"{name} is PAUSED: claimed by {owner}, but its lock is held by "
+                    f"{lock.holder()}; the claimant waits until that process lets go"
+                )
+            elif owner is None:
+                warnings.append(
+                    f"{name}: its lock is held by {lock.holder()} although no claim names it "
+                    "(a daemon handing the shard over, or a tool such as replay at work)"
+                )
+            elif lease == "lapsed":
+                warnings.append(
+                    f"{name}: the lease of {owner} lapsed but its lock is still held by "
+                    f"{lock.holder()}: that process lives but does not renew (paused, or a "
+                    "hung filesystem); a new claimant waits for the lock"
+                )
+        elif f.directory_exists:
+            details.append("lock free" if lock.state == "free" else "never locked")
+            if lease in ("live", "grace"):
+                warnings.append(
+                    f"{name}: claimed but its lock is free: the owner may be dead (takeover at "
+                    "once on a local filesystem, after the lease elsewhere)" + advisory
+                )
+
+        # Epochs: membership's against the log's last claim record.
+        if not f.log_exists or f.log_epoch == 0:
+            epoch_state = "never claimed" if claim.epoch == 0 else "not fenced"
+        elif f.log_epoch == claim.epoch:
+            epoch_state = "in step"
+        elif f.log_epoch > claim.epoch:
+            epoch_state = "log ahead"
+        else:
+            epoch_state = "taking over" if lease in ("live", "grace") else "not fenced"
+        if f.log_exists:
+            details.append(f"log epoch {f.log_epoch}")
+        if epoch_state == "log ahead":
+            details.append(
+                "log ahead of membership (normal: an owner that took its shard up again, or a "
+                "takeover race, writes under the log's epoch + 1)"
+            )
+        elif epoch_state == "taking over":
+            details.append(f"taking over: {owner} has not written its claim record yet")
+        elif epoch_state == "not fenced" and claim.epoch > 0 and f.log_exists:
+            details.append("its last claimant never wrote a claim record (harmless)")
+
+        if not f.directory_exists:
+            if owner is not None or claim.epoch > 0:
+                problems.append(
+                    f"{name}: its directory is missing although the shard has been claimed "
+                    f"(epoch {claim.epoch})"
+                )
+                details.append("DIRECTORY MISSING")
+            else:
+                details.append("not created yet")
+        if f.corrupt_lines:
+            problems.append(
+                f"{name}: {f.corrupt_lines} corrupt line(s) in tasks.log "
+                f"(`snerdmq fsck {facts.directory}` shows them)"
+            )
+            details.append(f"{f.corrupt_lines} corrupt line(s)")
+        if f.torn_tail_bytes and lock.state != "held":
+            warnings.append(
+                f"{name}: tasks.log ends in {f.torn_tail_bytes} byte(s) without a newline (a "
+                "crash mid-append; never acknowledged; the next owner cuts it)"
+            )
+        if f.stale_records:
+            details.append(f"{f.stale_records} stale-epoch record(s) fenced off")
+        shards.append(
+            ShardHealth(
+                shard=name, status=status, owner=owner, lease_expiry=claim.expiry, lease=lease,
+                expires_in_us=None if claim.expiry_us is None or owner is None
+                else claim.expiry_us - now_us,
+                lease_text=lease_text, epoch=claim.epoch, log_epoch=f.log_epoch,
+                epoch_state=epoch_state, lock=lock.state,
+                lock_holder=lock.holder() if lock.state == "held" else None,
+                directory_exists=f.directory_exists, corrupt_lines=f.corrupt_lines,
+                torn_tail_bytes=f.torn_tail_bytes, stale_records=f.stale_records,
+                details=details,
+            )
+        )
+    for k in facts.orphans:
+        problems.append(
+            f"orphan directory shard-{k}: the queue has {shard_count} shard(s), so no daemon "
+            "reads it (tasks in it are stranded)"
+        )
+    return HealthReport(
+        now_us=now_us, settings=settings, facts=facts, shards=shards, daemons=daemons,
+        running=running_count, fair_share=fair, unowned=unowned,
+        task_types=dict(sorted(types.items())), problems=problems, warnings=warnings,
+    )
+
+
+def health_json(report: HealthReport) -> dict[str, Any]:
+    """The `--json` body after `_queue_json` (documented in docs/operations.md)."""
+
+    def seconds(us: int | None) -> float | None:
+        return None if us is None else round(us / SECOND, 3)
+
+    s = report.settings
+    return {
+        "now": format_rfc3339(report.now_us),
+        "settings": {
+            "lease_ttl_s": seconds(s.ttl_us),
+            "skew_margin_s": seconds(s.skew_margin_us),
+            "renew_interval_s": seconds(s.renew_interval_us),
+            "overdue_after_s": seconds(s.overdue_us),
+        },
+        "filesystem": {
+            "type": report.facts.filesystem,
+            "lock_proves_liveness": report.facts.lock_proves_liveness,
+        },
+        "per_shard": [
+            {
+                "shard": h.shard,
+                "status": h.status,
+                "owner": h.owner,
+                "lease_expiry": h.lease_expiry,
+                "lease": {
+                    "state": h.lease,
+                    "expires_in_s": seconds(h.expires_in_us),
+                    "text": h.lease_text,
+                },
+                "epoch": h.epoch,
+                "log_epoch": h.log_epoch,
+                "epoch_state": h.epoch_state,
+                "lock": h.lock,
+                "lock_holder": h.lock_holder,
+                "directory_exists": h.directory_exists,
+                "corrupt_lines": h.corrupt_lines,
+                "torn_tail_bytes": h.torn_tail_bytes,
+                "stale_records": h.stale_records,
+            }
+            for h in report.shards
+        ],
+        "daemons": [
+            {
+                "node": d.node,
+                "shards": d.shards,
+                "heartbeat": (
+                    None
+                    if d.state == "no heartbeat"
+                    else {"beat": d.beat, "seen": d.seen, "age_s": seconds(d.seen_age_us)}
+                ),
+                "state": d.state,
+                "running": d.running,
+                "above_share": d.above_share,
+            }
+            for d in report.daemons
+        ],
+        "daemons_running": report.running,
+        "fair_share": report.fair_share,
+        "unowned": report.unowned,
+        "orphans": [f"shard-{k}" for k in report.facts.orphans],
+        "task_types": report.task_types,
+        "problems": report.problems,
+        "warnings": report.warnings,
+        "degraded": report.degraded,
+    }
+
+
+def health_lines(report: HealthReport) -> list[str]:
+    """The human report, from `Shards:` to `Status:`."""
+    lines = []
+    s = report.settings
+    lines.append(
+        f"Clock: {format_rfc3339(report.now_us)} (lease {s.ttl_us / SECOND:g} s, skew margin "
+        f"{s.skew_margin_us / SECOND:g} s, renewal every {s.renew_interval_us / SECOND:g} s)"
+    )
+    for h in report.shards:
+        who = "free" if h.owner is None else f"owner {h.owner}, {h.lease_text}"
+        lines.append(f"  {h.shard}: {who}; " + ", ".join(h.details))
+    if report.running == 0:
+        lines.append("Daemons: no daemon running")
+    else:
+        lines.append(
+            f"Daemons: {report.running} running, fair share {report.fair_share} shard(s) each"
+        )
+    for d in report.daemons:
+        lines.append(f"  {d.text}")
+    if report.unowned and report.running:
+        lines.append(f"Shards nobody holds: {', '.join(report.unowned)}")
+    if report.task_types:
+        lines.append(
+            "Task types with live tasks: "
+            + ", ".join(f"{t} ({n})" for t, n in report.task_types.items())
+        )
+        lines.append(
+            "  (a daemon runs a type only once its SDK has registered a handler for it; "
+            "which daemons have, the files do not say)"
+        )
+    lines.extend(f"Warning: {w}" for w in report.warnings)
+    lines.extend(f"Problem: {p}" for p in report.problems)
+    lines.append(f"Status: {'DEGRADED' if report.degraded else 'OK'}")
+    return lines
 
 
 def validate_main(argv: Sequence[str]) -> int:
     """`snerdmq validate DIR [--json]`."""
     parser = _parser(
         "validate",
-        "Check the queue in DIR: membership.json (queue, shards, version), each shard's claim "
-        "(free, active, LAPSED), its epoch and lock (a shard claimed by one daemon while "
-        "another process holds its lock is PAUSED), missing shard directories, orphan "
-        "shard-k directories (k >= shards), corrupt log lines, and the task types waiting.\n"
-        "Exit 0: healthy. Exit 1: degraded (a lapsed claim, a missing shard directory, an "
-        "orphan directory, corrupt lines, an unreadable membership.json). Read-only.",
-        "A freshly created queue whose shards nobody has claimed yet is healthy (upstream "
-        "reported it DEGRADED). SNERD_CLOCK_SKEW_MARGIN (default 5 s) is added to a lease "
-        "before it counts as lapsed, as daemons do.",
+        "Health check of the queue in DIR and the daemons running on it, read from the files "
+        "(read-only; the only thing it touches is a non-blocking probe of each shard lock, "
+        "released at once). Per shard: owner or free, epoch, the lease judged on this host's "
+        "clock (live, within the skew margin, lapsed, unparseable), whether its lock is held, "
+        "and the log's last claim epoch against membership.json's. Per daemon (heartbeats "
+        "under `nodes`, and claims): shards held, heartbeat age, and the fair share "
+        "ceil(shards / running daemons). Also missing and orphan shard directories, corrupt "
+        "log lines, and the task types with live tasks.\n"
+        "Exit 0: healthy (a queue with no daemon running and nothing claimed is healthy). "
+        "Exit 1: degraded: a shard free while daemons run, a lease expired longer ago than "
+        "lease + margin + one renewal, a shard claimed by a daemon whose heartbeat is older "
+        "than that, an unparseable lease expiry, a missing or orphan shard directory, corrupt "
+        "lines. Exit 2: a bad argument or environment value.",
+        "SNERD_LEASE_TTL (default 30 s) and SNERD_CLOCK_SKEW_MARGIN (default 5 s) are read as "
+        "daemons read them; set them as the daemons have them.",
     )
     parser.add_argument("directory", metavar="DIR", help="queue directory")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     return _run(parser, argv, _validate)
 
 
+def _health_settings() -> HealthSettings:
+    ttl = _env_seconds("SNERD_LEASE_TTL", 30.0, minimum=0.3)
+    return HealthSettings(ttl_us=int(ttl * SECOND), skew_margin_us=_skew_margin_us())
+
+
+def _shard_facts(queue: Queue, shard: int, now_us: int) -> ShardFacts:
+    exists = queue.shard_dir(shard).is_dir()
+    lock = probe_lock(queue.lock_path(shard)) if exists else LockState("absent")
+    scan = scan_shard(queue, shard)
+    return ShardFacts(
+        shard=shard,
+        directory_exists=exists,
+        lock=lock,
+        log_exists=scan.exists,
+        log_epoch=scan.fold.log_epoch,
+        corrupt_lines=len(scan.corrupt),
+        torn_tail_bytes=scan.torn,
+        stale_records=len(scan.fold.stale),
+        live_types=dict(summarize(scan.fold, now_us).types),
+    )
+
+
 def _validate(args: argparse.Namespace) -> int:
+    from snerd.io.fscheck import LOCAL_FILESYSTEMS, MOUNTINFO, filesystem_type
+
     queue = open_queue(args.directory)
-    skew_us = _skew_margin_us()
+    settings = _health_settings()
+    mountinfo = os.environ.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO
+    fs_type = filesystem_type(queue.directory, mountinfo)
     now = _now_us()
-    problems: list[str] = []
-    warnings: list[str] = []
-    shard_lines: list[str] = []
-    per_shard: list[dict[str, Any]] = []
-    types: Counter[str] = Counter()
-    on_disk = queue.shard_dirs_on_disk()
-    for shard in range(queue.shards):
-        name = f"shard-{shard}"
-        claim = queue.claim(shard)
-        exists = queue.shard_dir(shard).is_dir()
-        lock = probe_lock(queue.lock_path(shard)) if exists else LockState("absent")
-        scan = scan_shard(queue, shard)
-        types.update(summarize(scan.fold, now).types)
-        status: str
-        if claim.owner is None:
-            status = "free"
-            text = "free"
-        elif claim.expiry_us is None:
-            status = "unreadable"
-            text = f"claimed by {claim.owner}, lease_expiry {claim.expiry!r} unreadable"
-            problems.append(f"{name}: lease_expiry {claim.expiry!r} does not parse")
-        elif now > claim.expiry_us + skew_us:
-            status = "lapsed"
-            text = (
-                f"LAPSED (owner {claim.owner}, expired {claim.expiry}, "
-                f"{_fmt_span(now - claim.expiry_us)} ago)"
-            )
-            problems.append(
-                f"{name}: the lease of {claim.owner} lapsed {_fmt_span(now - claim.expiry_us)} "
-                "ago; a running daemon takes the shard over at its next renewal"
-            )
-        else:
-            status = "active"
-            text = (
-                f"active (owner {claim.owner}, expires {claim.expiry}, "
-                f"in {_fmt_span(claim.expiry_us - now)})"
-                if claim.expiry_us >= now
-                else f"active (owner {claim.owner}, expired {claim.expiry}, within the "
-                f"{skew_us / SECOND:g} s skew margin)"
-            )
-        detail = [f"epoch {claim.epoch}"]
-        if lock.state == "held":
-            detail.append(f"lock held by {lock.holder()}")
-            if claim.owner is not None and lock.owner is not None and lock.owner != claim.owner:
-                status = "paused" if status == "active" else status
-                warnings.append(
-                    f"{name} is PAUSED: claimed by {claim.owner}, but its lock is held by "
-                    f"{lock.holder()}; the claimant waits until that process lets go"
-                )
-            elif claim.owner is None:
-                warnings.append(
-                    f"{name}: its lock is held by {lock.holder()} although no claim names it "
-                    "(a daemon handing the shard over, or a tool such as replay at work)"
-                )
-        elif lock.state == "free" and status == "active":
-            detail.append("lock not held")
-            warnings.append(
-                f"{name}: claimed by {claim.owner}, but no process holds its lock (that daemon "
-                "has exited or not locked it yet); the claim lapses at "
-                f"{claim.expiry} plus the skew margin"
-            )
-        if not exists:
-            if claim.owner is not None or claim.epoch > 0:
-                problems.append(
-                    f"{name}: directory {queue.shard_dir(shard)} is missing although the shard "
-                    f"has been claimed (epoch {claim.epoch})"
-                )
-                detail.append("DIRECTORY MISSING")
-            else:
-                detail.append("not created yet")
-        if scan.corrupt:
-            problems.append(
-                f"{name}: {len(scan.corrupt)} corrupt line(s) in tasks.log "
-                f"(`snerdmq fsck {args.directory}` shows them)"
-            )
-            detail.append(f"{len(scan.corrupt)} corrupt line(s)")
-        if scan.torn and lock.state != "held":
-            warnings.append(
-                f"{name}: tasks.log ends in {scan.torn} byte(s) without a newline (a crash "
-                "mid-append; never acknowledged; the next owner cuts it)"
-            )
-        if scan.fold.stale:
-            detail.append(f"{len(scan.fold.stale)} stale-epoch record(s) fenced off")
-        shard_lines.append(f"  {name}: {text}; " + ", ".join(detail))
-        per_shard.append(
-            {
-                "shard": name,
-                "status": status,
-                "owner": claim.owner,
-                "lease_expiry": claim.expiry,
-                "epoch": claim.epoch,
-                "lock": lock.state,
-                "lock_holder": lock.holder() if lock.state == "held" else None,
-                "directory_exists": exists,
-                "corrupt_lines": len(scan.corrupt),
-                "torn_tail_bytes": scan.torn,
-                "stale_records": len(scan.fold.stale),
-            }
-        )
-    orphans = sorted(k for k in on_disk if k >= queue.shards)
-    for k in orphans:
-        problems.append(
-            f"orphan directory shard-{k}: the queue has {queue.shards} shard(s), so no daemon "
-            "reads it (tasks in it are stranded)"
-        )
-    degraded = bool(problems)
+    facts = QueueFacts(
+        directory=str(args.directory),
+        shards=[_shard_facts(queue, shard, now) for shard in range(queue.shards)],
+        orphans=sorted(k for k in queue.shard_dirs_on_disk() if k >= queue.shards),
+        filesystem=fs_type,
+        lock_proves_liveness=fs_type in LOCAL_FILESYSTEMS,
+    )
+    report = judge_health(queue.doc or {}, facts, now_us=now, settings=settings)
     if args.json:
-        _print_json(
-            {
-                **_queue_json(queue),
-                "per_shard": per_shard,
-                "orphans": [f"shard-{k}" for k in orphans],
-                "task_types": dict(sorted(types.items())),
-                "problems": problems,
-                "warnings": warnings,
-                "degraded": degraded,
-            }
-        )
-        return 1 if degraded else 0
+        _print_json({**_queue_json(queue), **health_json(report)})
+        return report.exit_code
     print(f"Queue: {queue.name}")
     print(f"Directory: {queue.directory}")
     if queue.legacy:
@@ -853,23 +1316,9 @@ def _validate(args: argparse.Namespace) -> int:
         )
     print(f"Shards: {queue.shards}")
     print(f"Version: {queue.version if queue.version is not None else '-'}")
-    for line in shard_lines:
+    for line in health_lines(report):
         print(line)
-    if types:
-        print(
-            "Task types with live tasks: "
-            + ", ".join(f"{t} ({n})" for t, n in sorted(types.items()))
-        )
-        print(
-            "  (a daemon runs a type only once its SDK has registered a handler for it; "
-            "which daemons have, the files do not say)"
-        )
-    for w in warnings:
-        print(f"Warning: {w}")
-    for p in problems:
-        print(f"Problem: {p}")
-    print(f"Status: {'DEGRADED' if degraded else 'OK'}")
-    return 1 if degraded else 0
+    return report.exit_code
 
 
 # ------------------------------------------------------------------------------------------

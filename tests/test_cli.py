@@ -320,6 +320,17 @@ def test_a_bad_environment_value_is_a_usage_error_naming_it(
         assert "SNERD_CLOCK_SKEW_MARGIN='soon' is not a number of seconds" in err
 
 
+@pytest.mark.parametrize("ttl", ["0.1", "soon", "inf"])
+def test_validate_refuses_a_bad_lease_ttl(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ttl: str
+) -> None:
+    q = plant(tmp_path / "q", {0: [claim(1)]})
+    monkeypatch.setenv("SNERD_LEASE_TTL", ttl)
+    code, out, err = cli("validate", q)
+    assert (code, out) == (2, "")
+    assert f"SNERD_LEASE_TTL={ttl!r}" in err
+
+
 @pytest.mark.parametrize("n", ["0", "-2", "two", "1.5"])
 def test_add_shards_refuses_a_bad_n(cli: Cli, tmp_path: Path, n: str) -> None:
     code, _, err = cli("add-shards", n, tmp_path)
@@ -446,6 +457,7 @@ def test_validate_a_fresh_queue_with_unclaimed_shards_is_ok(cli: Cli, tmp_path: 
     assert code == 0, out
     assert "Shards: 3" in out and "Version: 3" in out
     assert out.count("free; epoch 0, not created yet") == 3
+    assert "Daemons: no daemon running" in out
     assert "Status: OK" in out
 
 
@@ -466,8 +478,9 @@ def test_validate_flags_lapsed_missing_orphan_and_corrupt(cli: Cli, tmp_path: Pa
         f.write(b'{"taskId":"broken",\n')
     code, out, _ = cli("validate", q)
     assert code == 1
-    assert "shard-0: LAPSED (owner gone@pid-9-aa" in out
-    assert "Problem: shard-1: directory" in out and "is missing although" in out
+    assert "shard-0: owner gone@pid-9-aa, expired 2 min ago (lapsed: " in out
+    assert "Problem: shard-0: the lease of gone@pid-9-aa expired 2 min ago" in out
+    assert "Problem: shard-1: its directory is missing although" in out
     assert "Problem: orphan directory shard-4" in out
     assert "Problem: shard-0: 1 corrupt line(s)" in out
     assert "Task types with live tasks: job (1), mail (1)" in out
@@ -493,11 +506,16 @@ def test_validate_within_the_skew_margin_is_not_lapsed(
     )
     code, out, _ = cli("validate", q)
     assert code == 0
-    assert "within the 5 s skew margin" in out
+    assert "expired 3 s ago (within the 5 s skew margin: not lapsed yet)" in out
     monkeypatch.setenv("SNERD_CLOCK_SKEW_MARGIN", "1")
     code, out, _ = cli("validate", q)
-    assert code == 1
-    assert "LAPSED" in out
+    # Lapsed, but only just: a running daemon has not had its chance to take it over yet.
+    assert code == 0, out
+    assert "expired 3 s ago (lapsed: a daemon started on DIR takes it over)" in out
+    monkeypatch.setenv("SNERD_LEASE_TTL", "0.9")
+    code, out, _ = cli("validate", q)
+    assert code == 1, out
+    assert "Problem: shard-0: the lease of slow@pid-1-aa expired 3 s ago, longer than 2 s" in out
 
 
 def test_validate_reports_a_paused_shard(cli: Cli, tmp_path: Path) -> None:
@@ -525,7 +543,7 @@ def test_validate_a_queue_with_a_live_daemon(
     d = daemons(q)
     code, out, _ = cli("validate", q)
     assert code == 0, out
-    assert "shard-0: active (owner " in out
+    assert "shard-0: owner " in out and ", live (expires in " in out
     assert f"pid {d.pid}" in out
     assert "Status: OK" in out
     # stats only reads: the daemon keeps its lock and goes on working.
@@ -540,8 +558,163 @@ def test_validate_a_queue_with_a_live_daemon(
     assert d.enqueue("t2", "nobody-handles-this", {})["action"] == "ack"
     assert d.stop() == 0
     code, out, _ = cli("validate", q)
+    assert code == 0, out
+    assert "shard-0: free; epoch 1, lock free, log epoch 1" in out
+    assert "Daemons: no daemon running" in out
+    assert "Problem" not in out and "Warning" not in out
+
+
+def test_validate_shows_a_running_daemons_shards_live_and_locked(
+    cli: Cli, tmp_path: Path, daemons: Callable[..., Daemon], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = tmp_path / "q"
+    assert cli("add-shards", "2", q)[0] == 0
+    monkeypatch.setenv("SNERD_LEASE_TTL", "3")  # the tool reads the lease as the daemon does
+    d = daemons(q, SNERD_LEASE_TTL="3")  # returns once its first shards are active
+    claims = membership(q)["claims"]
+    node = claims["shard-0"]["owner"]
+    assert claims["shard-1"]["owner"] == node
+    code, out, _ = cli("validate", q)
+    assert code == 0, out
+    for shard in ("shard-0", "shard-1"):
+        assert f"{shard}: owner {node}, live (expires in " in out
+        assert f"lock held by {node}, pid {d.pid}, log epoch 1" in out
+    assert "Daemons: 1 running, fair share 2 shard(s) each" in out
+    assert f"  {node}: 2 shard(s) (shard-0, shard-1), heartbeat seen " in out
+    assert "Status: OK" in out and "Warning" not in out
+
+    code, out, _ = cli("validate", q, "--json")
     assert code == 0
-    assert "shard-0: free; epoch 1" in out
+    report = json.loads(out)
+    assert report["settings"]["lease_ttl_s"] == 3.0
+    assert [(s["lease"]["state"], s["lock"], s["epoch_state"]) for s in report["per_shard"]] == [
+        ("live", "held", "in step")
+    ] * 2
+    (daemon,) = report["daemons"]
+    assert (daemon["node"], daemon["shards"], daemon["state"]) == (
+        node, ["shard-0", "shard-1"], "live"
+    )
+    assert 0 <= daemon["heartbeat"]["age_s"] < 3
+    assert (report["daemons_running"], report["fair_share"], report["degraded"]) == (1, 2, False)
+
+    # Killed without a drain: its claims stay, its locks go with it.
+    d.kill()
+    code, out, _ = cli("validate", q)
+    assert code == 0, out  # within its lease: not degraded yet
+    assert "Warning: shard-0: claimed but its lock is free: the owner may be dead (takeover" in out
+
+
+def test_validate_names_a_lapsed_claim_and_a_stale_heartbeat(cli: Cli, tmp_path: Path) -> None:
+    now = time.time_ns() // 1000
+    q = plant(
+        tmp_path / "q",
+        {0: [claim(3), task("a")], 1: [claim(2)]},
+        claims={
+            "shard-0": {
+                "owner": "gone@pid-9-aa",
+                "lease_expiry": format_rfc3339(now - 300 * SECOND),
+                "epoch": 3,
+                "renewals": 7,
+            },
+            "shard-1": {
+                "owner": "alive@pid-8-bb",
+                "lease_expiry": format_rfc3339(now + 20 * SECOND),
+                "epoch": 2,
+                "renewals": 1,
+            },
+        },
+        epochs={"shard-0": 3, "shard-1": 2},
+    )
+    doc = membership(q)
+    doc["nodes"] = {
+        "gone@pid-9-aa": {"beat": 40, "seen": format_rfc3339(now - 330 * SECOND)},
+        "alive@pid-8-bb": {"beat": 2, "seen": format_rfc3339(now - 1 * SECOND)},
+    }
+    (q / "membership.json").write_bytes(orjson.dumps(doc))
+    code, out, _ = cli("validate", q)
+    assert code == 1, out
+    assert "shard-0: owner gone@pid-9-aa, expired 5 min ago (lapsed: another daemon takes" in out
+    assert (
+        "Problem: shard-0: the lease of gone@pid-9-aa expired 5 min ago, longer than 45 s "
+        "(lease + skew margin + one renewal); no running daemon has taken it over"
+    ) in out
+    assert (
+        "Problem: shard-0 is claimed by gone@pid-9-aa, whose heartbeat is 6 min old (more than "
+        "45 s): that daemon is gone or hung"
+    ) in out
+    assert "gone@pid-9-aa: 1 shard(s) (shard-0), heartbeat seen 6 min ago (stale" in out
+    assert "Daemons: 1 running, fair share 2 shard(s) each" in out
+    assert "shard-1" not in "".join(line for line in out.splitlines() if "Problem" in line)
+    assert "Status: DEGRADED" in out
+
+
+def test_validate_says_a_lock_is_advisory_only_off_a_local_filesystem(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = plant(
+        tmp_path / "q",
+        {0: [claim(1)]},
+        claims={"shard-0": {"owner": "x@pid-1-aa", "lease_expiry": FUTURE, "epoch": 1}},
+    )
+    (q / "shard-0" / ".lock").write_bytes(b"1\nx@pid-1-aa\n")  # free: nobody holds it
+    mounts = tmp_path / "mountinfo"
+    mounts.write_text("36 25 0:32 / / rw,relatime - ext4 /dev/sda1 rw\n")
+    monkeypatch.setenv("SNERD_TEST_MOUNTINFO", str(mounts))
+    code, out, _ = cli("validate", q)
+    assert code == 0, out
+    assert "Warning: shard-0: claimed but its lock is free: the owner may be dead" in out
+    assert "advisory" not in out
+    mounts.write_text("36 25 0:32 / / rw,relatime - nfs4 server:/export rw,vers=4.2\n")
+    code, out, _ = cli("validate", q)
+    assert code == 0, out
+    assert (
+        "(DIR is on nfs4: a lock held on another host may not show here, so the lock state is "
+        "advisory; the lease decides)"
+    ) in out
+    report = json.loads(cli("validate", q, "--json")[1])
+    assert report["filesystem"] == {"type": "nfs4", "lock_proves_liveness": False}
+
+
+def test_validate_json_has_the_documented_shape(cli: Cli, tmp_path: Path) -> None:
+    q = plant(
+        tmp_path / "q",
+        {0: [claim(1), task("a", "mail")]},
+        shards=2,
+        claims={"shard-0": {"owner": "x@pid-1-aa", "lease_expiry": FUTURE, "epoch": 2}},
+        epochs={"shard-0": 2},
+    )
+    code, out, _ = cli("validate", q, "--json")
+    report = json.loads(out)
+    assert set(report) == {
+        "directory", "queue", "shards", "version", "legacy_layout", "now", "settings",
+        "filesystem", "per_shard", "daemons", "daemons_running", "fair_share", "unowned",
+        "orphans", "task_types", "problems", "warnings", "degraded",
+    }
+    assert set(report["settings"]) == {
+        "lease_ttl_s", "skew_margin_s", "renew_interval_s", "overdue_after_s"
+    }
+    assert report["settings"]["overdue_after_s"] == 45.0
+    assert set(report["filesystem"]) == {"type", "lock_proves_liveness"}
+    shard0, shard1 = report["per_shard"]
+    assert set(shard0) == {
+        "shard", "status", "owner", "lease_expiry", "lease", "epoch", "log_epoch",
+        "epoch_state", "lock", "lock_holder", "directory_exists", "corrupt_lines",
+        "torn_tail_bytes", "stale_records",
+    }
+    assert set(shard0["lease"]) == {"state", "expires_in_s", "text"}
+    assert (shard0["lease"]["state"], shard0["epoch"], shard0["log_epoch"]) == ("live", 2, 1)
+    assert shard0["epoch_state"] == "taking over"
+    assert shard1["lease"] == {"state": "free", "expires_in_s": None, "text": "free"}
+    (daemon,) = report["daemons"]
+    assert set(daemon) == {"node", "shards", "heartbeat", "state", "running", "above_share"}
+    assert (daemon["heartbeat"], daemon["state"], daemon["running"]) == (
+        None, "no heartbeat", True
+    )
+    # x runs and shard-1 is free: its enqueues are refused.
+    assert report["unowned"] == ["shard-1"]
+    assert report["degraded"] is True and code == 1
+    assert report["problems"][0].startswith("shard-1 is free while 1 daemon(s) run")
+    assert report["task_types"] == {"mail": 1}
 
 
 # ------------------------------------------------------------------------------ add-shards
@@ -557,8 +730,12 @@ def test_add_shards_grows_the_queue(cli: Cli, tmp_path: Path) -> None:
     assert (doc["shards"], doc["version"], doc["claims"]) == (3, 4, claims)
     assert (q / "shard-1" / "tasks").is_dir() and (q / "shard-2" / "tasks").is_dir()
     assert records(q)[1]["taskId"] == "a"
+    # h holds shard-0 and runs: until its next round claims them, the new shards' enqueues
+    # are refused, which validate reports.
     code, out, _ = cli("validate", q)
-    assert code == 0, out
+    assert code == 1, out
+    assert "Problem: shard-1 is free while 1 daemon(s) run: its enqueues are refused" in out
+    assert "Shards nobody holds: shard-1, shard-2" in out
 
 
 def test_add_shards_creates_a_queue_where_there_is_none(cli: Cli, tmp_path: Path) -> None:
