@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import trio
 
 from tests.daemon import Daemon
@@ -36,3 +38,39 @@ async def test_two_daemons_split_the_shards_and_one_takes_all_back_when_the_othe
     assert back["owned"] == first["owned"]
     await a.close_stdin()
     assert await a.wait() == 0
+
+
+def nfs4_table(tmp_path: Path, directory: Path) -> Path:
+    """A mount table that puts `directory` on NFSv4: there a free lock proves nothing, so only
+    the lease decides a takeover (the daemon still uses real local flock underneath)."""
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        f"99 27 0:99 / {os.path.realpath(directory)} rw,relatime - nfs4 srv:/q "
+        "rw,vers=4.2,local_lock=none\n"
+    )
+    return table
+
+
+async def test_a_daemon_with_its_wall_clock_an_hour_ahead_does_not_take_a_live_shard(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    q = tmp_path / "q"
+    q.mkdir()
+    env = {**ENV, "SNERD_SHARDS": "1", "SNERD_TEST_MOUNTINFO": str(nfs4_table(tmp_path, q))}
+    a = await Daemon.start(nursery, q, env=env)
+    await a.wait_for(owning(1))
+    claim = orjson.loads((q / "membership.json").read_bytes())["claims"]["shard-0"]
+    # An hour ahead: by the wall clock alone (upstream's rule) every lease it reads has lapsed.
+    b = await Daemon.start(nursery, q, env={**env, "SNERD_TEST_CLOCK_OFFSET": "3600"})
+    assert (await b.wait_for(lambda m: m.get("action") == "membership"))["owned"] == []
+    # Several leases long (1.5 s each, renewed every 0.5 s): the claim never changes hands.
+    with trio.move_on_after(4):
+        await b.wait_for(owning(1), timeout=5)
+        raise AssertionError("the daemon with the stepped clock took the live shard")
+    now = orjson.loads((q / "membership.json").read_bytes())["claims"]["shard-0"]
+    assert (now["owner"], now["epoch"]) == (claim["owner"], claim["epoch"])
+    assert "claimed by a live daemon" in b.stderr.decode()
+    for d in (a, b):
+        await d.close_stdin()
+        assert await d.wait() == 0
