@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,30 @@ async def test_a_daemon_with_its_wall_clock_an_hour_ahead_does_not_take_a_live_s
     now = orjson.loads((q / "membership.json").read_bytes())["claims"]["shard-0"]
     assert (now["owner"], now["epoch"]) == (claim["owner"], claim["epoch"])
     assert "claimed by a live daemon" in b.stderr.decode()
+    for d in (a, b):
+        await d.close_stdin()
+        assert await d.wait() == 0
+
+
+async def test_shards_added_while_daemons_run_are_claimed_and_shared(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    env = {**ENV, "SNERD_SHARDS": "2"}
+    a = await Daemon.start(nursery, tmp_path / "q", env=env)
+    await a.wait_for(owning(2))
+    b = await Daemon.start(nursery, tmp_path / "q", env=env)
+    await b.wait_for(owning(1))
+    await a.wait_for(owning(1))
+    grow = await trio.run_process(
+        [sys.executable, "-m", "snerd.cli", "add-shards", "4", str(tmp_path / "q")],
+        capture_stdout=True,
+        capture_stderr=True,
+    )
+    assert grow.returncode == 0, grow.stderr
+    # Within a renewal or two both daemons claim the new shards up to ceil(6 / 2) = 3 each.
+    got_a = await a.wait_for(owning(3))
+    got_b = await b.wait_for(owning(3))
+    assert sorted(got_a["owned"] + got_b["owned"]) == [f"shard-{i}" for i in range(6)]
     for d in (a, b):
         await d.close_stdin()
         assert await d.wait() == 0
