@@ -99,3 +99,22 @@ async def test_shards_added_while_daemons_run_are_claimed_and_shared(
     for d in (a, b):
         await d.close_stdin()
         assert await d.wait() == 0
+
+
+async def test_a_running_standby_takes_a_killed_owners_shard_long_before_a_round(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """On a local filesystem a free lock proves its owner dead: a running daemon tries the
+    locks of others' shards every second, not only at its rounds (every 20 s with a 60 s
+    lease), so it takes over within a couple of seconds of a kill -9."""
+    env = {"SNERD_SHARDS": "1", "SNERD_LEASE_TTL": "60"}
+    a = await Daemon.start(nursery, tmp_path / "q", env=env)
+    await a.wait_for(owning(1))
+    b = await Daemon.start(nursery, tmp_path / "q", env=env)
+    assert (await b.wait_for(lambda m: m.get("action") == "membership"))["owned"] == []
+    a.kill()
+    got = await b.wait_for(owning(1), timeout=6)  # a round would come only after 20 s
+    assert got["owned"] == ["shard-0"]
+    assert "its owner's process is gone" in b.stderr.decode()
+    await b.close_stdin()
+    assert await b.wait() == 0

@@ -163,6 +163,10 @@ class NodeConfig:
     #: local filesystem): a shard whose lock this node can take is taken over at once instead
     #: of after its lease lapses (DESIGN §4.8). The shell decides it from the mount type.
     lock_proves_liveness: bool = False
+    #: Where flock proves liveness, how often a running node tries the locks of shards other
+    #: nodes claim (between membership rounds too), so a dead owner's shards are taken over
+    #: within about this long instead of at the next round.
+    probe_interval_us: int = SECOND
     #: Ignore log records of an epoch older than a claim before them (DESIGN §4.3). Only the
     #: simulator's negative control `--unsafe-no-fence` turns it off.
     fence: bool = True
@@ -323,6 +327,8 @@ class Node:
         #: Shards whose lock this node took while another node's claim was live: that node's
         #: process is gone. The lock stays held until the claim is rewritten as ours.
         self.proven_dead: set[int] = set()
+        #: When to try other nodes' shard locks next (only where flock proves liveness).
+        self.probe_at_mono: int | None = None
         #: Claims and heartbeats seen in membership.json, timed on this node's monotonic clock.
         self.observer = Observer()
         #: When the membership round in flight started (its read was issued).
@@ -418,6 +424,13 @@ class Node:
                     candidates.append(flight.deadline_mono - now.mono)
         if self.renew_at_mono is not None:
             candidates.append(self.renew_at_mono - now.mono)
+        if (
+            self.probe_at_mono is not None
+            and self.phase is NodePhase.RUNNING
+            and self.doc is not None
+            and live_foreign(self.doc, node_id=self.config.node_id)
+        ):
+            candidates.append(self.probe_at_mono - now.mono)
         if self.lease_deadline_mono is not None:
             candidates.append(self.lease_deadline_mono - now.mono)
         if self.drain_deadline_mono is not None:
@@ -1360,6 +1373,15 @@ class Node:
                 task = self.tasks[parked.pop()]
                 self._move(task, TaskState.READY)
                 self._push_ready(task)
+        if (
+            self.config.lock_proves_liveness
+            and self.phase is NodePhase.RUNNING
+            and self.doc is not None
+            and (self.probe_at_mono is None or now.mono >= self.probe_at_mono)
+        ):
+            self.probe_at_mono = now.mono + self.config.probe_interval_us
+            if not self.membership_busy:
+                self._probe(self.doc, [])
         if self.phase is NodePhase.RUNNING:
             self._dispatch()
         if self.phase is NodePhase.DRAINING:
