@@ -81,6 +81,12 @@ def _exp(rng: random.Random, rate_per_s: float) -> int:
     return max(1, int(-math.log(1.0 - rng.random()) / rate_per_s * SECOND))
 
 
+def _safe_ppm(ttl_us: int, margin_us: int) -> int:
+    """The largest clock rate error (ppm) the margin tolerates: r <= margin / (2 ttl + margin)
+    (docs/architecture.md, "What it relies on")."""
+    return margin_us * 1_000_000 // (2 * ttl_us + margin_us)
+
+
 def _uniform(rng: random.Random, lo: int, hi: int) -> int:
     return lo + int(rng.random() * (hi - lo + 1)) if hi > lo else lo
 
@@ -162,7 +168,7 @@ class Settings:
         ttl = ttl_choices[int(rng.random() * len(ttl_choices))]
         margin = ttl // 6
         # Rates within what the margin tolerates: r <= margin / (2 ttl + margin).
-        safe_ppm = int(margin * 1_000_000 // (2 * ttl + margin))
+        safe_ppm = _safe_ppm(ttl, margin)
         drawn: dict[str, Any] = {
             "nodes": 2 + int(rng.random() * 4),
             "shards": 1 + int(rng.random() * 8),
@@ -214,7 +220,7 @@ class Settings:
             # Clock rates at the bound the margin is sized for, owners cut off from
             # membership.json while they live, and locks that do not stop a second owner
             # (NFSv3): only the margin keeps the lease beliefs apart.
-            safe_ppm = int(self.margin_us * 1_000_000 // (2 * self.ttl_us + self.margin_us))
+            safe_ppm = _safe_ppm(self.ttl_us, self.margin_us)
             changes |= {
                 "fs_mode": "nfsv3",
                 "drift_max_ppm": safe_ppm,
@@ -260,8 +266,7 @@ class Settings:
 
         Pauses do not matter either for what is judged as belief: a node's belief ends at its
         own lease deadline, paused or not."""
-        safe_ppm = self.margin_us * 1_000_000 // (2 * self.ttl_us + self.margin_us)
-        return self.drift_max_ppm <= safe_ppm
+        return self.drift_max_ppm <= _safe_ppm(self.ttl_us, self.margin_us)
 
     @property
     def window_slack_us(self) -> int:

@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 import orjson
 
 from snerd.core.events import LogRecord
-from snerd.core.ownership import shard_name
+from snerd.core.ownership import OwnershipConfig, fair_cap, shard_name
 from snerd.core.shardlog import (
     HISTORY_LIMIT,
     DeadLetter,
@@ -726,19 +726,12 @@ LEASE_STATES = ("free", "live", "grace", "lapsed", "unparseable")
 DAEMON_STATES = ("live", "late", "stale", "no heartbeat")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HealthSettings:
-    """The lease parameters the daemons run with, as the tool reads them from the environment."""
+class HealthSettings(OwnershipConfig):
+    """The lease parameters the daemons run with (`OwnershipConfig`: SNERD_LEASE_TTL, default
+    30 s; SNERD_CLOCK_SKEW_MARGIN, default 5 s), as the tool reads them from the environment,
+    and how long past a lease the tool calls a shard degraded."""
 
-    #: SNERD_LEASE_TTL (default 30 s).
-    ttl_us: int = 30 * SECOND
-    #: SNERD_CLOCK_SKEW_MARGIN (default 5 s).
-    skew_margin_us: int = 5 * SECOND
-
-    @property
-    def renew_interval_us(self) -> int:
-        """Daemons renew, and write their heartbeat, every third of the lease."""
-        return self.ttl_us // 3
+    __slots__ = ()
 
     @property
     def overdue_us(self) -> int:
@@ -746,7 +739,7 @@ class HealthSettings:
         calls the shard degraded: lease + margin + one renewal. A running daemon takes a lapsed
         claim over once it has seen it unchanged for lease + margin, which it notices within
         one renewal, so by then a healthy cluster has acted."""
-        return self.ttl_us + self.skew_margin_us + self.renew_interval_us
+        return self.lapse_us + self.renew_interval_us
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -942,7 +935,7 @@ def judge_health(
             state, running = "stale", False
         partial.append((node, beat_count, seen, age, state, running))
     running_count = sum(1 for p in partial if p[5])
-    fair = -(-shard_count // running_count) if running_count else None
+    fair = fair_cap(shard_count, running_count, OwnershipConfig()) if running_count else None
     daemons: list[DaemonHealth] = []
     for node, beat_count, seen, age, state, running in partial:
         mine = held.get(node, [])

@@ -355,14 +355,19 @@ class Node:
 
     # ------------------------------------------------------------------ public API
 
-    def handle(self, event: ev.Event, now: ev.Now) -> list[fx.Effect]:
-        """Feed one event; return the effects to carry out, in order."""
+    def _begin(self, now: ev.Now) -> None:
+        """What every call starts with: the clock reading, and the lease checked before any
+        event is handled (a node past its lease acts for no shard, whatever came in)."""
         assert not self._out
         self._now = now
         if self.started_mono is None:
             self.started_mono = now.mono
         if self.lease_deadline_mono is not None and now.mono >= self.lease_deadline_mono:
             self._lease_ran_out()
+
+    def handle(self, event: ev.Event, now: ev.Now) -> list[fx.Effect]:
+        """Feed one event; return the effects to carry out, in order."""
+        self._begin(now)
         handler = _HANDLERS.get(type(event))
         if handler is None:
             raise TypeError(f"Node cannot handle {type(event).__name__}")
@@ -384,12 +389,7 @@ class Node:
         enqueue record, before later lines of the burst are read.) Stops after an
         event that stopped the node (the rest stay in `events`, as the shell stops there too).
         """
-        assert not self._out
-        self._now = now
-        if self.started_mono is None:
-            self.started_mono = now.mono
-        if self.lease_deadline_mono is not None and now.mono >= self.lease_deadline_mono:
-            self._lease_ran_out()
+        self._begin(now)
         handlers = _HANDLERS
         popleft = events.popleft
         for _ in range(min(limit, len(events))):

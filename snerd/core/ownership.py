@@ -11,9 +11,9 @@ another node's claim (upstream bug 6.3.15). Claims are renewed every `ttl / 3`; 
 claims and locks so another node can take over at once.
 
 This module owns the decisions about claims; it never touches a file. The node composes it and
-turns its answers into effects. Where flock
-proves liveness (one host, a local filesystem) a node that takes a shard's lock has proof that
-its claimant is dead and takes over at once (DESIGN §4.8).
+turns its answers into effects. Where flock proves liveness (one host, a local filesystem) a
+node that takes a shard's lock has proof that its claimant is dead and takes over at once
+(DESIGN §4.8).
 
 Lapse rule (DESIGN §4.1). A challenger may take over a claim only when BOTH hold: its wall
 clock is past `lease_expiry + skew_margin` (upstream's rule, kept so upstream daemons and snerd

@@ -526,6 +526,24 @@ class _Append:
         self.answered = False
 
 
+def _checked_append(
+    path: str | os.PathLike[str],
+    lines: Sequence[bytes],
+    on_done: Callable[[AppendOutcome], None],
+) -> _Append:
+    """An append job, refusing lines that are not each one whole record line."""
+    checked: list[bytes] = []
+    for line in lines:
+        if type(line) is not bytes:
+            line = bytes(line)
+        if line.find(b"\n") != len(line) - 1:
+            raise ValueError("each line must end with its only newline")
+        checked.append(line)
+    if not checked:
+        raise ValueError("nothing to append")
+    return _Append(os.fspath(path), checked, on_done)
+
+
 class _Control:
     """A job the writer runs in order with appends (compaction install, closing a file)."""
 
@@ -670,16 +688,7 @@ class GroupCommitLog:
         that failed them (then none of them is in the file). Lines of one call are contiguous
         and in order; calls are committed in submission order per file. `on_done` must not
         raise (an exception is re-raised from `__aexit__`)."""
-        checked: list[bytes] = []
-        for line in lines:
-            if type(line) is not bytes:
-                line = bytes(line)
-            if line.find(b"\n") != len(line) - 1:
-                raise ValueError("each line must end with its only newline")
-            checked.append(line)
-        if not checked:
-            raise ValueError("nothing to append")
-        job = _Append(os.fspath(path), checked, on_done)
+        job = _checked_append(path, lines, on_done)
         with self._cond:
             if self._closing or self._token is None:
                 raise RuntimeError("log is not open")
@@ -709,16 +718,7 @@ class GroupCommitLog:
         holds its lock, so its state is never used by two threads at once."""
         jobs: list[_Append] = []
         for path, lines, on_done in appends:
-            checked: list[bytes] = []
-            for line in lines:
-                if type(line) is not bytes:
-                    line = bytes(line)
-                if line.find(b"\n") != len(line) - 1:
-                    raise ValueError("each line must end with its only newline")
-                checked.append(line)
-            if not checked:
-                raise ValueError("nothing to append")
-            jobs.append(_Append(os.fspath(path), checked, on_done))
+            jobs.append(_checked_append(path, lines, on_done))
         if not jobs:
             return
         done: _Done = []
