@@ -1,4 +1,5 @@
-"""Shared test helpers: tools that may be absent, and a small filesystem to fill up."""
+"""Shared test helpers: tools that may be absent, a small filesystem to fill up, and a GlusterFS
+volume mounted twice."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from tests import daemon as _daemons
+from tests import glusterfs as _gluster
 
 
-def missing_tool(reason: str) -> None:
+def missing_tool(reason: str) -> NoReturn:
     """Skip for a missing tool or privilege; under SNERD_REQUIRE_ALL=1 (CI) that is a failure."""
     if os.environ.get("SNERD_REQUIRE_ALL") == "1":
         pytest.fail(f"SNERD_REQUIRE_ALL=1 but {reason}")
@@ -63,3 +66,27 @@ def kill_leftover_daemons() -> Iterator[None]:
         pid = _daemons.STARTED.pop()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # gone already (and reaped): nothing happens
+
+
+@pytest.fixture(scope="session")
+def gluster_volume() -> Iterator[_gluster.GlusterVolume | str]:
+    """The GlusterFS volume of GLUSTER_MOUNT_A/B, or one brought up for this session (root with
+    GlusterFS installed; taken down again at the end), or why there is none."""
+    volume, why = _gluster.find_volume()
+    try:
+        yield volume if volume is not None else why
+    finally:
+        if volume is not None and volume.started_here:
+            _gluster.take_down()
+
+
+@pytest.fixture
+def gluster_dirs(
+    gluster_volume: _gluster.GlusterVolume | str, request: pytest.FixtureRequest
+) -> Iterator[tuple[Path, Path]]:
+    """A fresh directory on the GlusterFS volume: (its path through mount A, the same directory
+    through mount B). Skipped, or failed under SNERD_REQUIRE_ALL=1, without a volume."""
+    if isinstance(gluster_volume, str):
+        missing_tool(f"no GlusterFS volume: {gluster_volume}")
+    with _gluster.fresh_directory(gluster_volume, request.node.name) as dirs:
+        yield dirs
