@@ -26,6 +26,8 @@ class FakeShell:
         self.config = config or NodeConfig(node_id="test-node@pid-1-aa")
         #: Shared "disk", so a second FakeShell can restart on the same data.
         self.disk = disk if disk is not None else {"logs": {}, "membership": None, "locks": {}}
+        #: Inbox files: (shard, writer node) -> bytes.
+        self.disk.setdefault("inboxes", {})
         self.node = Node(self.config)
         self.wall = T0
         self.mono = 5 * SECOND
@@ -42,7 +44,9 @@ class FakeShell:
         self.fail_membership = False
         #: Appends held back (not yet committed) when `hold_appends` is on.
         self.hold_appends = False
-        self.held: deque[fx.Append] = deque()
+        self.held: deque[fx.Append | fx.AppendInbox] = deque()
+        #: Inbox appends held back too (`hold_appends` is for tasks.log).
+        self.hold_inbox = False
         self.queue: deque[ev.Event] = deque()
 
     # -------------------------------------------------------------- driving
@@ -85,7 +89,11 @@ class FakeShell:
 
     def release_held(self) -> None:
         while self.held:
-            self._commit(self.held.popleft())
+            effect = self.held.popleft()
+            if isinstance(effect, fx.AppendInbox):
+                self._commit_inbox(effect)
+            else:
+                self._commit(effect)
         self._pump()
 
     # -------------------------------------------------------------- shortcuts
@@ -181,6 +189,34 @@ class FakeShell:
                 self.held.append(effect)
             else:
                 self._commit(effect)
+        elif isinstance(effect, fx.AppendInbox):
+            if self.disk_full:
+                self.queue.append(ev.AppendFailed(token=effect.token, error="No space left"))
+            elif self.hold_inbox:
+                self.held.append(effect)
+            else:
+                self._commit_inbox(effect)
+        elif isinstance(effect, fx.ReadInbox):
+            chunks = []
+            for (shard, node), data in sorted(self.disk["inboxes"].items()):
+                if shard not in effect.offsets:
+                    continue
+                start = effect.offsets[shard].get(node, 0)
+                end = bytes(data).rfind(b"\n", start, start + effect.max_bytes) + 1
+                if end <= start:
+                    continue
+                result = scan(bytes(data[start:end]), base_offset=start)
+                chunks.append(
+                    ev.InboxChunk(
+                        shard=shard,
+                        node=node,
+                        start=start,
+                        end=end,
+                        records=tuple(result.records),
+                        corrupt=tuple(result.corrupt),
+                    )
+                )
+            self.queue.append(ev.InboxRead(chunks=tuple(chunks)))
         elif isinstance(effect, fx.Compact):
             log = bytes(self.disk["logs"].get(effect.shard, b""))
             new = bytearray()
@@ -230,6 +266,18 @@ class FakeShell:
             offsets.append(len(log))
             lengths.append(len(line))
             log += line
+        self.queue.append(
+            ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
+        )
+
+    def _commit_inbox(self, effect: fx.AppendInbox) -> None:
+        inbox = self.disk["inboxes"].setdefault((effect.shard, self.config.node_id), bytearray())
+        offsets, lengths = [], []
+        for record in effect.records:
+            line = encode_record(record.fields)
+            offsets.append(len(inbox))
+            lengths.append(len(line))
+            inbox += line
         self.queue.append(
             ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
         )

@@ -163,28 +163,46 @@ async def test_closed_stdout_drains_and_loses_nothing_acked(
     assert live and not live[-1].get("deletedAt")
 
 
-async def test_a_second_daemon_on_the_same_directory_waits(
+async def test_a_second_daemon_on_the_same_directory_waits_and_routes_enqueues_to_the_owner(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
     first = await Daemon.start(nursery, tmp_path / "q")
     await first.recv()
+    await first.send({"action": "register", "task_type": "t"})
     second = await Daemon.start(nursery, tmp_path / "q")
     m = await second.recv()
     assert m["action"] == "membership" and m["owned"] == []
-    await second.enqueue("x")
-    err = await second.wait_for(is_ack("x"))
-    assert err == {
-        "action": "error",
-        "task_id": "x",
-        "message": "[Snerd] No shards owned by this instance",
-    }
     assert "claimed by a live daemon" in second.stderr.decode()
+    # Owning no shard, it still takes the enqueue: into its inbox for shard-0, acked once
+    # durable there; the owner ingests it and runs it.
+    await second.enqueue("x", data={"n": 1})
+    ack = await second.wait_for(is_ack("x"))
+    assert ack == {
+        "action": "ack",
+        "task_id": "x",
+        "message": "Enqueued successfully",
+        "shard": "shard-0",
+    }
+    inbox = list((tmp_path / "q" / "shard-0" / "inbox").glob("*.log"))
+    assert len(inbox) == 1 and b'"taskId":"x"' in inbox[0].read_bytes()
+    run = await first.wait_for(lambda m: m.get("action") == "execute", timeout=10)
+    assert run["task_id"] == "x" and run["task_data"] == '{"n":1}'
+    await first.send({"action": "result", "task_id": "x", "status": "success"})
     # The first is unaffected.
     await first.enqueue("y")
     assert (await first.wait_for(is_ack("y")))["action"] == "ack"
     for d in (first, second):
         await d.close_stdin()
         assert await d.wait() == 0
+    records = [
+        orjson.loads(line)
+        for line in (tmp_path / "q" / "shard-0" / "tasks" / "tasks.log").read_bytes().splitlines()
+    ]
+    x = [r for r in records if r.get("taskId") == "x"]
+    assert x[0]["snerdVia"] == inbox[0].name.removesuffix(".log")
+    assert x[-1]["snerdOutcome"] == "completed"
+    (progress,) = [r for r in records if r.get("snerdKind") == "inbox"]
+    assert progress["offset"] == inbox[0].stat().st_size
 
 
 async def test_upstream_single_log_directory_is_adopted(

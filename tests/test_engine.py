@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import orjson
 import pytest
 import sniffio
 
@@ -191,13 +192,28 @@ def test_shutdown_keeps_the_running_result(run: Runner, tmp_path: Path) -> None:
 
 
 async def _second_engine_on_a_locked_directory_waits(tmp_path: Path) -> None:
-    """Same locks as the daemon: a second engine on the directory owns no shard and refuses
-    enqueues for it, instead of writing into a log another process owns."""
+    """Same locks as the daemon: a second engine on the directory owns no shard, so it never
+    writes a log another process owns; its enqueues go through its inbox to the owner."""
+    ran = Calls()
     async with engine(tmp_path) as e1:
+        e1.register_handler("t", ran.add_from_thread)
         await e1.enqueue("one", "t", 1)
         async with engine(tmp_path) as e2:
-            with pytest.raises(EnqueueError):
-                await e2.enqueue("two", "t", 2)
+            ack = await e2.enqueue("two", "t", 2)
+            assert ack.shard == "shard-0" and not ack.deduplicated
+            assert sorted(await ran.wait(2)) == [1, 2]
+        log = (tmp_path / "q" / "shard-0" / "tasks" / "tasks.log").read_bytes().splitlines()
+        two = [orjson.loads(line) for line in log if b'"taskId":"two"' in line]
+        # Written by the owner (one writer per log), saying which inbox it came through.
+        assert {r["snerdNode"] for r in two} == {e1_node(log)}
+        assert "snerdVia" in two[0] and two[0]["snerdVia"] != two[0]["snerdNode"]
+
+
+def e1_node(log: list[bytes]) -> str:
+    """The node of the first claim record in a log."""
+    claim = next(orjson.loads(line) for line in log if b'"snerdKind":"claim"' in line)
+    node: str = claim["node"]
+    return node
 
 
 def test_second_engine_on_a_locked_directory_waits(run: Runner, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 __all__ = [
     "Append",
+    "AppendInbox",
     "CallWebhook",
     "Compact",
     "DeliverDeadLetter",
@@ -22,6 +23,7 @@ __all__ = [
     "Location",
     "Log",
     "NewRecord",
+    "ReadInbox",
     "ReadLog",
     "ReadMembership",
     "Send",
@@ -71,6 +73,31 @@ class Append(Effect):
     token: int
     shard: int
     records: tuple[NewRecord, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendInbox(Effect):
+    """Append records to this node's own inbox for a shard it does not own,
+    `shard-N/inbox/<node>.log` (created with its folder if missing), and make them durable,
+    exactly as an `Append` (group commit; a failed write is truncated away). The shard's owner
+    ingests them. Answered by `AppendCommitted` or `AppendFailed` with the same token."""
+
+    token: int
+    shard: int
+    records: tuple[NewRecord, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadInbox(Effect):
+    """Read what other nodes appended to the inboxes of shards this node owns: for each shard
+    in `offsets`, every file `shard-N/inbox/<node>.log` from the byte offset given for its node
+    (0 for a node not listed) to its last complete line, at most `max_bytes` per file. A line
+    without its newline yet (a write in progress, or a writer's torn tail) is left for later.
+    Answered by one `InboxRead`."""
+
+    #: shard -> {writer node -> offset already ingested}.
+    offsets: dict[int, dict[str, int]]
+    max_bytes: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

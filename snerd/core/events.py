@@ -22,6 +22,8 @@ __all__ = [
     "CompactionRequested",
     "DrainRequested",
     "Event",
+    "InboxChunk",
+    "InboxRead",
     "LineReceived",
     "LockAcquired",
     "LockBusy",
@@ -163,6 +165,30 @@ class LogRecordsRead(Event):
     final: bool = False
     #: Size of the log after reading (and after cutting a torn tail), in bytes.
     size: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxChunk:
+    """New complete lines of one inbox file: `shard-N/inbox/<node>.log` from `start` to `end`."""
+
+    shard: int
+    #: The writer: the inbox file's name without `.log`.
+    node: str
+    start: int
+    end: int
+    #: Well-formed records, in file order (offsets are inbox-file offsets).
+    records: tuple[LogRecord, ...]
+    #: Lines that could not be decoded: (offset, reason). Skipped, never fatal.
+    corrupt: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxRead(Event):
+    """The answer to a `ReadInbox`: the chunks with anything new (none: nothing new), and the
+    errors met reading (a shard's inbox folder or one file unreadable), as (shard, text)."""
+
+    chunks: tuple[InboxChunk, ...]
+    errors: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -72,8 +72,9 @@ from snerd.core.ownership import (
 )
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
+from snerd.core.records import CHECKSUM_KEY
 from snerd.core.retry import attempts_allowed, retry_delay_us
-from snerd.core.shardlog import ShardFold
+from snerd.core.shardlog import KIND_INBOX, ShardFold
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
@@ -170,6 +171,10 @@ class NodeConfig:
     #: Ignore log records of an epoch older than a claim before them (DESIGN §4.3). Only the
     #: simulator's negative control `--unsafe-no-fence` turns it off.
     fence: bool = True
+    #: How often the owner of a shard looks for tasks other nodes put in its inbox files
+    #: (SNERD_INBOX_POLL_MS), and how much of one inbox file it takes in one read.
+    inbox_poll_us: int = 100_000
+    inbox_read_bytes: int = 4 * 1024 * 1024
 
 
 def route_shard(key: str, shards: int) -> int:
@@ -268,6 +273,12 @@ class ShardInfo:
     #: The `snerdSeq` the next enqueue into this shard gets (its FIFO position, kept in the
     #: record so the order survives compaction).
     next_seq: int = 1
+    #: Per writer node, how far its inbox file for this shard is ingested: durably (the latest
+    #: `inbox` record in the log, and where that record is), and including ingest appends
+    #: still in flight (the next read starts there).
+    inbox_done: dict[str, int] = field(default_factory=dict)
+    inbox_locs: dict[str, fx.Location] = field(default_factory=dict)
+    inbox_taken: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -336,6 +347,9 @@ class Node:
         #: This node acts for its shards only until then: the start of its last renewal known
         #: to have committed, plus the lease (DESIGN §4.4). None: it holds no lease.
         self.lease_deadline_mono: int | None = None
+        #: When to read the inboxes of owned shards next; a `ReadInbox` is out.
+        self.inbox_poll_at_mono: int | None = None
+        self.inbox_busy = False
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.drain_deadline_mono: int | None = None
@@ -435,6 +449,12 @@ class Node:
             candidates.append(self.lease_deadline_mono - now.mono)
         if self.drain_deadline_mono is not None:
             candidates.append(self.drain_deadline_mono - now.mono)
+        if (
+            self.inbox_poll_at_mono is not None
+            and not self.inbox_busy
+            and self.phase is NodePhase.RUNNING
+        ):
+            candidates.append(self.inbox_poll_at_mono - now.mono)
         for info in self.shards.values():
             if info.retry_lock_at_mono is not None:
                 candidates.append(info.retry_lock_at_mono - now.mono)
@@ -737,6 +757,9 @@ class Node:
         info.retry_lock_at_mono = None
         info.giving_back = False
         info.hold_dispatch_until_mono = None
+        info.inbox_done.clear()
+        info.inbox_taken.clear()
+        info.inbox_locs.clear()
         self.parked_by_shard.pop(shard, None)
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
@@ -870,6 +893,9 @@ class Node:
         info.log_epoch = fold.log_epoch
         info.claim_loc = loc(fold.claim) if fold.claim is not None else None
         info.next_seq = fold.next_seq
+        info.inbox_done = dict(fold.inbox)
+        info.inbox_taken = dict(fold.inbox)
+        info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
             info.history.append((task_id, loc(record)))
         for group, at, record in fold.windows:
@@ -925,7 +951,9 @@ class Node:
         )
         self._append(shard, [claim], PendingAppend(kind="claim", shard=shard))
 
-    def _task_from_record(self, shard: int, f: dict[str, Any], loc: fx.Location) -> Task | None:
+    def _task_from_record(
+        self, shard: int, f: dict[str, Any], loc: fx.Location | None
+    ) -> Task | None:
         try:
             task_id = f["taskId"]
             task_type = f["taskType"]
@@ -1012,7 +1040,6 @@ class Node:
     def _on_enqueue(self, cmd: proto.Enqueue) -> None:
         if self._hold_or(cmd):
             return
-        now = self._now
         if self.phase is not NodePhase.RUNNING:
             self._send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
             return
@@ -1044,17 +1071,9 @@ class Node:
         shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
         info = self.shards.get(shard)
         if info is None or info.phase is not ShardPhase.ACTIVE:
-            # Upstream's standby text when this daemon owns nothing; otherwise say which shard.
-            # (Routing such tasks through an inbox to the shard's owner comes with sharding.)
-            message = (
-                proto.NO_SHARDS_OWNED
-                if not self.owned_shards
-                else proto.failed_to_enqueue(
-                    f"[Snerd] {shard_name(shard)} is not owned by this daemon "
-                    "(another daemon holds it); enqueue rejected"
-                )
-            )
-            self._send(proto.error(cmd.task_id, message))
+            # Another daemon owns the shard (or none does yet, or ours is still loading): the
+            # task goes into this node's inbox for it, which the owner ingests.
+            self._enqueue_to_inbox(cmd, shard, payload_hash)
             return
         if cmd.trigger_after_ids:
             cycle = self._cycle(cmd.task_id, cmd.trigger_after_ids)
@@ -1066,44 +1085,7 @@ class Node:
                     )
                 )
                 return
-        execute_at = cmd.execute_at_us
-        if execute_at is None and cmd.cron is not None:
-            execute_at = next_fire(cmd.cron, now.wall)
-        if execute_at is None:
-            execute_at = now.wall
-        # Upstream's keys in upstream's order, optional ones only when set; built in one pass
-        # (this is the per-enqueue hot path).
-        now_text = format_rfc3339(now.wall)
-        fields: dict[str, Any] = {
-            "taskId": cmd.task_id,
-            "retryCount": 0,
-            "maxRetries": cmd.max_retries,
-            "retryAfterHours": cmd.retry_after_hours,
-            "retryAfterTime": now_text,
-            "taskData": cmd.task_data,
-            "taskType": cmd.task_type,
-        }
-        if cmd.rate_limit_group is not None:
-            fields["rateLimitGroup"] = cmd.rate_limit_group
-        if cmd.max_per_minute is not None:
-            fields["maxPerMinute"] = cmd.max_per_minute
-        if cmd.auto_dedupe:
-            fields["autoDedupe"] = True
-        if cmd.urgency_score:
-            fields["urgencyScore"] = cmd.urgency_score
-        if payload_hash is not None:
-            fields["payloadHash"] = payload_hash
-        fields["executeAt"] = now_text if execute_at == now.wall else format_rfc3339(execute_at)
-        if cmd.pool is not None:
-            fields["pool"] = cmd.pool
-        if cmd.trigger_after_ids:
-            fields["triggerAfterIds"] = list(cmd.trigger_after_ids)
-        if cmd.cron is not None:
-            fields["cronExpression"] = cmd.cron
-        if cmd.webhook_url is not None:
-            fields["webhookUrl"] = cmd.webhook_url
-        if cmd.max_execution_seconds is not None:
-            fields["maxExecutionSeconds"] = cmd.max_execution_seconds
+        fields, execute_at = self._enqueue_fields(cmd, payload_hash)
         fields["snerdNode"] = self.config.node_id
         fields["snerdEpoch"] = info.epoch
         fields["snerdSeq"] = info.next_seq
@@ -1143,6 +1125,63 @@ class Node:
         self._append(
             shard, records, PendingAppend(kind="enqueue", shard=shard, task_id=cmd.task_id)
         )
+
+    def _enqueue_fields(
+        self, cmd: proto.Enqueue, payload_hash: str | None
+    ) -> tuple[dict[str, Any], int]:
+        """The task record of a new enqueue, without snerd's node, epoch and sequence keys,
+        and when it is due (µs)."""
+        now = self._now
+        execute_at = cmd.execute_at_us
+        if execute_at is None and cmd.cron is not None:
+            execute_at = next_fire(cmd.cron, now.wall)
+        if execute_at is None:
+            execute_at = now.wall
+        # Upstream's keys in upstream's order, optional ones only when set; built in one pass
+        # (this is the per-enqueue hot path).
+        now_text = format_rfc3339(now.wall)
+        fields: dict[str, Any] = {
+            "taskId": cmd.task_id,
+            "retryCount": 0,
+            "maxRetries": cmd.max_retries,
+            "retryAfterHours": cmd.retry_after_hours,
+            "retryAfterTime": now_text,
+            "taskData": cmd.task_data,
+            "taskType": cmd.task_type,
+        }
+        if cmd.rate_limit_group is not None:
+            fields["rateLimitGroup"] = cmd.rate_limit_group
+        if cmd.max_per_minute is not None:
+            fields["maxPerMinute"] = cmd.max_per_minute
+        if cmd.auto_dedupe:
+            fields["autoDedupe"] = True
+        if cmd.urgency_score:
+            fields["urgencyScore"] = cmd.urgency_score
+        if payload_hash is not None:
+            fields["payloadHash"] = payload_hash
+        fields["executeAt"] = now_text if execute_at == now.wall else format_rfc3339(execute_at)
+        if cmd.pool is not None:
+            fields["pool"] = cmd.pool
+        if cmd.trigger_after_ids:
+            fields["triggerAfterIds"] = list(cmd.trigger_after_ids)
+        if cmd.cron is not None:
+            fields["cronExpression"] = cmd.cron
+        if cmd.webhook_url is not None:
+            fields["webhookUrl"] = cmd.webhook_url
+        if cmd.max_execution_seconds is not None:
+            fields["maxExecutionSeconds"] = cmd.max_execution_seconds
+        return fields, execute_at
+
+    def _enqueue_to_inbox(self, cmd: proto.Enqueue, shard: int, payload_hash: str | None) -> None:
+        """Write an enqueue for a shard this node does not own into its own inbox for that
+        shard; acked once durable. The owner checks what only it can (a pending task with the
+        same id, a duplicate payload, dependencies) when it ingests the record."""
+        fields, _ = self._enqueue_fields(cmd, payload_hash)
+        fields["snerdNode"] = self.config.node_id
+        token = self._next_token()
+        self.pending[token] = PendingAppend(kind="inbox", shard=shard, task_id=cmd.task_id)
+        self.stats["total_enqueued"] += 1
+        self._emit(fx.AppendInbox(token=token, shard=shard, records=(_new_record(fields),)))
 
     def _runs_at_once(self, task: Task) -> bool:
         """True when a task being enqueued would be dispatched as soon as its enqueue record
@@ -1315,6 +1354,12 @@ class Node:
         now = self._now
         if self.phase is NodePhase.STOPPED:
             return
+        if (
+            not self.inbox_busy
+            and self.phase is NodePhase.RUNNING
+            and (self.inbox_poll_at_mono is None or now.mono >= self.inbox_poll_at_mono)
+        ):
+            self._read_inboxes()
         # Appends that failed and are due for another try.
         for token in self.retry_appends.pop_due(now.mono):
             p = self.pending.get(token)
@@ -1595,6 +1640,9 @@ class Node:
 
     def _on_append_committed(self, event: ev.AppendCommitted) -> None:
         p = self.pending.pop(event.token)
+        if p.kind == "inbox":
+            self._send(proto.ack_enqueued(p.task_id or "", p.shard))
+            return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
@@ -1603,6 +1651,9 @@ class Node:
             return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
         loc = _new_location(p.shard, event.offsets[0], event.lengths[0])
+        if p.kind == "ingest":
+            self._ingested(p, event, info)
+            return
         if p.kind == "claim":
             info.claim_loc = loc
             info.phase = ShardPhase.ACTIVE
@@ -1655,6 +1706,23 @@ class Node:
         elif p.kind == "finish":
             self._finished(task, p.extra["outcome"], p.extra["error"], loc)
 
+    def _ingested(self, p: PendingAppend, event: ev.AppendCommitted, info: ShardInfo) -> None:
+        """An ingest append landed: its tasks are enqueued here, the inbox read that far."""
+        ids: list[str | None] = p.extra["tasks"]
+        for i, task_id in enumerate(ids):
+            task = self.tasks.get(task_id) if task_id is not None else None
+            if task is None or task.loc is not None or task.state is not TaskState.ENQUEUING:
+                continue
+            task.loc = _new_location(p.shard, event.offsets[i], event.lengths[i])
+            self._schedule(task, self._now)
+        node: str = p.extra["node"]
+        end: int = p.extra["end"]
+        if end >= info.inbox_done.get(node, -1):
+            info.inbox_done[node] = end
+            info.inbox_locs[node] = _new_location(
+                p.shard, event.offsets[len(ids)], event.lengths[len(ids)]
+            )
+
     def _end_flight_unsent(self, task: Task, delay_us: int = 0) -> None:
         """Give back the slot of an attempt that was never sent (its dispatch record is moot)."""
         flight = self.inflight.pop(task.task_id)
@@ -1706,12 +1774,36 @@ class Node:
 
     def _on_append_failed(self, event: ev.AppendFailed) -> None:
         p = self.pending[event.token]
+        if p.kind == "inbox":
+            del self.pending[event.token]
+            self.stats["total_enqueued"] -= 1
+            self._send(proto.error(p.task_id, proto.failed_to_enqueue(event.error)))
+            return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
             self._appends_drained(p.shard, info)
         if p.tenure != info.tenure:
             del self.pending[event.token]  # from an earlier tenure: nothing to retry or say
+            return
+        if p.kind == "ingest":
+            # Nothing of it is in the log: forget its tasks and read the inbox again from
+            # where the log says (after a pause, not in a loop on a full disk).
+            del self.pending[event.token]
+            for task_id in p.extra["tasks"]:
+                task = self.tasks.get(task_id) if task_id is not None else None
+                if task is not None and task.loc is None and task.state is TaskState.ENQUEUING:
+                    self._forget(task_id)
+            node = p.extra["node"]
+            info.inbox_taken[node] = info.inbox_done.get(node, 0)
+            self._log(
+                "warning",
+                f"{shard_name(p.shard)}: could not ingest {node}'s inbox ({event.error}); "
+                f"trying again in {self.config.retry_io_us // SECOND} s",
+            )
+            self.inbox_poll_at_mono = max(
+                self.inbox_poll_at_mono or 0, self._now.mono + self.config.retry_io_us
+            )
             return
         if p.kind == "enqueue":
             del self.pending[event.token]
@@ -1881,6 +1973,8 @@ class Node:
         offsets: dict[int, int] = {}
         if info.claim_loc is not None:
             offsets[info.claim_loc.offset] = info.claim_loc.length
+        for at in info.inbox_locs.values():
+            offsets[at.offset] = at.length
         for task in self.tasks.values():
             if task.shard == shard:
                 loc = task.loc
@@ -1933,6 +2027,7 @@ class Node:
             return moved.get(loc.offset, loc)
 
         info.claim_loc = remap(info.claim_loc)
+        info.inbox_locs = {node: moved.get(loc.offset, loc) for node, loc in info.inbox_locs.items()}
         for task in self.tasks.values():
             if task.shard == event.shard:
                 task.loc = remap(task.loc)
@@ -1972,6 +2067,124 @@ class Node:
 
     def _on_tick(self, event: ev.Tick) -> None:
         return
+
+    # ------------------------------------------------------------------ inboxes
+
+    def _read_inboxes(self) -> None:
+        """Look for tasks other nodes (or this one, while a shard was loading) wrote into the
+        inboxes of the shards this node owns."""
+        offsets = {
+            shard: dict(info.inbox_taken)
+            for shard, info in self.shards.items()
+            if info.phase is ShardPhase.ACTIVE and not info.giving_back
+        }
+        if not offsets:
+            self.inbox_poll_at_mono = None  # polled again once a shard is ours
+            return
+        self.inbox_busy = True
+        self._emit(fx.ReadInbox(offsets=offsets, max_bytes=self.config.inbox_read_bytes))
+
+    def _on_inbox_read(self, event: ev.InboxRead) -> None:
+        self.inbox_busy = False
+        self.inbox_poll_at_mono = self._now.mono + self.config.inbox_poll_us
+        for shard, error in event.errors:
+            self._log("warning", f"{shard_name(shard)}: cannot read its inbox: {error}")
+        for chunk in event.chunks:
+            self._ingest(chunk)
+
+    def _ingest(self, chunk: ev.InboxChunk) -> None:
+        """Enqueue the tasks of one inbox chunk into the shard's log, followed by an `inbox`
+        record saying how far the writer's file is now ingested; all in one append."""
+        info = self.shards.get(chunk.shard)
+        if (
+            info is None
+            or self.phase is not NodePhase.RUNNING
+            or info.phase is not ShardPhase.ACTIVE
+            or info.giving_back
+            or chunk.start != info.inbox_taken.get(chunk.node, 0)
+        ):
+            return  # read for an ownership or a position that has changed since: read again
+        where = f"{shard_name(chunk.shard)}/inbox/{chunk.node}.log"
+        for offset, reason in chunk.corrupt:
+            self._log("warning", f"{where}: skipped a corrupt line at byte {offset} ({reason})")
+        records: list[fx.NewRecord] = []
+        ids: list[str | None] = []
+        for record in chunk.records:
+            task_id = self._ingest_one(chunk, record, info, where)
+            if task_id is None:
+                continue
+            ids.append(task_id)
+            records.append(_new_record(record.fields))
+        records.append(
+            _new_record(
+                {
+                    "snerdKind": KIND_INBOX,
+                    "node": chunk.node,
+                    "offset": chunk.end,
+                    **self._meta(chunk.shard),
+                }
+            )
+        )
+        info.inbox_taken[chunk.node] = chunk.end
+        self._append(
+            chunk.shard,
+            records,
+            PendingAppend(
+                kind="ingest",
+                shard=chunk.shard,
+                extra={"tasks": ids, "node": chunk.node, "end": chunk.end},
+            ),
+        )
+
+    def _ingest_one(
+        self, chunk: ev.InboxChunk, record: ev.LogRecord, info: ShardInfo, where: str
+    ) -> str | None:
+        """Take one inbox record in as a new task of the shard (its fields rewritten in place
+        to be this node's record); None when it is dropped, with the reason logged."""
+        f = record.fields
+        task_id = f.get("taskId")
+        if f.get("snerdKind") is not None or not isinstance(task_id, str):
+            self._log("warning", f"{where}: byte {record.offset} is not a task record; skipped")
+            return None
+        if task_id in self.tasks:
+            self._log(
+                "warning",
+                f"task {task_id} from {where} dropped: a task with that id is already pending",
+            )
+            return None
+        payload_hash = f.get("payloadHash")
+        if f.get("autoDedupe") and isinstance(payload_hash, str):
+            original = self.fingerprints.get(payload_hash)
+            if original is not None and original in self.tasks:
+                self.stats["total_deduplicated"] += 1
+                self._log(
+                    "info",
+                    f"task {task_id} from {where} dropped as a duplicate of pending task "
+                    f"{original}",
+                )
+                return None
+        task = self._task_from_record(chunk.shard, f, None)
+        if task is None:
+            self._log("warning", f"task {task_id} from {where}: unreadable record; skipped")
+            return None
+        cycle = self._cycle(task_id, task.trigger_after_ids) if task.trigger_after_ids else None
+        if cycle is not None:
+            self._log(
+                "error",
+                f"task {task_id} from {where} dropped: cycle detected involving task {cycle}",
+            )
+            return None
+        f.pop(CHECKSUM_KEY, None)
+        f["snerdNode"] = self.config.node_id
+        f["snerdEpoch"] = info.epoch
+        f["snerdSeq"] = info.next_seq
+        f["snerdVia"] = chunk.node
+        info.next_seq += 1
+        self.tasks[task_id] = task
+        if task.payload_hash is not None:
+            self.fingerprints[task.payload_hash] = task_id
+        self.stats["total_enqueued"] += 1
+        return task_id
 
 
 def _rebased(effect: fx.Append, moved: Mapping[int, fx.Location]) -> fx.Append:
@@ -2037,6 +2250,7 @@ _HANDLERS: dict[type[Any], Any] = {
     ev.WebhookFinished: Node._on_webhook,
     ev.CompactionRequested: Node._on_compaction_requested,
     ev.PayloadUnreadable: Node._on_payload_unreadable,
+    ev.InboxRead: Node._on_inbox_read,
     proto.Register: Node._on_register,
     proto.Enqueue: Node._on_enqueue,
     proto.Result: Node._on_result,

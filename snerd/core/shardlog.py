@@ -20,6 +20,9 @@ rule, so a tool and a daemon never disagree about a shard:
 - A `dispatch` record with a string `task` and an int `attempt` is the task's unresolved
   dispatch until a later full record; with a `group` and a parseable `at`, it also counts in
   that group's rate window.
+- An `inbox` record (`node`, `offset`) says the owner has ingested the writer `node`'s inbox
+  file up to byte `offset` (the tasks it held are the task records before it); the highest
+  offset per node wins, and a new owner resumes reading each inbox from there.
 - Record kinds it does not know (a newer snerd) are ignored.
 - A live task's dispatch counts as in flight only when its attempt is above the task's
   `retryCount` (the daemon re-runs exactly those after a crash, with the same attempt number).
@@ -48,6 +51,7 @@ __all__ = [
     "HISTORY_LIMIT",
     "KIND_CLAIM",
     "KIND_DISPATCH",
+    "KIND_INBOX",
     "OUTCOME_COMPLETED",
     "OUTCOME_DEAD",
     "OUTCOME_DEAD_INFERRED",
@@ -63,6 +67,7 @@ __all__ = [
 #: Record kinds snerd adds to tasks.log (`snerdKind`); task records have none (upstream shape).
 KIND_DISPATCH = "dispatch"
 KIND_CLAIM = "claim"
+KIND_INBOX = "inbox"
 
 #: `snerdOutcome` of a tombstone: the task succeeded.
 OUTCOME_COMPLETED = "completed"
@@ -186,6 +191,10 @@ class ShardFold:
     tombstones: int = 0
     #: Dispatch records of rate-limited groups: (group, time in µs, record), in file order.
     windows: list[tuple[str, int, LogRecord]] = field(default_factory=list)
+    #: How far each writer node's inbox file has been ingested (bytes), and the record that
+    #: says so (kept by compaction).
+    inbox: dict[str, int] = field(default_factory=dict)
+    inbox_records: dict[str, LogRecord] = field(default_factory=dict)
     #: Records ignored by fencing.
     stale: list[StaleRecord] = field(default_factory=list)
     #: Records of a kind this snerd does not know, and task records without a string
@@ -225,6 +234,16 @@ class ShardFold:
                 if isinstance(group, str) and isinstance(at, str):
                     with contextlib.suppress(ValueError):
                         self.windows.append((group, parse_rfc3339(at), record))
+            return
+        if kind == KIND_INBOX:
+            node = f.get("node")
+            offset = f.get("offset")
+            if isinstance(node, str) and isinstance(offset, int):
+                if offset >= self.inbox.get(node, -1):
+                    self.inbox[node] = offset
+                    self.inbox_records[node] = record
+            else:
+                self.ignored += 1
             return
         if kind is not None:
             self.ignored += 1
@@ -325,7 +344,7 @@ class ShardFold:
     ) -> list[KeepRange]:
         """The records a compaction must carry over, in file order: the latest record of each
         live task and its in-flight dispatch record, the latest claim record and the one that
-        set the fence, dispatch records of rate-limited groups younger than `window_us`, and
+        set the fence, the latest inbox record of each writer, dispatch records of rate-limited groups younger than `window_us`, and
         the latest `history_limit` finished tasks. Folding the kept records gives the same
         live tasks, in-flight attempts, fence and (younger) rate windows."""
         if history_limit < 0:
@@ -338,6 +357,8 @@ class ShardFold:
 
         add(self.claim)
         add(self.fence_claim)
+        for record in self.inbox_records.values():
+            add(record)
         for record in self.live.values():
             add(record)
         for task_id in self.in_flight():

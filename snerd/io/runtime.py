@@ -31,6 +31,7 @@ from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
+from snerd.io.inbox import inbox_path, read_inboxes
 from snerd.io.membership import (
     LOST_LOCK_ERRNOS,
     MembershipConflict,
@@ -386,9 +387,14 @@ class Runtime:
         message["error"] = effect.error
         self.peer.deliver(message)
 
-    def _append(self, effect: fx.Append) -> None:
+    def _append(self, effect: fx.Append | fx.AppendInbox) -> None:
         assert self._log is not None
-        path = self.log_path(effect.shard)
+        inbox = type(effect) is fx.AppendInbox
+        path = (
+            inbox_path(self.directory, effect.shard, self.node.config.node_id)
+            if inbox
+            else self.log_path(effect.shard)
+        )
         token = effect.token
         recent = self._recent
         assert recent is not None
@@ -408,10 +414,24 @@ class Runtime:
             if isinstance(result, OSError):
                 self.submit(ev.AppendFailed(token=token, error=_describe(result)))
             else:
-                recent.remember(path, result, lines, records)
+                if not inbox:  # (inbox records are never read back by location)
+                    recent.remember(path, result, lines, records)
                 self.submit(_new_committed(token, result, tuple(map(len, lines))))
 
         self._outbox.append((path, lines, done))
+
+    def _read_inbox(self, effect: fx.ReadInbox) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._read_inbox_task, effect)
+
+    async def _read_inbox_task(self, effect: fx.ReadInbox) -> None:
+        try:
+            chunks, errors = await trio.to_thread.run_sync(
+                read_inboxes, self.directory, effect.offsets, effect.max_bytes
+            )
+        except OSError as exc:  # (per-file errors are reported in `errors`)
+            chunks, errors = [], [(shard, _describe(exc)) for shard in effect.offsets]
+        self.submit(ev.InboxRead(chunks=tuple(chunks), errors=tuple(errors)))
 
     def _compact(self, effect: fx.Compact) -> None:
         assert self._nursery is not None
@@ -675,6 +695,8 @@ _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Execute: Runtime._execute_task,
     fx.DeliverDeadLetter: Runtime._dead_letter,
     fx.Append: Runtime._append,
+    fx.AppendInbox: Runtime._append,
+    fx.ReadInbox: Runtime._read_inbox,
     fx.Compact: Runtime._compact,
     fx.ReadLog: Runtime._read_log,
     fx.ReadMembership: Runtime._read_membership,

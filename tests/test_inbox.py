@@ -1,0 +1,177 @@
+"""Inbox routing in the core: a daemon that does not own a task's shard writes the task into its
+own inbox for that shard, acks it once durable, and the owner ingests it into tasks.log with a
+record of how far it has read, so a new owner resumes exactly there (DESIGN §3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from snerd.core import events as ev
+from snerd.core.node import NodeConfig, NodePhase
+from snerd.core.records import encode_record
+from tests.fakeshell import FakeShell
+
+
+def pair() -> tuple[FakeShell, FakeShell]:
+    """An owner of the only shard, and a second node on the same disk that owns nothing."""
+    owner = FakeShell(NodeConfig(node_id="owner@pid-1-a"))
+    owner.start()
+    assert owner.node.owned_shards == [0]
+    other = FakeShell(NodeConfig(node_id="other@pid-2-b"), disk=owner.disk)
+    other.start()
+    assert other.node.phase is NodePhase.RUNNING and other.node.owned_shards == []
+    return owner, other
+
+
+def inbox_of(sh: FakeShell, node: str = "other@pid-2-b", shard: int = 0) -> bytearray:
+    inbox: bytearray = sh.disk["inboxes"][(shard, node)]
+    return inbox
+
+
+def inbox_records(sh: FakeShell) -> list[dict[str, Any]]:
+    return [r for r in sh.log_records() if r.get("snerdKind") == "inbox"]
+
+
+def test_a_node_without_the_shard_acks_through_its_inbox_and_the_owner_runs_it() -> None:
+    owner, other = pair()
+    owner.register("t")
+    other.enqueue("a", data={"x": 1})
+    ack = other.messages("ack")[-1]
+    assert ack == {
+        "action": "ack",
+        "task_id": "a",
+        "message": "Enqueued successfully",
+        "shard": "shard-0",
+    }
+    assert b'"taskId":"a"' in inbox_of(other)
+    assert owner.executed_ids() == []  # not before the owner looks at its inboxes
+    owner.advance(0.15)
+    assert owner.executed_ids() == ["a"]
+    assert owner.payload(owner.executed[0].location) == '{"x":1}'
+    task = next(r for r in owner.log_records() if r.get("taskId") == "a")
+    assert task["snerdNode"] == "owner@pid-1-a"
+    assert task["snerdVia"] == "other@pid-2-b"
+    assert task["snerdEpoch"] == owner.node.shards[0].epoch
+    (progress,) = inbox_records(owner)
+    assert progress["node"] == "other@pid-2-b"
+    assert progress["offset"] == len(inbox_of(other))
+    owner.result("a")
+    assert owner.node.tasks == {}
+    # Read once: later polls find nothing new and ingest nothing again.
+    owner.advance(1.0)
+    assert owner.executed_ids() == ["a"]
+    assert len(inbox_records(owner)) == 1
+
+
+def test_a_new_owner_resumes_each_inbox_where_the_log_says() -> None:
+    owner, other = pair()
+    other.enqueue("a")
+    owner.advance(0.15)
+    other.enqueue("b")
+    # The owner dies before it reads "b"; a new owner on the same disk replays the log.
+    owner.disk["locks"].clear()
+    owner.disk["membership"] = None
+    heir = FakeShell(NodeConfig(node_id="heir@pid-3-c"), disk=owner.disk)
+    heir.register("t")
+    heir.start()
+    assert heir.node.owned_shards == [0]
+    # "a" from the log, "b" from the inbox (read as soon as the shard is active): each once.
+    heir.advance(0.5)
+    assert sorted(heir.executed_ids()) == ["a", "b"]
+    ids = [r["taskId"] for r in heir.log_records() if "taskId" in r and "deletedAt" not in r]
+    assert ids.count("a") == 1 and ids.count("b") == 1
+
+
+def test_the_inbox_offset_survives_compaction() -> None:
+    owner, other = pair()
+    owner.register("t")
+    for i in range(5):
+        other.enqueue(f"t{i}")
+    owner.advance(0.15)
+    for i in range(5):
+        owner.result(f"t{i}")
+    owner.feed(ev.CompactionRequested(shard=0))
+    assert any("compacted" in m for _, m in owner.logs_out)
+    (progress,) = inbox_records(owner)
+    assert progress["offset"] == len(inbox_of(other))
+    # After a restart on the compacted log nothing is ingested twice.
+    owner.disk["locks"].clear()
+    owner.disk["membership"] = None
+    heir = FakeShell(NodeConfig(node_id="heir@pid-3-c"), disk=owner.disk)
+    heir.register("t")
+    heir.start()
+    heir.advance(0.5)
+    assert heir.executed_ids() == []
+
+
+def test_a_partial_line_waits_and_a_corrupt_line_is_skipped_with_a_warning() -> None:
+    owner, _other = pair()
+    owner.register("t")
+    inbox = owner.disk["inboxes"].setdefault((0, "writer@pid-7-w"), bytearray())
+    good = encode_record({"taskId": "g1", "taskType": "t", "taskData": "", "maxRetries": 0})
+    inbox += good + b"{not json}\n"
+    second = encode_record({"taskId": "g2", "taskType": "t", "taskData": "", "maxRetries": 0})
+    inbox += second[:10]  # still being written
+    owner.advance(0.15)
+    assert owner.executed_ids() == ["g1"]
+    assert any("skipped a corrupt line" in m and "writer@pid-7-w" in m for _, m in owner.logs_out)
+    inbox += second[10:]
+    owner.advance(0.15)
+    assert owner.executed_ids() == ["g1", "g2"]
+
+
+def test_an_id_already_pending_and_a_duplicate_payload_are_dropped_at_ingest() -> None:
+    owner, other = pair()
+    owner.enqueue("dup")  # pending on the owner, no handler registered
+    other.enqueue("dup")
+    owner.enqueue("first", data={"same": 1}, auto_dedupe=True)
+    other.enqueue("second", data={"same": 1}, auto_dedupe=True)
+    assert [m["task_id"] for m in other.messages("ack")] == ["dup", "second"]
+    owner.advance(0.15)
+    assert set(owner.node.tasks) == {"dup", "first"}
+    assert any("dup" in m and "already pending" in m for _, m in owner.logs_out)
+    assert any("second" in m and "duplicate of pending task first" in m for _, m in owner.logs_out)
+    assert owner.node.stats["total_deduplicated"] == 1
+
+
+def test_an_inbox_write_that_fails_is_an_error_naming_the_task() -> None:
+    _owner, other = pair()
+    other.disk_full = True
+    other.enqueue("a")
+    (error,) = other.messages("error")
+    assert error["task_id"] == "a"
+    assert "No space left" in error["message"]
+    assert other.messages("ack") == []
+    assert other.node.stats["total_enqueued"] == 0
+    other.disk_full = False
+    other.enqueue("a")
+    assert other.messages("ack")[-1]["task_id"] == "a"
+
+
+def test_an_ingest_that_fails_is_read_again_later_and_nothing_is_lost() -> None:
+    owner, other = pair()
+    owner.register("t")
+    other.enqueue("a")
+    owner.disk_full = True
+    owner.advance(0.15)
+    assert owner.executed_ids() == []
+    assert any("could not ingest" in m for _, m in owner.logs_out)
+    assert "a" not in owner.node.tasks
+    owner.disk_full = False
+    owner.advance(1.2)
+    assert owner.executed_ids() == ["a"]
+
+
+def test_a_drain_waits_for_inbox_appends_to_be_answered() -> None:
+    _owner, other = pair()
+    other.hold_inbox = True
+    other.enqueue("a")
+    other.feed(ev.DrainRequested(reason="SIGTERM"))
+    other.advance(0.5)
+    assert other.exit_code is None  # the enqueue is not answered yet
+    other.hold_inbox = False
+    other.release_held()
+    assert other.messages("ack")[-1]["task_id"] == "a"
+    other.advance(0.5)
+    assert other.exit_code == 0
+
