@@ -306,6 +306,38 @@ async def test_short_write_then_enospc_leaves_nothing_partial(
     assert calls[0] == 2
 
 
+async def test_a_never_cut_file_keeps_a_failed_batch_and_goes_on_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An inbox file is read by another process while it is written: a failed batch is not cut
+    (its reader may have taken its complete lines already), a partial line is closed by a
+    newline, and the next batch lands after both, never at offsets a reader has passed."""
+    path = tmp_path / "inbox" / "n.log"
+    real_write = os.write
+    calls = [0]
+    half = len(line(2) + line(3)) * 3 // 4  # all of line 2, part of line 3
+
+    def short_then_full(fd: int, data: Any) -> int:
+        calls[0] += 1
+        if calls[0] == 1:
+            return real_write(fd, bytes(data)[:half])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async with GroupCommitLog(never_cut=lambda p: p.endswith("n.log")) as log:
+        await log.append(path, [line(1)])
+        monkeypatch.setattr(os, "write", short_then_full)
+        with pytest.raises(OSError):
+            await log.append(path, [line(2), line(3)])
+        monkeypatch.setattr(os, "write", real_write)
+        kept = path.read_bytes()
+        assert kept == line(1) + (line(2) + line(3))[:half]  # nothing cut
+        (off,) = await log.append(path, [line(4)])
+        assert off == len(kept) + 1  # after a newline closing the partial line
+    records, corrupt = read_all(path)
+    assert ids(records) == ["t1", "t2", "t4"]
+    assert len(corrupt) == 1
+
+
 @contextlib.contextmanager
 def small_tmpfs(where: Path, size: str = "64k") -> Iterator[Path]:
     where.mkdir()

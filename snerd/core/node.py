@@ -1775,9 +1775,15 @@ class Node:
     def _on_append_failed(self, event: ev.AppendFailed) -> None:
         p = self.pending[event.token]
         if p.kind == "inbox":
+            # Whatever of the write reached the file stays there (an inbox is never cut: its
+            # reader may have taken it already), so the owner may still run the task.
             del self.pending[event.token]
             self.stats["total_enqueued"] -= 1
-            self._send(proto.error(p.task_id, proto.failed_to_enqueue(event.error)))
+            message = proto.failed_to_enqueue(
+                f"{event.error} (writing this daemon's inbox for {shard_name(p.shard)}; "
+                "it may or may not be enqueued)"
+            )
+            self._send(proto.error(p.task_id, message))
             return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1

@@ -20,7 +20,7 @@ from pathlib import Path
 from snerd.core import events as ev
 from snerd.io.log import read_log
 
-__all__ = ["INBOX", "inbox_path", "read_inboxes"]
+__all__ = ["INBOX", "inbox_path", "is_inbox_path", "read_inboxes"]
 
 #: The inbox folder inside a shard's folder, and the suffix of an inbox file.
 INBOX = "inbox"
@@ -34,6 +34,11 @@ def _file_name(node: str) -> str:
 
 def inbox_path(directory: str | os.PathLike[str], shard: int, node: str) -> str:
     return os.path.join(directory, f"shard-{shard}", INBOX, _file_name(node))
+
+
+def is_inbox_path(path: str) -> bool:
+    """True for a path `inbox_path` makes (the group-commit log never cuts such a file)."""
+    return os.path.basename(os.path.dirname(path)) == INBOX and path.endswith(_SUFFIX)
 
 
 def read_inboxes(

@@ -578,6 +578,12 @@ class GroupCommitLog:
     may then be lost: there is nothing to take back, so it can only be reported).
     `after_deliver()` is called in the trio thread after each batch of `on_done` callbacks (a
     daemon handles the outcomes there, without waiting for a task switch).
+    `never_cut(path)` names files another process reads while they are written (inboxes): a
+    failed batch is not cut off them, because their reader may already have taken its complete
+    lines and a cut would let the next batch land at offsets it has read past. The failed
+    batch's complete lines stay (its appends still fail: they may or may not be read), and a
+    partial last line is closed by a newline before the next batch, so no record is glued
+    onto it (the reader skips it as corrupt).
 
     Paths are keys as given (`os.fspath`); use one spelling per file. Files are opened on first
     use (O_RDWR | O_APPEND | O_CREAT, kept open; a new file, and missing parent directories,
@@ -597,6 +603,7 @@ class GroupCommitLog:
         interval_ms: int = DEFAULT_FSYNC_INTERVAL_MS,
         on_background_error: Callable[[str, OSError], None] | None = None,
         after_deliver: Callable[[], None] | None = None,
+        never_cut: Callable[[str], bool] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -606,6 +613,7 @@ class GroupCommitLog:
         self._interval = interval_ms / 1000.0
         self._on_background_error = on_background_error
         self._after_deliver = after_deliver
+        self._never_cut = never_cut
         self.reader = LogReader()
         # Shared with the writer thread, under `_cond`.
         self._cond = threading.Condition(threading.Lock())
@@ -1081,7 +1089,17 @@ class GroupCommitLog:
         """Cut a failed batch off the file: ftruncate(2) back to the size before it, so no
         partial record remains and the next batch starts on a line boundary. If even that
         fails, the file is marked and the next batch for it first retries the cut (and fails
-        if it still cannot be made), so nothing is ever appended after a partial record."""
+        if it still cannot be made), so nothing is ever appended after a partial record.
+        A `never_cut` file keeps what was written; the next batch starts on a new line."""
+        if self._never_cut is not None and self._never_cut(state.path):
+            try:
+                end = os.fstat(state.fd).st_size
+                last = os.pread(state.fd, 1, end - 1) if end > size else b"\n"
+            except OSError:
+                end, last = max(state.size, size), b""
+            state.size = max(end, size)
+            state.needs_newline = last != b"\n"
+            return
         state.size = size
         try:
             self._truncate(state, size)

@@ -31,7 +31,7 @@ from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
-from snerd.io.inbox import inbox_path, read_inboxes
+from snerd.io.inbox import inbox_path, is_inbox_path, read_inboxes
 from snerd.io.membership import (
     LOST_LOCK_ERRNOS,
     MembershipConflict,
@@ -204,6 +204,7 @@ class Runtime:
             interval_ms=self.settings.fsync_interval_ms,
             on_background_error=self._background_error,
             after_deliver=self.pump,
+            never_cut=is_inbox_path,
         ) as log:
             self._nursery = nursery
             self._log = log
