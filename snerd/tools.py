@@ -757,6 +757,10 @@ class ShardFacts:
     stale_records: int = 0
     #: Live tasks by type.
     live_types: dict[str, int] = field(default_factory=dict)
+    #: Bytes in the shard's inbox files past what its log says was ingested, and in how many
+    #: files (tasks enqueued through other daemons, not yet taken in by an owner).
+    inbox_waiting_bytes: int = 0
+    inbox_waiting_files: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -976,6 +980,16 @@ def judge_health(
             )
         )
     state_of = {d.node: d for d in daemons}
+    # The task types each running daemon's SDK handles (heartbeats carry them; None: unknown,
+    # an upstream daemon or an older snerd).
+    handlers: dict[str, set[str] | None] = {}
+    for d in daemons:
+        beat = beats.get(d.node)
+        listed = beat.get("types") if isinstance(beat, dict) else None
+        if d.running:
+            handlers[d.node] = (
+                {t for t in listed if isinstance(t, str)} if isinstance(listed, list) else None
+            )
 
     advisory = (
         ""
@@ -1105,6 +1119,25 @@ def judge_health(
             )
         if f.stale_records:
             details.append(f"{f.stale_records} stale-epoch record(s) fenced off")
+        if f.inbox_waiting_bytes:
+            details.append(
+                f"{f.inbox_waiting_bytes} byte(s) in {f.inbox_waiting_files} inbox file(s) "
+                "not yet ingested"
+            )
+            if lease == "free":
+                warnings.append(
+                    f"{name} is free and {f.inbox_waiting_bytes} byte(s) of enqueued tasks wait "
+                    "in its inboxes: they run once a daemon owns it"
+                )
+        handles = handlers.get(owner) if owner is not None and lease != "free" else None
+        if handles is not None:
+            for task_type, count in sorted(f.live_types.items()):
+                if task_type not in handles:
+                    warnings.append(
+                        f"{name}: {count} live task(s) of type {task_type!r}, but its owner "
+                        f"{owner} has no handler for that type: they wait until its SDK "
+                        "registers one or a daemon with one owns the shard"
+                    )
         shards.append(
             ShardHealth(
                 shard=name, status=status, owner=owner, lease_expiry=claim.expiry, lease=lease,
@@ -1118,6 +1151,14 @@ def judge_health(
                 details=details,
             )
         )
+    if handlers and all(h is not None for h in handlers.values()):
+        handled = set().union(*(h for h in handlers.values() if h is not None))
+        for task_type, count in sorted(types.items()):
+            if task_type not in handled:
+                problems.append(
+                    f"no running daemon has a handler for task type {task_type!r} "
+                    f"({count} live task(s)): they wait until an SDK registers one"
+                )
     for k in facts.orphans:
         problems.append(
             f"orphan directory shard-{k}: the queue has {shard_count} shard(s), so no daemon "
@@ -1278,7 +1319,25 @@ def _shard_facts(queue: Queue, shard: int, now_us: int) -> ShardFacts:
         torn_tail_bytes=scan.torn,
         stale_records=len(scan.fold.stale),
         live_types=dict(summarize(scan.fold, now_us).types),
+        **_inbox_waiting(queue.shard_dir(shard) / "inbox", scan.fold.inbox),
     )
+
+
+def _inbox_waiting(folder: Path, ingested: dict[str, int]) -> dict[str, int]:
+    """Bytes and files of a shard's inboxes not yet ingested (per the log's inbox records)."""
+    waiting = files = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.name.endswith(".log") or entry.name.startswith("."):
+                    continue
+                rest = entry.stat().st_size - ingested.get(entry.name[: -len(".log")], 0)
+                if rest > 0:
+                    waiting += rest
+                    files += 1
+    except OSError:
+        pass
+    return {"inbox_waiting_bytes": waiting, "inbox_waiting_files": files}
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -301,3 +301,66 @@ def test_the_fair_share_rounds_up() -> None:
     assert report.fair_share == 2
     assert not any(x.above_share for x in report.daemons) and report.warnings == []
     assert report.exit_code == 0
+
+
+def with_types(d: dict[str, Any], types: dict[str, list[str]]) -> dict[str, Any]:
+    for node, listed in types.items():
+        d["nodes"][node]["types"] = listed
+    return d
+
+
+def test_a_task_type_no_running_daemon_handles_is_a_problem_and_named_per_shard() -> None:
+    d = with_types(
+        doc(2, {0: ("a", at(20), 1), 1: ("b", at(20), 1)}, beats={"a": 1, "b": 1}),
+        {"a": ["email"], "b": ["resize"]},
+    )
+    f = facts(2, locks={0: HELD, 1: LockState("held", 4243, "b")})
+    f.shards[0] = ShardFacts(
+        shard=0, directory_exists=True, lock=HELD, log_exists=True, log_epoch=1,
+        live_types={"email": 2, "resize": 1, "report": 4},
+    )
+    report = judge_health(d, f, now_us=NOW, settings=DEFAULTS)
+    assert report.problems == [
+        "no running daemon has a handler for task type 'report' (4 live task(s)): they wait "
+        "until an SDK registers one"
+    ]
+    shard_warnings = [w for w in report.warnings if w.startswith("shard-0:")]
+    assert len(shard_warnings) == 2
+    assert "'report'" in shard_warnings[0] and "owner a has no handler" in shard_warnings[0]
+    assert "'resize'" in shard_warnings[1]
+    # Once some daemon registers it, it is no longer a problem (shard-0's owner still lacks it).
+    d["nodes"]["b"]["types"] = ["resize", "report"]
+    report = judge_health(d, f, now_us=NOW, settings=DEFAULTS)
+    assert report.problems == []
+    assert any("'report'" in w for w in report.warnings)
+
+
+def test_handler_types_unknown_for_a_daemon_judge_nothing() -> None:
+    """An upstream daemon (or an older snerd) publishes no types: no verdict on handlers."""
+    d = doc(1, {0: ("a", at(20), 1)}, beats={"a": 1})
+    f = facts(1, locks={0: HELD})
+    f.shards[0] = ShardFacts(
+        shard=0, directory_exists=True, lock=HELD, log_exists=True, log_epoch=1,
+        live_types={"x": 1},
+    )
+    report = judge_health(d, f, now_us=NOW, settings=DEFAULTS)
+    assert report.problems == []
+    assert not any("handler" in w for w in report.warnings)
+    # The same with the daemon's types published: it is judged.
+    d["nodes"]["a"]["types"] = ["y"]
+    assert judge_health(d, f, now_us=NOW, settings=DEFAULTS).problems != []
+
+
+def test_tasks_waiting_in_the_inboxes_of_a_free_shard_are_reported() -> None:
+    d = doc(2, {0: ("a", at(20), 1)}, beats={"a": 1})
+    f = facts(2, locks={0: HELD})
+    f.shards[1] = ShardFacts(
+        shard=1, directory_exists=True, lock=LockState("free"), log_exists=True, log_epoch=0,
+        inbox_waiting_bytes=512, inbox_waiting_files=2,
+    )
+    report = judge_health(d, f, now_us=NOW, settings=DEFAULTS)
+    assert any(
+        w.startswith("shard-1 is free and 512 byte(s) of enqueued tasks wait")
+        for w in report.warnings
+    )
+    assert "512 byte(s) in 2 inbox file(s) not yet ingested" in report.shards[1].details

@@ -598,7 +598,9 @@ class Node:
         new_doc = with_claims(doc, node_id=node_id, shards=wanted, wall_us=now.wall, config=config)
         if releases:
             new_doc = without_claims(new_doc, node_id=node_id, shards=releases)
-        new_doc = with_heartbeat(new_doc, node_id=node_id, wall_us=now.wall, live=live)
+        new_doc = with_heartbeat(
+            new_doc, node_id=node_id, wall_us=now.wall, live=live, types=sorted(self.registered)
+        )
         new_doc["version"] = (expected or 0) + 1
         self.membership_busy = True
         self._emit(fx.WriteMembership(doc=new_doc, expected_version=expected))

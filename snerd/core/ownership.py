@@ -318,10 +318,16 @@ def give_back(
 
 
 def with_heartbeat(
-    doc: dict[str, Any], *, node_id: str, wall_us: int, live: list[str] | None
+    doc: dict[str, Any],
+    *,
+    node_id: str,
+    wall_us: int,
+    live: list[str] | None,
+    types: list[str] | None = None,
 ) -> dict[str, Any]:
-    """A new document carrying this node's heartbeat (one more beat), and without the
-    heartbeats of nodes not in `live` (None: keep them all). Bumps `version`."""
+    """A new document carrying this node's heartbeat (one more beat, and the task types its
+    SDK has handlers for when `types` is given), and without the heartbeats of nodes not in
+    `live` (None: keep them all). Bumps `version`."""
     new = dict(doc)
     beats = doc.get(NODES_KEY)
     beats = dict(beats) if isinstance(beats, dict) else {}
@@ -333,6 +339,8 @@ def with_heartbeat(
         "beat": count + 1 if isinstance(count, int) else 1,
         "seen": format_rfc3339(wall_us),
     }
+    if types is not None:
+        beats[node_id]["types"] = list(types)
     new[NODES_KEY] = beats
     new["version"] = int(doc.get("version", 0)) + 1
     return new
