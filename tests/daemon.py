@@ -119,6 +119,11 @@ class Daemon:
             await self._stderr_done.wait()
         return code
 
+    @property
+    def alive(self) -> bool:
+        """The process has not exited (and is not a zombie already reaped)."""
+        return self.proc.returncode is None
+
     def kill(self) -> None:
         if self.proc.returncode is None:
             self.proc.kill()

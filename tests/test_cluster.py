@@ -2,9 +2,10 @@
 lease, SIGTERM, new daemons joining. Every acked task runs at least once, no shard's log accepts
 a record from another node's epoch, and the spread ends even.
 
-The test is each daemon's SDK: it registers a handler, answers every `execute`, and, having no
-inbox routing to rely on, sends each enqueue to the daemon that announced owning the task's
-shard, trying again elsewhere when a daemon says it does not own it (or is gone).
+The test is each daemon's SDK: it registers a handler, answers every `execute`, and sends each
+enqueue to the next running daemon in turn, whichever shards it owns (every daemon accepts
+enqueues: a task for a shard it does not own goes through its inbox to the owner), trying
+another daemon when one refuses or is gone.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from pathlib import Path
 
 import trio
 
-from snerd.core.node import route_shard
 from snerd.core.records import scan
 from tests.daemon import Daemon
 
 SHARDS = 10
-TASKS = 600
+TASKS = 5000
 ENV = {
     "SNERD_SHARDS": str(SHARDS),
     "SNERD_LEASE_TTL": "1.5",
@@ -42,6 +42,7 @@ class Cluster:
         self.executed: dict[str, int] = {}
         self.unanswered: dict[str, str] = {}  # task id -> daemon it was sent to
         self.changed = trio.Event()
+        self.turn = 0
 
     async def start(self, name: str) -> Daemon:
         directory = self.directories[len(self.daemons) % len(self.directories)]
@@ -78,30 +79,31 @@ class Cluster:
                 if where == name:
                     del self.unanswered[task]  # outcome unknown (`info`): not required
 
-    def owner_of(self, shard: int, stopped: set[str]) -> str | None:
-        for name, shards in self.owned.items():
-            if shard in shards and name not in stopped:
-                return name
-        return None
+    def next_daemon(self, stopped: set[str]) -> str | None:
+        """The next daemon in turn that is neither stopped nor gone."""
+        names = [n for n in self.daemons if n not in stopped and self.daemons[n].alive]
+        if not names:
+            return None
+        self.turn += 1
+        return names[self.turn % len(names)]
 
     async def enqueue(self, task: str, stopped: set[str]) -> None:
-        """Send `task` to its shard's owner until some daemon acks it (or it is unknown)."""
-        shard = route_shard(task, SHARDS)
+        """Send `task` to the next running daemon until one acks it (or its fate is unknown)."""
         while task not in self.acked:
-            owner = self.owner_of(shard, stopped)
-            if owner is None or task in self.unanswered:
+            target = self.next_daemon(stopped)
+            if target is None or task in self.unanswered:
                 await self.changed.wait()
                 continue
-            self.unanswered[task] = owner
+            self.unanswered[task] = target
             try:
-                await self.daemons[owner].enqueue(task)
+                await self.daemons[target].enqueue(task)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.unanswered.pop(task, None)
             with trio.move_on_after(5):
                 while task in self.unanswered:
                     await self.changed.wait()
             if task not in self.acked:
-                await trio.sleep(0.05)  # refused (not owned there any more): ask again
+                await trio.sleep(0.05)  # refused (draining, say): try another
 
 
 def epoch_report(directory: Path) -> list[str]:
@@ -195,6 +197,14 @@ async def run_chaos(nursery: trio.Nursery, directories: Path | Sequence[Path]) -
         await d.close_stdin()
         assert await d.wait() == 0
     assert epoch_report(c.directories[0]) == []
+    # Most tasks reached their shard through another daemon's inbox.
+    via = {
+        record.fields["taskId"]
+        for log in c.directories[0].glob("shard-*/tasks/tasks.log")
+        for record in scan(log.read_bytes()).records
+        if "snerdVia" in record.fields
+    }
+    assert len(via) > len(c.acked) // 3, (len(via), len(c.acked))
 
 
 async def test_a_cluster_survives_kill_stop_and_drain_and_runs_every_acked_task(
