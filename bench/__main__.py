@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench import daemon, huey_bench, raw, sdk, sim
-from bench.common import Measurement, Rate, Scratch, percentile
+from bench import cluster, daemon, huey_bench, raw, sdk, sim
+from bench.common import Latency, Measurement, Rate, Scratch, Unavailable, percentile
 
 BenchFn = Callable[[Scratch, int, float], list[Measurement]]
 
@@ -47,6 +47,16 @@ BENCHES = [
     Bench("sdk", sdk.sdk_e2e, 50_000, 4.0, "snerd no-op jobs through SnerdQueue"),
     Bench("exec", daemon.snerd_exec_latency, 3_000, 3.0, "snerd enqueue -> execute, idle"),
     Bench("sim", sim.sim_events, 10_000_000, 6.0, "simulator world events per second, one core"),
+    Bench("takeover", cluster.cluster_takeover, 6, 20.0,
+          "kill -9 of a shard's owner to the standby announcing it, local filesystem"),
+    Bench("takeover-gluster", cluster.cluster_takeover_gluster, 3, 25.0,
+          "the same across two GlusterFS mounts ($GLUSTER_MOUNT_A, $GLUSTER_MOUNT_B)"),
+    Bench("rebalance", cluster.cluster_rebalance, 2, 50.0,
+          "a second daemon joins one owning 10 shards, to both owning 5"),
+    Bench("lease-loop", cluster.cluster_lease_loop, 1, 12.0,
+          "an idle daemon's CPU and round time owning 10 and 100 shards"),
+    Bench("inbox", cluster.cluster_enqueue, 150_000, 6.0,
+          "enqueues through the shard's owner vs through a daemon owning no shard"),
 ]
 GROUPS = {
     "raw": ["raw1", "raw64"],
@@ -54,6 +64,7 @@ GROUPS = {
     "snerd": ["pipelined", "seq", "e2e", "sdk", "exec"],
     "protocol": ["pipelined", "seq", "e2e", "exec"],
     "simulator": ["sim"],
+    "cluster": ["takeover", "takeover-gluster", "rebalance", "lease-loop", "inbox"],
 }
 
 
@@ -63,9 +74,12 @@ class Results:
     def __init__(self) -> None:
         self.rates: dict[str, list[Rate]] = {}
         self.latencies: dict[str, list[float]] = {}
+        self.unavailable: dict[str, str] = {}
 
     def add(self, m: Measurement) -> None:
-        if isinstance(m, Rate):
+        if isinstance(m, Unavailable):
+            self.unavailable[m.key] = m.reason
+        elif isinstance(m, Rate):
             self.rates.setdefault(m.key, []).append(m)
         else:
             self.latencies.setdefault(m.key, []).extend(m.samples)
@@ -105,7 +119,18 @@ class Results:
             for pct in (50, 90, 99, 99.9):
                 out[f"{key}.p{pct:g}_us"] = percentile(ordered, pct) * 1e6
             out[f"{key}.max_us"] = ordered[-1] * 1e6
+        for key, reason in self.unavailable.items():
+            out[f"{key}.unavailable"] = reason
         return out
+
+    def cpu_per_second(self, key: str) -> float | None:
+        """Median over the rounds of the daemon's CPU seconds per second (None: not measured)."""
+        values = [
+            r.cpu_seconds / r.seconds
+            for r in self.rates.get(key, [])
+            if r.cpu_seconds is not None and r.seconds > 0
+        ]
+        return statistics.median(values) if values else None
 
 
 def _num(x: float) -> str:
@@ -114,6 +139,11 @@ def _num(x: float) -> str:
 
 def _us(x: float) -> str:
     return f"{x:,.0f} µs"
+
+
+def _dur(seconds: float) -> str:
+    """A duration in µs, or in s from 0.1 s up."""
+    return f"{seconds:.2f} s" if seconds >= 0.1 else _us(seconds * 1e6)
 
 
 @dataclass(frozen=True)
@@ -135,12 +165,7 @@ def build_rows(r: Results) -> list[Row]:
     na = "—"
 
     def rate_text(key: str, unit: str) -> str:
-        v = r.rate(key)
-        if v is None:
-            return na
-        cpu = r.cpu_us(key)
-        cpu_text = "" if cpu is None else f", daemon CPU {cpu:,.0f} µs/op"
-        return f"{_num(v)} {unit}{r.spread(key)}{cpu_text}"
+        return rate_text_of(r, key, unit)
 
     def lat_text(key: str) -> str:
         p50, p99, n = r.pct_us(key, 50), r.pct_us(key, 99), len(r.latencies.get(key, []))
@@ -235,7 +260,114 @@ def build_rows(r: Results) -> list[Row]:
                 _check(sim_rate >= 50_000),
             )
         )
+    rows.extend(cluster_rows(r))
     return rows
+
+
+def cluster_rows(r: Results) -> list[Row]:
+    """Rows of `bench.cluster`: several daemons on one queue directory."""
+    rows: list[Row] = []
+    na = "—"
+
+    def seconds_text(key: str) -> str | None:
+        samples = sorted(r.latencies.get(key, []))
+        if not samples:
+            return None
+        return (
+            f"median {statistics.median(samples):.2f} s, max {samples[-1]:.2f} s "
+            f"(n={len(samples)})"
+        )
+
+    def vs(key: str, base: float) -> str:
+        samples = r.latencies.get(key, [])
+        return f"{statistics.median(samples) / base:.2f}x" if samples else na
+
+    for key, label, base, base_label in (
+        ("cluster_takeover_local", "takeover after kill -9, one host (local fs, lease 30 s)",
+         35.0, "lease + margin 35 s"),
+        ("cluster_takeover_gluster",
+         f"takeover after kill -9, GlusterFS (lease {cluster.GLUSTER_TTL:g} s)",
+         cluster.GLUSTER_TTL + cluster.GLUSTER_MARGIN,
+         f"lease + margin {cluster.GLUSTER_TTL + cluster.GLUSTER_MARGIN:g} s"),
+    ):
+        text = seconds_text(key)
+        if text is not None:
+            rows.append(Row(label, text, base_label, vs(key, base)))
+        elif key in r.unavailable:
+            rows.append(Row(label, r.unavailable[key]))
+    for key, ttl in (("cluster_rebalance", 30.0), ("cluster_rebalance_ttl3", 3.0)):
+        text = seconds_text(key)
+        if text is None:
+            continue
+        start = r.latencies.get(f"{key}_start", [])
+        if start:
+            text += f"; process start {statistics.median(start):.2f} s"
+        rows.append(
+            Row(f"rebalance after a join, 10 shards to 5 + 5 (lease {ttl:g} s)", text,
+                f"round interval {ttl / 3:g} s", vs(key, ttl / 3))
+        )
+    for suffix, lease in (("", "30 s"), ("_ttl1.5", "1.5 s")):
+        per_round: dict[int, float] = {}
+        for shards in (10, 100):
+            key = f"cluster_lease_{shards}{suffix}"
+            runs = r.rates.get(key)
+            cpu = r.cpu_per_second(key)
+            if not runs or cpu is None:
+                continue
+            rounds = statistics.median(x.per_second for x in runs)
+            if cpu > 0:
+                text = f"daemon CPU {cpu * 1e3:.1f} ms/s, {rounds:.2f} rounds/s"
+            else:  # /proc counts CPU in clock ticks
+                tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+                idle = statistics.median(x.seconds for x in runs)
+                text = (f"daemon CPU < {tick_ms / idle:.1f} ms/s (under one {tick_ms:.0f} ms "
+                        f"tick in {idle:.1f} s), {rounds:.2f} rounds/s")
+            if rounds > 0 and cpu > 0:
+                per_round[shards] = cpu / rounds * 1e3
+                text += f", {per_round[shards]:.1f} ms CPU/round"
+            spans = sorted(r.latencies.get(f"{key}_round", []))
+            if spans:
+                text += (f"; round p50 {percentile(spans, 50) * 1e3:.0f} ms, "
+                         f"max {spans[-1] * 1e3:.0f} ms (n={len(spans)})")
+            base10 = per_round.get(10) if shards == 100 else None
+            rows.append(
+                Row(
+                    f"lease loop, idle, {shards} shards (lease {lease})",
+                    text,
+                    "" if base10 is None else f"10 shards {base10:.1f} ms CPU/round",
+                    "" if base10 is None or shards not in per_round
+                    else f"{per_round[shards] / base10:.2f}x",
+                )
+            )
+    owner, inbox = r.rate("cluster_enqueue_owner"), r.rate("cluster_enqueue_inbox")
+    if owner is not None or "cluster_enqueue_owner" in r.unavailable:
+        rows.append(
+            Row("enqueue through the shard's owner, pipelined",
+                rate_text_of(r, "cluster_enqueue_owner", "rec/s")
+                if owner is not None else "not available: " + r.unavailable["cluster_enqueue_owner"])
+        )
+    if inbox is not None:
+        rows.append(
+            Row("enqueue through a daemon owning no shard (inbox)",
+                rate_text_of(r, "cluster_enqueue_inbox", "rec/s"),
+                na if owner is None else f"through the owner {_num(owner)}",
+                na if not owner else f"{inbox / owner:.2f}x")
+        )
+    elif "cluster_enqueue_inbox" in r.unavailable:
+        rows.append(
+            Row("enqueue through a daemon owning no shard (inbox)",
+                "not available: " + r.unavailable["cluster_enqueue_inbox"])
+        )
+    return rows
+
+
+def rate_text_of(r: Results, key: str, unit: str) -> str:
+    v = r.rate(key)
+    if v is None:
+        return "—"
+    cpu = r.cpu_us(key)
+    cpu_text = "" if cpu is None else f", daemon CPU {cpu:,.0f} µs/op"
+    return f"{_num(v)} {unit}{r.spread(key)}{cpu_text}"
 
 
 def render(rows: list[Row]) -> str:
@@ -325,14 +457,20 @@ def main(argv: list[str] | None = None) -> int:
                 measured = b.fn(scratch, max(1, int(b.count * max(scale, 0.05))), b.seconds * scale)
                 for m in measured:
                     results.add(m)
+                    if isinstance(m, Unavailable):
+                        print(f"  round {n + 1} {b.name:13} {m.key:24} {m.reason}"
+                              f"  [{time.perf_counter() - t:.1f} s]", flush=True)
+                        continue
+                    if isinstance(m, Latency) and not m.samples:
+                        continue
                     cpu = m.cpu_us_per_op if isinstance(m, Rate) else None
                     summary = (
                         f"{_num(m.per_second)}/s ({m.ops:,} in {m.seconds:.2f} s"
                         + ("" if cpu is None else f", daemon CPU {cpu:,.0f} µs/op")
                         + ")"
                         if isinstance(m, Rate)
-                        else f"p50 {_us(percentile(sorted(m.samples), 50) * 1e6)} "
-                        f"p99 {_us(percentile(sorted(m.samples), 99) * 1e6)} "
+                        else f"p50 {_dur(percentile(sorted(m.samples), 50))} "
+                        f"p99 {_dur(percentile(sorted(m.samples), 99))} "
                         f"(n={len(m.samples):,})"
                     )
                     print(f"  round {n + 1} {b.name:13} {m.key:24} {summary}"

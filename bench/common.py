@@ -23,6 +23,7 @@ __all__ = [
     "Measurement",
     "Rate",
     "Scratch",
+    "Unavailable",
     "json_line",
     "percentile",
 ]
@@ -59,8 +60,16 @@ class Latency:
     note: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A figure that could not be taken, and why (e.g. the daemon refused the operation)."""
+
+    key: str
+    reason: str
+
+
 #: What a benchmark returns.
-Measurement = Rate | Latency
+Measurement = Rate | Latency | Unavailable
 
 
 @dataclass(slots=True)

@@ -37,6 +37,9 @@ from bench.common import Budget, Latency, Measurement, Rate, Scratch
 
 __all__ = [
     "Daemon",
+    "DaemonError",
+    "enqueue_line",
+    "pipelined",
     "snerd_e2e",
     "snerd_enqueue_pipelined",
     "snerd_enqueue_seq",
@@ -75,14 +78,22 @@ class Daemon:
     """One `snerdmq DIR` child process and its pipes."""
 
     def __init__(
-        self, directory: str, env: dict[str, str] | None = None, command: list[str] | None = None
+        self,
+        directory: str,
+        env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+        *,
+        data: str | None = None,
+        name: str = "daemon",
     ) -> None:
+        """`directory` holds `<name>.stderr`; the queue is `data` (default `directory/data`),
+        so several daemons can share one queue, each with its own stderr file."""
         self.directory = directory
-        self.stderr_path = os.path.join(directory, "daemon.stderr")
+        self.stderr_path = os.path.join(directory, f"{name}.stderr")
         full_env = {**os.environ, "SNERD_FSYNC": "always", **(env or {})}
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(
-                [*(command or [snerdmq_binary()]), os.path.join(directory, "data")],
+                [*(command or [snerdmq_binary()]), data or os.path.join(directory, "data")],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -215,26 +226,32 @@ def snerd_enqueue_pipelined(
             chunk = daemon.read_chunk(10.0)
             _check_errors(chunk)
             acked += chunk.count(_ACK)
-        budget = Budget(count, seconds)
-        sent = acked = 0
-        cpu0 = daemon.cpu_seconds()
-        start = time.perf_counter()
-        while True:
-            room = window - (sent - acked)
-            if room > 0 and budget.more(sent):
-                k = min(room, count - sent)
-                daemon.send(b"".join(lines[sent : sent + k]))
-                sent += k
-            if acked == sent:
-                break
-            chunk = daemon.read_chunk(30.0)
-            if not chunk:
-                raise DaemonError(f"no ack for 30 s; stderr: {daemon.stderr_tail()}")
-            _check_errors(chunk)
-            acked += chunk.count(_ACK)
-        elapsed = time.perf_counter() - start
-        cpu = daemon.cpu_seconds() - cpu0
+        acked, elapsed, cpu = pipelined(daemon, lines, Budget(count, seconds), window)
     return [Rate("snerd_enqueue_pipelined", acked, elapsed, f"window {window}", cpu)]
+
+
+def pipelined(
+    daemon: Daemon, lines: list[bytes], budget: Budget, window: int
+) -> tuple[int, float, float]:
+    """Send enqueue `lines` with up to `window` unacknowledged, while `budget` lasts, until
+    all sent are acked. Returns (acks, seconds, daemon CPU seconds)."""
+    sent = acked = 0
+    cpu0 = daemon.cpu_seconds()
+    start = time.perf_counter()
+    while True:
+        room = window - (sent - acked)
+        if room > 0 and budget.more(sent):
+            k = min(room, len(lines) - sent)
+            daemon.send(b"".join(lines[sent : sent + k]))
+            sent += k
+        if acked == sent:
+            break
+        chunk = daemon.read_chunk(30.0)
+        if not chunk:
+            raise DaemonError(f"no ack for 30 s; stderr: {daemon.stderr_tail()}")
+        _check_errors(chunk)
+        acked += chunk.count(_ACK)
+    return acked, time.perf_counter() - start, daemon.cpu_seconds() - cpu0
 
 
 def snerd_enqueue_seq(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
