@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(BIN)/snerdmq demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check snerd sim tests bench
+	$(BIN)/ruff check snerd sim tests bench jepsen-lite
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

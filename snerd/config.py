@@ -137,6 +137,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     inbox_poll_ms = _int(env, "SNERD_INBOX_POLL_MS", 100, minimum=1)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO
+    # Test hook, for chaos tests' negative control only: replay accepts records of stale
+    # owners (no fencing), so a double ownership corrupts the log's state.
+    unsafe_no_fence = _flag(env, "SNERD_TEST_UNSAFE_NO_FENCE")
     node = NodeConfig(
         node_id=make_node_id(env),
         new_queue_shards=shards,
@@ -149,6 +152,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         backoff=backoff,
         jitter_seed=secrets.randbits(32),
         inbox_poll_us=inbox_poll_ms * 1000,
+        fence=not unsafe_no_fence,
     )
     return Settings(
         node=node,

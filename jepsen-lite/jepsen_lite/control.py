@@ -1,0 +1,789 @@
+"""One jepsen-lite run: filesystem, workers, client load, nemesis, heal, drain, history, verdict.
+
+Phases (all bounded in time):
+
+1. **setup**: the queue directory (a local directory, a small tmpfs, or a fresh directory on a
+   GlusterFS volume seen through two mounts), then one worker per node (`jepsen_lite.worker`,
+   which spawns its daemon through `SnerdQueue`). Nodes alternate mounts on GlusterFS.
+2. **chaos** (`duration` s): clients enqueue to random running nodes; the nemesis runs its
+   faults one after another on random victims, each recorded as `fault` entries with start and
+   end and verified to have happened.
+3. **heal**: every fault undone (SIGCONT, clock files back to 0, filler deleted, killed nodes
+   restarted); the load stops.
+4. **drain**: wait (bounded) until every acked task has a tombstone, then stop every worker
+   (its SDK drains its daemon).
+5. **judge**: the shard logs and inboxes are read back into the history
+   (`jepsen_lite.history`), written to `history.jsonl`, and judged by `sim.checker.check`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from jepsen_lite import nemesis as nem
+from jepsen_lite.history import ClockSteps, build_history, finished_tasks
+from sim.checker import Report, check
+
+__all__ = ["Outcome", "RunConfig", "run"]
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+SECOND = 1_000_000
+#: The rate-limited group and its limit (a share of the tasks carries it).
+RL_GROUP = "rl"
+RL_LIMIT = 60
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    fs: str = "local"
+    nodes: int = 3
+    shards: int = 4
+    duration: float = 60.0
+    seed: int = 0
+    nemesis: tuple[str, ...] = ("kill", "pause", "clock")
+    out: Path = Path("jepsen-out")
+    #: Client enqueues per second, across the cluster.
+    rate: float = 20.0
+    ttl_s: float = 3.0
+    margin_s: float = 0.5
+    #: Seconds between the end of one fault and the start of the next.
+    gap_s: float = 3.0
+    #: The negative control: daemons without fencing (SNERD_TEST_UNSAFE_NO_FENCE=1).
+    unsafe_no_fence: bool = False
+    #: The two directories (mount A, mount B) of a GlusterFS run; found or brought up if None.
+    gluster_dirs: tuple[Path, Path] | None = None
+    #: Longest wait for the drain, seconds.
+    drain_timeout: float = 120.0
+    #: Share of tasks in the rate-limited group.
+    rl_share: float = 0.04
+    tmpfs_size: str = "48m"
+
+
+@dataclass(slots=True)
+class Fault:
+    name: str
+    node: str | None
+    start: int
+    end: int | None = None
+    verified: bool = False
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class Outcome:
+    config: RunConfig
+    history: list[dict[str, Any]]
+    report: Report
+    faults: list[Fault]
+    out: Path
+    #: Problems of the run itself (a nemesis that did not take, a drain that timed out...).
+    problems: list[str]
+    started: int
+    ended: int
+    drained: bool
+    unfinished: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    host: str
+    directory: Path
+    clock_file: Path
+    incarnation: int = 0
+    proc: asyncio.subprocess.Process | None = None
+    name: str | None = None
+    daemon_pid: int | None = None
+    up: bool = False
+    paused: bool = False
+    waiting: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
+    owned_waiters: list[asyncio.Future[list[int] | None]] = field(default_factory=list)
+    believed: set[int] = field(default_factory=set)
+    logs: list[str] = field(default_factory=list)
+    reader: asyncio.Task[None] | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    crash_recorded: bool = False
+
+
+class Run:
+    def __init__(self, config: RunConfig, directories: list[Path], out: Path) -> None:
+        self.c = config
+        self.rng = random.Random(config.seed)
+        self.dirs = directories
+        self.out = out
+        self.events: list[dict[str, Any]] = []
+        self.faults: list[Fault] = []
+        self.problems: list[str] = []
+        self.clocks = ClockSteps()
+        self.nodes = [
+            Node(
+                host=f"n{i + 1}",
+                directory=directories[i % len(directories)],
+                clock_file=out / f"clock-n{i + 1}",
+            )
+            for i in range(config.nodes)
+        ]
+        self.seq = 0
+        self.ops: set[asyncio.Task[None]] = set()
+        self.stop_load = asyncio.Event()
+        self.acked: set[str] = set()
+        self.daemon_env = {
+            "SNERD_SHARDS": str(config.shards),
+            "SNERD_LEASE_TTL": str(config.ttl_s),
+            "SNERD_CLOCK_SKEW_MARGIN": str(config.margin_s),
+            "SNERD_DRAIN_TIMEOUT": "2",
+            "SNERD_MAX_WORKERS": "32",
+        }
+        if config.unsafe_no_fence:
+            self.daemon_env["SNERD_TEST_UNSAFE_NO_FENCE"] = "1"
+
+    # ------------------------------------------------------------------ recording
+
+    def record(self, kind: str, t: int | None = None, **fields: Any) -> dict[str, Any]:
+        entry = {"t": now_us() if t is None else t, "kind": kind, **fields}
+        self.events.append(entry)
+        return entry
+
+    def log(self, text: str) -> None:
+        sys.stderr.write(f"[jepsen-lite {time.strftime('%H:%M:%S')}] {text}\n")
+        sys.stderr.flush()
+
+    # ------------------------------------------------------------------ workers
+
+    async def start_node(self, node: Node) -> None:
+        node.incarnation += 1
+        node.exited = asyncio.Event()
+        node.crash_recorded = False
+        node.paused = False
+        node.believed = set()
+        env = {
+            **self.daemon_env,
+            "HOSTNAME": node.host,
+            "SNERD_TEST_CLOCK_FILE": str(node.clock_file),
+        }
+        py_path = os.pathsep.join([str(REPO), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
+        stderr = open(self.out / f"{node.host}.{node.incarnation}.stderr", "wb")  # noqa: SIM115
+        try:
+            node.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "jepsen_lite.worker",
+                "--dir",
+                str(node.directory),
+                "--env",
+                json.dumps(env),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                env={**os.environ, "PYTHONPATH": py_path},
+                limit=1 << 24,
+            )
+        finally:
+            stderr.close()
+        assert node.proc.stdout is not None
+        line = await asyncio.wait_for(node.proc.stdout.readline(), 60)
+        ready = json.loads(line) if line else {}
+        if ready.get("ev") != "ready":
+            raise RuntimeError(f"{node.host}: the worker did not start (see its stderr file)")
+        node.daemon_pid = int(ready["pid"])
+        node.name = f"{node.host}@pid-{node.daemon_pid}"
+        node.up = True
+        if node.incarnation > 1:
+            self.record("restart", node=node.name)
+        node.reader = asyncio.create_task(self._read(node, node.proc, node.name))
+        self.log(f"{node.name} started (worker pid {node.proc.pid})")
+
+    async def _read(self, node: Node, proc: asyncio.subprocess.Process, name: str) -> None:
+        assert proc.stdout is not None
+        try:
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    break
+                try:
+                    e = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self._on_event(node, name, e)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                await asyncio.wait_for(proc.wait(), 30)
+            self._node_gone(node, name)
+
+    def _on_event(self, node: Node, name: str, e: dict[str, Any]) -> None:
+        ev = e.get("ev")
+        t = int(e.get("t") or now_us())
+        if ev == "reply":
+            fut = node.waiting.pop(str(e.get("task")), None)
+            if fut is not None and not fut.done():
+                fut.set_result(e)
+        elif ev == "membership":
+            if not node.paused:
+                self._believe(node, name, set(e.get("owned") or []), t)
+        elif ev == "owned":
+            owned = e.get("owned")
+            for w in node.owned_waiters:
+                if not w.done():
+                    w.set_result(owned)
+            node.owned_waiters.clear()
+            if owned is not None and not node.paused:
+                self._believe(node, name, set(owned), t)
+        elif ev == "execute":
+            self.record("execute", t, task=e["task"], attempt=e["attempt"], node=name)
+        elif ev == "handler_done":
+            self.record(
+                "handler_done", t, task=e["task"], attempt=e["attempt"], node=name, ok=e["ok"]
+            )
+        elif ev == "dead_letter":
+            self.record("dead_letter", t, task=e["task"], node=name)
+        elif ev == "log":
+            node.logs.append(str(e.get("line")))
+            self.record("daemon_log", t, node=name, line=e.get("line"))
+        elif ev == "daemon_exit":
+            self.record("daemon_exit", t, node=name, code=e.get("code"))
+
+    def _believe(self, node: Node, name: str, owned: set[int], t: int) -> None:
+        for s in sorted(node.believed - owned):
+            self.record("belief", t, node=name, shard=s, on=False)
+        for s in sorted(owned - node.believed):
+            self.record("belief", t, node=name, shard=s, on=True)
+        node.believed = set(owned)
+
+    def _node_gone(self, node: Node, name: str) -> None:
+        if node.name != name:
+            return
+        node.up = False
+        t = now_us()
+        if not node.crash_recorded:
+            node.crash_recorded = True
+            self.record("crash", t, node=name)
+        node.believed = set()
+        for task, fut in list(node.waiting.items()):
+            if not fut.done():
+                fut.set_result(
+                    {
+                        "ev": "reply",
+                        "task": task,
+                        "status": "info",
+                        "t": t,
+                        "error": "the node went away before answering",
+                    }
+                )
+        node.waiting.clear()
+        node.exited.set()
+
+    async def send(self, node: Node, cmd: dict[str, Any]) -> bool:
+        proc = node.proc
+        if proc is None or proc.stdin is None or not node.up:
+            return False
+        try:
+            proc.stdin.write(json.dumps(cmd).encode() + b"\n")
+            await asyncio.wait_for(proc.stdin.drain(), 5)
+        except (TimeoutError, OSError, ConnectionError, RuntimeError):
+            return False
+        return True
+
+    async def stop_node(self, node: Node) -> None:
+        """Close the worker's stdin: its SDK drains the daemon and exits."""
+        proc = node.proc
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                proc.stdin.close()
+        try:
+            await asyncio.wait_for(node.exited.wait(), 60)
+        except TimeoutError:
+            self.problems.append(f"{node.name}: its worker did not exit within 60 s; killed")
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            if node.daemon_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.daemon_pid, signal.SIGKILL)
+            await asyncio.wait_for(node.exited.wait(), 30)
+
+    # ------------------------------------------------------------------ load
+
+    def shard_of(self, key: str) -> int:
+        return xxhash.xxh3_64_intdigest(key.encode()) % self.c.shards
+
+    async def load(self) -> None:
+        while not self.stop_load.is_set():
+            await asyncio.sleep(self.rng.expovariate(self.c.rate))
+            running = [n for n in self.nodes if n.up]
+            if not running or len(self.ops) > 2000:
+                continue
+            node = self.rng.choice(running)
+            self.seq += 1
+            task = f"t{self.seq}"
+            max_retries = self.rng.randint(0, 2)
+            fail = [a for a in range(1, max_retries + 2) if self.rng.random() < 0.1]
+            data = {"sleep": self.rng.choice([0, 0, 0, 0.01, 0.05, 0.2]), "fail": fail}
+            group = RL_GROUP if self.rng.random() < self.c.rl_share else None
+            op = asyncio.create_task(self.enqueue(node, task, data, max_retries, group))
+            self.ops.add(op)
+            op.add_done_callback(self.ops.discard)
+
+    async def enqueue(
+        self, node: Node, task: str, data: dict[str, Any], max_retries: int, group: str | None
+    ) -> None:
+        name = node.name
+        attrs = {
+            "type": "t",
+            "max_retries": max_retries,
+            "urgency": 0,
+            "group": group,
+            "max_per_minute": RL_LIMIT if group else None,
+            "fingerprint": None,
+            "delay_us": 0,
+            "parents": [],
+        }
+        t0 = now_us()
+        self.record("enqueue", t0, phase="invoke", task=task, node=name, attrs=attrs)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        node.waiting[task] = fut
+        cmd = {
+            "op": "enqueue",
+            "task": task,
+            "data": data,
+            "max_retries": max_retries,
+            "group": group,
+            "max_per_minute": RL_LIMIT if group else None,
+        }
+        if not await self.send(node, cmd):
+            node.waiting.pop(task, None)
+            self.record(
+                "enqueue",
+                max(now_us(), t0),
+                phase="info",
+                task=task,
+                node=name,
+                error="could not write to the worker",
+            )
+            return
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(fut), 10)
+        except TimeoutError:
+            node.waiting.pop(task, None)
+            self.record(
+                "enqueue",
+                max(now_us(), t0),
+                phase="info",
+                task=task,
+                node=name,
+                error="no answer within 10 s",
+            )
+            return
+        status = reply.get("status")
+        t = max(int(reply.get("t") or now_us()), t0)
+        if status == "ok":
+            self.acked.add(task)
+            extra: dict[str, Any] = {}
+            if isinstance(reply.get("shard"), int):
+                extra["shard"] = reply["shard"]
+            if reply.get("deduplicated"):
+                extra["deduplicated"] = True
+            self.record("enqueue", t, phase="ok", task=task, node=name, latency_us=t - t0, **extra)
+        else:
+            self.record(
+                "enqueue",
+                t,
+                phase="fail" if status == "fail" else "info",
+                task=task,
+                node=name,
+                error=reply.get("error"),
+            )
+
+    # ------------------------------------------------------------------ nemesis
+
+    def fault_start(self, name: str, node: Node | None, **detail: Any) -> Fault:
+        t = now_us()
+        f = Fault(name=name, node=node.name if node else None, start=t)
+        self.faults.append(f)
+        self.record("fault", t, name=name, phase="start", node=f.node, **detail)
+        self.log(f"nemesis: {name} on {f.node or 'the cluster'} {detail or ''}")
+        return f
+
+    def fault_end(self, f: Fault, verified: bool, detail: str) -> None:
+        f.end = now_us()
+        f.verified = f.verified or verified
+        f.detail = detail
+        self.record(
+            "fault",
+            f.end,
+            name=f.name,
+            phase="end",
+            node=f.node,
+            verified=f.verified,
+            detail=detail,
+        )
+        if not f.verified:
+            self.problems.append(f"nemesis {f.name} on {f.node}: not verified: {detail}")
+        self.log(f"nemesis: {f.name} on {f.node} ended; verified={f.verified}: {detail}")
+
+    def victim(self, *, owning: bool = False) -> Node | None:
+        nodes = [n for n in self.nodes if n.up and not n.paused]
+        if owning:
+            nodes = [n for n in nodes if n.believed] or nodes
+        return self.rng.choice(nodes) if nodes else None
+
+    async def restart_later(self, node: Node, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if not node.up:
+            await self.start_node(node)
+
+    async def nemesis(self, deadline: float) -> None:
+        kinds = list(self.c.nemesis)
+        if not kinds:
+            return
+        order: list[str] = []
+        kill_turn = 0
+        await asyncio.sleep(min(5.0, self.c.ttl_s * 1.5))
+        while time.monotonic() < deadline:
+            if not order:
+                order = kinds[:]
+                self.rng.shuffle(order)
+            kind = order.pop(0)
+            if kind == "kill":
+                await self.kill(sdk=kill_turn % 2 == 1)
+                kill_turn += 1
+            elif kind == "pause":
+                await self.pause()
+            elif kind == "clock":
+                await self.clock()
+            elif kind == "disk-full":
+                await self.disk_full()
+            elif kind == "lock-fault":
+                await self.lock_fault()
+            await asyncio.sleep(self.c.gap_s * (0.5 + self.rng.random()))
+
+    async def kill(self, *, sdk: bool) -> None:
+        node = self.victim(owning=True)
+        if node is None or node.daemon_pid is None or node.proc is None:
+            return
+        daemon, worker = node.daemon_pid, node.proc.pid
+        if sdk:
+            f = self.fault_start("kill", node, target="sdk", pid=worker)
+            os.kill(worker, signal.SIGKILL)
+            code = await asyncio.wait_for(node.proc.wait(), 10)
+            # Its daemon's stdin closes: it drains and exits on its own (bounded by the drain
+            # timeout); its beliefs end only then.
+            gone = await asyncio.to_thread(nem.wait_gone, daemon, 20)
+            if not gone:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(daemon, signal.SIGKILL)
+                gone = await asyncio.to_thread(nem.wait_gone, daemon, 5)
+            node.crash_recorded = True
+            self.record("crash", node=node.name)
+            node.believed = set()
+            await asyncio.wait_for(node.exited.wait(), 30)
+            detail = f"worker pid {worker} exit {code}; its daemon {daemon} exited: {gone}"
+            verified = code == -signal.SIGKILL and gone
+        else:
+            f = self.fault_start("kill", node, target="daemon", pid=daemon)
+            os.kill(daemon, signal.SIGKILL)
+            node.crash_recorded = True
+            self.record("crash", node=node.name)
+            node.believed = set()
+            gone = await asyncio.to_thread(nem.wait_gone, daemon, 10)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(node.exited.wait(), 30)
+            verified = gone and node.exited.is_set()
+            detail = f"daemon pid {daemon} gone: {gone}; its worker exited: {node.exited.is_set()}"
+        await asyncio.sleep(1.0 + self.rng.random() * 2.0)
+        await self.start_node(node)
+        self.fault_end(f, verified, detail + f"; restarted as {node.name}")
+
+    async def pause(self) -> None:
+        node = self.victim(owning=True)
+        if node is None or node.daemon_pid is None:
+            return
+        pid = node.daemon_pid
+        hold = self.c.ttl_s * 1.5 + self.c.margin_s + 1.0
+        f = self.fault_start("pause", node, pid=pid, hold_s=hold)
+        node.paused = True
+        os.kill(pid, signal.SIGSTOP)
+        self.record("pause", node=node.name)
+        self._believe(node, node.name or "?", set(), now_us())
+        stopped = await asyncio.to_thread(nem.wait_state, pid, "Tt", 2.0)
+        await asyncio.sleep(hold)
+        still = nem.process_state(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        running = await asyncio.to_thread(nem.wait_state, pid, "RSD", 2.0)
+        node.paused = False
+        self.record("resume", node=node.name)
+        waiter: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
+        node.owned_waiters.append(waiter)
+        await self.send(node, {"op": "owned"})
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(waiter, 10)
+        verified = stopped in ("T", "t") and still in ("T", "t") and running in ("R", "S", "D")
+        self.fault_end(
+            f,
+            verified,
+            f"state after SIGSTOP {stopped}, after {hold:.1f} s {still}, after SIGCONT {running}",
+        )
+
+    async def clock(self) -> None:
+        node = self.victim()
+        if node is None:
+            return
+        step = (self.c.margin_s + 2.0 + self.rng.random() * 3.0) * self.rng.choice((-1, 1))
+        f = self.fault_start("clock", node, offset_s=round(step, 3))
+        seen = len(node.logs)
+        t = now_us()
+        nem.write_clock_file(node.clock_file, step)
+        self.clocks.add(node.host, t, int(step * SECOND))
+        self.record("clock_step", t, node=node.name, offset_s=step)
+        took = await self._wait_log(node, seen, f"{step:+.6f}", 3.0)
+        await asyncio.sleep(4.0 + self.rng.random() * 3.0)
+        seen = len(node.logs)
+        t = now_us()
+        nem.write_clock_file(node.clock_file, 0.0)
+        self.clocks.add(node.host, t, 0)
+        self.record("clock_step", t, node=node.name, offset_s=0.0)
+        back = await self._wait_log(node, seen, "+0.000000", 3.0)
+        self.fault_end(
+            f, took and back, f"daemon reported the {step:+.3f} s offset: {took}; back to 0: {back}"
+        )
+
+    async def _wait_log(self, node: Node, since: int, needle: str, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any("test clock" in line and needle in line for line in node.logs[since:]):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def disk_full(self) -> None:
+        f = self.fault_start("disk-full", None, directory=str(self.dirs[0]))
+        fails_before = self._count("fail")
+        filler, written, enospc = await asyncio.to_thread(nem.fill_filesystem, self.dirs[0])
+        await asyncio.sleep(3.0 + self.rng.random() * 2.0)
+        with contextlib.suppress(FileNotFoundError):
+            filler.unlink()
+        refused = self._count("fail") - fails_before
+        self.fault_end(
+            f,
+            enospc,
+            f"filler {written} bytes, ENOSPC met: {enospc}; enqueues refused meanwhile: {refused}",
+        )
+
+    def _count(self, phase: str) -> int:
+        return sum(1 for e in self.events if e["kind"] == "enqueue" and e.get("phase") == phase)
+
+    async def lock_fault(self) -> None:
+        node = self.victim(owning=True)
+        if node is None or not node.believed:
+            return
+        shard = self.rng.choice(sorted(node.believed))
+        f = self.fault_start("lock-fault", node, shard=shard)
+        inode = nem.replace_lock_file(node.directory, shard)
+        # Verified when another node announces the shard while the victim still holds it.
+        end = time.monotonic() + self.c.ttl_s * 2 + 5
+        other: str | None = None
+        while time.monotonic() < end:
+            for n in self.nodes:
+                if n is not node and n.up and shard in n.believed and shard in node.believed:
+                    other = n.name
+            if other or shard not in node.believed:
+                break
+            await asyncio.sleep(0.05)
+        while time.monotonic() < end and shard in node.believed:
+            await asyncio.sleep(0.1)
+        self.fault_end(
+            f,
+            inode is not None and other is not None,
+            f"shard-{shard}/.lock replaced (new inode {inode}); {other or 'no other node'} "
+            f"took the shard while {node.name} held it",
+        )
+
+    async def heal(self) -> None:
+        for node in self.nodes:
+            if node.paused and node.daemon_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.daemon_pid, signal.SIGCONT)
+                node.paused = False
+                self.record("resume", node=node.name)
+            if node.clock_file.exists() and node.clock_file.read_text().strip() not in (
+                "",
+                "0.000000",
+            ):
+                t = now_us()
+                nem.write_clock_file(node.clock_file, 0.0)
+                self.clocks.add(node.host, t, 0)
+                self.record("clock_step", t, node=node.name, offset_s=0.0)
+        for d in self.dirs[:1]:
+            with contextlib.suppress(FileNotFoundError):
+                (d / "jepsen-filler").unlink()
+        for node in self.nodes:
+            if not node.up:
+                await self.start_node(node)
+
+    # ------------------------------------------------------------------ the run
+
+    async def main(self) -> tuple[bool, list[str]]:
+        self.record(
+            "params",
+            ttl_us=int(self.c.ttl_s * SECOND),
+            margin_us=int(self.c.margin_s * SECOND),
+            fence=not self.c.unsafe_no_fence,
+            # Beliefs are seen only as stdout messages reach the workers: an overlap measured
+            # from them is reported, never judged (safety is judged on the records).
+            assumptions_hold=False,
+            window_slack_us=SECOND
+            + (2 * int((self.c.margin_s + 5.0) * SECOND) if "clock" in self.c.nemesis else 0),
+            fs=self.c.fs,
+            nodes=self.c.nodes,
+            shards=self.c.shards,
+            seed=self.c.seed,
+            nemesis=list(self.c.nemesis),
+        )
+        for node in self.nodes:
+            nem.write_clock_file(node.clock_file, 0.0)
+        for node in self.nodes:
+            await self.start_node(node)
+        self.record("phase", name="chaos")
+        deadline = time.monotonic() + self.c.duration
+        load = asyncio.create_task(self.load())
+        chaos = asyncio.create_task(self.nemesis(deadline))
+        try:
+            await asyncio.wait_for(asyncio.shield(chaos), self.c.duration + 5)
+        except TimeoutError:
+            pass
+        finally:
+            if not chaos.done():
+                # Let the fault in progress finish (it undoes itself), bounded.
+                with contextlib.suppress(asyncio.TimeoutError, Exception):
+                    await asyncio.wait_for(chaos, 60)
+                if not chaos.done():
+                    chaos.cancel()
+            self.record("phase", name="heal")
+            await self.heal()
+            remaining = deadline - time.monotonic()
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+            self.stop_load.set()
+            await load
+            if self.ops:
+                await asyncio.wait(list(self.ops), timeout=30)
+        if chaos.done() and not chaos.cancelled() and chaos.exception() is not None:
+            raise chaos.exception()  # type: ignore[misc]
+        self.record("phase", name="liveness")
+        drained, unfinished = await self.drain()
+        for node in self.nodes:
+            await self.stop_node(node)
+        return drained, unfinished
+
+    async def drain(self) -> tuple[bool, list[str]]:
+        end = time.monotonic() + self.c.drain_timeout
+        left = sorted(self.acked)
+        while time.monotonic() < end:
+            done = await asyncio.to_thread(finished_tasks, self.dirs[0])
+            left = sorted(self.acked - done)
+            if not left:
+                return True, []
+            await asyncio.sleep(1.0)
+        return False, left
+
+
+def _setup_dirs(config: RunConfig, out: Path) -> tuple[list[Path], Callable[[], None]]:
+    """The queue directory as each node sees it, and how to undo the setup."""
+    if config.fs == "local":
+        d = out / "data"
+        d.mkdir(parents=True)
+        return [d], lambda: None
+    if config.fs == "tmpfs":
+        d = out / "data"
+        nem.mount_tmpfs(d, config.tmpfs_size)
+        return [d], lambda: nem.umount(d)
+    if config.fs == "glusterfs":
+        if config.gluster_dirs is not None:
+            return list(config.gluster_dirs), lambda: None
+        sys.path.insert(0, str(REPO))
+        from tests import glusterfs as gl  # the test suite's volume helpers
+
+        volume, why = gl.find_volume()
+        if volume is None:
+            raise RuntimeError(f"no GlusterFS volume: {why}")
+        ctx = gl.fresh_directory(volume, f"jepsen-{config.seed}-{os.getpid()}")
+        a, b = ctx.__enter__()
+
+        def undo() -> None:
+            ctx.__exit__(None, None, None)
+            if volume.started_here:
+                gl.take_down()
+
+        return [a, b], undo
+    raise ValueError(f"unknown filesystem {config.fs!r}")
+
+
+def run(config: RunConfig) -> Outcome:
+    """Run once; the history goes to `config.out/history.jsonl`."""
+    if "disk-full" in config.nemesis and config.fs != "tmpfs":
+        raise ValueError("the disk-full nemesis needs --fs tmpfs (a small filesystem to fill)")
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    dirs, undo = _setup_dirs(config, out)
+    r = Run(config, dirs, out)
+    started = now_us()
+    drained, unfinished = False, list[str]()
+    try:
+        drained, unfinished = asyncio.run(r.main())
+    finally:
+        for node in r.nodes:
+            for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
+                if pid and nem.process_state(pid) not in (None, "Z"):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                        os.kill(pid, signal.SIGKILL)
+        history = build_history(r.events, dirs[0], r.clocks)
+        undo()
+    ended = now_us()
+    with open(out / "history.jsonl", "w", encoding="utf-8") as f:
+        for e in history:
+            f.write(json.dumps(e, separators=(",", ":")) + "\n")
+    report = check(history)
+    problems = list(r.problems)
+    if not drained:
+        problems.append(
+            f"the drain did not finish within {config.drain_timeout:g} s: "
+            f"{len(unfinished)} acked task(s) unfinished"
+        )
+    by_kind: dict[str, int] = defaultdict(int)
+    for fault in r.faults:
+        by_kind[fault.name] += 1
+    for kind in config.nemesis:
+        if not by_kind.get(kind):
+            problems.append(f"nemesis {kind} was asked for but never ran")
+    return Outcome(
+        config=config,
+        history=history,
+        report=report,
+        faults=r.faults,
+        out=out,
+        problems=problems,
+        started=started,
+        ended=ended,
+        drained=drained,
+        unfinished=unfinished,
+    )

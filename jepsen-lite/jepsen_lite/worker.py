@@ -1,0 +1,211 @@
+"""One jepsen-lite node: a process that runs the real SDK (`SnerdQueue`), which spawns one
+`snerdmq` daemon, and reports everything it sees.
+
+    python -m jepsen_lite.worker --dir DIR --env JSON
+
+Commands arrive on stdin, one JSON object a line:
+
+- `{"op": "enqueue", "task", "data", "max_retries", "group", "max_per_minute"}`: enqueue through
+  the SDK; the outcome comes back as a `reply` event (`status` ok / fail / info).
+- `{"op": "owned"}`: ask the daemon (`stats`) which shards it owns now; an `owned` event.
+
+Events go to stdout, one JSON object a line, each with `t` (this host's wall clock, µs; all
+processes of a run share the host, so it is the run's true time) and `ev`:
+
+- `ready` (`pid`: the daemon's pid) once the daemon is spawned;
+- `membership` (`owned`: shard numbers) for each `membership` message of the daemon;
+- `execute` / `handler_done` (`task`, `attempt`, `ok`) around each handler call;
+- `dead_letter` (`task`); `reply`; `owned`; `log` (daemon stderr lines of interest);
+- `daemon_exit` (`code`), after which this process exits.
+
+stdin closing drains the daemon (`shutdown`) and exits. Each line is written with one
+`write(2)`, so a kill -9 of this process loses no line already reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import orjson
+
+from snerd.client import SnerdQueue
+from snerd.handlers import DaemonExited, EnqueueError, SnerdError, current_task
+
+#: Daemon stderr lines forwarded as `log` events (the rest stay in the worker's stderr file).
+_LOG_MARKS = (
+    "test clock",
+    "No space",
+    "ENOSPC",
+    "disk full",
+    "taking it over",
+    "ERROR",
+)
+#: Refusals whose enqueue may still have been stored: an `info`, not a `fail`.
+_UNKNOWN_MARKS = ("may or may not", "changed owner")
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One event line on stdout, with one write(2)."""
+    event.setdefault("t", now_us())
+    with contextlib.suppress(OSError):  # the controller is gone: nothing to report to
+        os.write(1, orjson.dumps(event) + b"\n")
+
+
+class RecordingQueue(SnerdQueue):
+    """The SDK, also reporting each `membership` message as it arrives."""
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        if message.get("action") == "membership":
+            owned = [
+                int(s.split("-", 1)[1])
+                for s in message.get("owned") or []
+                if isinstance(s, str) and s.startswith("shard-")
+            ]
+            emit({"ev": "membership", "owned": owned, "version": message.get("version")})
+        super()._on_message(message)
+
+
+async def _handle(data: Any) -> None:
+    info = current_task()
+    attempt = info.attempt if info.attempt is not None else 0
+    emit({"ev": "execute", "task": info.task_id, "attempt": attempt})
+    ok = True
+    try:
+        if isinstance(data, dict):
+            sleep = data.get("sleep", 0)
+            if isinstance(sleep, int | float) and sleep > 0:
+                await anyio.sleep(min(float(sleep), 5.0))
+            fail = data.get("fail") or []
+            ok = attempt not in fail
+    finally:
+        emit({"ev": "handler_done", "task": info.task_id, "attempt": attempt, "ok": ok})
+    if not ok:
+        raise RuntimeError(f"planned failure of attempt {attempt}")
+
+
+async def _dead_letter(data: Any) -> None:
+    info = current_task()
+    emit({"ev": "dead_letter", "task": info.task_id})
+
+
+async def _enqueue(q: SnerdQueue, cmd: dict[str, Any]) -> None:
+    task = str(cmd["task"])
+    reply: dict[str, Any] = {"ev": "reply", "task": task}
+    try:
+        done = await q.enqueue(
+            task,
+            "t",
+            cmd.get("data"),
+            max_retries=int(cmd.get("max_retries", 0)),
+            rate_limit_group=cmd.get("group"),
+            max_per_minute=cmd.get("max_per_minute"),
+        )
+    except EnqueueError as exc:
+        text = str(exc)
+        unknown = any(m in text for m in _UNKNOWN_MARKS)
+        reply.update(status="info" if unknown else "fail", error=text)
+    except DaemonExited as exc:
+        reply.update(status="info", error=str(exc))
+    except SnerdError as exc:  # not running: never sent
+        reply.update(status="fail", error=str(exc))
+    else:
+        shard = done.shard
+        reply.update(
+            status="ok",
+            shard=int(shard.split("-", 1)[1]) if shard and shard.startswith("shard-") else None,
+            deduplicated=done.deduplicated,
+        )
+    emit(reply)
+
+
+async def _owned(q: SnerdQueue) -> None:
+    try:
+        stats = await q.stats(timeout=10)
+    except (SnerdError, TimeoutError) as exc:
+        emit({"ev": "owned", "owned": None, "error": str(exc)})
+        return
+    shards = []
+    for entry in stats.get("per_shard") or []:
+        name = entry.get("shard") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name.startswith("shard-"):
+            shards.append(int(name.split("-", 1)[1]))
+    emit({"ev": "owned", "owned": sorted(shards)})
+
+
+async def _commands(q: SnerdQueue, tg: anyio.abc.TaskGroup) -> None:
+    """Read commands from stdin until it closes."""
+    stdin = sys.stdin.buffer
+    while True:
+        line = await anyio.to_thread.run_sync(stdin.readline, abandon_on_cancel=True)
+        if not line:
+            return
+        try:
+            cmd = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(cmd, dict):
+            continue
+        op = cmd.get("op")
+        if op == "enqueue":
+            tg.start_soon(_enqueue, q, cmd)
+        elif op == "owned":
+            tg.start_soon(_owned, q)
+
+
+async def _watch_exit(q: SnerdQueue, stop: anyio.CancelScope) -> None:
+    while q.exit_code is None:
+        await anyio.sleep(0.05)
+    await anyio.sleep(0.3)  # the SDK fails every waiting enqueue: let them report
+    stop.cancel()
+
+
+async def run(directory: str, env: dict[str, str]) -> int:
+    q = RecordingQueue(storage_path=directory, env=env, stderr_prefix="")
+    q.register_handler("t", _handle)
+    q.register_max_retry_handler("t", _dead_letter)
+
+    @q.on_daemon_log
+    def _log(line: str) -> None:
+        if any(m in line for m in _LOG_MARKS):
+            emit({"ev": "log", "line": line[:500]})
+
+    await q.start_listening()
+    emit({"ev": "ready", "pid": q.pid, "worker": os.getpid()})
+    drained = False
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_exit, q, tg.cancel_scope)
+        await _commands(q, tg)
+        drained = True
+        with anyio.move_on_after(60):
+            await q.shutdown()
+        tg.cancel_scope.cancel()
+    if not drained:
+        # The daemon died under us (kill -9): let every waiting enqueue report, then go.
+        with anyio.move_on_after(5):
+            await q.shutdown()
+    emit({"ev": "daemon_exit", "code": q.exit_code})
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m jepsen_lite.worker")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--env", default="{}", help="extra daemon environment, a JSON object")
+    args = p.parse_args(argv)
+    env = {str(k): str(v) for k, v in orjson.loads(args.env).items()}
+    return anyio.run(run, args.dir, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
