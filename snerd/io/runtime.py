@@ -59,14 +59,80 @@ class Peer(Protocol):
 
 class Clock:
     """Reads the node's two clocks. `offset_s` shifts the wall clock (a test hook for clock
-    skew, SNERD_TEST_CLOCK_OFFSET); the monotonic clock is never shifted."""
+    skew, SNERD_TEST_CLOCK_OFFSET); the monotonic clock is never shifted.
 
-    def __init__(self, offset_s: float = 0.0) -> None:
+    A second test hook, SNERD_TEST_CLOCK_FILE (or `file`), names a file holding a number of
+    seconds that is added to the wall clock as well, and may change while the daemon runs (a
+    clock step, for chaos tests). The file is looked at (stat) at most every `FILE_POLL_US` of
+    the monotonic clock and read again only when its mtime or size changed; a missing or empty
+    file reads as 0. Each new value is reported on stderr, so a test can tell it was taken."""
+
+    #: How often the clock file is looked at, at most (µs of the monotonic clock).
+    FILE_POLL_US = 100_000
+
+    def __init__(self, offset_s: float = 0.0, file: str | None = None) -> None:
         self.offset_us = int(offset_s * 1_000_000)
+        if file is None:
+            file = os.environ.get("SNERD_TEST_CLOCK_FILE", "").strip() or None
+        self.file = file
+        #: The file's offset (µs) as last read, when and what (mtime_ns, size) was read.
+        self.file_offset_us = 0
+        self._file_checked_mono = -self.FILE_POLL_US
+        self._file_seen: tuple[int, int] | None = None
+        if file is not None:
+            self._poll_file(time.monotonic_ns() // 1000)
 
     def now(self) -> ev.Now:
         # Read once per event: built without the frozen dataclass's `__init__` (see `_new_now`).
-        return _new_now(time.time_ns() // 1000 + self.offset_us, time.monotonic_ns() // 1000)
+        mono = time.monotonic_ns() // 1000
+        if self.file is not None and mono - self._file_checked_mono >= self.FILE_POLL_US:
+            self._poll_file(mono)
+        return _new_now(time.time_ns() // 1000 + self.offset_us + self.file_offset_us, mono)
+
+    def _poll_file(self, mono: int) -> None:
+        assert self.file is not None
+        self._file_checked_mono = mono
+        try:
+            st = os.stat(self.file)
+        except OSError:
+            seen: tuple[int, int] | None = None
+        else:
+            seen = (st.st_mtime_ns, st.st_size)
+        if seen == self._file_seen:
+            return
+        self._file_seen = seen
+        text = ""
+        if seen is not None:
+            try:
+                with open(self.file, encoding="utf-8", errors="replace") as f:
+                    text = f.read(256).strip()
+            except OSError:
+                text = ""
+        try:
+            value = float(text) if text else 0.0
+        except ValueError:
+            value = float("nan")
+        if not (abs(value) < 1e9):  # not a number (or absurd): keep the offset we have
+            self._say(
+                f"[Snerd] WARNING: test clock: {self.file} holds {text[:40]!r}, not a number "
+                "of seconds; the wall clock offset stays as it was\n"
+            )
+            return
+        offset_us = int(value * 1_000_000)
+        if offset_us != self.file_offset_us:
+            self.file_offset_us = offset_us
+            self._say(
+                f"[Snerd] test clock: the wall clock is now offset by {value:+.6f} s "
+                f"(SNERD_TEST_CLOCK_FILE={self.file})\n"
+            )
+
+    @staticmethod
+    def _say(text: str) -> None:
+        # Straight to fd 2 (stderr), unbuffered: one write, whatever else prints.
+        try:
+            os.write(2, text.encode("utf-8", "replace"))
+        except OSError:
+            return
 
 
 def _now_factory() -> Callable[[int, int], ev.Now]:
