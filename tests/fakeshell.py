@@ -26,8 +26,9 @@ class FakeShell:
         self.config = config or NodeConfig(node_id="test-node@pid-1-aa")
         #: Shared "disk", so a second FakeShell can restart on the same data.
         self.disk = disk if disk is not None else {"logs": {}, "membership": None, "locks": {}}
-        #: Inbox files: (shard, writer node) -> bytes.
+        #: Inbox files: (shard, segment) -> bytes; their `.read` hints: (shard, segment) -> int.
         self.disk.setdefault("inboxes", {})
+        self.disk.setdefault("inbox_hints", {})
         self.node = Node(self.config)
         self.wall = T0
         self.mono = 5 * SECOND
@@ -196,8 +197,25 @@ class FakeShell:
                 self.held.append(effect)
             else:
                 self._commit_inbox(effect)
+        elif isinstance(effect, fx.MarkInboxRead):
+            self.disk["inbox_hints"][(effect.shard, effect.segment)] = effect.offset
+        elif isinstance(effect, fx.RemoveInbox):
+            self.disk["inboxes"].pop((effect.shard, effect.segment), None)
+            self.disk["inbox_hints"].pop((effect.shard, effect.segment), None)
+        elif isinstance(effect, fx.CheckInboxes):
+            found = []
+            for key in effect.segments:
+                data = self.disk["inboxes"].get(key)
+                found.append(
+                    (*key, self.disk["inbox_hints"].get(key), None if data is None else len(data))
+                )
+            self.queue.append(ev.InboxProgress(segments=tuple(found)))
         elif isinstance(effect, fx.ReadInbox):
             chunks = []
+            present = tuple(
+                (shard, tuple(sorted(n for s, n in self.disk["inboxes"] if s == shard)))
+                for shard in effect.offsets
+            )
             for (shard, node), data in sorted(self.disk["inboxes"].items()):
                 if shard not in effect.offsets:
                     continue
@@ -216,7 +234,7 @@ class FakeShell:
                         corrupt=tuple(result.corrupt),
                     )
                 )
-            self.queue.append(ev.InboxRead(chunks=tuple(chunks)))
+            self.queue.append(ev.InboxRead(chunks=tuple(chunks), present=present))
         elif isinstance(effect, fx.Compact):
             log = bytes(self.disk["logs"].get(effect.shard, b""))
             new = bytearray()
@@ -271,7 +289,7 @@ class FakeShell:
         )
 
     def _commit_inbox(self, effect: fx.AppendInbox) -> None:
-        inbox = self.disk["inboxes"].setdefault((effect.shard, self.config.node_id), bytearray())
+        inbox = self.disk["inboxes"].setdefault((effect.shard, effect.segment), bytearray())
         offsets, lengths = [], []
         for record in effect.records:
             line = encode_record(record.fields)

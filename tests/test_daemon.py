@@ -191,9 +191,14 @@ async def test_a_second_daemon_on_the_same_directory_waits_and_routes_enqueues_t
     # The first is unaffected.
     await first.enqueue("y")
     assert (await first.wait_for(is_ack("y")))["action"] == "ack"
-    for d in (first, second):
-        await d.close_stdin()
-        assert await d.wait() == 0
+    size = inbox[0].stat().st_size
+    # Stopping, the second waits until the owner has ingested its inbox, then removes it.
+    await second.close_stdin()
+    assert await second.wait() == 0
+    assert not inbox[0].exists()
+    assert list(inbox[0].parent.iterdir()) == []  # nor its `.read` hint
+    await first.close_stdin()
+    assert await first.wait() == 0
     records = [
         orjson.loads(line)
         for line in (tmp_path / "q" / "shard-0" / "tasks" / "tasks.log").read_bytes().splitlines()
@@ -202,7 +207,7 @@ async def test_a_second_daemon_on_the_same_directory_waits_and_routes_enqueues_t
     assert x[0]["snerdVia"] == inbox[0].name.removesuffix(".log")
     assert x[-1]["snerdOutcome"] == "completed"
     (progress,) = [r for r in records if r.get("snerdKind") == "inbox"]
-    assert progress["offset"] == inbox[0].stat().st_size
+    assert progress["offset"] == size
 
 
 async def test_upstream_single_log_directory_is_adopted(

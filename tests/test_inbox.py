@@ -162,8 +162,8 @@ def test_an_ingest_that_fails_is_read_again_later_and_nothing_is_lost() -> None:
     assert owner.executed_ids() == ["a"]
 
 
-def test_a_drain_waits_for_inbox_appends_to_be_answered() -> None:
-    _owner, other = pair()
+def test_a_drain_waits_for_inbox_appends_to_be_answered_then_removes_the_read_inbox() -> None:
+    owner, other = pair()
     other.hold_inbox = True
     other.enqueue("a")
     other.feed(ev.DrainRequested(reason="SIGTERM"))
@@ -173,5 +173,56 @@ def test_a_drain_waits_for_inbox_appends_to_be_answered() -> None:
     other.release_held()
     assert other.messages("ack")[-1]["task_id"] == "a"
     other.advance(0.5)
+    assert other.exit_code is None  # its inbox is not ingested yet
+    owner.advance(1.2)  # ingests, and (within a second) tells the writer how far
+    assert owner.disk["inbox_hints"][(0, "other@pid-2-b")] == len(inbox_of(other))
+    other.advance(0.2)
     assert other.exit_code == 0
+    assert (0, "other@pid-2-b") not in owner.disk["inboxes"]  # removed by its writer
+    # The owner forgets the offset of a file that is gone (compaction stops keeping it).
+    owner.advance(0.2)
+    assert "other@pid-2-b" not in owner.node.shards[0].inbox_done
 
+
+def test_a_drain_does_not_wait_long_for_an_inbox_nobody_reads() -> None:
+    owner, other = pair()
+    other.enqueue("a")
+    other.feed(ev.DrainRequested(reason="SIGTERM"))
+    other.advance(2.9)
+    assert other.exit_code is None
+    other.advance(0.2)
+    assert other.exit_code == 0
+    assert (0, "other@pid-2-b") in owner.disk["inboxes"]  # left for the owner to read
+
+
+def test_a_full_inbox_segment_is_closed_and_removed_once_ingested() -> None:
+    owner = FakeShell(NodeConfig(node_id="owner@pid-1-a"))
+    owner.start()
+    other = FakeShell(
+        NodeConfig(node_id="other@pid-2-b", inbox_segment_bytes=600), disk=owner.disk
+    )
+    other.start()
+    owner.register("t")
+    for i in range(6):
+        other.enqueue(f"t{i}")
+    names = sorted(n for _, n in other.disk["inboxes"])
+    assert len(names) >= 2 and names[0] == "other@pid-2-b" and names[1] == "other@pid-2-b~1"
+    owner.advance(1.2)
+    assert sorted(owner.executed_ids()) == [f"t{i}" for i in range(6)]
+    other.advance(1.1)
+    # Every closed segment is gone; the one still taking enqueues stays.
+    left = sorted(n for _, n in other.disk["inboxes"])
+    assert left == [other.node.inbox_current[0].name]
+    # A failed write closes its segment too (what it holds past the last acked record is
+    # unknown); here nothing reached it, and it is dropped.
+    other.disk_full = True
+    other.enqueue("x")
+    failed = other.node.inbox_current[0]
+    other.disk_full = False
+    other.enqueue("y")
+    assert failed.failed and failed.closed
+    assert other.node.inbox_current[0] is not failed
+    owner.advance(1.2)
+    other.advance(1.1)
+    assert (0, failed.name) not in other.node.inbox_segments
+    assert [m["task_id"] for m in other.messages("ack")][-1] == "y"

@@ -14,6 +14,7 @@ __all__ = [
     "Append",
     "AppendInbox",
     "CallWebhook",
+    "CheckInboxes",
     "Compact",
     "DeliverDeadLetter",
     "Effect",
@@ -22,10 +23,12 @@ __all__ = [
     "KeepRange",
     "Location",
     "Log",
+    "MarkInboxRead",
     "NewRecord",
     "ReadInbox",
     "ReadLog",
     "ReadMembership",
+    "RemoveInbox",
     "Send",
     "TryLock",
     "Unlock",
@@ -77,14 +80,45 @@ class Append(Effect):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendInbox(Effect):
-    """Append records to this node's own inbox for a shard it does not own,
-    `shard-N/inbox/<node>.log` (created with its folder if missing), and make them durable,
-    exactly as an `Append` (group commit; a failed write is truncated away). The shard's owner
-    ingests them. Answered by `AppendCommitted` or `AppendFailed` with the same token."""
+    """Append records to this node's own inbox file for a shard it does not own,
+    `shard-N/inbox/<segment>.log` (created with its folder if missing), and make them durable
+    as an `Append` does (group commit), except that a failed write is never cut back off the
+    file: the owner may have read it already. The shard's owner ingests them. Answered by
+    `AppendCommitted` or `AppendFailed` with the same token."""
 
     token: int
     shard: int
+    #: The file's name without `.log`: the node id, then `<node id>~<n>` for later segments.
+    segment: str
     records: tuple[NewRecord, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MarkInboxRead(Effect):
+    """Tell an inbox's writer how far its file is ingested (durably, in tasks.log): replace
+    `shard-N/inbox/<segment>.read` with the offset. A hint for the writer's clean-up only;
+    nothing is answered, and a failure is only logged."""
+
+    shard: int
+    segment: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckInboxes(Effect):
+    """For each (shard, segment) of this node's own inbox files, read the `.read` hint and the
+    file's size. Answered by one `InboxProgress`."""
+
+    segments: tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoveInbox(Effect):
+    """Unlink one of this node's own inbox files and its `.read` hint (fully ingested, never to
+    be written again). Nothing is answered; a failure is only logged."""
+
+    shard: int
+    segment: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

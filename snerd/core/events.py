@@ -23,6 +23,7 @@ __all__ = [
     "DrainRequested",
     "Event",
     "InboxChunk",
+    "InboxProgress",
     "InboxRead",
     "LineReceived",
     "LockAcquired",
@@ -189,6 +190,17 @@ class InboxRead(Event):
 
     chunks: tuple[InboxChunk, ...]
     errors: tuple[tuple[int, str], ...] = ()
+    #: Per shard whose inbox folder could be listed: the segments (file names without `.log`)
+    #: it holds now.
+    present: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InboxProgress(Event):
+    """The answer to a `CheckInboxes`: per (shard, segment), the offset in its `.read` hint
+    (None: no hint, or it does not parse) and the file's size (None: it does not exist)."""
+
+    segments: tuple[tuple[int, str, int | None, int | None], ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -175,6 +175,13 @@ class NodeConfig:
     #: (SNERD_INBOX_POLL_MS), and how much of one inbox file it takes in one read.
     inbox_poll_us: int = 100_000
     inbox_read_bytes: int = 4 * 1024 * 1024
+    #: This node's own inbox files: a new segment is started once one holds this much, and
+    #: closed segments are removed once their owner has ingested them (checked this often).
+    inbox_segment_bytes: int = 16 * 1024 * 1024
+    inbox_check_us: int = SECOND
+    #: How long a drain waits, at most, for the owners to ingest this node's inboxes so that
+    #: it can remove them (a shard nobody owns would hold the drain up to its timeout).
+    inbox_drain_wait_us: int = 3 * SECOND
 
 
 def route_shard(key: str, shards: int) -> int:
@@ -279,6 +286,23 @@ class ShardInfo:
     inbox_done: dict[str, int] = field(default_factory=dict)
     inbox_locs: dict[str, fx.Location] = field(default_factory=dict)
     inbox_taken: dict[str, int] = field(default_factory=dict)
+    #: The offset last written into each file's `.read` hint for its writer.
+    inbox_marked: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InboxSegment:
+    """One of this node's own inbox files, `shard-N/inbox/<name>.log`."""
+
+    shard: int
+    name: str
+    #: End of its last committed append: the bytes this node knows are in the file.
+    end: int = 0
+    in_flight: int = 0
+    #: A write to it failed: what the file holds past `end` is unknown; it takes no more.
+    failed: bool = False
+    #: No more appends go to it: it is removed once its owner has ingested all of it.
+    closed: bool = False
 
 
 @dataclass(slots=True)
@@ -350,6 +374,16 @@ class Node:
         #: When to read the inboxes of owned shards next; a `ReadInbox` is out.
         self.inbox_poll_at_mono: int | None = None
         self.inbox_busy = False
+        #: This node's own inbox files not removed yet, by (shard, name); the one appends go
+        #: to, per shard; the next segment number per shard; when to check closed ones next.
+        self.inbox_segments: dict[tuple[int, str], InboxSegment] = {}
+        self.inbox_current: dict[int, InboxSegment] = {}
+        self.inbox_next: dict[int, int] = {}
+        self.inbox_check_at_mono: int | None = None
+        self.inbox_checking = False
+        self.inbox_drain_until_mono: int | None = None
+        #: When to tell the writers next how far their inboxes are ingested (`.read` hints).
+        self.inbox_mark_at_mono = 0
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.drain_deadline_mono: int | None = None
@@ -455,6 +489,10 @@ class Node:
             and self.phase is NodePhase.RUNNING
         ):
             candidates.append(self.inbox_poll_at_mono - now.mono)
+        if self.inbox_check_at_mono is not None and self.inbox_segments and not self.inbox_checking:
+            candidates.append(self.inbox_check_at_mono - now.mono)
+        if self.inbox_drain_until_mono is not None and self._inbox_drain_pending():
+            candidates.append(self.inbox_drain_until_mono - now.mono)
         for info in self.shards.values():
             if info.retry_lock_at_mono is not None:
                 candidates.append(info.retry_lock_at_mono - now.mono)
@@ -762,6 +800,7 @@ class Node:
         info.inbox_done.clear()
         info.inbox_taken.clear()
         info.inbox_locs.clear()
+        info.inbox_marked.clear()
         self.parked_by_shard.pop(shard, None)
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
@@ -1180,10 +1219,37 @@ class Node:
         same id, a duplicate payload, dependencies) when it ingests the record."""
         fields, _ = self._enqueue_fields(cmd, payload_hash)
         fields["snerdNode"] = self.config.node_id
+        segment = self._inbox_segment(shard)
+        segment.in_flight += 1
         token = self._next_token()
-        self.pending[token] = PendingAppend(kind="inbox", shard=shard, task_id=cmd.task_id)
+        self.pending[token] = PendingAppend(
+            kind="inbox", shard=shard, task_id=cmd.task_id, extra={"segment": segment}
+        )
         self.stats["total_enqueued"] += 1
-        self._emit(fx.AppendInbox(token=token, shard=shard, records=(_new_record(fields),)))
+        self._emit(
+            fx.AppendInbox(
+                token=token, shard=shard, segment=segment.name, records=(_new_record(fields),)
+            )
+        )
+
+    def _inbox_segment(self, shard: int) -> InboxSegment:
+        """The inbox file the next enqueue for `shard` goes to: a new segment once the current
+        one is big, or after a write to it failed."""
+        current = self.inbox_current.get(shard)
+        if (
+            current is not None
+            and not current.failed
+            and current.end < self.config.inbox_segment_bytes
+        ):
+            return current
+        if current is not None:
+            current.closed = True
+        n = self.inbox_next.get(shard, 0)
+        self.inbox_next[shard] = n + 1
+        name = self.config.node_id if n == 0 else f"{self.config.node_id}~{n}"
+        segment = self.inbox_current[shard] = InboxSegment(shard=shard, name=name)
+        self.inbox_segments[(shard, name)] = segment
+        return segment
 
     def _runs_at_once(self, task: Task) -> bool:
         """True when a task being enqueued would be dispatched as soon as its enqueue record
@@ -1362,6 +1428,12 @@ class Node:
             and (self.inbox_poll_at_mono is None or now.mono >= self.inbox_poll_at_mono)
         ):
             self._read_inboxes()
+        if (
+            not self.inbox_checking
+            and self.inbox_segments
+            and (self.inbox_check_at_mono is None or now.mono >= self.inbox_check_at_mono)
+        ):
+            self._check_inboxes()
         # Appends that failed and are due for another try.
         for token in self.retry_appends.pop_due(now.mono):
             p = self.pending.get(token)
@@ -1643,6 +1715,9 @@ class Node:
     def _on_append_committed(self, event: ev.AppendCommitted) -> None:
         p = self.pending.pop(event.token)
         if p.kind == "inbox":
+            segment: InboxSegment = p.extra["segment"]
+            segment.in_flight -= 1
+            segment.end = max(segment.end, event.offsets[-1] + event.lengths[-1])
             self._send(proto.ack_enqueued(p.task_id or "", p.shard))
             return
         info = self.shards[p.shard]
@@ -1778,8 +1853,12 @@ class Node:
         p = self.pending[event.token]
         if p.kind == "inbox":
             # Whatever of the write reached the file stays there (an inbox is never cut: its
-            # reader may have taken it already), so the owner may still run the task.
+            # reader may have taken it already), so the owner may still run the task. Later
+            # enqueues go to a new segment.
             del self.pending[event.token]
+            failed: InboxSegment = p.extra["segment"]
+            failed.in_flight -= 1
+            failed.failed = True
             self.stats["total_enqueued"] -= 1
             message = proto.failed_to_enqueue(
                 f"{event.error} (writing this daemon's inbox for {shard_name(p.shard)}; "
@@ -1896,6 +1975,14 @@ class Node:
         )
         self.phase = NodePhase.DRAINING
         self.drain_deadline_mono = self._now.mono + self.config.drain_timeout_us
+        # No more enqueues: every inbox file of this node is closed, to be removed once read.
+        for segment in self.inbox_current.values():
+            segment.closed = True
+        self.inbox_current.clear()
+        self.inbox_drain_until_mono = self._now.mono + min(
+            self.config.inbox_drain_wait_us, self.config.drain_timeout_us
+        )
+        self.inbox_check_at_mono = None
         self.input_closed = event.input_closed
 
     def _drain_progress(self) -> None:
@@ -1908,7 +1995,11 @@ class Node:
             for t in self.inflight
             if not self.input_closed or self.tasks[t].webhook_url is not None
         ]
-        busy = bool(waiting_for) or any(p.kind != "dispatch" for p in self.pending.values())
+        busy = (
+            bool(waiting_for)
+            or any(p.kind != "dispatch" for p in self.pending.values())
+            or self._inbox_drain_pending()
+        )
         if busy and not late:
             return
         if self.inflight:
@@ -1944,9 +2035,13 @@ class Node:
 
     def _finish_release(self) -> None:
         for shard, info in self.shards.items():
-            if info.phase not in (ShardPhase.UNOWNED, ShardPhase.LOCKING, ShardPhase.PAUSED):
+            if (
+                info.phase not in (ShardPhase.UNOWNED, ShardPhase.LOCKING, ShardPhase.PAUSED)
+                or shard in self.proven_dead  # locked, its claim never written
+            ):
                 self._emit(fx.Unlock(shard=shard))
             info.phase = ShardPhase.UNOWNED
+        self.proven_dead.clear()
         self.phase = NodePhase.STOPPED
         self.renew_at_mono = None
         self._log("info", "Shutdown complete.")
@@ -2097,8 +2192,64 @@ class Node:
         self.inbox_poll_at_mono = self._now.mono + self.config.inbox_poll_us
         for shard, error in event.errors:
             self._log("warning", f"{shard_name(shard)}: cannot read its inbox: {error}")
+        for shard, names in event.present:
+            # A file gone from the folder was removed by its writer, which does so only once
+            # it was ingested in full (per this shard's log): its offset is of no more use.
+            info = self.shards.get(shard)
+            if info is None:
+                continue
+            for name in [n for n in info.inbox_done if n not in names]:
+                if info.inbox_taken.get(name) == info.inbox_done[name]:
+                    del info.inbox_done[name], info.inbox_taken[name]
+                    info.inbox_locs.pop(name, None)
+                    info.inbox_marked.pop(name, None)
         for chunk in event.chunks:
             self._ingest(chunk)
+        if self._now.mono >= self.inbox_mark_at_mono:
+            # The writers remove their closed files once they see them ingested in full.
+            self.inbox_mark_at_mono = self._now.mono + self.config.inbox_check_us
+            for shard, info in self.shards.items():
+                for name, done in info.inbox_done.items():
+                    if info.inbox_marked.get(name) != done:
+                        info.inbox_marked[name] = done
+                        self._emit(fx.MarkInboxRead(shard=shard, segment=name, offset=done))
+
+    def _check_inboxes(self) -> None:
+        """Ask how far the owners have ingested this node's closed inbox files."""
+        now = self._now.mono
+        draining = self.phase is NodePhase.DRAINING
+        self.inbox_check_at_mono = now + (
+            self.config.inbox_poll_us if draining else self.config.inbox_check_us
+        )
+        segments = tuple(
+            key for key, s in self.inbox_segments.items() if s.closed and not s.in_flight
+        )
+        if segments:
+            self.inbox_checking = True
+            self._emit(fx.CheckInboxes(segments=segments))
+
+    def _on_inbox_progress(self, event: ev.InboxProgress) -> None:
+        self.inbox_checking = False
+        for shard, name, read, size in event.segments:
+            segment = self.inbox_segments.get((shard, name))
+            if segment is None or not segment.closed or segment.in_flight:
+                continue
+            if size is None:
+                del self.inbox_segments[(shard, name)]  # gone already
+            elif size == 0 or (read is not None and read >= size):
+                # All of it is ingested (a failed write's partial line, which the owner never
+                # reads past, keeps a file from ever getting here).
+                del self.inbox_segments[(shard, name)]
+                self._emit(fx.RemoveInbox(shard=shard, segment=name))
+
+    def _inbox_drain_pending(self) -> bool:
+        """A drain still waits for this node's inbox files to be ingested and removed."""
+        until = self.inbox_drain_until_mono
+        return (
+            until is not None
+            and self._now.mono < until
+            and bool(self.inbox_segments)
+        )
 
     def _ingest(self, chunk: ev.InboxChunk) -> None:
         """Enqueue the tasks of one inbox chunk into the shard's log, followed by an `inbox`
@@ -2259,6 +2410,7 @@ _HANDLERS: dict[type[Any], Any] = {
     ev.CompactionRequested: Node._on_compaction_requested,
     ev.PayloadUnreadable: Node._on_payload_unreadable,
     ev.InboxRead: Node._on_inbox_read,
+    ev.InboxProgress: Node._on_inbox_progress,
     proto.Register: Node._on_register,
     proto.Enqueue: Node._on_enqueue,
     proto.Result: Node._on_result,

@@ -8,19 +8,30 @@ unique per process start, so a file has one writer for its whole life and a cras
 torn last line is never followed by another.
 
 This module owns the paths and the reading: what is new in every inbox of some shards, from
-given offsets, complete lines only (a line still being written is left for the next read).
-Blocking: run `read_inboxes` in a worker thread.
+given offsets, complete lines only (a line still being written is left for the next read);
+and the clean-up hints: the owner writes how far it has ingested a file into
+`<segment>.read` beside it, and the writer, which alone removes its files, reads that back.
+Blocking: run these in a worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 from snerd.core import events as ev
 from snerd.io.log import read_log
 
-__all__ = ["INBOX", "inbox_path", "is_inbox_path", "read_inboxes"]
+__all__ = [
+    "INBOX",
+    "inbox_path",
+    "inbox_progress",
+    "is_inbox_path",
+    "mark_read",
+    "read_inboxes",
+    "remove_inbox",
+]
 
 #: The inbox folder inside a shard's folder, and the suffix of an inbox file.
 INBOX = "inbox"
@@ -36,6 +47,50 @@ def inbox_path(directory: str | os.PathLike[str], shard: int, node: str) -> str:
     return os.path.join(directory, f"shard-{shard}", INBOX, _file_name(node))
 
 
+def _hint_path(directory: str | os.PathLike[str], shard: int, segment: str) -> str:
+    return inbox_path(directory, shard, segment)[: -len(_SUFFIX)] + ".read"
+
+
+def mark_read(directory: str | os.PathLike[str], shard: int, segment: str, offset: int) -> None:
+    """Replace `<segment>.read` with `offset`: write a temp file, rename it over. Atomic, but
+    not fsynced: it is a hint, written after the ingestion it reports is durable, so a hint
+    lost in a crash only delays the clean-up (and a damaged one reads as no hint)."""
+    path = _hint_path(directory, shard, segment)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(f"{offset}\n".encode())
+    os.replace(tmp, path)
+
+
+def inbox_progress(
+    directory: str | os.PathLike[str], segments: tuple[tuple[int, str], ...]
+) -> list[tuple[int, str, int | None, int | None]]:
+    """Per (shard, segment): the offset its `.read` hint holds (None: none, or unreadable) and
+    the file's size (None: no such file)."""
+    out: list[tuple[int, str, int | None, int | None]] = []
+    for shard, segment in segments:
+        try:
+            size: int | None = os.stat(inbox_path(directory, shard, segment)).st_size
+        except FileNotFoundError:
+            size = None
+        except OSError:
+            continue  # unknown: ask again later
+        try:
+            with open(_hint_path(directory, shard, segment), "rb") as f:
+                read: int | None = int(f.read(32).strip())
+        except (OSError, ValueError):
+            read = None
+        out.append((shard, segment, read, size))
+    return out
+
+
+def remove_inbox(directory: str | os.PathLike[str], shard: int, segment: str) -> None:
+    """Unlink an inbox file, then its hint (a missing one is no error)."""
+    for path in (inbox_path(directory, shard, segment), _hint_path(directory, shard, segment)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 def is_inbox_path(path: str) -> bool:
     """True for a path `inbox_path` makes (the group-commit log never cuts such a file)."""
     return os.path.basename(os.path.dirname(path)) == INBOX and path.endswith(_SUFFIX)
@@ -45,13 +100,14 @@ def read_inboxes(
     directory: str | os.PathLike[str],
     offsets: dict[int, dict[str, int]],
     max_bytes: int,
-) -> tuple[list[ev.InboxChunk], list[tuple[int, str]]]:
+) -> tuple[list[ev.InboxChunk], list[tuple[int, str]], list[tuple[int, tuple[str, ...]]]]:
     """What is new in the inboxes of the shards in `offsets` (shard -> {node: offset read}):
     one chunk per file that grew, holding its complete lines from the offset on, at most about
-    `max_bytes` of them; and the errors met, as (shard, text). A missing inbox folder is an
-    empty inbox."""
+    `max_bytes` of them; the errors met, as (shard, text); and per shard listed, the inbox
+    files it holds (names without `.log`). A missing inbox folder is an empty inbox."""
     chunks: list[ev.InboxChunk] = []
     errors: list[tuple[int, str]] = []
+    present: list[tuple[int, tuple[str, ...]]] = []
     for shard, known in offsets.items():
         folder = Path(directory, f"shard-{shard}", INBOX)
         try:
@@ -62,10 +118,12 @@ def read_inboxes(
                     if e.name.endswith(_SUFFIX) and not e.name.startswith(".")
                 ]
         except FileNotFoundError:
+            present.append((shard, ()))
             continue
         except OSError as exc:
             errors.append((shard, f"{folder}: {exc.strerror or exc}"))
             continue
+        present.append((shard, tuple(sorted(name for name, _, _ in files))))
         for node, path, size in sorted(files):
             start = known.get(node, 0)
             if size <= start:
@@ -77,7 +135,7 @@ def read_inboxes(
                 continue
             if chunk is not None:
                 chunks.append(chunk)
-    return chunks, errors
+    return chunks, errors, present
 
 
 def _read_one(shard: int, node: str, path: str, start: int, max_bytes: int) -> ev.InboxChunk | None:

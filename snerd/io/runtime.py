@@ -31,7 +31,14 @@ from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
-from snerd.io.inbox import inbox_path, is_inbox_path, read_inboxes
+from snerd.io.inbox import (
+    inbox_path,
+    inbox_progress,
+    is_inbox_path,
+    mark_read,
+    read_inboxes,
+    remove_inbox,
+)
 from snerd.io.membership import (
     LOST_LOCK_ERRNOS,
     MembershipConflict,
@@ -458,8 +465,8 @@ class Runtime:
         assert self._log is not None
         inbox = type(effect) is fx.AppendInbox
         path = (
-            inbox_path(self.directory, effect.shard, self.node.config.node_id)
-            if inbox
+            inbox_path(self.directory, effect.shard, effect.segment)
+            if isinstance(effect, fx.AppendInbox)
             else self.log_path(effect.shard)
         )
         token = effect.token
@@ -493,12 +500,43 @@ class Runtime:
 
     async def _read_inbox_task(self, effect: fx.ReadInbox) -> None:
         try:
-            chunks, errors = await trio.to_thread.run_sync(
+            chunks, errors, present = await trio.to_thread.run_sync(
                 read_inboxes, self.directory, effect.offsets, effect.max_bytes
             )
         except OSError as exc:  # (per-file errors are reported in `errors`)
-            chunks, errors = [], [(shard, _describe(exc)) for shard in effect.offsets]
-        self.submit(ev.InboxRead(chunks=tuple(chunks), errors=tuple(errors)))
+            chunks, errors, present = [], [(s, _describe(exc)) for s in effect.offsets], []
+        self.submit(
+            ev.InboxRead(chunks=tuple(chunks), errors=tuple(errors), present=tuple(present))
+        )
+
+    def _inbox_chore(self, effect: fx.MarkInboxRead | fx.RemoveInbox) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._inbox_chore_task, effect)
+
+    async def _inbox_chore_task(self, effect: fx.MarkInboxRead | fx.RemoveInbox) -> None:
+        try:
+            if isinstance(effect, fx.MarkInboxRead):
+                await trio.to_thread.run_sync(
+                    mark_read, self.directory, effect.shard, effect.segment, effect.offset
+                )
+            else:
+                await trio.to_thread.run_sync(
+                    remove_inbox, self.directory, effect.shard, effect.segment
+                )
+        except OSError as exc:
+            self.peer.log(
+                "warning",
+                f"shard-{effect.shard}/inbox/{effect.segment}: clean-up step failed "
+                f"({_describe(exc)}); it is tried again later",
+            )
+
+    def _check_inboxes(self, effect: fx.CheckInboxes) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._check_inboxes_task, effect)
+
+    async def _check_inboxes_task(self, effect: fx.CheckInboxes) -> None:
+        found = await trio.to_thread.run_sync(inbox_progress, self.directory, effect.segments)
+        self.submit(ev.InboxProgress(segments=tuple(found)))
 
     def _compact(self, effect: fx.Compact) -> None:
         assert self._nursery is not None
@@ -764,6 +802,9 @@ _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Append: Runtime._append,
     fx.AppendInbox: Runtime._append,
     fx.ReadInbox: Runtime._read_inbox,
+    fx.MarkInboxRead: Runtime._inbox_chore,
+    fx.RemoveInbox: Runtime._inbox_chore,
+    fx.CheckInboxes: Runtime._check_inboxes,
     fx.Compact: Runtime._compact,
     fx.ReadLog: Runtime._read_log,
     fx.ReadMembership: Runtime._read_membership,
