@@ -62,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
         help="succeed only if the checker reports a violation (negative controls)",
     )
     p.add_argument("--drain-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="a mount point of your own shared filesystem (repeat for each mount of "
+        "the same filesystem; nodes take them in turn); the run makes a fresh "
+        "directory under it and leaves it there",
+    )
     return p
 
 
@@ -90,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gap_s=args.gap,
         unsafe_no_fence=args.unsafe_no_fence,
         drain_timeout=args.drain_timeout,
+        dirs=tuple(args.dir),
     )
     print(
         f"jepsen-lite: fs={config.fs} nodes={config.nodes} shards={config.shards} "

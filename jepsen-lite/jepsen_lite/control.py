@@ -71,6 +71,9 @@ class RunConfig:
     unsafe_no_fence: bool = False
     #: The two directories (mount A, mount B) of a GlusterFS run; found or brought up if None.
     gluster_dirs: tuple[Path, Path] | None = None
+    #: Mount points of one shared filesystem (your own EFS, GlusterFS, Lustre...): the run
+    #: makes a fresh directory under the first and uses it through each, nodes in turn.
+    dirs: tuple[Path, ...] = ()
     #: Longest wait for the drain, seconds.
     drain_timeout: float = 120.0
     #: Share of tasks in the rate-limited group.
@@ -610,11 +613,16 @@ class Run:
             await asyncio.sleep(0.05)
         while time.monotonic() < end and shard in node.believed:
             await asyncio.sleep(0.1)
+        # The fault is the replaced lock file; a second owner is its possible effect.
         self.fault_end(
             f,
-            inode is not None and other is not None,
-            f"shard-{shard}/.lock replaced (new inode {inode}); {other or 'no other node'} "
-            f"took the shard while {node.name} held it",
+            inode is not None,
+            f"shard-{shard}/.lock replaced (new inode {inode}); "
+            + (
+                f"{other} took the shard while {node.name} held it"
+                if other
+                else "no other node took the shard meanwhile"
+            ),
         )
 
     async def heal(self) -> None:
@@ -708,6 +716,16 @@ class Run:
 
 def _setup_dirs(config: RunConfig, out: Path) -> tuple[list[Path], Callable[[], None]]:
     """The queue directory as each node sees it, and how to undo the setup."""
+    if config.dirs:
+        name = f"jepsen-{config.seed}-{os.getpid()}-{int(time.time())}"
+        (config.dirs[0] / name).mkdir()
+        seen = [d / name for d in config.dirs]
+        end = time.monotonic() + 10
+        while not all(p.is_dir() for p in seen):
+            if time.monotonic() > end:
+                raise RuntimeError(f"{seen[0]} made, but not seen through every --dir in 10 s")
+            time.sleep(0.1)
+        return seen, lambda: None
     if config.fs == "local":
         d = out / "data"
         d.mkdir(parents=True)

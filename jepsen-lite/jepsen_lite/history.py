@@ -40,7 +40,9 @@ _STEP_SLACK_US = 500_000
 
 
 def node_name(owner_id: str) -> str:
-    """`n1@pid-123-a1b2c3` -> `n1@pid-123` (the name the workers' events use)."""
+    """`n1@pid-123-a1b2c3` -> `n1@pid-123` (the name the workers' events use); an inbox
+    writer's `snerdVia` may carry a segment (`n1@pid-123-a1b2c3~7`), dropped too."""
+    owner_id = owner_id.partition("~")[0]
     head, sep, tail = owner_id.rpartition("-")
     return head if sep and len(tail) == 6 and "@pid-" in head else owner_id
 
