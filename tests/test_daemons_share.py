@@ -118,3 +118,27 @@ async def test_a_running_standby_takes_a_killed_owners_shard_long_before_a_round
     assert "its owner's process is gone" in b.stderr.decode()
     await b.close_stdin()
     assert await b.wait() == 0
+
+
+async def test_a_daemon_proven_dead_is_not_counted_for_fair_shares(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Two daemons share 4 shards; one is killed. The survivor takes the dead one's shards at
+    once (their locks are free) and keeps its own: it does not count the dead daemon among the
+    live ones while its heartbeat still looks fresh (that would make it hand shards back to
+    nobody, free for a lease and more)."""
+    # Rounds every second; a heartbeat looks fresh for lease + margin = 8 s.
+    env = {"SNERD_SHARDS": "4", "SNERD_LEASE_TTL": "3"}
+    a = await Daemon.start(nursery, tmp_path / "q", env=env)
+    await a.wait_for(owning(4))
+    b = await Daemon.start(nursery, tmp_path / "q", env=env)
+    await b.wait_for(owning(2), timeout=10)
+    a.kill()
+    got = await b.wait_for(owning(4), timeout=4)
+    assert got["owned"] == [f"shard-{i}" for i in range(4)]
+    # And it keeps them: no give-back follows (the next rounds would show one).
+    with trio.move_on_after(4):
+        m = await b.wait_for(lambda m: m.get("action") == "membership", timeout=30)
+        raise AssertionError(f"the shares changed again: {m}")
+    await b.close_stdin()
+    assert await b.wait() == 0

@@ -59,6 +59,7 @@ from snerd.core.ownership import (
     OwnershipConfig,
     ShardPhase,
     claim_epoch,
+    claim_owner,
     claimable,
     fair_cap,
     give_back,
@@ -362,6 +363,10 @@ class Node:
         #: Shards whose lock this node took while another node's claim was live: that node's
         #: process is gone. The lock stays held until the claim is rewritten as ours.
         self.proven_dead: set[int] = set()
+        #: Nodes whose process is gone, proven by their shard's lock (node id -> when, mono):
+        #: no longer counted among the live nodes for fair shares, so their shards are not
+        #: handed back to them while their heartbeat still looks fresh.
+        self.dead_nodes: dict[str, int] = {}
         #: When to try other nodes' shard locks next (only where flock proves liveness).
         self.probe_at_mono: int | None = None
         #: Claims and heartbeats seen in membership.json, timed on this node's monotonic clock.
@@ -596,6 +601,14 @@ class Node:
             if info.phase not in (ShardPhase.UNOWNED, ShardPhase.PROBING) and shard not in mine:
                 self._step_down(shard, "its claim in membership.json now names another owner")
         live = self.observer.live_nodes(node_id=node_id, mono_us=now.mono, config=config)
+        if self.dead_nodes:
+            # Proven dead: not live, whatever their heartbeat says (and no longer written).
+            # Forgotten once the heartbeat would have lapsed anyway (ids are never reused).
+            forget = 2 * (config.ttl_us + config.skew_margin_us)
+            for dead, since in list(self.dead_nodes.items()):
+                if now.mono - since > forget:
+                    del self.dead_nodes[dead]
+            live = [n for n in live if n not in self.dead_nodes]
         releases: list[int] = []
         if self.phase is NodePhase.DRAINING:
             # Renewals go on during a drain (upstream let leases lapse), but nothing new is
@@ -732,6 +745,9 @@ class Node:
             # The claimant's process is gone (we hold its lock): claim the shard now.
             info.phase = ShardPhase.UNOWNED
             self.proven_dead.add(event.shard)
+            dead = claim_owner(self.doc or {}, event.shard)
+            if dead is not None and dead != self.config.node_id:
+                self.dead_nodes[dead] = self._now.mono
             self._log(
                 "info",
                 f"{shard_name(event.shard)}: its owner's process is gone (its lock was free); "

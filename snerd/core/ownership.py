@@ -57,6 +57,7 @@ __all__ = [
     "OwnershipConfig",
     "ShardPhase",
     "claim_epoch",
+    "claim_owner",
     "claimable",
     "fair_cap",
     "give_back",
@@ -151,6 +152,11 @@ def _claim_view(doc: dict[str, Any], shard: int) -> ClaimView:
         renewals=renewals if isinstance(renewals, int) and not isinstance(renewals, bool) else 0,
         raw=raw,
     )
+
+
+def claim_owner(doc: dict[str, Any], shard: int) -> str | None:
+    """The owner a shard's claim names (None: free)."""
+    return _owner_of(doc, shard)
 
 
 def _owner_of(doc: dict[str, Any], shard: int) -> str | None:

@@ -34,7 +34,15 @@ MEMBERSHIP_LOCK = ".membership.lock"
 LOCK_WAIT_S = 10.0
 _POLL_S = 0.002
 #: errno values that mean a held lock may be gone (DESIGN §4.4).
-LOST_LOCK_ERRNOS = {errno.EIO, errno.EBADF, errno.ENOLCK, getattr(errno, "ENOTCONN", 107)}
+#: Errors on a held lock's fd that mean the lock is gone: EBADFD is what a GlusterFS client
+#: with `client.strict-locks on` returns once the server has dropped the lock.
+LOST_LOCK_ERRNOS = {
+    errno.EIO,
+    errno.EBADF,
+    errno.ENOLCK,
+    getattr(errno, "ENOTCONN", 107),
+    getattr(errno, "EBADFD", 77),
+}
 
 
 class MembershipConflict(Exception):

@@ -212,6 +212,8 @@ class Runtime:
         self._webhooks: WebhookCaller | None = None
         #: Set once the node has taken every shard it could at start (for tests and the CLI).
         self.ready = trio.Event()
+        #: The holder last reported for each shard whose lock was busy (reported on change).
+        self._busy_holders: dict[int, str] = {}
 
     # -------------------------------------------------------------- feeding events
 
@@ -672,11 +674,13 @@ class Runtime:
             self.peer.log("error", f"shard-{effect.shard}: cannot open its lock: {exc}")
             held = False
         if held:
+            self._busy_holders.pop(effect.shard, None)
             self.submit(ev.LockAcquired(shard=effect.shard))
         else:
-            self.peer.log(
-                "info", f"shard-{effect.shard}/.lock is held by: {self.locks.holder(effect.shard)}"
-            )
+            holder = self.locks.holder(effect.shard)
+            if self._busy_holders.get(effect.shard) != holder:  # say it once per holder
+                self._busy_holders[effect.shard] = holder
+                self.peer.log("info", f"shard-{effect.shard}/.lock is held by: {holder}")
             self.submit(ev.LockBusy(shard=effect.shard))
 
     def _unlock(self, effect: fx.Unlock) -> None:
