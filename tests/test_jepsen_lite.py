@@ -118,3 +118,21 @@ def test_negative_control_no_fence_with_lock_faults(tmp_path: Path) -> None:
     assert any(f.name == "lock-fault" and f.verified for f in outcome.faults)
     kinds = {v.kind for v in outcome.report.violations}
     assert DOUBLE_OWNERSHIP in kinds, outcome.report.describe()
+
+
+def test_clock_correction_picks_the_offset_that_fits() -> None:
+    """A daemon's timestamp read while the clock nemesis had it 3 s ahead maps back to true
+    time, even where the reading is ambiguous (after the step back to 0 the clock reads again
+    what it read while ahead): the record before it in its file decides."""
+    from jepsen_lite.history import ClockSteps
+
+    s = 1_000_000
+    clocks = ClockSteps()
+    clocks.add("n1", 100 * s, 3 * s)
+    clocks.add("n1", 105 * s, 0)
+    assert clocks.true_time("n2@pid-9", 103 * s) == 103 * s  # another host: untouched
+    assert clocks.true_time("n1@pid-7", 99 * s) == 99 * s  # before the step
+    assert clocks.true_time("n1@pid-7", 104 * s) == 101 * s  # only +3 s fits
+    # 107.5 s: true 104.5 s with +3 s, or true 107.5 s with 0: both fit.
+    assert clocks.true_time("n1@pid-7", 107_500_000, hint=104 * s) == 104_500_000
+    assert clocks.true_time("n1@pid-7", 107_500_000, hint=107 * s) == 107_500_000

@@ -63,20 +63,26 @@ class ClockSteps:
         i = bisect.bisect_right([s[0] for s in steps], t)
         return steps[i - 1][1] if i else 0
 
-    def true_time(self, node: str, wall_us: int) -> int:
-        """The true time at which `node`'s wall clock read `wall_us`."""
+    def true_time(self, node: str, wall_us: int, hint: int | None = None) -> int:
+        """The true time at which `node`'s wall clock read `wall_us`. Around a step a reading
+        can fit two offsets (after a step back, the clock reads again what it read before);
+        then the one nearest `hint` (the time of the record before it in its file) wins."""
         host = node.partition("@")[0]
         steps = self.steps.get(host)
         if not steps:
             return wall_us
-        candidates = {0, *(o for _, o in steps)}
-        for o in sorted(candidates, key=abs):
+        fits = []
+        for o in sorted({0, *(o for _, o in steps)}, key=abs):
             t = wall_us - o
             # Consistent when the offset in effect at t (or just before, as the daemon reads
             # the file late) is o.
             if o in (self.offset_at(host, t), self.offset_at(host, t - _STEP_SLACK_US)):
-                return t
-        return wall_us
+                fits.append(t)
+        if not fits:
+            return wall_us
+        if hint is None or len(fits) == 1:
+            return fits[0]
+        return min(fits, key=lambda t: abs(t - hint))
 
 
 def _time(value: Any) -> int | None:
@@ -196,8 +202,13 @@ def build_history(
     inbox_entries: list[dict[str, Any]] = []
     for (shard, writer, task), f in inbox_fields.items():
         raw = _time(f.get("retryAfterTime"))
+        sent = invokes.get(task)
         durable = clamp_enqueue(
-            writer, task, clocks.true_time(writer, raw) if raw is not None else params["t"]
+            writer,
+            task,
+            clocks.true_time(writer, raw, sent[-1] if sent else None)
+            if raw is not None
+            else params["t"],
         )
         inbox_at[(shard, task)] = max(durable, inbox_at.get((shard, task), durable))
         ientry: dict[str, Any] = {
@@ -225,22 +236,21 @@ def build_history(
             est: int | None = None
             if kind == "claim":
                 raw = _time(f.get("at"))
-                est = clocks.true_time(writer, raw) if raw is not None else None
+                est = clocks.true_time(writer, raw, prev) if raw is not None else None
             elif kind == "dispatch":
                 raw = _time(f.get("at"))
-                est = clocks.true_time(writer, raw) if raw is not None else None
+                est = clocks.true_time(writer, raw, prev) if raw is not None else None
                 seen = executes.get((writer, str(f.get("task")), int(f.get("attempt", 0))))
                 if seen and est is not None:
                     later = [t for t in seen if t >= est - 2_000_000]
-                    if later:
-                        est = min(est, later[0])
+                    est = min(est, later[0] if later else seen[-1])
                 elif seen:
                     est = seen[0]
             elif kind is None:
                 task = str(f.get("taskId"))
                 if f.get("deletedAt") is not None:
                     raw = _time(f.get("deletedAt"))
-                    est = clocks.true_time(writer, raw) if raw is not None else None
+                    est = clocks.true_time(writer, raw, prev) if raw is not None else None
                     returns = [t for _a, t in done.get((writer, task), [])]
                     if returns:
                         est = max(est if est is not None else 0, max(returns) + 1)
@@ -251,12 +261,12 @@ def build_history(
                 elif f.get("retryCount", 0) == 0:
                     raw = _time(f.get("retryAfterTime"))
                     if raw is not None:
-                        est = clamp_enqueue(writer, task, clocks.true_time(writer, raw))
+                        est = clamp_enqueue(writer, task, clocks.true_time(writer, raw, prev))
                 else:
                     raw = _time(f.get("retryAfterTime"))
                     hours = f.get("retryAfterHours") or 0
                     if raw is not None and isinstance(hours, int | float):
-                        est = clocks.true_time(writer, raw - int(hours * 3_600_000_000))
+                        est = clocks.true_time(writer, raw - int(hours * 3_600_000_000), prev)
                     attempt = f.get("retryCount")
                     returns = [t for a, t in done.get((writer, task), []) if a == attempt]
                     if returns:
