@@ -339,7 +339,11 @@ class Run:
             task = f"t{self.seq}"
             max_retries = self.rng.randint(0, 2)
             fail = [a for a in range(1, max_retries + 2) if self.rng.random() < 0.1]
-            data = {"sleep": self.rng.choice([0, 0, 0, 0.01, 0.05, 0.2]), "fail": fail}
+            data = {
+                "id": task,
+                "sleep": self.rng.choice([0, 0, 0, 0.01, 0.05, 0.2]),
+                "fail": fail,
+            }
             group = RL_GROUP if self.rng.random() < self.c.rl_share else None
             op = asyncio.create_task(self.enqueue(node, task, data, max_retries, group))
             self.ops.add(op)

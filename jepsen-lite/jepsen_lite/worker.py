@@ -95,8 +95,9 @@ async def _handle(data: Any) -> None:
 
 
 async def _dead_letter(data: Any) -> None:
-    info = current_task()
-    emit({"ev": "dead_letter", "task": info.task_id})
+    # Called with the task's data only: the controller puts the task id in it.
+    task = data.get("id") if isinstance(data, dict) else None
+    emit({"ev": "dead_letter", "task": str(task)})
 
 
 async def _enqueue(q: SnerdQueue, cmd: dict[str, Any]) -> None:
