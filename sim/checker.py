@@ -40,6 +40,13 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   `retryCount`, `deletedAt`, `snerdOutcome`, `payloadHash`, `autoDedupe`, a claim's `epoch`, a
   dispatch's `task` and `attempt`, ... The entry's own `epoch` is informative: fencing reads
   `fields`. `t_issue`: when the writer issued the append (at or before `t`).
+- `{"kind": "inbox_record", "shard", "node", "fields": {...}, "t_issue": int, "offset": int}`
+  — one record became durable in `node`'s inbox file of shard `shard`
+  (`shard-N/inbox/<node>.log`): a task `node` took for a shard it did not own, which the
+  shard's owner later copies into its log. Listed when it becomes durable (`t_durable`,
+  optional, default `t`); an inbox file has one writer, so that is its file order too. An ack
+  by `node` of a task with such a record (in the acked shard, durable between the invoke and
+  the ack) is an *inbox ack*: its durability is that record's, not a log record's.
 - `{"kind": "dead_letter", "task", "node"}` — the SDK was told a task used every attempt.
 - `{"kind": "belief", "node", "shard", "on": bool}` — `node` started / stopped believing it
   owns `shard` (dispatching from it).
@@ -182,6 +189,8 @@ class Metrics:
     #: "ok" enqueue replies, and how many of them said `deduplicated`.
     acked: int
     deduplicated: int
+    #: Acks of enqueues made durable in an inbox file (see `inbox_record`).
+    inbox_acked: int
     #: Acked tasks that finished (accepted tombstone; deduplicated: their fingerprint finished).
     finished: int
     #: Dead-letter deliveries the SDK saw.
@@ -256,6 +265,17 @@ class _Ack:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class _InboxRecord:
+    index: int
+    t: int
+    shard: int
+    node: str
+    fields: Mapping[str, Any]
+    t_issue: int
+    t_durable: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Record:
     index: int
     t: int
@@ -327,6 +347,11 @@ class _Analysis:
     dispatches: dict[str, list[_Record]] = field(default_factory=dict)
     #: Fingerprints of which some enqueued task has an accepted tombstone.
     finished_fingerprints: set[str] = field(default_factory=set)
+    #: Per fingerprint: the history index of its latest accepted tombstone.
+    fingerprint_finished_at: dict[str, int] = field(default_factory=dict)
+    #: Inbox records, and those of each task id, in history order.
+    inbox_records: list[_InboxRecord] = field(default_factory=list)
+    inbox_by_task: dict[str, list[_InboxRecord]] = field(default_factory=dict)
     #: Entries fed so far.
     fed: int = 0
     #: Per shard: the fence (highest accepted claim epoch) so far.
@@ -350,6 +375,19 @@ class _Analysis:
             if inv.node == node:
                 on_node = inv
         return on_node or latest
+
+    def via_inbox(self, ack: _Ack) -> bool:
+        """An inbox ack: a record of the task in the acking node's inbox file of the acked
+        shard, durable between the invoke and the ack (an entry listed after the ack at the
+        same time counts too: a recorder may order equal times either way)."""
+        if ack.deduplicated:
+            return False
+        return any(
+            r.node == ack.node
+            and (ack.shard is None or r.shard == ack.shard)
+            and ack.invoke.t <= r.t_durable <= ack.t
+            for r in self.inbox_by_task.get(ack.task, ())
+        )
 
     def finished_after(self, task: str, index: int) -> _Record | None:
         """The first accepted tombstone of `task` durable after history entry `index`."""
@@ -377,6 +415,21 @@ class _Analysis:
             self._feed_enqueue(i, t, e)
         elif kind == "record":
             self._feed_record(i, t, e)
+        elif kind == "inbox_record":
+            fields = _need(e, "fields", dict, i)
+            rec = _InboxRecord(
+                index=i,
+                t=t,
+                shard=_need(e, "shard", int, i),
+                node=_need(e, "node", str, i),
+                fields=fields,
+                t_issue=_need(e, "t_issue", int, i),
+                t_durable=_opt(e, "t_durable", int, i) or t,
+            )
+            self.inbox_records.append(rec)
+            task_id = fields.get("taskId")
+            if isinstance(task_id, str) and fields.get("snerdKind") is None:
+                self.inbox_by_task.setdefault(task_id, []).append(rec)
         elif kind == "execute":
             self.executes.append(
                 _Execute(
@@ -415,8 +468,10 @@ class _Analysis:
         if phase == "invoke":
             inv = _parse_invoke(e, i, t, task, node)
             self.invokes.setdefault(task, []).append(inv)
-            if inv.fingerprint is not None and self.finished_after(task, -1) is not None:
-                self.finished_fingerprints.add(inv.fingerprint)
+            if inv.fingerprint is not None:
+                done = [r for r in self.task_records.get(task, ()) if r.accepted and r.tombstone]
+                if done:
+                    self._fingerprint_finished(inv.fingerprint, done[-1].index)
             return
         inv_or_none = self.invoke_before(task, i, node)
         if inv_or_none is None:
@@ -428,6 +483,7 @@ class _Analysis:
                     f"history entry {i}: {task} acked as deduplicated but its invoke carries no "
                     "fingerprint"
                 )
+            shard = _opt(e, "shard", int, i)
             self.acks.append(
                 _Ack(
                     index=i,
@@ -435,7 +491,7 @@ class _Analysis:
                     task=task,
                     node=node,
                     deduplicated=dedup,
-                    shard=_opt(e, "shard", int, i),
+                    shard=shard,
                     invoke=inv_or_none,
                 )
             )
@@ -524,9 +580,14 @@ class _Analysis:
             return
         self.task_records.setdefault(task_id, []).append(rec)
         if accepted and rec.tombstone:
-            self.finished_fingerprints.update(
-                inv.fingerprint for inv in self.invokes.get(task_id, ()) if inv.fingerprint
-            )
+            for inv in self.invokes.get(task_id, ()):
+                if inv.fingerprint:
+                    self._fingerprint_finished(inv.fingerprint, i)
+
+    def _fingerprint_finished(self, fingerprint: str, index: int) -> None:
+        self.finished_fingerprints.add(fingerprint)
+        if index > self.fingerprint_finished_at.get(fingerprint, -1):
+            self.fingerprint_finished_at[fingerprint] = index
 
 
 def _at(t: int) -> str:
@@ -609,7 +670,16 @@ def _analyse(history: History) -> _Analysis:
 
 def _satisfied(a: _Analysis, ack: _Ack) -> bool:
     if not ack.deduplicated:
-        return a.finished_after(ack.task, ack.invoke.index) is not None
+        if a.finished_after(ack.task, ack.invoke.index) is not None:
+            return True
+        # The owner drops an inbox task with `autoDedupe` when it ingests it while a task with
+        # the same fingerprint is pending (only it can tell): that task finishing covers it.
+        fp = ack.invoke.fingerprint
+        return (
+            fp is not None
+            and a.via_inbox(ack)
+            and a.fingerprint_finished_at.get(fp, -1) > ack.invoke.index
+        )
     # The daemon may answer a duplicate while the original's tombstone is being written, and
     # the original may be an enqueue whose client never saw the reply: any finished task with
     # the fingerprint covers it.
@@ -674,7 +744,9 @@ def _at_least_once(a: _Analysis) -> list[Violation]:
 def check_at_least_once(history: History) -> list[Violation]:
     """Every task acked (not as a duplicate) has an accepted tombstone — completed or
     dead-lettered — durable after its enqueue was sent; a duplicate's ack is covered when some
-    task enqueued with its fingerprint finished. And no task is invented: every task id in an
+    task enqueued with its fingerprint finished, and so is an inbox ack of a task with a
+    fingerprint when a task with it finished after the invoke (the owner drops such a task at
+    ingestion while its twin is pending). And no task is invented: every task id in an
     accepted record or an execute was enqueued before."""
     return _at_least_once(_analyse(history))
 
@@ -771,8 +843,8 @@ def _fenced_acts(a: _Analysis) -> list[Violation]:
             Violation(kind=STALE_OWNER_ACTED, index=x.index, t=x.t, message=f"{head}; {why}")
         )
     for ack in a.acks:
-        if ack.deduplicated:
-            continue
+        if ack.deduplicated or a.via_inbox(ack):
+            continue  # an inbox ack is durable by its inbox record (see `inbox_record`)
         candidates = [
             r
             for r in a.task_records.get(ack.task, ())
@@ -805,7 +877,8 @@ def check_fenced_acts(history: History) -> list[Violation]:
     """Nothing is told before the record that makes it true is accepted: every execute matches
     an accepted dispatch record (same shard, task, attempt and epoch) durable before it, and
     every ack (not as a duplicate) follows an accepted enqueue record of the task (`retryCount`
-    0, no `deletedAt`, in the acked shard) durable between the invoke and the ack."""
+    0, no `deletedAt`, in the acked shard) durable between the invoke and the ack — or is an
+    inbox ack, made durable by its `inbox_record` (one writer, no fence)."""
     return _fenced_acts(_analyse(history))
 
 
@@ -956,12 +1029,15 @@ def _priority(a: _Analysis) -> list[Violation]:
         entries.sort()
     acks_by_node: dict[str, list[_Ack]] = defaultdict(list)
     for ack in a.acks:
-        if not ack.deduplicated:
+        if not ack.deduplicated and not a.via_inbox(ack):
             acks_by_node[ack.node].append(ack)
     ack_times = {node: [k.t for k in acks] for node, acks in acks_by_node.items()}
-    records_by_node: dict[str, list[_Record]] = defaultdict(list)
+    records_by_node: dict[str, list[_Record | _InboxRecord]] = defaultdict(list)
     for r in a.records:
         records_by_node[r.node].append(r)
+    # The node's writer thread serves its inbox appends too.
+    for ir in a.inbox_records:
+        records_by_node[ir.node].append(ir)
 
     def touched(task: str, t: int) -> bool:
         """The task was executed, dispatched or finished by true time `t` (inclusive)."""
@@ -1058,8 +1134,8 @@ def check_priority(history: History) -> list[Violation]:
     1. A's first execute is on N with attempt 1, and matches an accepted dispatch record D
        (same shard, task, attempt 1, epoch) written by N: A's first dispatch record anywhere,
        durable first and issued first. `D.t_issue` stands for N's decision.
-    2. N acked B (an "ok" naming the execute's shard, not deduplicated) strictly before
-       `D.t_issue`; B != A.
+    2. N acked B (an "ok" naming the execute's shard, not deduplicated, not an inbox ack: such
+       a task is ready only once ingested) strictly before `D.t_issue`; B != A.
     3. A and B have one type and one pool; neither has a group, parents, a delay or a cron;
        B's urgency is strictly above A's.
     4. By `D.t_issue` (inclusive) B had no execute, no dispatch record issued (accepted or
@@ -1067,8 +1143,8 @@ def check_priority(history: History) -> list[Violation]:
     5. N had no belief change, crash, restart, pause, resume or clock step, and ran no
        execute, from B's ack to `D.t_issue` (inclusive; entries of the whole world without a
        node count for every node): N's view did not change, and the slot A took was free for B.
-    6. No other record N issued before D was still in flight (durable at or after B's ack):
-       N's writer was idle, so D was issued when N decided, not queued behind an earlier
+    6. No other record N issued before D, in a log or in an inbox file, was still in flight
+       (durable at or after B's ack): N's writer was idle, so D was issued when N decided, not queued behind an earlier
        append from before B's ack.
     """
     return _priority(_analyse(history))
@@ -1217,6 +1293,7 @@ def _report(a: _Analysis) -> Report:
         belief_overlap_us_by_shard=overlap,
         acked=len(a.acks),
         deduplicated=sum(1 for k in a.acks if k.deduplicated),
+        inbox_acked=sum(1 for k in a.acks if a.via_inbox(k)),
         finished=sum(1 for k in a.acks if _satisfied(a, k)),
         dead_letters=a.dead_letters,
         executions=len(a.executes),

@@ -144,7 +144,8 @@ def _summary(outcome: Outcome, elapsed: float) -> str:
     return (
         f"seed {outcome.settings.seed}: {'ok' if outcome.ok else 'FAILED'}; "
         f"{outcome.events} events in {elapsed:.2f} s ({rate:,.0f}/s), "
-        f"{outcome.true_us / SECOND:.0f} s simulated; acked {m.acked}, finished {m.finished}, "
+        f"{outcome.true_us / SECOND:.0f} s simulated; acked {m.acked} ({m.inbox_acked} via an "
+        f"inbox), finished {m.finished}, "
         f"dead letters {m.dead_letters}, executions {m.executions} "
         f"(re-executions {m.re_executions}), belief overlap {m.belief_overlap_us} µs; "
         f"crashes {outcome.counters['crashes']}, pauses {outcome.counters['pauses']}, "

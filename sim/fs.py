@@ -1,7 +1,8 @@
 """The shared queue directory as the simulated daemons see it, faults included.
 
-Owns: the state of the files snerd touches in `.snerdata/` — each shard's `tasks.log`,
-`membership.json`, and the flock table of `shard-N/.lock` — and what each operation on them
+Owns: the state of the files snerd touches in `.snerdata/` — each shard's `tasks.log`, the
+inbox files `shard-N/inbox/<node>.log`, `membership.json`, and the flock table of
+`shard-N/.lock` — and what each operation on them
 returns, including the faults the world chooses to inject. It never does I/O, never reads a
 clock (it has no notion of time at all: the world decides when a write completes) and never
 draws a random number except from the `random.Random` a caller passes in, and then only with
@@ -32,6 +33,16 @@ of the file shorten it. No other writer's byte changes and every surviving appen
 offset, so a reader that cuts a torn last line at its last newline is back at the durable data. To model this
 each log is a durable prefix (one `bytearray`, so an append never copies the whole log) plus a
 short tail of segments `(writer, bytes, durable, hole)` that starts at the first pending one.
+
+Inbox files. `shard-N/inbox/<node>.log` is a log like `tasks.log`, named by an `InboxKey`
+(shard, writer node id) where a shard log is named by its shard number: every log operation
+takes either (a `LogKey`). It has the same inode, fd, pending/durable and crash model, so a
+crash loses the writer's pending inbox appends or leaves a torn last line, and ENOSPC refuses
+them. One process writes it for its whole life (a node id is unique per process start; checked
+here), so its pending appends are always its tail: a crash shortens it, or leaves a torn
+last line (after zeros where earlier pending appends were), which nothing ever follows.
+Readers (the shard's owner) see durable and pending bytes, as for `tasks.log`. Inbox appends
+are counted apart (`inbox_*` in `SimFSStats`), so the shard-log counters mean what they did.
 
 Compaction (`replace_log`) is temp file + fsync + rename(2) + fsync of the directory: atomic and
 durable at once. rename(2) replaces the directory entry, not the inode other processes have
@@ -86,7 +97,9 @@ __all__ = [
     "AppendHandle",
     "AppendStatus",
     "DoubleGrant",
+    "InboxKey",
     "LockMode",
+    "LogKey",
     "MembershipOutcome",
     "SimFS",
     "SimFSStats",
@@ -109,6 +122,27 @@ AppendStatus = Literal["refused", "pending", "durable", "lost", "replaced"]
 _NL = 0x0A
 
 
+@dataclass(frozen=True, slots=True)
+class InboxKey:
+    """Names the inbox file `shard-N/inbox/<node>.log`: what `node` (a node id, the file's
+    one writer) took for shard `shard`."""
+
+    shard: int
+    node: str
+
+
+#: A log file: a shard number names `shard-N/tasks/tasks.log`, an `InboxKey` an inbox file.
+LogKey = int | InboxKey
+
+
+def _key_order(key: LogKey) -> tuple[int, int, str]:
+    """A total order on log keys: shard logs by shard, then inbox files by shard and node."""
+    if type(key) is int:
+        return (0, key, "")
+    assert isinstance(key, InboxKey)
+    return (1, key.shard, key.node)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendHandle:
     """One issued append: what the writing process knows about it."""
@@ -116,15 +150,24 @@ class AppendHandle:
     #: Issue number, unique in this filesystem (the key for `complete_append` and `status`).
     seq: int
     pid: str
+    #: The shard of the file: its `tasks.log`, or its inbox of `inbox`.
     shard: int
     #: Where the bytes start in the file the writer's fd refers to (O_APPEND put them at EOF).
     offset: int
     length: int
-    #: Set when the write was refused (ENOSPC): nothing was written, nothing is pending.
+    #: Set when the write was refused (ENOSPC): nothing was written, nothing is pending (but
+    #: for a short write to an inbox file: then `length` bytes were written and are pending).
     error: str | None = None
     #: Written through an fd whose file a compaction had already replaced: the bytes went to
     #: the unlinked old inode and will never be in `tasks.log`, though the fsync succeeds.
     orphaned: bool = False
+    #: The writer node of an inbox file (`shard-N/inbox/<inbox>.log`); None for `tasks.log`.
+    inbox: str | None = None
+
+    @property
+    def key(self) -> LogKey:
+        """The file this append went to."""
+        return self.shard if self.inbox is None else InboxKey(self.shard, self.inbox)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,13 +226,23 @@ class SimFSStats:
     locks_lost_silent: int = 0
     lock_touch_errors: int = 0
     crashes: int = 0
+    #: The same for inbox files (never compacted nor truncated).
+    inbox_appends: int = 0
+    inbox_appends_completed: int = 0
+    inbox_appends_refused: int = 0
+    inbox_appends_dropped: int = 0
+    inbox_appends_torn: int = 0
+    #: Inbox files removed by their writer once ingested.
+    inbox_removes: int = 0
 
 
 _STAT_NAMES = tuple(f.name for f in fields(SimFSStats))
+_INBOX_STAT_NAMES = tuple(name for name in _STAT_NAMES if name.startswith("inbox_"))
+_LOG_STAT_NAMES = tuple(name for name in _STAT_NAMES if not name.startswith("inbox_"))
 
 
 _new_handle = slot_constructor(
-    AppendHandle, "seq", "pid", "shard", "offset", "length", "orphaned"
+    AppendHandle, "seq", "pid", "shard", "offset", "length", "orphaned", "inbox"
 )
 
 
@@ -208,12 +261,14 @@ class _Segment:
 
 class _Inode:
     """One log file's content: a durable prefix plus a tail starting at the first pending
-    segment. `size` is the visible length (prefix + tail)."""
+    segment. `size` is the visible length (prefix + tail). `stat` is the prefix of the names
+    its appends are counted under ("" for a shard log, "inbox_" for an inbox file)."""
 
-    __slots__ = ("ino", "prefix", "size", "tail")
+    __slots__ = ("ino", "prefix", "size", "stat", "tail")
 
-    def __init__(self, ino: int, data: bytes = b"") -> None:
+    def __init__(self, ino: int, data: bytes = b"", stat: str = "") -> None:
         self.ino = ino
+        self.stat = stat
         self.prefix = bytearray(data)
         self.tail: deque[_Segment] = deque()
         self.size = len(data)
@@ -259,7 +314,8 @@ def _torn_length(data: bytes, rng: random.Random) -> int:
 
 
 class SimFS:
-    """The shared `.snerdata/` directory: shard logs, membership.json and shard locks.
+    """The shared `.snerdata/` directory: shard logs, inbox files, membership.json and shard
+    locks.
 
     Processes are named by string pids ("node-2#3"). `host_of` maps a pid to its host (by
     default the part before "#"); only `lock_mode="nfsv3"` uses it.
@@ -278,10 +334,16 @@ class SimFS:
         self._host_of = host_of
         self._seq = 0
         self._next_ino = 1
-        #: Directory entries: shard -> the current inode of `shard-N/tasks/tasks.log`.
-        self._logs: dict[int, _Inode] = {}
-        #: Open log fds: (pid, shard) -> the inode that fd refers to.
-        self._fds: dict[tuple[str, int], _Inode] = {}
+        #: Directory entries: shard -> the current inode of `shard-N/tasks/tasks.log`, and
+        #: InboxKey -> the inode of `shard-N/inbox/<node>.log`.
+        self._logs: dict[LogKey, _Inode] = {}
+        #: Open log fds: (pid, key) -> the inode that fd refers to.
+        self._fds: dict[tuple[str, LogKey], _Inode] = {}
+        #: Inbox files of each shard, sorted by writer node; and each file's one writer (pid).
+        self._inboxes: dict[int, list[InboxKey]] = {}
+        self._inbox_writer: dict[InboxKey, str] = {}
+        #: `shard-N/inbox/<segment>.read`: how far the owner says it ingested each inbox file.
+        self._hints: dict[InboxKey, bytes] = {}
         #: Pending appends by seq, and per (pid, ino) in issue order.
         self._pending: dict[int, _Segment] = {}
         self._pending_by_writer: dict[tuple[str, int], deque[_Segment]] = {}
@@ -295,37 +357,75 @@ class SimFS:
         self._double_grants: list[DoubleGrant] = []
         self._n: dict[str, int] = dict.fromkeys(_STAT_NAMES, 0)
 
-    # -- shard logs ---------------------------------------------------------------------------
+    # -- shard logs and inbox files -----------------------------------------------------------
 
-    def _new_inode(self, data: bytes = b"") -> _Inode:
-        inode = _Inode(self._next_ino, data)
+    def _new_inode(self, data: bytes = b"", stat: str = "") -> _Inode:
+        inode = _Inode(self._next_ino, data, stat)
         self._next_ino += 1
         return inode
 
-    def append(self, pid: str, shard: int, data: bytes, *, enospc: bool = False) -> AppendHandle:
-        """Issue write(2) of `data` to the shard log through `pid`'s fd (opening it on first
-        use). Visible at once, pending until `complete_append`. With `enospc` (or while
-        `disk_full`) the write is refused and nothing is written."""
+    def append(
+        self, pid: str, key: LogKey, data: bytes, *, enospc: bool = False, short: int = 0
+    ) -> AppendHandle:
+        """Issue write(2) of `data` to the log `key` (a shard's `tasks.log`, or an inbox file)
+        through `pid`'s fd (opening it, and creating the file, on first use). Visible at once,
+        pending until `complete_append`. With `enospc` (or while `disk_full`) the write is
+        refused and nothing is written, except that for an inbox file `short` bytes of `data`
+        may have reached it before the error (a short write, which the shell never cuts off an
+        inbox): they stay, pending, and the next fsync through the fd makes them durable. An
+        inbox file has one writer: appending to one another process wrote is a bug of the
+        caller."""
         assert data, "an append writes at least one byte"
+        assert 0 <= short < len(data), short
         n = self._n
-        n["appends"] += 1
+        if type(key) is int:
+            shard, inbox, stat = key, None, ""
+        else:
+            assert isinstance(key, InboxKey), key
+            shard, inbox, stat = key.shard, key.node, "inbox_"
+            writer = self._inbox_writer.setdefault(key, pid)
+            assert writer == pid, f"{key} is written by {writer}, not {pid}"
+        n[stat + "appends"] += 1
         seq = self._seq
         self._seq = seq + 1
-        key = (pid, shard)
-        inode = self._fds.get(key)
-        if enospc or self.disk_full:
-            n["appends_refused"] += 1
-            at = inode.size if inode is not None else self.log_size(shard)
-            return AppendHandle(seq=seq, pid=pid, shard=shard, offset=at, length=0, error=ENOSPC)
-        current = self._logs.get(shard)
+        fd = (pid, key)
+        inode = self._fds.get(fd)
+        refused = enospc or self.disk_full
+        if refused:
+            n[stat + "appends_refused"] += 1
+            assert not short or inbox is not None, "a shard log's failed write is cut back off"
+            if not short:
+                at = inode.size if inode is not None else self.log_size(key)
+                return AppendHandle(
+                    seq=seq, pid=pid, shard=shard, offset=at, length=0, error=ENOSPC, inbox=inbox
+                )
+            data = data[:short]
+        current = self._logs.get(key)
         if current is None:
-            current = self._logs[shard] = self._new_inode()
+            current = self._logs[key] = self._new_inode(stat=stat)
+            if inbox is not None:
+                assert isinstance(key, InboxKey)
+                files = self._inboxes.setdefault(shard, [])
+                files.append(key)
+                files.sort(key=_key_order)
         if inode is None:
-            inode = self._fds[key] = current
+            inode = self._fds[fd] = current
         orphaned = inode is not current
         if orphaned:
             n["appends_orphaned"] += 1
-        handle = _new_handle(seq, pid, shard, inode.size, len(data), orphaned)
+        if refused:
+            handle = AppendHandle(
+                seq=seq,
+                pid=pid,
+                shard=shard,
+                offset=inode.size,
+                length=len(data),
+                error=ENOSPC,
+                orphaned=orphaned,
+                inbox=inbox,
+            )
+        else:
+            handle = _new_handle(seq, pid, shard, inode.size, len(data), orphaned, inbox)
         seg = _Segment(handle, inode, data)
         inode.tail.append(seg)
         inode.size += len(data)
@@ -341,7 +441,10 @@ class SimFS:
         """The fsync for `handle` returned: it and every earlier pending append of the same
         process to the same file are durable now. Returns the appends made durable, in issue
         order; empty if `handle` was already durable (an earlier completion covered it), was
-        lost in a crash, or was refused."""
+        lost in a crash, or was refused (a short write's bytes become durable only with a
+        later append's fsync)."""
+        if handle.error is not None:
+            return ()
         seg = self._pending.pop(handle.seq, None)
         if seg is None:
             return ()
@@ -361,7 +464,7 @@ class SimFS:
         if not queue:
             del self._pending_by_writer[wkey]
         inode.settle()
-        self._n["appends_completed"] += len(done)
+        self._n[inode.stat + "appends_completed"] += len(done)
         return tuple(done)
 
     def status(self, handle: AppendHandle) -> AppendStatus:
@@ -379,25 +482,25 @@ class SimFS:
         return "durable"
 
     def in_current_log(self, handle: AppendHandle) -> bool:
-        """True when `handle` is pending in the file its shard's log now names (not in a file
+        """True when `handle` is pending in the file its log's name now names (not in a file
         a compaction has replaced)."""
         seg = self._pending.get(handle.seq)
-        return seg is not None and self._logs.get(handle.shard) is seg.inode
+        return seg is not None and self._logs.get(handle.key) is seg.inode
 
     def pending(self, pid: str) -> tuple[AppendHandle, ...]:
         """`pid`'s pending appends, in issue order."""
         out = [seg.handle for seg in self._pending.values() if seg.handle and seg.handle.pid == pid]
         return tuple(sorted(out, key=lambda h: h.seq))
 
-    def read_log(self, shard: int) -> bytes:
-        """The shard log as a reader sees it now: durable and pending bytes (b"" if none)."""
-        inode = self._logs.get(shard)
+    def read_log(self, key: LogKey) -> bytes:
+        """The log as a reader sees it now: durable and pending bytes (b"" if none)."""
+        inode = self._logs.get(key)
         return inode.visible() if inode is not None else b""
 
-    def read_range(self, shard: int, offset: int, length: int) -> bytes:
-        """`length` bytes at `offset` of the shard log (pread(2); short at the end of file).
+    def read_range(self, key: LogKey, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` of the log (pread(2); short at the end of file).
         Cheap when the range is durable, which a payload read usually is."""
-        inode = self._logs.get(shard)
+        inode = self._logs.get(key)
         if inode is None:
             return b""
         end = offset + length
@@ -405,10 +508,10 @@ class SimFS:
             return bytes(inode.prefix[offset:end])
         return inode.visible()[offset:end]
 
-    def read_durable_log(self, shard: int) -> bytes:
-        """What the shard log would hold if every pending append were lost now (holes as
-        zeros, lost bytes at the end cut off): for checkers of "acked means durable"."""
-        inode = self._logs.get(shard)
+    def read_durable_log(self, key: LogKey) -> bytes:
+        """What the log would hold if every pending append were lost now (holes as zeros,
+        lost bytes at the end cut off): for checkers of "acked means durable"."""
+        inode = self._logs.get(key)
         if inode is None:
             return b""
         parts = [bytes(inode.prefix)]
@@ -421,16 +524,42 @@ class SimFS:
                 parts.append(bytes(len(seg.data)))
         return b"".join(parts[:keep])
 
-    def log_size(self, shard: int) -> int:
-        """fstat(2) st_size of the shard log: visible bytes (0 if it does not exist)."""
-        inode = self._logs.get(shard)
+    def log_size(self, key: LogKey) -> int:
+        """fstat(2) st_size of the log: visible bytes (0 if it does not exist)."""
+        inode = self._logs.get(key)
         return inode.size if inode is not None else 0
 
     def shards(self) -> tuple[int, ...]:
         """Shards whose log exists, ascending."""
-        return tuple(sorted(self._logs))
+        return tuple(sorted(k for k in self._logs if isinstance(k, int)))
 
-    def replace_log(self, pid: str, shard: int, data: bytes) -> str | None:
+    def inboxes(self, shard: int) -> tuple[InboxKey, ...]:
+        """The inbox files of `shard` (readdir of `shard-N/inbox/`), sorted by writer node. A
+        file exists from its first append that was not refused."""
+        return tuple(self._inboxes.get(shard, ()))
+
+    def remove_inbox(self, key: InboxKey) -> None:
+        """unlink(2) an inbox file and its `.read` hint (a missing one is no error). An fd its
+        writer still holds keeps the unlinked inode, as for a replaced log."""
+        if self._logs.pop(key, None) is not None:
+            self._inboxes[key.shard].remove(key)
+        self._hints.pop(key, None)
+        self._n["inbox_removes"] += 1
+
+    def write_hint(self, key: InboxKey, offset: int) -> str | None:
+        """Replace the `.read` hint of an inbox file with `offset` (temp file + rename: atomic).
+        Returns None, or ENOSPC while `disk_full` (nothing changes)."""
+        if self.disk_full:
+            return ENOSPC
+        self._hints[key] = b"%d\n" % offset
+        return None
+
+    def read_hint(self, key: InboxKey) -> int | None:
+        """The offset in an inbox file's `.read` hint; None when there is none."""
+        raw = self._hints.get(key)
+        return int(raw) if raw is not None else None
+
+    def replace_log(self, pid: str, key: LogKey, data: bytes) -> str | None:
         """Compaction: temp + fsync + rename(2) over the log + fsync dir, atomic and durable at
         once. Returns None, or ENOSPC (while `disk_full`; nothing changes).
 
@@ -442,24 +571,24 @@ class SimFS:
         if self.disk_full:
             self._n["replaces_refused"] += 1
             return ENOSPC
-        old = self._logs.get(shard)
+        old = self._logs.get(key)
         if old is not None:
             for seg in old.tail:
                 if not seg.durable and seg.handle is not None:
                     self._replaced.add(seg.handle.seq)
                     self._n["replaced_pending"] += 1
-        self._logs[shard] = self._new_inode(data)
-        self._fds.pop((pid, shard), None)
+        self._logs[key] = self._new_inode(data, old.stat if old is not None else "")
+        self._fds.pop((pid, key), None)
         self._n["replaces"] += 1
         return None
 
-    def truncate_log(self, pid: str, shard: int, size: int) -> bool:
-        """ftruncate(2) of the shard log to `size` (the shell cutting a torn last line before it
+    def truncate_log(self, pid: str, key: LogKey, size: int) -> bool:
+        """ftruncate(2) of the log to `size` (the shell cutting a torn last line before it
         appends after it). The inode stays the same, so other fds keep writing into this file.
         Only done when nothing is pending in it (returns False and changes nothing otherwise):
         the daemon cuts right after taking the shard's lock, when no other writer should be
         active."""
-        inode = self._logs.get(shard)
+        inode = self._logs.get(key)
         if inode is None or size >= inode.size:
             return True
         if any(not seg.durable for seg in inode.tail):
@@ -471,10 +600,10 @@ class SimFS:
         self._n["truncates"] += 1
         return True
 
-    def close_log(self, pid: str, shard: int) -> None:
-        """`pid` closes its fd on the shard log; its next append reopens the current file.
+    def close_log(self, pid: str, key: LogKey) -> None:
+        """`pid` closes its fd on the log; its next append reopens the current file.
         Pending appends stay pending (close(2) does not discard written data)."""
-        self._fds.pop((pid, shard), None)
+        self._fds.pop((pid, key), None)
 
     def crash(self, pid: str, rng: random.Random, torn_prob: float) -> None:
         """`pid` dies: its pending appends are lost, except that the last pending append of each
@@ -498,7 +627,7 @@ class SimFS:
                 if seg is last and torn_prob > 0 and rng.random() < torn_prob:
                     torn = _torn_length(seg.data, rng)
                 if torn:
-                    n["appends_torn"] += 1
+                    n[inode.stat + "appends_torn"] += 1
                     rest = _Segment(None, inode, bytes(len(seg.data) - torn))
                     rest.hole = rest.durable = True
                     seg.data = seg.data[:torn]
@@ -506,7 +635,7 @@ class SimFS:
                     inode.tail.insert(inode.tail.index(seg) + 1, rest)
                     made_holes.add(id(rest))
                 else:
-                    n["appends_dropped"] += 1
+                    n[inode.stat + "appends_dropped"] += 1
                     seg.data = bytes(len(seg.data))
                     seg.hole = seg.durable = True
                     made_holes.add(id(seg))
@@ -689,12 +818,22 @@ class SimFS:
         put(self._seq)
         put(self._next_ino)
         put(self._membership)
+
+        def put_key(key: LogKey) -> None:
+            if type(key) is int:
+                put(key)  # a shard log, as before inbox files existed
+            else:
+                assert isinstance(key, InboxKey)
+                put(b"inbox")
+                put(key.shard)
+                put(key.node)
+
         inodes = {inode.ino: inode for inode in self._logs.values()}
         inodes.update((inode.ino, inode) for inode in self._fds.values())
         inodes.update((seg.inode.ino, seg.inode) for seg in self._pending.values())
-        for shard in sorted(self._logs):
-            put(shard)
-            put(self._logs[shard].ino)
+        for key in sorted(self._logs, key=_key_order):
+            put_key(key)
+            put(self._logs[key].ino)
         for ino in sorted(inodes):
             inode = inodes[ino]
             put(ino)
@@ -707,9 +846,11 @@ class SimFS:
                 put(seg.durable)
                 put(seg.hole)
                 put(seg.data)
-        for (pid, shard), inode in sorted(self._fds.items()):
+        for (pid, key), inode in sorted(
+            self._fds.items(), key=lambda item: (item[0][0], _key_order(item[0][1]))
+        ):
             put(pid)
-            put(shard)
+            put_key(key)
             put(inode.ino)
         for seq in sorted(self._lost):
             put(seq)
@@ -732,6 +873,16 @@ class SimFS:
             put(grant.shard)
             put(grant.granted_to)
             put(",".join(grant.held_by))
-        for name in _STAT_NAMES:
+        for name in _LOG_STAT_NAMES:
             put(self._n[name])
+        if self._inbox_writer:
+            put(b"inboxes")
+            for key, pid in sorted(self._inbox_writer.items(), key=lambda kv: _key_order(kv[0])):
+                put_key(key)
+                put(pid)
+            for key, hint in sorted(self._hints.items(), key=lambda kv: _key_order(kv[0])):
+                put_key(key)
+                put(hint)
+            for name in _INBOX_STAT_NAMES:
+                put(self._n[name])
         return h.hexdigest()

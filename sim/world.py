@@ -45,7 +45,7 @@ import xxhash
 
 from sim import checker
 from sim.clock import NodeClock
-from sim.fs import SimFS
+from sim.fs import InboxKey, SimFS
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig, route_shard
@@ -143,6 +143,19 @@ class Settings:
     dedupe_prob: float = 0.1
     delay_prob: float = 0.1
     urgency_prob: float = 0.3
+    #: The chance an enqueue goes to any live process rather than the shard's owner named in
+    #: membership.json (which may not own it yet, or any more): such a process writes the task
+    #: into its inbox for the shard, and the owner ingests it.
+    route_any_prob: float = 0.2
+    #: How often owners read their shards' inboxes (`NodeConfig.inbox_poll_us`), and how much
+    #: of one inbox file one read takes (`NodeConfig.inbox_read_bytes`; small values make the
+    #: owner ingest a file in several chunks).
+    inbox_poll_us: int = 100_000
+    inbox_read_bytes: int = 4 * 1024 * 1024
+    #: A writer starts a new inbox file (segment) once one holds this much, and removes the
+    #: closed ones once their owner's `.read` hint says they are ingested in full
+    #: (`NodeConfig.inbox_segment_bytes`; small values exercise that clean-up).
+    inbox_segment_bytes: int = 16 * 1024 * 1024
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -204,6 +217,12 @@ class Settings:
             "dedupe_prob": pick(0.0, 0.2),
             "delay_prob": pick(0.0, 0.2),
             "urgency_prob": pick(0.0, 0.5),
+            # Drawn last, so that adding them left every earlier draw of a seed as it was.
+            "route_any_prob": 0.2 if on() else pick(0.0, 1.0),
+            # The daemon's default poll (100 ms) in some runs; slower ones cost fewer events.
+            "inbox_poll_us": 100_000 if on(0.3) else int(pick(0.1, 2.0) * SECOND),
+            "inbox_read_bytes": int(pick(200, 4_000)) if on(0.3) else 4 * 1024 * 1024,
+            "inbox_segment_bytes": int(pick(300, 8_000)) if on() else 16 * 1024 * 1024,
         }
         drawn.update(given)
         settings = cls(seed=seed, **drawn)
@@ -315,6 +334,8 @@ class _Append:
     epoch: int
     error: str | None
     handle: Any = None
+    #: An append to the process's own inbox file of `shard` (`fx.AppendInbox`).
+    inbox: bool = False
 
 
 class _Proc:
@@ -326,6 +347,7 @@ class _Proc:
         "inc",
         "index",
         "lanes",
+        "log_batch",
         "name",
         "node",
         "outstanding",
@@ -363,6 +385,8 @@ class _Proc:
         #: When each of this process's I/O lanes is next free: calls on one lane complete in
         #: order ("log": the group-commit writer thread; "meta": membership, locks, reads).
         self.lanes = {"log": 0, "meta": 0}
+        #: The writer thread's latest batch: (when it starts, when its fsync returns).
+        self.log_batch = (-1, -1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -420,6 +444,7 @@ class World:
             "enqueues": 0,
             "executions": 0,
             "node_errors": 0,
+            "inbox_reads": 0,
         }
         self.next_task = 0
         #: The largest wall-clock error any host had: a claim written by a host whose clock
@@ -473,6 +498,9 @@ class World:
             compact_min_bytes=64 * 1024,
             history_limit=50,
             fence=not self.s.unsafe_no_fence,
+            inbox_poll_us=self.s.inbox_poll_us,
+            inbox_read_bytes=self.s.inbox_read_bytes,
+            inbox_segment_bytes=self.s.inbox_segment_bytes,
         )
 
     def _start(self, index: int, inc: int) -> None:
@@ -502,7 +530,7 @@ class World:
             and self.s.pause_rate
             and not self.liveness
             and self.rng_fault.random() < 0.002
-            and any(type(e) is fx.Append for e in effects)
+            and any(type(e) is fx.Append or type(e) is fx.AppendInbox for e in effects)
         ):
             # A SIGSTOP between deciding an append and making it (BUGGIFY-style): the effects
             # run when the process resumes, maybe after its lease ran out.
@@ -743,7 +771,9 @@ class World:
                 fields_.pop(key, None)
         return fields_
 
-    def _fx_append(self, proc: _Proc, effect: fx.Append) -> None:
+    def _fx_append(self, proc: _Proc, effect: fx.Append | fx.AppendInbox) -> None:
+        """`fx.Append` to the shard's log, or `fx.AppendInbox` to the process's own inbox file
+        of the shard: one group-commit writer thread serves both, as in `snerd.io.runtime`."""
         try:
             built = [self._build(r) for r in effect.records]
         except CorruptRecord as exc:
@@ -754,26 +784,56 @@ class World:
         # The shell's group-commit writer thread writes appends in order, one batch after
         # another: when it is still busy, this write(2) happens later (after an Unlock the
         # node emitted meanwhile, say), and the fsync after it.
-        start = max(self.t, proc.lanes["log"])
-        done_at = start + self._io_latency(100, 2_000)
-        proc.lanes["log"] = done_at
+        start, done_at = self._log_batch(proc)
         if start > self.t:
             self._at(start, _APPEND_ISSUE, proc.index, proc.inc, (effect, built, lines, done_at))
             return
         self._issue_append(proc, effect, built, lines, done_at)
 
+    def _log_batch(self, proc: _Proc) -> tuple[int, int]:
+        """When the writer thread writes an append handed to it now, and when its fsync
+        returns. An idle writer starts at once. A busy one takes every append queued meanwhile
+        as its next batch (one write and one fsync per file, as `snerd.io.log.GroupCommitLog`
+        does), so appends waiting behind a slow fsync share the next batch's latency instead of
+        each adding its own."""
+        t = self.t
+        batch = proc.log_batch
+        if batch[0] > t and batch[1] == proc.lanes["log"]:
+            return batch  # the next batch has not started: join it
+        start = max(t, proc.lanes["log"])
+        done_at = start + self._io_latency(100, 2_000)
+        proc.lanes["log"] = done_at
+        proc.log_batch = (start, done_at)
+        return start, done_at
+
     def _issue_append(
         self,
         proc: _Proc,
-        effect: fx.Append,
+        effect: fx.Append | fx.AppendInbox,
         built: list[dict[str, Any]],
         lines: list[bytes],
         done_at: int,
     ) -> None:
+        fs = self.fs
+        enospc = fs.disk_full
+        inbox = type(effect) is fx.AppendInbox
+        key: InboxKey | int = effect.shard
+        short = skip = 0
+        if inbox:
+            assert isinstance(effect, fx.AppendInbox)
+            key = InboxKey(effect.shard, effect.segment)
+            # The shell never cuts a failed write off an inbox (its reader may have read it):
+            # a short write's bytes stay, and the next write starts on a new line.
+            size = fs.log_size(key)
+            if size and fs.read_range(key, size - 1, 1) != b"\n":
+                skip = 1
+            if enospc and self.rng_io.random() < 0.5:
+                short = _uniform(self.rng_io, 1, skip + sum(map(len, lines)) - 1)
         data = b"".join(lines)
-        enospc = self.fs.disk_full
-        handle = self.fs.append(proc.pid, effect.shard, data, enospc=enospc)
-        offsets, lengths, at = [], [], handle.offset
+        if skip:
+            data = b"\n" + data
+        handle = fs.append(proc.pid, key, data, enospc=enospc, short=short)
+        offsets, lengths, at = [], [], handle.offset + skip
         for line in lines:
             offsets.append(at)
             lengths.append(len(line))
@@ -790,10 +850,14 @@ class World:
             epoch=info.epoch if info is not None else -1,
             error=handle.error,
             handle=handle,
+            inbox=inbox,
         )
         if handle.error is None:
-            self._handles[handle.seq] = (handle, pending, proc.name)
-            self._order.setdefault(effect.shard, deque()).append(handle.seq)
+            if inbox:
+                self._inbox_handles[handle.seq] = (handle, pending, proc.name)
+            else:
+                self._handles[handle.seq] = (handle, pending, proc.name)
+                self._order.setdefault(effect.shard, deque()).append(handle.seq)
         self._at(done_at, _APPEND_DONE, proc.index, proc.inc, pending)
 
     def _append_done(self, proc: _Proc, pending: _Append) -> None:
@@ -801,10 +865,18 @@ class World:
             self._deliver(proc, ev.AppendFailed(token=pending.token, error=pending.error))
             return
         handle = pending.handle
-        for done in self.fs.complete_append(handle):
-            if done.seq in self._handles and done.seq not in self._resolved:
-                self._resolved[done.seq] = self.t if self.fs.status(done) == "durable" else None
-        self._flush_records(pending.shard)
+        if pending.inbox:
+            # One writer per inbox file, and its appends are durable in issue order: each is
+            # recorded as it becomes durable (`inbox_record`), which is its file order too.
+            for done in self.fs.complete_append(handle):
+                entry = self._inbox_handles.pop(done.seq, None)
+                if entry is not None:
+                    self._record_inbox(entry[1], entry[2])
+        else:
+            for done in self.fs.complete_append(handle):
+                if done.seq in self._handles and done.seq not in self._resolved:
+                    self._resolved[done.seq] = self.t if self.fs.status(done) == "durable" else None
+            self._flush_records(pending.shard)
         status = self.fs.status(handle)
         if status in ("durable", "replaced"):
             # fsync returned: the shell reports success even for a replaced file (it cannot
@@ -815,6 +887,75 @@ class World:
                     token=pending.token, offsets=pending.offsets, lengths=pending.lengths
                 ),
             )
+
+    def _record_inbox(self, pending: _Append, name: str) -> None:
+        """Record the records of a durable inbox append (their writer is the inbox's node)."""
+        for fields_, offset in zip(pending.records, pending.offsets, strict=True):
+            self._record(
+                {
+                    "kind": "inbox_record",
+                    "shard": pending.shard,
+                    "node": name,
+                    "offset": offset,
+                    "fields": _history_fields(fields_),
+                    "t_issue": pending.t_issue,
+                    "t_durable": self.t,
+                }
+            )
+
+    def _fx_read_inbox(self, proc: _Proc, effect: fx.ReadInbox) -> None:
+        """What `snerd.io.inbox.read_inboxes` does: every inbox file of each shard asked for,
+        from the offset given for its writer (0 if none) to its last complete line, at most
+        about `max_bytes` (but at least one line) per file; a line without its newline (a write
+        in progress, a torn tail) is left alone. Readers see pending bytes as well as durable
+        ones. One `InboxRead` answers it, after an I/O latency on the "meta" lane."""
+        fs = self.fs
+        chunks: list[ev.InboxChunk] = []
+        present: list[tuple[int, tuple[str, ...]]] = []
+        for shard, known in effect.offsets.items():
+            files = fs.inboxes(shard)
+            present.append((shard, tuple(key.node for key in files)))
+            for key in files:
+                start = known.get(key.node, 0)
+                size = fs.log_size(key)
+                if size <= start:
+                    continue
+                data = fs.read_range(key, start, size - start)
+                end = data.rfind(b"\n", 0, effect.max_bytes) + 1
+                if not end:
+                    end = data.find(b"\n") + 1  # one line longer than max_bytes
+                    if not end:
+                        continue
+                result = scan(data[:end], base_offset=start)
+                chunks.append(
+                    ev.InboxChunk(
+                        shard=shard,
+                        node=key.node,
+                        start=start,
+                        end=start + end,
+                        records=tuple(result.records),
+                        corrupt=tuple(result.corrupt),
+                    )
+                )
+        self.counters["inbox_reads"] += 1
+        read = ev.InboxRead(chunks=tuple(chunks), present=tuple(present))
+        self._answer(proc, read, 500, 5_000)
+
+    def _fx_mark_inbox_read(self, proc: _Proc, effect: fx.MarkInboxRead) -> None:
+        # A hint for the writer's clean-up; a failure (ENOSPC) is only logged by the shell.
+        self.fs.write_hint(InboxKey(effect.shard, effect.segment), effect.offset)
+
+    def _fx_check_inboxes(self, proc: _Proc, effect: fx.CheckInboxes) -> None:
+        fs = self.fs
+        found = []
+        for shard, segment in effect.segments:
+            key = InboxKey(shard, segment)
+            exists = key in fs.inboxes(shard)
+            found.append((shard, segment, fs.read_hint(key), fs.log_size(key) if exists else None))
+        self._answer(proc, ev.InboxProgress(segments=tuple(found)), 500, 5_000)
+
+    def _fx_remove_inbox(self, proc: _Proc, effect: fx.RemoveInbox) -> None:
+        self.fs.remove_inbox(InboxKey(effect.shard, effect.segment))
 
     def _flush_records(self, shard: int) -> None:
         """Record, in file order, the records of `shard` whose append and every append before
@@ -905,6 +1046,11 @@ class World:
         fx.Unlock: _fx_unlock,
         fx.ReadLog: _fx_read_log,
         fx.Append: _fx_append,
+        fx.AppendInbox: _fx_append,
+        fx.ReadInbox: _fx_read_inbox,
+        fx.MarkInboxRead: _fx_mark_inbox_read,
+        fx.CheckInboxes: _fx_check_inboxes,
+        fx.RemoveInbox: _fx_remove_inbox,
         fx.Compact: _fx_compact,
     }
 
@@ -924,6 +1070,8 @@ class World:
                     self._resolved[seq] = None
             for shard in list(self._order):
                 self._flush_records(shard)
+            for seq in [s for s, e in self._inbox_handles.items() if e[0].pid == proc.pid]:
+                del self._inbox_handles[seq]  # lost with the process (or torn: never whole)
             self.counters["crashes"] += 1
             self._record({"kind": "crash", "node": proc.name})
         else:
@@ -1070,14 +1218,15 @@ class World:
         if rng.random() < s.delay_prob:
             delay = _uniform(rng, SECOND, 20 * SECOND)
         # The target: the shard's owner per membership.json most of the time (a smart client),
-        # any live process otherwise.
+        # any live process otherwise (`route_any_prob`); a process that does not own the shard
+        # (yet, or any more) takes the task into its inbox for it.
         live = [p for p in self.procs if p.state != "down"]
         if not live:
             return
         key = group or fingerprint or task
         shard = route_shard(key, s.shards) if s.shards != 1 else 0
         target = live[int(rng.random() * len(live))]
-        if rng.random() < 0.8:
+        if rng.random() >= s.route_any_prob:
             owner = self._owners().get(shard)
             for p in live:
                 if p.name == owner:
@@ -1123,6 +1272,8 @@ class World:
         self._resolved: dict[int, int | None] = {}
         #: How much of a shard's log a process read at its last load.
         self._loaded: dict[tuple[str, int], int] = {}
+        #: Inbox appends not yet durable: seq -> (handle, append, writer name).
+        self._inbox_handles: dict[int, tuple[Any, _Append, str]] = {}
         self._record(
             {
                 "kind": "params",

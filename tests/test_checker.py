@@ -216,6 +216,23 @@ class H:
 
     # -- whole lives
 
+    def inbox_rec(self, task: str, node: str = "n2", shard: int = 0, **extra: Any) -> H:
+        """A task record durable in `node`'s inbox file of `shard`."""
+        fields = {"taskId": task, "taskType": "email", "snerdNode": node, **extra}
+        return self.add(
+            "inbox_record", shard=shard, node=node, fields=fields, offset=0, t_issue=self.t
+        )
+
+    def via_inbox(self, task: str, node: str = "n2", shard: int = 0, **attrs: Any) -> H:
+        """Invoke on `node`, which does not own `shard`: durable in its inbox, then ok."""
+        return self.invoke(task, node, **attrs).inbox_rec(task, node, shard).ok(task, node, shard)
+
+    def ingest(self, task: str, epoch: int = 1, node: str = "n1", shard: int = 0) -> H:
+        """The owner copies an inbox task into its log (with the inbox record after it)."""
+        self.enq_rec(task, epoch, node, shard, snerdVia="n2")
+        fields = {"snerdKind": "inbox", "node": "n2", "offset": 1, "snerdEpoch": epoch}
+        return self.rec({**fields, "snerdNode": node}, shard, node)
+
     def start(self, node: str = "n1", epoch: int = 1, shard: int = 0) -> H:
         return self.claim(epoch, node, shard).belief(True, node, shard)
 
@@ -485,6 +502,57 @@ def test_ack_naming_the_wrong_shard() -> None:
     assert kinds(check_fenced_acts(h.history)) == [ACK_NOT_DURABLE]
 
 
+# ---------------------------------------------------------------------------- inbox acks
+
+
+def test_an_ack_via_an_inbox_is_durable_by_its_inbox_record_and_must_still_finish() -> None:
+    h = H().start().via_inbox("t-1").ingest("t-1").run("t-1").end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert (report.metrics.acked, report.metrics.inbox_acked, report.metrics.finished) == (1, 1, 1)
+    # Durable in the inbox but never ingested (or ingested and lost): a lost task.
+    lost = H().start().via_inbox("t-1").end()
+    assert check_fenced_acts(lost.history) == []
+    assert kinds(check_at_least_once(lost.history)) == [LOST_TASK]
+    assert unfinished(lost.history) == ["t-1"]
+    stuck = H().start().via_inbox("t-1").ingest("t-1").end()
+    assert kinds(check_at_least_once(stuck.history)) == [LOST_TASK]
+
+
+def test_an_inbox_ack_needs_its_inbox_record_durable_first_in_that_shard_by_that_node() -> None:
+    early = H().start().invoke("t-1", "n2").ok("t-1", "n2").inbox_rec("t-1").run("t-1").end()
+    assert kinds(check_fenced_acts(early.history)) == [ACK_NOT_DURABLE]
+    other_node = H().start().invoke("t-1", "n2").inbox_rec("t-1", node="n3").ok("t-1", "n2")
+    assert kinds(check_fenced_acts(other_node.end().history)) == [ACK_NOT_DURABLE]
+    other_shard = H().start().invoke("t-1", "n2").inbox_rec("t-1", shard=1).ok("t-1", "n2")
+    assert kinds(check_fenced_acts(other_shard.end().history)) == [ACK_NOT_DURABLE]
+    before_invoke = H().start().inbox_rec("t-1").invoke("t-1", "n2").ok("t-1", "n2")
+    assert kinds(check_fenced_acts(before_invoke.end().history)) == [ACK_NOT_DURABLE]
+    assert check(H().start().via_inbox("t-1").ingest("t-1").run("t-1").end().history).ok
+    # A recorder may list an inbox record after the ack it preceded at the same instant.
+    h = H().start().invoke("t-1", "n2").ok("t-1", "n2")
+    h.t -= MS
+    h.inbox_rec("t-1").ingest("t-1").run("t-1")
+    report = check(h.end().history)
+    assert report.ok and report.metrics.inbox_acked == 1, report.describe()
+
+
+def test_an_inbox_task_dropped_as_a_duplicate_at_ingestion_is_covered_by_its_twin() -> None:
+    # The owner drops an inbox task with auto_dedupe while its twin is pending: the writer
+    # had acked it plainly (it could not know), and the twin finishing covers it.
+    h = H().start().acked("t-1", fingerprint="f1").via_inbox("t-2", fingerprint="f1")
+    report = check(h.copy().run("t-1").end().history)
+    assert report.ok, report.describe()
+    # Not by a twin that finished before it was enqueued, and not without a fingerprint.
+    early = H().start().life("t-1", fingerprint="f1").via_inbox("t-2", fingerprint="f1")
+    assert kinds(check_at_least_once(early.end().history)) == [LOST_TASK]
+    plain = H().start().acked("t-1", fingerprint="f1").via_inbox("t-2").run("t-1")
+    assert kinds(check_at_least_once(plain.end().history)) == [LOST_TASK]
+    # A task acked through the log itself is not let off by its twin either.
+    direct = H().start().acked("t-1", fingerprint="f1").acked("t-2", fingerprint="f1")
+    assert kinds(check_at_least_once(direct.run("t-1").end().history)) == [LOST_TASK]
+
+
 # ---------------------------------------------------------------------------- 4. attempts
 
 
@@ -645,6 +713,20 @@ def _other_runs(h: H) -> None:
 )
 def test_priority_near_misses_are_not_flagged(tweak: dict[str, Any]) -> None:
     assert check_priority(inversion(**tweak).history) == []
+
+
+def test_priority_ignores_tasks_acked_via_an_inbox() -> None:
+    # B went into n1's own inbox (its shard was still loading there): it is not ready on n1
+    # until n1 ingests it, so A running first passes nothing over.
+    h = H().start().acked("A", urgency=1).via_inbox("B", node="n1", urgency=5)
+    assert check_priority(h.copy().run("A").ingest("B").run("B").end().history) == []
+    # An inbox append still in n1's writer (durable after B's ack) may hold A's dispatch up.
+    h = H().start().acked("A", urgency=1).acked("B", urgency=5)
+    h.add("inbox_record", shard=1, node="n1", fields={"taskId": "C"}, offset=0, t_issue=0)
+    h.run("A").run("B").end()
+    assert check_priority(h.history) == []
+    # The planted inversion itself is still caught.
+    assert kinds(check_priority(inversion().history)) == [PRIORITY_INVERSION]
 
 
 def test_priority_ignores_acks_on_other_nodes_and_retries() -> None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.fs import EIO_LOCK_LOST, ENOSPC, AppendHandle, DoubleGrant, SimFS
+from sim.fs import EIO_LOCK_LOST, ENOSPC, AppendHandle, DoubleGrant, InboxKey, SimFS
 
 A = "node-1#1"
 B = "node-2#1"
@@ -217,6 +217,191 @@ def test_a_compaction_leaves_another_writers_fd_on_the_old_file() -> None:
     assert not h.orphaned and h.offset == len(b"compacted\n")
     fs.crash(B, rng(), torn_prob=0.0)
     assert fs.append(B, 0, b"b4\n").orphaned is False
+
+
+# -- inbox files -----------------------------------------------------------------------------
+
+#: The inbox files of shard 0 written by A's and B's nodes.
+IA = InboxKey(0, "n1@pid-0")
+IB = InboxKey(0, "n2@pid-0")
+
+
+def test_an_inbox_file_is_a_log_of_its_own_pending_until_fsynced() -> None:
+    fs = SimFS()
+    fs.complete_append(fs.append(A, 0, b"log\n"))
+    h = fs.append(A, IA, b"task-1\n")
+    assert (h.shard, h.inbox, h.key, h.offset, h.length) == (0, IA.node, IA, 0, 7)
+    assert h == AppendHandle(seq=h.seq, pid=A, shard=0, offset=0, length=7, inbox=IA.node)
+    # Visible to a reader (the shard's owner) at once, durable only once completed.
+    assert fs.read_log(IA) == b"task-1\n" and fs.log_size(IA) == 7
+    assert fs.read_range(IA, 0, 4) == b"task"
+    assert fs.status(h) == "pending" and fs.read_durable_log(IA) == b""
+    assert fs.complete_append(h) == (h,)
+    assert fs.status(h) == "durable" and fs.read_durable_log(IA) == b"task-1\n"
+    # It is not the shard's tasks.log, and not a shard log at all.
+    assert fs.read_log(0) == b"log\n"
+    assert fs.shards() == (0,)
+    assert fs.append(A, IA, b"task-2\n").offset == 7
+    # Counted apart: the shard-log counters mean what they did before inbox files.
+    s = fs.stats()
+    assert (s.appends, s.appends_completed) == (1, 1)
+    assert (s.inbox_appends, s.inbox_appends_completed) == (2, 1)
+
+
+def test_the_inboxes_of_a_shard_are_listed_by_writer_node_once_they_exist() -> None:
+    fs = SimFS()
+    assert fs.inboxes(0) == ()
+    fs.append(B, IB, b"b\n")
+    fs.append(B, InboxKey(1, "n2@pid-0"), b"b\n")
+    assert fs.append(A, IA, b"a\n", enospc=True).error == ENOSPC
+    assert fs.inboxes(0) == (IB,)  # a refused write creates nothing here
+    fs.append(A, IA, b"a\n")
+    assert fs.inboxes(0) == (IA, IB)
+    assert fs.inboxes(1) == (InboxKey(1, "n2@pid-0"),)
+    assert fs.inboxes(2) == ()
+
+
+def test_an_inbox_file_has_one_writer() -> None:
+    fs = SimFS()
+    fs.append(A, IA, b"a\n")
+    with pytest.raises(AssertionError, match="written by"):
+        fs.append(B, IA, b"b\n")
+
+
+def test_a_crash_loses_the_writers_pending_inbox_appends_and_may_tear_the_last() -> None:
+    fs = SimFS()
+    kept = fs.append(A, IA, b"kept\n")
+    fs.complete_append(kept)
+    lost = fs.append(A, IA, b"lost\n")
+    torn = fs.append(A, IA, b'{"taskId":"t9"}\n')
+    fs.crash(A, rng(), torn_prob=1.0)
+    data = fs.read_log(IA)
+    # Bytes never move, so the lost append is a hole of zeros before the torn prefix; but the
+    # torn prefix ends the file inside a line, and nothing will ever follow it (one writer):
+    # a reader taking complete lines only stops at the durable data.
+    assert data == b"kept\n" + bytes(5) + data[10:]
+    assert b'{"taskId":"t9"}\n'.startswith(data[10:]) and len(data) > 10
+    assert data[: data.rfind(b"\n") + 1] == b"kept\n"
+    assert [fs.status(h) for h in (kept, lost, torn)] == ["durable", "lost", "lost"]
+    s = fs.stats()
+    assert (s.inbox_appends_dropped, s.inbox_appends_torn) == (1, 1)
+    assert (s.appends_dropped, s.appends_torn) == (0, 0)
+    # Without a tear the file just shrinks back to its durable bytes: no hole, no tail.
+    fs2 = SimFS()
+    fs2.complete_append(fs2.append(A, IA, b"kept\n"))
+    fs2.append(A, IA, b"lost-1\n")
+    fs2.append(A, IA, b"lost-2\n")
+    fs2.crash(A, rng(), torn_prob=0.0)
+    assert fs2.read_log(IA) == fs2.read_durable_log(IA) == b"kept\n"
+    assert fs2.stats().holes == 0
+
+
+def test_enospc_refuses_an_inbox_write_or_leaves_a_short_write_that_is_never_cut() -> None:
+    fs = SimFS()
+    fs.complete_append(fs.append(A, IA, b"one\n"))
+    whole = fs.append(A, IA, b"two\n", enospc=True)
+    assert (whole.error, whole.length) == (ENOSPC, 0)
+    assert fs.read_log(IA) == b"one\n"
+    # A short write: the bytes that reached the file stay there, pending; the append failed.
+    short = fs.append(A, IA, b"three\nfour\n", enospc=True, short=8)
+    assert (short.error, short.offset, short.length) == (ENOSPC, 4, 8)
+    assert fs.status(short) == "refused"
+    assert fs.complete_append(short) == ()  # nothing to fsync for a failed append
+    assert fs.read_log(IA) == b"one\nthree\nfo"
+    assert fs.read_durable_log(IA) == b"one\n"
+    # The next write's fsync flushes the fd, so the short write's bytes become durable too.
+    nxt = fs.append(A, IA, b"\nfive\n")
+    assert nxt.offset == 12
+    assert fs.complete_append(nxt) == (short, nxt)
+    assert fs.read_durable_log(IA) == b"one\nthree\nfo\nfive\n"
+    s = fs.stats()
+    assert (s.inbox_appends, s.inbox_appends_refused) == (4, 2)
+    # A shard log's failed write is always cut back off (the shell truncates it).
+    with pytest.raises(AssertionError):
+        fs.append(A, 0, b"x\ny\n", enospc=True, short=2)
+    # A crash before any later fsync loses a short write like any pending bytes.
+    fs2 = SimFS()
+    fs2.complete_append(fs2.append(A, IA, b"one\n"))
+    fs2.append(A, IA, b"two\nthree\n", enospc=True, short=6)
+    fs2.crash(A, rng(), torn_prob=0.0)
+    assert fs2.read_log(IA) == b"one\n"
+
+
+def test_read_hints_and_removing_an_inbox_file() -> None:
+    fs = SimFS()
+    h = fs.append(A, IA, b"a\n")
+    fs.complete_append(h)
+    assert fs.read_hint(IA) is None
+    assert fs.write_hint(IA, 2) is None and fs.read_hint(IA) == 2
+    fs.disk_full = True
+    assert fs.write_hint(IA, 5) == ENOSPC and fs.read_hint(IA) == 2
+    fs.disk_full = False
+    d0 = fs.digest()
+    fs.remove_inbox(IA)
+    assert fs.digest() != d0
+    # Gone from the folder with its hint; the file reads as missing.
+    assert fs.inboxes(0) == () and fs.read_hint(IA) is None
+    assert fs.read_log(IA) == b"" and fs.log_size(IA) == 0
+    fs.remove_inbox(IA)  # a missing file is no error
+    assert fs.stats().inbox_removes == 2
+
+
+def test_the_digest_sees_inbox_files_apart_from_shard_logs() -> None:
+    def with_(key: int | InboxKey, data: bytes) -> str:
+        fs = SimFS()
+        fs.complete_append(fs.append(A, key, data))
+        return fs.digest()
+
+    assert with_(IA, b"x\n") == with_(IA, b"x\n")
+    assert len({with_(0, b"x\n"), with_(IA, b"x\n"), with_(IB, b"x\n"), with_(IA, b"y\n")}) == 4
+
+
+inbox_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "append", "complete", "crash", "enospc"]),
+        st.sampled_from([A, B]),
+        st.binary(min_size=1, max_size=12),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=inbox_ops, seed=st.integers(min_value=0, max_value=2**32))
+def test_an_inbox_file_keeps_its_durable_appends_whole_and_never_has_a_hole(
+    ops: list[tuple[str, str, bytes]], seed: int
+) -> None:
+    r = random.Random(seed)
+    fs = SimFS()
+    incarnation = {A: 0, B: 0}
+
+    def key(pid: str) -> InboxKey:
+        # A process start is a new node id, so a new inbox file: one writer per file.
+        return InboxKey(0, f"{pid}@{incarnation[pid]}")
+
+    written: dict[int, tuple[AppendHandle, bytes]] = {}
+    for op, pid, data in ops:
+        if op == "append":
+            h = fs.append(pid, key(pid), data)
+            written[h.seq] = (h, data)
+        elif op == "enospc":
+            fs.append(pid, key(pid), data, enospc=True, short=int(r.random() * len(data)))
+        elif op == "complete" and written:
+            seqs = sorted(written)
+            fs.complete_append(written[seqs[int(r.random() * len(seqs))]][0])
+        elif op == "crash":
+            fs.crash(pid, r, torn_prob=0.5)
+            incarnation[pid] += 1
+        for k in fs.inboxes(0):
+            visible, durable = fs.read_log(k), fs.read_durable_log(k)
+            # Pending bytes are only ever the tail: the durable view is a prefix.
+            assert visible.startswith(durable)
+        for h, data in written.values():
+            status = fs.status(h)
+            if status in ("durable", "pending"):
+                assert fs.read_range(h.key, h.offset, h.length) == data
+            if status == "durable":
+                assert fs.read_durable_log(h.key)[h.offset : h.offset + h.length] == data
 
 
 # -- membership.json -------------------------------------------------------------------------
