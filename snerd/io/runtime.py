@@ -196,8 +196,11 @@ class Runtime:
         #: Log path per shard (built once; `log_path` is on the path of every append).
         self._log_paths: dict[int, str] = {}
         #: Appends built while handling a burst of events, handed to the log together at its
-        #: end (`_process`): one lock round with the writer thread per burst, not per append.
-        self._outbox: list[tuple[str, list[bytes], Callable[[logio.AppendOutcome], None]]] = []
+        #: end (`_process`): per file, one job holding the lines of all of them (one lock
+        #: round with the writer thread per burst, one log job and one callback per file), and
+        #: how many appends that is.
+        self._outbox: dict[str, _Outgoing] = {}
+        self._outbox_appends = 0
         #: `_process` is running (it is not re-entered), and an error it raised outside the
         #: driver (in `pump`), re-raised by the driver.
         self._processing = False
@@ -254,13 +257,14 @@ class Runtime:
             if self._parked is not None:
                 self._unpark()
             return
+        # The messages first (the acks wait for nothing else), then the driver's deadline.
+        self._flush_nowait()
         if self._parked is not None:
             if self._exit_code is not None:
                 self._unpark()
             else:
                 # What was handled may have moved the node's next deadline earlier.
                 self._set_deadline(self.node.wake_in(self.clock.now()))
-        self._flush_nowait()
 
     def log_path(self, shard: int) -> str:
         path = self._log_paths.get(shard)
@@ -337,11 +341,11 @@ class Runtime:
                 # (`Node.handle_burst`); their effects are carried out in order after them.
                 for effect in handle_burst(events, now(), _EVENT_BURST):
                     table[type(effect)](self, effect)
-                if len(self._outbox) >= _OUTBOX_BURST:
+                if self._outbox_appends >= _OUTBOX_BURST:
                     self._submit_appends()  # keep the writer busy during a long burst
                 if (
                     not events
-                    and 0 < len(self._outbox) <= _INLINE_APPENDS
+                    and 0 < self._outbox_appends <= _INLINE_APPENDS
                     and self._exit_code is None
                 ):
                     # The end of a small burst (a lone enqueue, a result): if the writer is
@@ -358,8 +362,11 @@ class Runtime:
 
     def _submit_appends(self, *, inline: bool = False) -> None:
         assert self._log is not None
-        outbox, self._outbox = self._outbox, []
-        self._log.submit_many(outbox, inline=inline)
+        outbox, self._outbox = self._outbox, {}
+        self._outbox_appends = 0
+        self._log.submit_many(
+            [(path, out.lines, out.done) for path, out in outbox.items()], inline=inline
+        )
 
     async def _park(self) -> None:
         """Wait until `submit` (or the timer) reschedules the driver."""
@@ -464,37 +471,30 @@ class Runtime:
         self.peer.deliver(message)
 
     def _append(self, effect: fx.Append | fx.AppendInbox) -> None:
-        assert self._log is not None
         inbox = type(effect) is fx.AppendInbox
         path = (
             inbox_path(self.directory, effect.shard, effect.segment)
             if isinstance(effect, fx.AppendInbox)
             else self.log_path(effect.shard)
         )
-        token = effect.token
-        recent = self._recent
-        assert recent is not None
         records = effect.records
         try:
-            lines = logio.materialize(records, self.log_path, recent)
+            lines = logio.materialize(records, self.log_path, self._recent)
         except OSError as exc:
-            self.submit(ev.AppendFailed(token=token, error=f"cannot build record: {exc}"))
+            self.submit(ev.AppendFailed(token=effect.token, error=f"cannot build record: {exc}"))
             return
         except (ValueError, TypeError) as exc:  # a damaged base record; orjson.JSONEncodeError
             self.submit(
-                ev.AppendFailed(token=token, error=f"cannot build record: {exc}", permanent=True)
+                ev.AppendFailed(
+                    token=effect.token, error=f"cannot build record: {exc}", permanent=True
+                )
             )
             return
-
-        def done(result: tuple[int, ...] | OSError) -> None:
-            if isinstance(result, OSError):
-                self.submit(ev.AppendFailed(token=token, error=_describe(result)))
-            else:
-                if not inbox:  # (inbox records are never read back by location)
-                    recent.remember(path, result, lines, records)
-                self.submit(_new_committed(token, result, tuple(map(len, lines))))
-
-        self._outbox.append((path, lines, done))
+        out = self._outbox.get(path)
+        if out is None:
+            out = self._outbox[path] = _Outgoing(self, path, inbox)
+        out.add(effect.token, lines, records)
+        self._outbox_appends += 1
 
     def _read_inbox(self, effect: fx.ReadInbox) -> None:
         assert self._nursery is not None
@@ -718,9 +718,61 @@ class Runtime:
         )
 
 
+class _Outgoing:
+    """The appends of one burst to one file, handed to the log as one job (its lines in
+    order). The log commits a file's share of a batch as a whole (one write, one fsync; on
+    error every append of it fails), so one job per file changes no outcome; the callback
+    hands each append its own offsets as an `AppendCommitted`, in order, or fails each."""
+
+    __slots__ = ("inbox", "lines", "path", "records", "runtime", "tokens")
+
+    def __init__(self, runtime: Runtime, path: str, inbox: bool) -> None:
+        self.runtime = runtime
+        self.path = path
+        #: Inbox records are never read back by location: not remembered.
+        self.inbox = inbox
+        self.lines: list[bytes] = []
+        #: (token, number of lines) per append, and every record, in order.
+        self.tokens: list[tuple[int, int]] = []
+        self.records: list[fx.NewRecord] = []
+
+    def add(self, token: int, lines: list[bytes], records: tuple[fx.NewRecord, ...]) -> None:
+        self.tokens.append((token, len(lines)))
+        self.lines += lines
+        self.records += records
+
+    def done(self, result: logio.AppendOutcome) -> None:
+        runtime = self.runtime
+        if isinstance(result, OSError):
+            error = _describe(result)
+            for token, _ in self.tokens:
+                runtime.submit(ev.AppendFailed(token=token, error=error))
+            return
+        lines = self.lines
+        if not self.inbox:
+            recent = runtime._recent
+            assert recent is not None
+            recent.remember(self.path, result, lines, self.records)
+        lengths = tuple(map(len, lines))
+        tokens = self.tokens
+        if len(tokens) == 1:
+            committed = [_new_committed(tokens[0][0], result, lengths)]
+        else:
+            committed = []
+            at = 0
+            for token, n in tokens:
+                end = at + n
+                committed.append(_new_committed(token, result[at:end], lengths[at:end]))
+                at = end
+        runtime.events.extend(committed)
+        if runtime._parked is not None and not runtime._processing:
+            runtime._unpark()
+
+
 class _RecentRecords:
-    """The fields of the task records this daemon appended most recently (up to `limit` bytes
-    of lines), by (path, offset), in front of the log's reader.
+    """The fields of the task records this daemon appended most recently (at least the last
+    `limit / 2` bytes of lines, at most `limit`), by (path, offset), in front of the log's
+    reader.
 
     A task's record is read back soon after its commit: its payload for the `execute`, and as
     the base of its next record (the tombstone copies it). From here that costs neither a
@@ -729,56 +781,55 @@ class _RecentRecords:
     that were encoded into the line at that offset. The dicts are shared with `materialize`
     and `_read_payload`, which only read them. A file's entries are dropped when it is read
     afresh or compacted (`forget`); appends never reuse a committed offset of the same file.
-    Oldest first out: a deque of keys beside the dict (dropping the first key of a plain dict
-    scans the holes earlier drops left, about 13 us at 30,000 entries here).
+    Two generations: new entries go into the young dict; once it holds `limit / 2` bytes of
+    lines it becomes the old one and the previous old one is dropped whole (no per-entry
+    eviction, no key order to keep: a plain dict drops its first key slowly once many were
+    dropped before, about 13 us at 30,000 entries here).
     """
 
     def __init__(self, reader: logio.LogReader, limit: int = 8 << 20) -> None:
         self._reader = reader
-        self._limit = limit
+        self._half = limit >> 1
+        self._big = limit >> 3  # a huge record would push out everything else
+        #: (path, offset) -> (line length, fields), young and old; bytes of lines in young.
+        self._young: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+        self._old: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
         self._size = 0
-        #: (path, offset) -> (line length, fields); and the keys in insertion order.
-        self._records: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
-        self._order: deque[tuple[str, int]] = deque()
 
     def remember(
         self,
         path: str,
         offsets: tuple[int, ...],
         lines: list[bytes],
-        records: tuple[fx.NewRecord, ...],
+        records: list[fx.NewRecord] | tuple[fx.NewRecord, ...],
     ) -> None:
-        kept = self._records
-        order = self._order
-        big = self._limit >> 3  # a huge record would push out everything else
+        young = self._young
+        big = self._big
         size = self._size
-        for i, record in enumerate(records):
+        for offset, line, record in zip(offsets, lines, records, strict=True):
             if record.base is None and "taskData" in record.fields:
-                length = len(lines[i])
+                length = len(line)
                 if length <= big:
-                    key = (path, offsets[i])
-                    old = kept.get(key)
-                    if old is not None:  # not expected (see above); keep the sizes right
-                        size -= old[0]
-                    kept[key] = (length, record.fields)
-                    order.append(key)
+                    young[(path, offset)] = (length, record.fields)
                     size += length
-        while size > self._limit and order:
-            dropped = kept.pop(order.popleft(), None)
-            if dropped is not None:
-                size -= dropped[0]
+        if size >= self._half:
+            self._old = young
+            self._young = {}
+            size = 0
         self._size = size
 
     def read_record(self, path: str | os.PathLike[str], offset: int, length: int) -> dict[str, Any]:
-        hit = self._records.get((os.fspath(path), offset))
+        key = (os.fspath(path), offset)
+        hit = self._young.get(key) or self._old.get(key)
         if hit is not None and hit[0] == length:
             return hit[1]
         return self._reader.read_record(path, offset, length)
 
     def forget(self, path: str) -> None:
-        for key in [key for key in self._records if key[0] == path]:
-            self._size -= self._records.pop(key)[0]
-        self._order = deque(key for key in self._order if key in self._records)
+        for key in [key for key in self._young if key[0] == path]:
+            self._size -= self._young.pop(key)[0]
+        for key in [key for key in self._old if key[0] == path]:
+            del self._old[key]
 
 
 def _describe(exc: OSError) -> str:

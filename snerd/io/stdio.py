@@ -133,16 +133,38 @@ class StdioPeer:
 async def _read_stdin(
     runtime: Runtime, stream: trio.lowlevel.FdStream, max_line: int
 ) -> None:
-    """Split stdin into lines and hand each burst to the node at once."""
+    """Split stdin into lines and hand each burst to the node at once.
+
+    Reads the (non-blocking) fd itself rather than through `FdStream.receive_some`, which
+    passes a scheduling point before every read: after waking up because input arrived,
+    that is one more round of the run loop between a line and its handling. Here a read that
+    had to wait for input is handled at once; only a read that found input without waiting
+    (a busy pipe) yields first, so other tasks still get their turn."""
     buffer = bytearray()
     new_line = _line_received_factory()
+    fd = stream.fileno()
+    read = os.read
+    wait_readable = trio.lowlevel.wait_readable
+    checkpoint = trio.lowlevel.checkpoint
+    waited = False
     #: While skipping an over-long line: its length so far and its first bytes.
     skipping: tuple[int, bytes] | None = None
     while True:
         try:
-            chunk = await stream.receive_some(1 << 16)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            chunk = read(fd, 1 << 16)
+        except BlockingIOError:
+            try:
+                await wait_readable(fd)
+            except (trio.ClosedResourceError, OSError):
+                chunk = b""
+            else:
+                waited = True
+                continue
+        except OSError:
             chunk = b""
+        if not waited:
+            await checkpoint()
+        waited = False
         if not chunk:
             runtime.submit(ev.DrainRequested(reason="stdin closed", input_closed=True))
             return
