@@ -823,7 +823,14 @@ class _RecentRecords:
         hit = self._young.get(key) or self._old.get(key)
         if hit is not None and hit[0] == length:
             return hit[1]
-        return self._reader.read_record(path, offset, length)
+        fields = self._reader.read_record(path, offset, length)
+        if hit is None and "taskData" in fields and length <= self._big:
+            # Read through: a task's record is read twice, for its `execute` and as the base of
+            # its outcome record. A task that waited long in the queue has left the cache by
+            # then; this keeps it for the second read.
+            self._young[key] = (length, fields)
+            self._size += length
+        return fields
 
     def forget(self, path: str) -> None:
         for key in [key for key in self._young if key[0] == path]:
