@@ -81,6 +81,23 @@ def gluster_volume() -> Iterator[_gluster.GlusterVolume | str]:
 
 
 @pytest.fixture
+def gluster_netns_volume() -> Iterator[_gluster.GlusterVolume]:
+    """The network-namespace GlusterFS setup (`SNERD_GLUSTER_NETNS=1 tests/glusterfs/up.sh`:
+    a glusterd and volume of its own, mount A's client behind a veth link that can be cut),
+    brought up for one test and taken down after it, namespaces included; the default volume
+    is left alone. Skipped, or failed under SNERD_REQUIRE_ALL=1, where it cannot be made."""
+    volume, why = _gluster.find_netns_volume()
+    if volume is None:
+        if os.geteuid() == 0:  # up.sh may have stopped half-way: undo what it made
+            _gluster.take_down(netns=True)
+        missing_tool(f"no GlusterFS client in a network namespace: {why}")
+    try:
+        yield volume
+    finally:
+        _gluster.take_down(netns=True)
+
+
+@pytest.fixture
 def gluster_dirs(
     gluster_volume: _gluster.GlusterVolume | str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Path, Path]]:

@@ -5,6 +5,10 @@ process) under a nemesis, judged by the simulator's checker (docs/chaos.md).
 - a small tmpfs that fills up (root): the same, with the disk-full nemesis;
 - GlusterFS, two mounts (the `gluster_dirs` fixture; skipped without a volume, a failure under
   SNERD_REQUIRE_ALL=1): kill + pause + clock;
+- GlusterFS in network namespaces (the `gluster_netns_volume` fixture brings up its own volume
+  with `SNERD_GLUSTER_NETNS=1 tests/glusterfs/up.sh` and takes it down; skipped where it cannot,
+  a failure under SNERD_REQUIRE_ALL=1): mount A's client cut off beyond the volume's
+  network.ping-timeout and healed, and features.locks-monkey-unlocking switched on and off;
 - the negative control: daemons without fencing (SNERD_TEST_UNSAFE_NO_FENCE=1) and lock files
   replaced under their owners: the checker must report the double ownership.
 """
@@ -21,10 +25,11 @@ from sim.checker import DOUBLE_OWNERSHIP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jepsen-lite"))
 
-from jepsen_lite.control import Outcome, RunConfig, run
+from jepsen_lite.control import Outcome, RunConfig, gluster_control, run
 from jepsen_lite.plot import plot
 from jepsen_lite.report import summary, summary_table
 
+from tests import glusterfs as gl
 from tests.conftest import missing_tool
 
 pytestmark = pytest.mark.timeout(400)
@@ -97,6 +102,44 @@ def test_glusterfs_kill_pause_clock(gluster_dirs: tuple[Path, Path], tmp_path: P
     )
     outcome, s = _run(config)
     _assert_clean(outcome, s, nemeses)
+
+
+def test_glusterfs_partition_and_monkey_unlock(
+    gluster_netns_volume: gl.GlusterVolume, tmp_path: Path
+) -> None:
+    """Mount A's client cut off for longer than network.ping-timeout, then healed: the daemon
+    on A steps down, the one on B takes its shards over, mount A works again, and the checker
+    finds nothing. features.locks-monkey-unlocking is switched on and off meanwhile."""
+    nemeses = ("partition", "monkey-unlock")
+    volume = gluster_netns_volume
+    with gl.fresh_directory(volume, "jepsen-partition") as dirs:
+        config = RunConfig(
+            fs="glusterfs",
+            nodes=2,
+            shards=2,
+            duration=32,
+            seed=15,
+            nemesis=nemeses,
+            out=tmp_path / "out",
+            gluster_dirs=dirs,
+            gluster=gluster_control(volume),
+            rate=10.0,
+            gap_s=2.0,
+        )
+        outcome, s = _run(config)
+    _assert_clean(outcome, s, nemeses)
+    (cut,) = [f for f in outcome.faults if f.name == "partition"]
+    assert cut.info["ping_timeout_s"] == 10.0, cut.info  # tests/glusterfs/up.sh sets it
+    assert cut.info["stat_before"] == "ok", cut.info
+    assert set(cut.info["stat_during"]) & {"ENOTCONN", "blocked"}, cut.info
+    assert cut.info["stat_after"] == "ok", cut.info
+    # The daemon on mount A owned a shard, stopped acting for it, and B took it over.
+    assert cut.info["owned_by_victims"], cut.info
+    assert cut.info["step_downs"] >= 1, cut.info
+    assert cut.info["taken_over"], cut.info
+    (monkey,) = [f for f in outcome.faults if f.name == "monkey-unlock"]
+    assert monkey.info["option_on"] == "on", monkey.info
+    assert gl.check_pair(volume.a, volume.b) is None  # both mounts answer after the run
 
 
 def test_negative_control_no_fence_with_lock_faults(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jepsen_lite.control import RunConfig, run
-from jepsen_lite.nemesis import NEMESES
+from jepsen_lite.nemesis import GLUSTER_NEMESES, NEMESES
 from jepsen_lite.plot import plot
 from jepsen_lite.report import summary, summary_table
 
@@ -82,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"unknown nemesis {', '.join(unknown)} (known: {', '.join(NEMESES)})", file=sys.stderr
         )
+        return 2
+    gluster_only = [n for n in nemesis if n in GLUSTER_NEMESES]
+    if gluster_only and (args.fs != "glusterfs" or args.dir):
+        print(f"the {', '.join(gluster_only)} nemesis needs --fs glusterfs", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     out = args.out or Path("jepsen-out") / f"{args.fs}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -71,6 +71,9 @@ class RunConfig:
     unsafe_no_fence: bool = False
     #: The two directories (mount A, mount B) of a GlusterFS run; found or brought up if None.
     gluster_dirs: tuple[Path, Path] | None = None
+    #: The volume behind `gluster_dirs`, for the partition and monkey-unlock nemeses (found
+    #: with the volume when the run brings it up itself).
+    gluster: nem.GlusterControl | None = None
     #: Mount points of one shared filesystem (your own EFS, GlusterFS, Lustre...): the run
     #: makes a fresh directory under the first and uses it through each, nodes in turn.
     dirs: tuple[Path, ...] = ()
@@ -89,6 +92,8 @@ class Fault:
     end: int | None = None
     verified: bool = False
     detail: str = ""
+    #: What the fault's verification found, by name (reported; the tests read it).
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -127,8 +132,20 @@ class Node:
 
 
 class Run:
-    def __init__(self, config: RunConfig, directories: list[Path], out: Path) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        directories: list[Path],
+        out: Path,
+        gluster: nem.GlusterControl | None = None,
+    ) -> None:
         self.c = config
+        self.g = gluster
+        #: Faults to undo if the run ends half-way (see `undo_gluster`).
+        self.partitioned = False
+        self.monkey_on = False
+        #: stat probes of mount A, reaped at the end (a blocked one cannot be killed).
+        self.probes: list[nem.Probe] = []
         self.rng = random.Random(config.seed)
         self.dirs = directories
         self.out = out
@@ -480,6 +497,10 @@ class Run:
                 await self.disk_full()
             elif kind == "lock-fault":
                 await self.lock_fault()
+            elif kind == "partition":
+                await self.partition()
+            elif kind == "monkey-unlock":
+                await self.monkey_unlock()
             await asyncio.sleep(self.c.gap_s * (0.5 + self.rng.random()))
 
     async def kill(self, *, sdk: bool) -> None:
@@ -629,7 +650,238 @@ class Run:
             ),
         )
 
+    # ------------------------------------------------------------------ GlusterFS nemeses
+
+    def _probe(self, limit: float) -> str:
+        """stat mount A once (a child process): ok, an errno name, or blocked."""
+        assert self.g is not None
+        p = nem.probe_stat(self.g.mount_a)
+        self.probes.append(p)
+        return p.result(limit)
+
+    async def _mount_back(self) -> tuple[str, float, bool]:
+        """After the heal: wait (bounded) until a stat of mount A works again; if it does not
+        within 30 s, run the repair command (up.sh: links, routes, a remount) and wait again.
+        Returns (the last probe's result, seconds waited, whether the repair ran)."""
+        assert self.g is not None
+        t0 = time.monotonic()
+        repaired = False
+        result = "not probed"
+        for limit_s in (30.0, 20.0):
+            end = time.monotonic() + limit_s
+            while time.monotonic() < end:
+                result = await asyncio.to_thread(self._probe, 3.0)
+                if result == "ok":
+                    return result, time.monotonic() - t0, repaired
+                await asyncio.sleep(0.5)
+            if repaired or not self.g.repair:
+                break
+            repaired = True
+            self.log(f"mount A still {result} after the heal: running {' '.join(self.g.repair)}")
+            env = {**os.environ, **dict(self.g.repair_env)}
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                proc = await asyncio.create_subprocess_exec(
+                    *self.g.repair,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.DEVNULL,
+                    env=env,
+                )
+                try:
+                    await asyncio.wait_for(proc.wait(), 120)
+                finally:
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
+        return result, time.monotonic() - t0, repaired
+
+    async def partition(self) -> None:
+        """Cut mount A's client off (its server-side veth down) for longer than the volume's
+        network.ping-timeout, then heal; verified by a stat of mount A that works before,
+        fails (ENOTCONN) or hangs during the cut, and works again after the heal."""
+        g = self.g
+        assert g is not None
+        victims = [n for n in self.nodes if n.directory == self.dirs[0]]
+        others = [n for n in self.nodes if n.directory != self.dirs[0]]
+        ping_opt = await asyncio.to_thread(nem.volume_option, g, "network.ping-timeout")
+        try:
+            ping = float(ping_opt or "42")
+        except ValueError:
+            ping = 42.0
+        hold = ping + 4.0
+        end = time.monotonic() + 10.0  # a cut matters most while mount A owns shards
+        while time.monotonic() < end and not any(n.believed for n in victims):
+            await asyncio.sleep(0.1)
+        before = await asyncio.to_thread(self._probe, 5.0)
+        owned = {s: n.name for n in victims for s in n.believed}
+        seen = {n.host: len(n.logs) for n in victims}
+        incarnations = {n.host: n.incarnation for n in victims}
+        f = self.fault_start(
+            "partition",
+            None,
+            nodes=[n.name for n in victims],
+            mount=str(g.mount_a),
+            link=f"{g.netns_srv}/{g.link_a}",
+            hold_s=hold,
+            ping_timeout_s=ping,
+        )
+        self.partitioned = True
+        cut, why = await asyncio.to_thread(nem.set_link, g, False)
+        t0 = time.monotonic()
+        first = nem.probe_stat(g.mount_a)  # hangs until the client gives up
+        self.probes.append(first)
+        taken: dict[int, tuple[str, float]] = {}
+        while time.monotonic() - t0 < hold:
+            for n in others:
+                for s in set(owned) & n.believed:
+                    if s not in taken and n.name:
+                        taken[s] = (n.name, time.monotonic() - t0)
+            await asyncio.sleep(0.1)
+        during_first = await asyncio.to_thread(first.result, hold)
+        during_late = await asyncio.to_thread(self._probe, 3.0)
+        healed, why_up = await asyncio.to_thread(nem.set_link, g, True)
+        self.partitioned = not healed
+        after, waited, repaired = await self._mount_back()
+        # A daemon that exited meanwhile is restarted once its mount is back.
+        for n in victims:
+            if not n.up and after == "ok":
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(n.exited.wait(), 30)
+                await self.start_node(n)
+        stepped = [
+            line
+            for n in victims
+            for line in n.logs[seen[n.host] :]
+            if "stops acting for it" in line
+        ]
+        lock_failed = [line for line in stepped if "its lock failed" in line]
+        # EBADFD (client.strict-locks) or ENOTCONN on a daemon's files after the cut
+        fs_errors = [
+            line
+            for n in victims
+            for line in n.logs[seen[n.host] :]
+            if "File descriptor in bad state" in line or "endpoint is not connected" in line
+        ]
+        failed = {"ENOTCONN", "blocked", "EBADFD", "EIO"}
+        cut_seen = during_first in failed or during_late in failed
+        info = {
+            "ping_timeout_s": ping,
+            "hold_s": hold,
+            "stat_before": before,
+            "stat_during": [during_first, during_late],
+            "stat_after": after,
+            "back_after_s": round(waited, 1),
+            "repaired": repaired,
+            "link_down": cut,
+            "link_up": healed,
+            "owned_by_victims": sorted(owned),
+            "taken_over": {f"shard-{s}": [who, round(t, 1)] for s, (who, t) in taken.items()},
+            "step_downs": len(stepped),
+            "lost_locks": len(lock_failed),
+            "ebadfd_or_enotconn_lines": len(fs_errors),
+            "victims_restarted": [n.host for n in victims if n.incarnation != incarnations[n.host]],
+        }
+        f.info.update(info)
+        verified = cut and healed and before == "ok" and cut_seen and after == "ok"
+        self.fault_end(
+            f,
+            verified,
+            f"link down: {cut or why}; stat of {g.mount_a} before {before}, during the cut "
+            f"{during_first} then {during_late}, after the heal {after} ({waited:.1f} s"
+            f"{', after a repair' if repaired else ''}); shards taken over meanwhile: "
+            f"{info['taken_over'] or 'none'}; step-downs logged on mount A: {len(stepped)} "
+            f"({len(lock_failed)} for a failed lock); EBADFD/ENOTCONN lines in their logs: "
+            f"{len(fs_errors)}; restarted: {info['victims_restarted'] or 'none'}"
+            + (f"; link up failed: {why_up}" if not healed else ""),
+        )
+
+    def _monkey_off(self) -> bool:
+        assert self.g is not None
+        ok = True
+        for key in ("features.locks-monkey-unlocking", "features.locks-revocation-secs"):
+            code, _out = nem.gluster(self.g, "volume", "reset", self.g.volume, key)
+            ok = ok and code == 0
+        if ok:
+            self.monkey_on = False
+        return ok
+
+    async def monkey_unlock(self) -> None:
+        """features.locks-monkey-unlocking on for a while, then off. The brick's locks xlator
+        then ignores about 1 in 100 unlock requests of inodelk/entrylk locks (the internal
+        locks of GlusterFS's cluster translators; only when features.locks-revocation-secs is
+        set, so it is set too): stuck locks, later revoked. Verified by the option read back
+        from glusterd both ways and the brick's log of taking it."""
+        g = self.g
+        assert g is not None
+        log = await asyncio.to_thread(nem.brick_log, g)
+        offset = log.stat().st_size if log else 0
+        seen = {n.host: len(n.logs) for n in self.nodes}
+        f = self.fault_start("monkey-unlock", None, volume=g.volume)
+        self.monkey_on = True
+        code, out = await asyncio.to_thread(
+            nem.gluster,
+            g,
+            "volume",
+            "set",
+            g.volume,
+            "features.locks-monkey-unlocking",
+            "on",
+            "features.locks-revocation-secs",
+            "2",
+        )
+        on = await asyncio.to_thread(nem.volume_option, g, "features.locks-monkey-unlocking")
+        await asyncio.sleep(5.0 + self.rng.random() * 3.0)
+        reset = await asyncio.to_thread(self._monkey_off)
+        off = await asyncio.to_thread(nem.volume_option, g, "features.locks-monkey-unlocking")
+        brick_took = stuck = 0
+        if log is not None:
+            with contextlib.suppress(OSError), open(log, "rb") as fh:
+                fh.seek(offset)
+                text = fh.read().decode("utf-8", "replace")
+            brick_took = text.count("option monkey-unlocking using set value on")
+            stuck = text.count("MONKEY LOCKING")
+        lost = [
+            line
+            for n in self.nodes
+            for line in n.logs[seen.get(n.host, 0) :]
+            if "its lock failed" in line
+        ]
+        f.info.update(
+            option_on=on,
+            option_off=off,
+            brick_took=brick_took,
+            stuck_unlocks=stuck,
+            lost_locks=len(lost),
+        )
+        self.fault_end(
+            f,
+            code == 0 and on == "on" and reset and off in ("off", "false", "disable"),
+            f"features.locks-monkey-unlocking read back {on} (set: {out if code else 'ok'}), "
+            f"then {off}; brick log: took it {brick_took}x, {stuck} unlock(s) ignored; "
+            f"lost locks logged by daemons meanwhile: {len(lost)}",
+        )
+
+    def undo_gluster(self) -> None:
+        """Synchronous last resort at the end of a run: link up, monkey off, probes reaped."""
+        if self.g is not None and self.partitioned:
+            ok, _why = nem.set_link(self.g, True)
+            self.partitioned = not ok
+        if self.g is not None and self.monkey_on:
+            self._monkey_off()
+        for p in self.probes:
+            if not p.reap(60.0):  # a stat on a cut-off mount ends within ping-timeout
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.kill()
+                p.reap(5.0)
+        self.probes.clear()
+
     async def heal(self) -> None:
+        if self.g is not None and self.partitioned:
+            ok, _why = await asyncio.to_thread(nem.set_link, self.g, True)
+            self.partitioned = not ok
+            await self._mount_back()
+        if self.g is not None and self.monkey_on:
+            await asyncio.to_thread(self._monkey_off)
         for node in self.nodes:
             if node.paused and node.daemon_pid:
                 with contextlib.suppress(ProcessLookupError):
@@ -718,8 +970,11 @@ class Run:
         return False, left
 
 
-def _setup_dirs(config: RunConfig, out: Path) -> tuple[list[Path], Callable[[], None]]:
-    """The queue directory as each node sees it, and how to undo the setup."""
+def _setup_dirs(
+    config: RunConfig, out: Path
+) -> tuple[list[Path], Callable[[], None], nem.GlusterControl | None]:
+    """The queue directory as each node sees it, how to undo the setup, and (GlusterFS) how
+    to reach the volume."""
     if config.dirs:
         name = f"jepsen-{config.seed}-{os.getpid()}-{int(time.time())}"
         (config.dirs[0] / name).mkdir()
@@ -729,22 +984,25 @@ def _setup_dirs(config: RunConfig, out: Path) -> tuple[list[Path], Callable[[], 
             if time.monotonic() > end:
                 raise RuntimeError(f"{seen[0]} made, but not seen through every --dir in 10 s")
             time.sleep(0.1)
-        return seen, lambda: None
+        return seen, lambda: None, None
     if config.fs == "local":
         d = out / "data"
         d.mkdir(parents=True)
-        return [d], lambda: None
+        return [d], lambda: None, None
     if config.fs == "tmpfs":
         d = out / "data"
         nem.mount_tmpfs(d, config.tmpfs_size)
-        return [d], lambda: nem.umount(d)
+        return [d], lambda: nem.umount(d), None
     if config.fs == "glusterfs":
         if config.gluster_dirs is not None:
-            return list(config.gluster_dirs), lambda: None
+            return list(config.gluster_dirs), lambda: None, config.gluster
         sys.path.insert(0, str(REPO))
         from tests import glusterfs as gl  # the test suite's volume helpers
 
-        volume, why = gl.find_volume()
+        # The partition nemesis needs mount A's client in a network namespace: the
+        # SNERD_GLUSTER_NETNS=1 setup of up.sh (a volume of its own).
+        netns = "partition" in config.nemesis
+        volume, why = gl.find_netns_volume() if netns else gl.find_volume()
         if volume is None:
             raise RuntimeError(f"no GlusterFS volume: {why}")
         ctx = gl.fresh_directory(volume, f"jepsen-{config.seed}-{os.getpid()}")
@@ -753,20 +1011,40 @@ def _setup_dirs(config: RunConfig, out: Path) -> tuple[list[Path], Callable[[], 
         def undo() -> None:
             ctx.__exit__(None, None, None)
             if volume.started_here:
-                gl.take_down()
+                gl.take_down(netns=volume.netns)
 
-        return [a, b], undo
+        return [a, b], undo, gluster_control(volume)
     raise ValueError(f"unknown filesystem {config.fs!r}")
+
+
+def gluster_control(volume: Any) -> nem.GlusterControl:
+    """How to reach a `tests.glusterfs.GlusterVolume` (its CLI socket, mount A's link)."""
+    return nem.GlusterControl(
+        volume=volume.name,
+        mount_a=volume.a,
+        sock=volume.sock,
+        netns_srv=volume.netns_srv,
+        link_a=volume.link_a,
+        repair=("bash", str(REPO / "tests" / "glusterfs" / "up.sh")) if volume.netns else (),
+        repair_env=(("SNERD_GLUSTER_NETNS", "1"),) if volume.netns else (),
+    )
 
 
 def run(config: RunConfig) -> Outcome:
     """Run once; the history goes to `config.out/history.jsonl`."""
     if "disk-full" in config.nemesis and config.fs != "tmpfs":
         raise ValueError("the disk-full nemesis needs --fs tmpfs (a small filesystem to fill)")
+    gluster_only = [n for n in config.nemesis if n in nem.GLUSTER_NEMESES]
+    if gluster_only and (config.fs != "glusterfs" or config.dirs):
+        raise ValueError(f"the {', '.join(gluster_only)} nemesis needs --fs glusterfs")
+    if gluster_only and config.gluster_dirs is not None and config.gluster is None:
+        raise ValueError(f"the {', '.join(gluster_only)} nemesis needs RunConfig.gluster")
+    if "partition" in config.nemesis and config.gluster is not None and not config.gluster.link_a:
+        raise ValueError("the partition nemesis needs mount A's client in a network namespace")
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    dirs, undo = _setup_dirs(config, out)
-    r = Run(config, dirs, out)
+    dirs, undo, gluster = _setup_dirs(config, out)
+    r = Run(config, dirs, out, gluster)
     started = now_us()
     drained, unfinished = False, list[str]()
     try:
@@ -778,8 +1056,11 @@ def run(config: RunConfig) -> Outcome:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGCONT)
                         os.kill(pid, signal.SIGKILL)
-        history = build_history(r.events, dirs[0], r.clocks)
-        undo()
+        try:
+            r.undo_gluster()
+            history = build_history(r.events, dirs[0], r.clocks)
+        finally:
+            undo()
     ended = now_us()
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:
         for e in history:

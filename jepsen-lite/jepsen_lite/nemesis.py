@@ -1,5 +1,6 @@
 """Low-level fault tools, each able to tell whether it took effect: process state, the clock
-file, filling and freeing a filesystem, small tmpfs mounts, lock-file replacement."""
+file, filling and freeing a filesystem, small tmpfs mounts, lock-file replacement, and for
+GlusterFS a client's network link (a partition) and the volume's lock options."""
 
 from __future__ import annotations
 
@@ -7,23 +8,35 @@ import contextlib
 import errno
 import os
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "GLUSTER_NEMESES",
     "NEMESES",
+    "GlusterControl",
+    "Probe",
+    "brick_log",
     "fill_filesystem",
+    "gluster",
     "mount_tmpfs",
+    "probe_stat",
     "process_state",
     "replace_lock_file",
+    "set_link",
     "umount",
+    "volume_option",
     "wait_gone",
     "wait_state",
     "write_clock_file",
 ]
 
 #: Every nemesis name the command line accepts.
-NEMESES = ("kill", "pause", "clock", "disk-full", "lock-fault")
+NEMESES = ("kill", "pause", "clock", "disk-full", "lock-fault", "partition", "monkey-unlock")
+#: Those that need --fs glusterfs (a volume this run can reconfigure or cut off).
+GLUSTER_NEMESES = ("partition", "monkey-unlock")
 
 
 def process_state(pid: int) -> str | None:
@@ -123,3 +136,128 @@ def replace_lock_file(directory: Path, shard: int) -> int | None:
     finally:
         os.close(fd)
     return new if new != old else None
+
+
+# ---------------------------------------------------------------------------- GlusterFS
+
+
+@dataclass(frozen=True, slots=True)
+class GlusterControl:
+    """How to reach the GlusterFS volume of a run: its name and glusterd's CLI socket (for
+    `gluster volume set/get`), and, for the partition nemesis, the server-side veth of mount
+    A's client (`tests/glusterfs/up.sh` with SNERD_GLUSTER_NETNS=1 prints them) and the command
+    that repairs the setup when a mount does not come back (up.sh again: it re-applies links
+    and routes and remounts a client that gave up)."""
+
+    volume: str
+    mount_a: Path
+    sock: str | None = None
+    netns_srv: str | None = None
+    link_a: str | None = None
+    repair: tuple[str, ...] = ()
+    repair_env: tuple[tuple[str, str], ...] = ()
+
+
+def gluster(ctl: GlusterControl, *args: str, timeout: float = 60) -> tuple[int, str]:
+    """Run the gluster CLI against the run's glusterd: (exit status, stdout + stderr)."""
+    cmd = ["gluster", "--mode=script"]
+    if ctl.sock:
+        cmd.append(f"--glusterd-sock={ctl.sock}")
+        cmd.append(f"--log-file=/var/log/glusterfs/{ctl.volume}-cli.log")
+    try:
+        proc = subprocess.run(
+            [*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"gluster {' '.join(args)}: no answer within {timeout:g} s"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def volume_option(ctl: GlusterControl, key: str) -> str | None:
+    """The value glusterd holds for a volume option (`volume get`), first word only ("on",
+    "10", "off" of "off (DEFAULT)"), or None when it cannot be read."""
+    code, out = gluster(ctl, "volume", "get", ctl.volume, key, timeout=30)
+    if code != 0:
+        return None
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == key:
+            return fields[1]
+    return None
+
+
+def brick_log(ctl: GlusterControl) -> Path | None:
+    """The log file of the volume's (first) brick process: glusterfsd logs to
+    /var/log/glusterfs/bricks/<brick path, slashes as dashes>.log."""
+    code, out = gluster(ctl, "volume", "info", ctl.volume, timeout=30)
+    if code != 0:
+        return None
+    for line in out.splitlines():
+        if line.startswith("Brick1:"):
+            path = line.split(":", 2)[-1].strip()
+            log = Path("/var/log/glusterfs/bricks") / (path.strip("/").replace("/", "-") + ".log")
+            return log if log.exists() else None
+    return None
+
+
+def set_link(ctl: GlusterControl, up: bool) -> tuple[bool, str]:
+    """Set the server-side veth of mount A's client down (the partition) or up (the heal)."""
+    if not (ctl.netns_srv and ctl.link_a):
+        return False, "no network namespace set up for mount A's client"
+    cmd = ["ip", "-n", ctl.netns_srv, "link", "set", ctl.link_a, "up" if up else "down"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"{' '.join(cmd)}: timed out"
+    return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+
+
+@dataclass(slots=True)
+class Probe:
+    """One stat of a path in a child process. A stat blocked on a cut-off FUSE mount cannot be
+    killed until the client gives up (network.ping-timeout), so a probe is never killed: it is
+    read when it finishes, or reported `blocked` after its limit and reaped later."""
+
+    proc: subprocess.Popen[str]
+    started: float
+
+    def result(self, limit: float) -> str:
+        """`ok`, an errno name (`ENOTCONN`...), or `blocked` when not done within `limit` s of
+        its start."""
+        try:
+            out, _err = self.proc.communicate(
+                timeout=max(0.0, self.started + limit - time.monotonic())
+            )
+        except subprocess.TimeoutExpired:
+            return "blocked"
+        return out.strip() or f"exit {self.proc.returncode}"
+
+    def reap(self, limit: float) -> bool:
+        """Wait up to `limit` s for the child to end; whether it did."""
+        try:
+            self.proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+
+_STAT = (
+    "import errno, os, sys\n"
+    "try:\n"
+    "    os.stat(sys.argv[1])\n"
+    "    print('ok')\n"
+    "except OSError as e:\n"
+    "    print(errno.errorcode.get(e.errno, str(e.errno)))\n"
+)
+
+
+def probe_stat(path: Path) -> Probe:
+    """Start a stat of `path` in a child process (see Probe)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STAT, str(path)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    return Probe(proc, time.monotonic())

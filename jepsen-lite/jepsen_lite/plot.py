@@ -1,8 +1,8 @@
 """A PNG of a run, drawn without a plotting library (zlib and struct only).
 
 Layout, top to bottom: one band per nemesis kind with its faults as coloured spans (kill red,
-pause orange, clock purple, disk-full brown, lock-fault black; a fault not verified is drawn
-hatched), then the chart: enqueue acks per second (green bars), executions per second (blue
+pause orange, clock purple, disk-full brown, lock-fault black, partition teal, monkey-unlock
+olive; a fault not verified is drawn hatched), then the chart: enqueue acks per second (green bars), executions per second (blue
 line), enqueue failures and unknown outcomes per second (red / grey ticks at the bottom). The
 x axis is seconds since the start, with a grid line every 10 s; a faint grid every 10 units on
 the y axis. Phases (heal, liveness) are dotted vertical lines.
@@ -26,6 +26,8 @@ FAULT_COLORS: dict[str, Color] = {
     "clock": (140, 60, 200),
     "disk-full": (130, 80, 30),
     "lock-fault": (20, 20, 20),
+    "partition": (0, 140, 140),
+    "monkey-unlock": (120, 130, 20),
 }
 GREEN: Color = (60, 170, 80)
 BLUE: Color = (40, 90, 220)

@@ -18,8 +18,8 @@ def percentile(values: Sequence[int], q: float) -> int | None:
 
 
 def takeovers(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
-    """For each kill or pause: (fault, shard, victim, µs) from the fault's start to the first
-    belief of another node in a shard the victim believed it owned when the fault began."""
+    """For each kill, pause or partition: (fault, shard, µs) from the fault's start to the
+    first belief of another node in a shard a victim believed it owned when the fault began."""
     believed: dict[str, set[int]] = defaultdict(set)
     out: list[tuple[str, str, int]] = []
     open_: list[tuple[str, str, int, int]] = []  # (fault, victim, shard, start)
@@ -36,10 +36,20 @@ def takeovers(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]
                 believed[node].add(shard)
             else:
                 believed[node].discard(shard)
-        elif kind == "fault" and e.get("phase") == "start" and e.get("name") in ("kill", "pause"):
-            who = e.get("node")
-            if isinstance(who, str):
-                open_ += [(str(e["name"]), who, s, e["t"]) for s in sorted(believed[who])]
+        elif (
+            kind == "fault"
+            and e.get("phase") == "start"
+            and e.get("name")
+            in (
+                "kill",
+                "pause",
+                "partition",
+            )
+        ):
+            # a partition cuts off every node on mount A (`nodes`)
+            for who in [e.get("node"), *(e.get("nodes") or [])]:
+                if isinstance(who, str):
+                    open_ += [(str(e["name"]), who, s, e["t"]) for s in sorted(believed[who])]
         elif kind == "crash":
             believed[e["node"]].clear()
     return out

@@ -45,6 +45,9 @@ _LOG_MARKS = (
     "ENOSPC",
     "disk full",
     "taking it over",
+    "stops acting for it",
+    "File descriptor in bad state",
+    "Transport endpoint is not connected",
     "ERROR",
 )
 #: Refusals whose enqueue may still have been stored: an `info`, not a `fail`.

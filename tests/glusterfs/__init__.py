@@ -7,6 +7,10 @@ The mounts come from GLUSTER_MOUNT_A / GLUSTER_MOUNT_B (`.ci/run` sets them from
 installed, the `gluster_volume` fixture (tests/conftest.py) runs up.sh itself and down.sh at
 the end of the session, so a developer's `make test` covers GlusterFS too; SNERD_GLUSTER_AUTO=0
 turns that off.
+
+`find_netns_volume` brings up the separate network-namespace setup (`SNERD_GLUSTER_NETNS=1
+up.sh`: its own glusterd and volume, mount A's client cut off by a veth link) for the
+jepsen-lite partition nemesis; `take_down(netns=True)` removes it with its namespaces.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ DOWN_TIMEOUT_S = 180
 #: volume is up already without having been exported).
 DEFAULT_A = Path("/mnt/snerd-test-a")
 DEFAULT_B = Path("/mnt/snerd-test-b")
+#: The same for SNERD_GLUSTER_NETNS=1.
+NETNS_A = Path("/mnt/snerd-test-na")
+NETNS_B = Path("/mnt/snerd-test-nb")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +50,14 @@ class GlusterVolume:
     b: Path
     #: Whether this session brought it up (and so takes it down).
     started_here: bool = False
+    #: The volume's name.
+    name: str = "snerd-test"
+    #: The network-namespace setup (SNERD_GLUSTER_NETNS=1): its glusterd's CLI socket, the
+    #: server's namespace and the server-side veth of mount A's client.
+    netns: bool = False
+    sock: str | None = None
+    netns_srv: str | None = None
+    link_a: str | None = None
 
 
 def gluster_source(mount_point: Path) -> str | None:
@@ -88,24 +103,30 @@ def _parse_assignments(text: str) -> dict[str, str]:
     return dict(re.findall(r"^(GLUSTER_[A-Z_]+)=(.*)$", text, flags=re.M))
 
 
-def bring_up() -> tuple[GlusterVolume | None, str]:
-    """Run up.sh when it can work here (root, GlusterFS installed): the volume, or why not."""
-    if os.environ.get("SNERD_GLUSTER_AUTO") == "0":
-        return None, "GLUSTER_MOUNT_A/GLUSTER_MOUNT_B are unset (and SNERD_GLUSTER_AUTO=0)"
+def _volume_name(mount_point: Path) -> str:
+    source = gluster_source(mount_point) or ""
+    return source.partition(":/")[2] or "snerd-test"
+
+
+def _cannot_run_up(what: str) -> str | None:
+    """Why up.sh cannot work here (not root, GlusterFS missing), or None."""
     if os.geteuid() != 0:
-        return None, (
-            "GLUSTER_MOUNT_A/GLUSTER_MOUNT_B are unset, and bringing a volume up "
-            "(tests/glusterfs/up.sh) needs root"
-        )
+        return f"{what} (tests/glusterfs/up.sh) needs root"
     missing = [t for t in ("glusterd", "gluster", "glusterfs") if shutil.which(t) is None]
     if missing:
-        return None, (
-            f"GLUSTER_MOUNT_A/GLUSTER_MOUNT_B are unset and GlusterFS is not installed "
-            f"({', '.join(missing)} missing; apt-get install --no-install-recommends "
-            f"glusterfs-server glusterfs-client)"
+        return (
+            f"{what} needs GlusterFS ({', '.join(missing)} missing; apt-get install "
+            f"--no-install-recommends glusterfs-server glusterfs-client)"
         )
-    if check_pair(DEFAULT_A, DEFAULT_B) is None:  # up already, just not exported
-        return GlusterVolume(DEFAULT_A, DEFAULT_B), ""
+    return None
+
+
+def _run_up(netns: bool) -> tuple[GlusterVolume | None, str]:
+    env = {**os.environ, "SNERD_GLUSTER_NETNS": "1" if netns else "0"}
+    for k in ("GLUSTER_MOUNT_A", "GLUSTER_MOUNT_B", "GLUSTER_VOLUME"):
+        if netns:  # its own defaults, never the other setup's mounts
+            env.pop(k, None)
+    name = "SNERD_GLUSTER_NETNS=1 tests/glusterfs/up.sh" if netns else "tests/glusterfs/up.sh"
     try:
         proc = subprocess.run(
             ["bash", str(UP)],
@@ -114,24 +135,69 @@ def bring_up() -> tuple[GlusterVolume | None, str]:
             text=True,
             timeout=UP_TIMEOUT_S,
             check=False,
+            env=env,
         )
     except subprocess.TimeoutExpired:
-        return None, f"tests/glusterfs/up.sh did not finish within {UP_TIMEOUT_S} s"
+        return None, f"{name} did not finish within {UP_TIMEOUT_S} s"
     if proc.returncode != 0:
         tail = " | ".join(proc.stderr.strip().splitlines()[-5:])
-        return None, f"tests/glusterfs/up.sh failed (exit {proc.returncode}): {tail}"
-    env = _parse_assignments(proc.stdout)
+        return None, f"{name} failed (exit {proc.returncode}): {tail}"
+    out = _parse_assignments(proc.stdout)
     try:
         volume = GlusterVolume(
-            Path(env["GLUSTER_MOUNT_A"]), Path(env["GLUSTER_MOUNT_B"]), started_here=True
+            Path(out["GLUSTER_MOUNT_A"]),
+            Path(out["GLUSTER_MOUNT_B"]),
+            started_here=True,
+            name=out["GLUSTER_VOLUME"],
+            netns=netns,
+            sock=out.get("GLUSTER_SOCK"),
+            netns_srv=out.get("GLUSTER_NETNS_SRV"),
+            link_a=out.get("GLUSTER_LINK_A"),
         )
     except KeyError:
-        return None, f"tests/glusterfs/up.sh printed no mount points: {proc.stdout!r}"
+        return None, f"{name} printed no mount points: {proc.stdout!r}"
+    if netns and not (volume.sock and volume.netns_srv and volume.link_a):
+        return None, f"{name} printed no network namespace: {proc.stdout!r}"
     return volume, ""
 
 
-def take_down() -> None:
-    """down.sh --purge: what bring_up started (its test directories go with the volume)."""
+def bring_up() -> tuple[GlusterVolume | None, str]:
+    """Run up.sh when it can work here (root, GlusterFS installed): the volume, or why not."""
+    if os.environ.get("SNERD_GLUSTER_AUTO") == "0":
+        return None, "GLUSTER_MOUNT_A/GLUSTER_MOUNT_B are unset (and SNERD_GLUSTER_AUTO=0)"
+    why = _cannot_run_up("GLUSTER_MOUNT_A/GLUSTER_MOUNT_B are unset, and bringing a volume up")
+    if why:
+        return None, why
+    if check_pair(DEFAULT_A, DEFAULT_B) is None:  # up already, just not exported
+        return GlusterVolume(DEFAULT_A, DEFAULT_B, name=_volume_name(DEFAULT_A)), ""
+    return _run_up(netns=False)
+
+
+def find_netns_volume() -> tuple[GlusterVolume | None, str]:
+    """The network-namespace setup (SNERD_GLUSTER_NETNS=1 up.sh), brought up here; or why it
+    cannot be (not root, GlusterFS, ip or nsenter missing, namespaces refused). It is a volume
+    of its own: the default one (GLUSTER_MOUNT_A/B) is left as it is."""
+    if os.environ.get("SNERD_GLUSTER_AUTO") == "0":
+        return None, "SNERD_GLUSTER_AUTO=0: no network-namespace GlusterFS setup"
+    why = _cannot_run_up("a GlusterFS client in a network namespace")
+    if why:
+        return None, why
+    missing = [t for t in ("ip", "nsenter") if shutil.which(t) is None]
+    if missing:
+        return None, (
+            f"a GlusterFS client in a network namespace needs {' and '.join(missing)} "
+            "(iproute2, util-linux)"
+        )
+    return _run_up(netns=True)
+
+
+def take_down(netns: bool = False) -> None:
+    """down.sh --purge: what bring_up (or find_netns_volume, with its namespaces) started;
+    its test directories go with the volume."""
+    env = {**os.environ, "SNERD_GLUSTER_NETNS": "1" if netns else "0"}
+    if netns:
+        for k in ("GLUSTER_MOUNT_A", "GLUSTER_MOUNT_B", "GLUSTER_VOLUME"):
+            env.pop(k, None)
     with contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(
             ["bash", str(DOWN), "--purge"],
@@ -139,6 +205,7 @@ def take_down() -> None:
             capture_output=True,
             timeout=DOWN_TIMEOUT_S,
             check=False,
+            env=env,
         )
 
 
@@ -147,7 +214,9 @@ def find_volume() -> tuple[GlusterVolume | None, str]:
     a, b = os.environ.get("GLUSTER_MOUNT_A"), os.environ.get("GLUSTER_MOUNT_B")
     if a and b:
         why = check_pair(Path(a), Path(b))
-        return (None, why) if why else (GlusterVolume(Path(a), Path(b)), "")
+        if why:
+            return None, why
+        return GlusterVolume(Path(a), Path(b), name=_volume_name(Path(a))), ""
     if a or b:
         return None, "only one of GLUSTER_MOUNT_A and GLUSTER_MOUNT_B is set"
     return bring_up()

@@ -9,7 +9,9 @@
 # volume's brick (/var/run/gluster/vols/VOL/*.pid). Never kills by process name.
 # --purge also deletes the volume and its brick (its data), so the next up starts empty.
 # Same environment variables as up.sh; what up.sh recorded in its state directory wins over
-# the defaults.
+# the defaults. SNERD_GLUSTER_NETNS=1 takes down the network-namespace setup instead (its own
+# glusterd is always stopped; --purge also deletes its namespaces snerd-t-srv, snerd-t-a,
+# snerd-t-b and its glusterd's working directory).
 set -uo pipefail
 
 log() { printf '[glusterfs-down %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -22,7 +24,22 @@ for a in "$@"; do
         *) log "usage: down.sh [--purge]"; exit 2 ;;
     esac
 done
-STATE=${GLUSTER_STATE_DIR:-/run/snerd-test-gluster}
+NETNS=${SNERD_GLUSTER_NETNS:-0}
+NS_SRV=snerd-t-srv NS_A=snerd-t-a NS_B=snerd-t-b
+if [ "$NETNS" = 1 ]; then
+    STATE=${GLUSTER_STATE_DIR:-/run/snerd-test-gluster-ns}
+    D_MOUNT_A=/mnt/snerd-test-na D_MOUNT_B=/mnt/snerd-test-nb D_VOL=snerd-test-ns
+    D_BRICK_ROOT=/var/lib/snerd-test-gluster-ns
+    SOCK=$STATE/glusterd.socket
+    CLI=(gluster --mode=script "--glusterd-sock=$SOCK" "--log-file=/var/log/glusterfs/snerd-test-ns-cli.log")
+    RUNDIR=$STATE/run
+else
+    STATE=${GLUSTER_STATE_DIR:-/run/snerd-test-gluster}
+    D_MOUNT_A=/mnt/snerd-test-a D_MOUNT_B=/mnt/snerd-test-b D_VOL=snerd-test
+    D_BRICK_ROOT=/var/lib/snerd-test-gluster
+    CLI=(gluster --mode=script)
+    RUNDIR=/var/run/gluster
+fi
 S_VOL="" S_MOUNT_A="" S_MOUNT_B="" S_BRICK_ROOT=""
 if [ -r "$STATE/env" ]; then
     while IFS='=' read -r k v; do
@@ -32,10 +49,10 @@ if [ -r "$STATE/env" ]; then
         esac
     done <"$STATE/env"
 fi
-MOUNT_A=${S_MOUNT_A:-${GLUSTER_MOUNT_A:-/mnt/snerd-test-a}}
-MOUNT_B=${S_MOUNT_B:-${GLUSTER_MOUNT_B:-/mnt/snerd-test-b}}
-VOL=${S_VOL:-${GLUSTER_VOLUME:-snerd-test}}
-BRICK_ROOT=${S_BRICK_ROOT:-${GLUSTER_BRICK_ROOT:-/var/lib/snerd-test-gluster}}
+MOUNT_A=${S_MOUNT_A:-${GLUSTER_MOUNT_A:-$D_MOUNT_A}}
+MOUNT_B=${S_MOUNT_B:-${GLUSTER_MOUNT_B:-$D_MOUNT_B}}
+VOL=${S_VOL:-${GLUSTER_VOLUME:-$D_VOL}}
+BRICK_ROOT=${S_BRICK_ROOT:-${GLUSTER_BRICK_ROOT:-$D_BRICK_ROOT}}
 
 alive() { # pid [comm...]: running (not a zombie) and, when given, one of these comms
     local pid=$1 st c want; shift
@@ -81,16 +98,16 @@ done
 gd_pid=$(cat "$STATE/glusterd.pid" 2>/dev/null || true)
 ours=0
 [ -e "$STATE/glusterd.ours" ] && alive "$gd_pid" glusterd && ours=1
-volpids() { cat /var/run/gluster/vols/"$VOL"/*.pid 2>/dev/null; }
+volpids() { cat "$RUNDIR/vols/$VOL"/*.pid 2>/dev/null; }
 PIDS=$(volpids)   # read before the stop
-if timeout 20 gluster --mode=script volume info "$VOL" >/dev/null 2>&1; then
-    if timeout 20 gluster --mode=script volume info "$VOL" | grep -q '^Status: Started'; then
+if timeout 20 "${CLI[@]}" volume info "$VOL" >/dev/null 2>&1; then
+    if timeout 20 "${CLI[@]}" volume info "$VOL" | grep -q '^Status: Started'; then
         log "stopping volume $VOL"
-        timeout 120 gluster --mode=script volume stop "$VOL" force >&2 || log "volume stop failed"
+        timeout 120 "${CLI[@]}" volume stop "$VOL" force >&2 || log "volume stop failed"
     fi
     if [ $PURGE = 1 ]; then
         log "deleting volume $VOL"
-        timeout 120 gluster --mode=script volume delete "$VOL" >&2 || log "volume delete failed"
+        timeout 120 "${CLI[@]}" volume delete "$VOL" >&2 || log "volume delete failed"
     fi
 fi
 if [ $ours = 1 ]; then
@@ -101,7 +118,7 @@ elif [ -n "$gd_pid" ] && ! alive "$gd_pid"; then
 fi
 # a brick that outlived 'volume stop' (glusterd had died, say): only pids from gluster's own
 # pid files for this volume, and only when no glusterd is left to manage them
-if [ $ours = 1 ] || ! timeout 10 gluster --mode=script pool list >/dev/null 2>&1; then
+if [ $ours = 1 ] || ! timeout 10 "${CLI[@]}" pool list >/dev/null 2>&1; then
     for pid in $PIDS $(volpids); do
         stop_pid "$pid" "brick of $VOL" glusterfsd glusterfs
     done
@@ -111,5 +128,19 @@ if [ $PURGE = 1 ]; then
     log "removing the brick $BRICK_ROOT/$VOL"
     rm -rf "${BRICK_ROOT:?}/${VOL:?}"
     rm -f "$STATE/env"
+fi
+# 3. the network namespaces (SNERD_GLUSTER_NETNS=1): deleting one deletes its veth ends
+if [ "$NETNS" = 1 ] && [ $PURGE = 1 ]; then
+    for ns in $NS_A $NS_B $NS_SRV; do
+        if [ -e "/run/netns/$ns" ]; then
+            log "deleting network namespace $ns"
+            ip netns del "$ns" || log "ip netns del $ns failed"
+        fi
+    done
+    if ! alive "$(cat "$STATE/glusterd.pid" 2>/dev/null || true)" glusterd; then
+        rm -rf "${BRICK_ROOT:?}/glusterd" "${STATE:?}/run"
+        rm -f "$SOCK" "$STATE/glusterd.ours"
+        rmdir "$BRICK_ROOT" "$STATE" 2>/dev/null || true
+    fi
 fi
 log "down"
