@@ -54,3 +54,18 @@ def test_touch_of_a_shard_not_locked_is_nothing_and_a_renewal_writes_the_owner(
         portalocker.lock(f, portalocker.LOCK_EX | portalocker.LOCK_NB)
     locks.unlock_all()
     assert not fd_open(fd)
+
+
+def test_unlocking_a_lock_whose_descriptor_already_failed_does_not_raise(tmp_path: Path) -> None:
+    """After a network filesystem drops a lock, its fd fails (EBADFD, ENOTCONN) and so do
+    unlock and close: stepping down must still release it quietly (a daemon on a GlusterFS
+    mount cut off past ping-timeout crashed here). A descriptor closed behind the lock table's
+    back fails the same way (EBADF)."""
+    locks = ShardLocks(tmp_path)
+    assert locks.try_lock(0, "me")
+    os.close(locks.fds[0])
+    locks.unlock(0)  # no exception
+    assert 0 not in locks.fds
+    other = ShardLocks(tmp_path)
+    assert other.try_lock(0, "other")
+    other.unlock_all()

@@ -390,7 +390,8 @@ class LogReader:
             if fd is None:
                 if len(self._fds) >= self._max_open:
                     # Drop the oldest descriptor (dicts keep insertion order).
-                    os.close(self._fds.pop(next(iter(self._fds))))
+                    with contextlib.suppress(OSError):
+                        os.close(self._fds.pop(next(iter(self._fds))))
                 fd = os.open(key, os.O_RDONLY | _O_CLOEXEC)
                 self._fds[key] = fd
             return _pread_record(fd, offset, length, key)
@@ -400,13 +401,15 @@ class LogReader:
         with self._lock:
             fd = self._fds.pop(os.fspath(path), None)
             if fd is not None:
-                os.close(fd)
+                with contextlib.suppress(OSError):  # read-only: nothing to lose
+                    os.close(fd)
 
     def close(self) -> None:
         with self._lock:
             fds, self._fds = self._fds, {}
             for fd in fds.values():
-                os.close(fd)
+                with contextlib.suppress(OSError):  # a mount gone away (EBADFD, ENOTCONN)
+                    os.close(fd)
 
 
 class RecordReader(Protocol):

@@ -9,6 +9,7 @@ LOCK_NB and polled, never with a blocking flock.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -43,6 +44,13 @@ LOST_LOCK_ERRNOS = {
     getattr(errno, "ENOTCONN", 107),
     getattr(errno, "EBADFD", 77),
 }
+
+
+def _close_quietly(fd: int) -> None:
+    """close(2) a descriptor whose file may be gone with its mount (EBADFD, ENOTCONN): the
+    descriptor is released whatever close reports, and nothing was left to flush."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 class MembershipConflict(Exception):
@@ -191,19 +199,23 @@ class ShardLocks:
         fd = self._touching.pop(shard, None)
         if fd is not None and fd in self._close_later:
             self._close_later.discard(fd)
-            os.close(fd)
+            _close_quietly(fd)
 
     def unlock(self, shard: int) -> None:
+        """Release a shard lock. A lock already lost (its fd failing with EBADFD or ENOTCONN
+        after a network filesystem dropped it) is released all the same: nothing to undo."""
         fd = self.fds.pop(shard, None)
         if fd is None:
             return
         try:
             portalocker.unlock(fd)
+        except (OSError, portalocker.exceptions.LockException):
+            pass
         finally:
             if self._touching.get(shard) == fd:
                 self._close_later.add(fd)  # closed by `end_touch`
             else:
-                os.close(fd)
+                _close_quietly(fd)
 
     def unlock_all(self) -> None:
         for shard in list(self.fds):
