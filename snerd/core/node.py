@@ -110,7 +110,7 @@ class TaskState(enum.Enum):
 
 
 S = TaskState
-#: Every allowed task state change. `Node._move` refuses anything else.
+#: Every allowed task state change. `Node._move` refuses anything else (see `_TRANSITION_IDS`).
 TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
     {
         (S.ENQUEUING, S.WAITING),
@@ -132,6 +132,8 @@ TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
         (S.FINISHING, S.READY),
     }
 )
+#: `TRANSITIONS` by the members' identities (members are singletons), for `Node._move`.
+_TRANSITION_IDS: frozenset[tuple[int, int]] = frozenset((id(a), id(b)) for a, b in TRANSITIONS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -531,7 +533,8 @@ class Node:
         return self.token
 
     def _move(self, task: Task, new: TaskState) -> None:
-        if (task.state, new) not in TRANSITIONS:
+        # By identity: an enum member's hash is computed in Python (`Enum.__hash__`).
+        if (id(task.state), id(new)) not in _TRANSITION_IDS:
             raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
         task.state = new
 
@@ -1148,26 +1151,28 @@ class Node:
         fields["snerdSeq"] = info.next_seq
         info.next_seq += 1
         self.seq += 1
+        # Positional, in field order: with 19 keywords the call costs about 2.6 us, 0.5 us so.
         task = Task(
-            task_id=cmd.task_id,
-            task_type=cmd.task_type,
-            shard=shard,
-            seq=self.seq,
-            state=TaskState.ENQUEUING,
-            retry_count=0,
-            max_retries=cmd.max_retries,
-            retry_after_hours=cmd.retry_after_hours,
-            ready_at_us=execute_at,
-            urgency=cmd.urgency_score,
-            pool=self._pool_of(cmd.pool),
-            group=cmd.rate_limit_group if cmd.max_per_minute is not None else None,
-            max_per_minute=cmd.max_per_minute,
-            payload_hash=payload_hash,
-            cron=cmd.cron,
-            webhook_url=cmd.webhook_url,
-            max_execution_seconds=cmd.max_execution_seconds,
-            trigger_after_ids=cmd.trigger_after_ids,
-            attempt=1,
+            cmd.task_id,  # task_id
+            cmd.task_type,  # task_type
+            shard,  # shard
+            self.seq,  # seq
+            TaskState.ENQUEUING,  # state
+            0,  # retry_count
+            cmd.max_retries,  # max_retries
+            cmd.retry_after_hours,  # retry_after_hours
+            execute_at,  # ready_at_us
+            cmd.urgency_score,  # urgency
+            self._pool_of(cmd.pool),  # pool
+            cmd.rate_limit_group if cmd.max_per_minute is not None else None,  # group
+            cmd.max_per_minute,  # max_per_minute
+            payload_hash,  # payload_hash
+            cmd.cron,  # cron
+            cmd.webhook_url,  # webhook_url
+            cmd.max_execution_seconds,  # max_execution_seconds
+            cmd.trigger_after_ids,  # trigger_after_ids
+            None,  # loc
+            1,  # attempt
         )
         self.tasks[cmd.task_id] = task
         if payload_hash is not None:
@@ -1180,7 +1185,7 @@ class Node:
             # `execute` both follow that commit (`_on_append_committed`).
             records.append(_new_record(self._begin_attempt(task, task.pool)))
         self._append(
-            shard, records, PendingAppend(kind="enqueue", shard=shard, task_id=cmd.task_id)
+            shard, records, PendingAppend("enqueue", shard, cmd.task_id)
         )
 
     def _enqueue_fields(
@@ -1410,15 +1415,19 @@ class Node:
             # No handler here: `_dispatch` would only pop it to park it; park it now, in the
             # same queue with the same order keys (`_on_register` makes it ready again).
             self._move(task, TaskState.PARKED)
-            self.parked_by_type.setdefault(task.task_type, ReadyQueue()).push(
-                task.task_id, task.urgency, task.seq
-            )
+            parked = self.parked_by_type.get(task.task_type)
+            if parked is None:
+                parked = self.parked_by_type[task.task_type] = ReadyQueue()
+            parked.push(task.task_id, task.urgency, task.seq)
             return
         self._push_ready(task)
 
     def _push_ready(self, task: Task) -> None:
         assert task.state is TaskState.READY
-        self.ready.setdefault(task.pool, ReadyQueue()).push(task.task_id, task.urgency, task.seq)
+        ready = self.ready.get(task.pool)
+        if ready is None:
+            ready = self.ready[task.pool] = ReadyQueue()
+        ready.push(task.task_id, task.urgency, task.seq)
 
     def _check_blocked(self, task: Task) -> None:
         if any(p in self.tasks for p in task.trigger_after_ids):
@@ -1572,7 +1581,7 @@ class Node:
         self._append(
             task.shard,
             [_new_record(fields)],
-            PendingAppend(kind="dispatch", shard=task.shard, task_id=task.task_id),
+            PendingAppend("dispatch", task.shard, task.task_id),
         )
 
     def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
@@ -1582,9 +1591,7 @@ class Node:
         self._move(task, TaskState.DISPATCHING)
         if task.attempt <= task.retry_count:
             task.attempt = task.retry_count + 1
-        self.inflight[task.task_id] = InFlight(
-            task_id=task.task_id, attempt=task.attempt, pool=pool, deadline_mono=None
-        )
+        self.inflight[task.task_id] = InFlight(task.task_id, task.attempt, pool, None)
         self.pool_busy[pool] = self.pool_busy.get(pool, 0) + 1
         fields: dict[str, Any] = {
             "snerdKind": KIND_DISPATCH,
@@ -1610,12 +1617,8 @@ class Node:
             flight.deadline_mono = now.mono + task.max_execution_seconds * SECOND
             self.timed_flights = True
         self._emit(
-            fx.Execute(
-                task_id=task.task_id,
-                task_type=task.task_type,
-                attempt=task.attempt,
-                location=task.loc,
-                max_execution_seconds=task.max_execution_seconds,
+            _new_execute(
+                task.task_id, task.task_type, task.attempt, task.loc, task.max_execution_seconds
             )
         )
 
@@ -1718,11 +1721,9 @@ class Node:
         self._append(
             task.shard,
             [_new_based_record(fields, task.loc, remove)],
+            # kind, shard, task_id, dedupe_waiters, effect, extra
             PendingAppend(
-                kind="finish",
-                shard=task.shard,
-                task_id=task.task_id,
-                extra={"outcome": outcome, "error": error},
+                "finish", task.shard, task.task_id, [], None, {"outcome": outcome, "error": error}
             ),
         )
 
@@ -2404,6 +2405,9 @@ _new_append = slot_constructor(fx.Append, "token", "shard", "records")
 _new_record = slot_constructor(fx.NewRecord, "fields")
 _new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
 _new_location = slot_constructor(fx.Location, "shard", "offset", "length")
+_new_execute = slot_constructor(
+    fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
+)
 
 
 _HANDLERS: dict[type[Any], Any] = {
