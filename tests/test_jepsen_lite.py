@@ -140,6 +140,9 @@ def test_glusterfs_partition_and_monkey_unlock(
     (monkey,) = [f for f in outcome.faults if f.name == "monkey-unlock"]
     assert monkey.info["option_on"] == "on", monkey.info
     assert gl.check_pair(volume.a, volume.b) is None  # both mounts answer after the run
+    # The daemon on mount A survived its lost locks (stepped down, did not crash).
+    for log in (tmp_path / "out").rglob("*.stderr"):
+        assert "Traceback" not in log.read_text(errors="replace"), log
 
 
 def test_negative_control_no_fence_with_lock_faults(tmp_path: Path) -> None:
