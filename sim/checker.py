@@ -362,6 +362,10 @@ class _Analysis:
     )
     #: (shard, epoch, node) already reported as writing under someone else's epoch.
     foreign_seen: set[tuple[int, int, str]] = field(default_factory=set)
+    #: Task ids with a task or inbox record fed, and fingerprints finished, since a
+    #: `LivenessWatch` last looked: only acks of these can have become satisfied.
+    touched_tasks: set[str] = field(default_factory=set)
+    touched_fingerprints: set[str] = field(default_factory=set)
 
     def invoke_before(self, task: str, index: int, node: str | None = None) -> _Invoke | None:
         """The latest invoke of `task` before history entry `index`, preferring one sent to
@@ -430,6 +434,7 @@ class _Analysis:
             task_id = fields.get("taskId")
             if isinstance(task_id, str) and fields.get("snerdKind") is None:
                 self.inbox_by_task.setdefault(task_id, []).append(rec)
+                self.touched_tasks.add(task_id)
         elif kind == "execute":
             self.executes.append(
                 _Execute(
@@ -579,6 +584,7 @@ class _Analysis:
             self.dispatches.setdefault(task_id, []).append(rec)
             return
         self.task_records.setdefault(task_id, []).append(rec)
+        self.touched_tasks.add(task_id)
         if accepted and rec.tombstone:
             for inv in self.invokes.get(task_id, ()):
                 if inv.fingerprint:
@@ -586,6 +592,7 @@ class _Analysis:
 
     def _fingerprint_finished(self, fingerprint: str, index: int) -> None:
         self.finished_fingerprints.add(fingerprint)
+        self.touched_fingerprints.add(fingerprint)
         if index > self.fingerprint_finished_at.get(fingerprint, -1):
             self.fingerprint_finished_at[fingerprint] = index
 
@@ -768,15 +775,18 @@ def unfinished(history: History) -> list[str]:
 
 class LivenessWatch:
     """`unfinished` for a history that keeps growing: each call parses only the entries
-    appended since the last one and re-judges only the acks still open (a finished task stays
-    finished: acceptance is decided once), so polling during the liveness phase stays cheap."""
+    appended since the last one and re-judges only the acks still open whose task has a new
+    record or whose fingerprint finished since (a finished task stays finished: acceptance is
+    decided once), so polling during the liveness phase stays cheap."""
 
-    __slots__ = ("_acks_seen", "_analysis", "_open")
+    __slots__ = ("_acks_seen", "_analysis", "_open", "_tasks")
 
     def __init__(self) -> None:
         self._analysis: _Analysis | None = None
         self._open: list[_Ack] = []
         self._acks_seen = 0
+        #: The task ids of `_open`, in order, once each (None: to be listed again).
+        self._tasks: list[str] | None = []
 
     def unfinished(self, history: History) -> list[str]:
         """As the module's `unfinished`; `history` must be the one seen before, grown."""
@@ -788,10 +798,32 @@ class LivenessWatch:
             raise HistoryError("a LivenessWatch follows one history, which never shrinks")
         a = self._analysis
         a.feed(history)
-        self._open.extend(a.acks[self._acks_seen :])
-        self._acks_seen = len(a.acks)
-        self._open = [ack for ack in self._open if not _satisfied(a, ack)]
-        return list(dict.fromkeys(ack.task for ack in self._open))
+        # An open ack can only have become satisfied through a record of its task or its
+        # fingerprint finishing (`_satisfied` reads nothing else that changes): re-judge those.
+        tasks, fingerprints = a.touched_tasks, a.touched_fingerprints
+        if tasks or fingerprints:
+            still = [
+                ack
+                for ack in self._open
+                if not (
+                    (ack.task in tasks or ack.invoke.fingerprint in fingerprints)
+                    and _satisfied(a, ack)
+                )
+            ]
+            if len(still) != len(self._open):
+                self._open = still
+                self._tasks = None
+            tasks.clear()
+            fingerprints.clear()
+        if self._acks_seen < len(a.acks):
+            new = [ack for ack in a.acks[self._acks_seen :] if not _satisfied(a, ack)]
+            if new:
+                self._open.extend(new)
+                self._tasks = None
+            self._acks_seen = len(a.acks)
+        if self._tasks is None:
+            self._tasks = list(dict.fromkeys([ack.task for ack in self._open]))
+        return list(self._tasks)
 
     def check(self, history: History) -> Report:
         """`check(history)`, reusing what was parsed already (the same verdict)."""

@@ -28,11 +28,15 @@ rate change re-anchors at the moment it happens, so readings stay integer-exact:
 from __future__ import annotations
 
 from snerd.core.events import Now
+from snerd.core.slots import slot_constructor
 
 __all__ = ["PPM", "NodeClock"]
 
 #: Parts per million: the denominator of `drift_ppm`.
 PPM = 1_000_000
+
+#: `Now(wall, mono)`, built without the frozen dataclass's `__init__` (one per core event).
+_new_now = slot_constructor(Now, "wall", "mono")
 
 
 def _scaled(elapsed: int, rate: int) -> int:
@@ -99,17 +103,25 @@ class NodeClock:
         invent a history the clock never had.
         """
         assert t >= self._mono_anchor, f"mono read at {t}, before its anchor {self._mono_anchor}"
-        return self._mono_base + _scaled(t - self._mono_anchor, self._rate)
+        return self._mono_base + (t - self._mono_anchor) * self._rate // PPM  # _scaled inline
 
     def wall(self, t: int) -> int:
         """CLOCK_REALTIME (µs since the Unix epoch) at true time `t`, not before the last step
         or rate change (the readings before a step are history, not a function of `t`)."""
         assert t >= self._wall_anchor, f"wall read at {t}, before its anchor {self._wall_anchor}"
-        return self._wall_base + _scaled(t - self._wall_anchor, self._rate)
+        return self._wall_base + (t - self._wall_anchor) * self._rate // PPM  # _scaled inline
 
     def now(self, t: int) -> Now:
-        """Both readings at true time `t`, as the core's `Now` (what `Node.handle` takes)."""
-        return Now(wall=self.wall(t), mono=self.mono(t))
+        """Both readings at true time `t`, as the core's `Now` (what `Node.handle` takes).
+
+        `wall(t)` and `mono(t)` written out: this runs for every event a node handles."""
+        mono_anchor, wall_anchor, rate = self._mono_anchor, self._wall_anchor, self._rate
+        assert t >= mono_anchor, f"mono read at {t}, before its anchor {mono_anchor}"
+        assert t >= wall_anchor, f"wall read at {t}, before its anchor {wall_anchor}"
+        return _new_now(
+            self._wall_base + (t - wall_anchor) * rate // PPM,
+            self._mono_base + (t - mono_anchor) * rate // PPM,
+        )
 
     def offset_at(self, t: int) -> int:
         """How far the wall clock is from true time at `t` (for skew reports and checkers)."""
@@ -124,7 +136,10 @@ class NodeClock:
         the anchor. For `m` above the reading at the anchor, `mono(result) >= m` and
         `mono(result - 1) < m`.
         """
-        return self._mono_anchor + _true_elapsed_to_reach(m - self._mono_base, self._rate)
+        k = m - self._mono_base
+        if k <= 0:
+            return self._mono_anchor
+        return self._mono_anchor - ((-k * PPM) // self._rate)  # _true_elapsed_to_reach inline
 
     def true_at_wall(self, w: int) -> int:
         """The smallest true time, not before the last step or rate change, at which `wall`

@@ -81,7 +81,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 import xxhash
@@ -122,10 +122,10 @@ AppendStatus = Literal["refused", "pending", "durable", "lost", "replaced"]
 _NL = 0x0A
 
 
-@dataclass(frozen=True, slots=True)
-class InboxKey:
+class InboxKey(NamedTuple):
     """Names the inbox file `shard-N/inbox/<node>.log`: what `node` (a node id, the file's
-    one writer) took for shard `shard`."""
+    one writer) took for shard `shard`. A named tuple, so hashing one (every lookup of an
+    inbox file) costs no Python call."""
 
     shard: int
     node: str
@@ -340,7 +340,7 @@ class SimFS:
         #: Open log fds: (pid, key) -> the inode that fd refers to.
         self._fds: dict[tuple[str, LogKey], _Inode] = {}
         #: Inbox files of each shard, sorted by writer node; and each file's one writer (pid).
-        self._inboxes: dict[int, list[InboxKey]] = {}
+        self._inboxes: dict[int, tuple[InboxKey, ...]] = {}
         self._inbox_writer: dict[InboxKey, str] = {}
         #: `shard-N/inbox/<segment>.read`: how far the owner says it ingested each inbox file.
         self._hints: dict[InboxKey, bytes] = {}
@@ -405,9 +405,8 @@ class SimFS:
             current = self._logs[key] = self._new_inode(stat=stat)
             if inbox is not None:
                 assert isinstance(key, InboxKey)
-                files = self._inboxes.setdefault(shard, [])
-                files.append(key)
-                files.sort(key=_key_order)
+                files = self._inboxes.get(shard, ())
+                self._inboxes[shard] = tuple(sorted((*files, key), key=_key_order))
         if inode is None:
             inode = self._fds[fd] = current
         orphaned = inode is not current
@@ -536,13 +535,13 @@ class SimFS:
     def inboxes(self, shard: int) -> tuple[InboxKey, ...]:
         """The inbox files of `shard` (readdir of `shard-N/inbox/`), sorted by writer node. A
         file exists from its first append that was not refused."""
-        return tuple(self._inboxes.get(shard, ()))
+        return self._inboxes.get(shard, ())
 
     def remove_inbox(self, key: InboxKey) -> None:
         """unlink(2) an inbox file and its `.read` hint (a missing one is no error). An fd its
         writer still holds keeps the unlinked inode, as for a replaced log."""
         if self._logs.pop(key, None) is not None:
-            self._inboxes[key.shard].remove(key)
+            self._inboxes[key.shard] = tuple(k for k in self._inboxes[key.shard] if k != key)
         self._hints.pop(key, None)
         self._n["inbox_removes"] += 1
 

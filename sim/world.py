@@ -32,12 +32,12 @@ iterate sets of strings.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from heapq import heappop, heappush
 from typing import Any
 
 import orjson
@@ -51,6 +51,7 @@ from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig, route_shard
 from snerd.core.ownership import OwnershipConfig
 from snerd.core.records import CorruptRecord, decode_record, encode_record, scan
+from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339
 
 __all__ = ["SECOND", "Outcome", "Settings", "World", "run"]
@@ -74,6 +75,14 @@ _BELIEF = 9  # (proc index, incarnation, None): a lease deadline passed
 _PHASE = 10
 _CHECK = 11
 _APPEND_ISSUE = 12  # (proc index, incarnation, (effect, lines, done_at)): the writer thread writes
+
+#: The event of every wake-up (frozen and empty: one instance serves them all).
+_TICK = ev.Tick()
+#: Constructors of the commonest events, without the frozen dataclasses' `__init__`.
+_line_received = slot_constructor(ev.LineReceived, "line")
+_inbox_read = slot_constructor(ev.InboxRead, "chunks", "present")
+_append_committed = slot_constructor(ev.AppendCommitted, "token", "offsets", "lengths")
+_membership_read = slot_constructor(ev.MembershipRead, "doc")
 
 
 def _exp(rng: random.Random, rate_per_s: float) -> int:
@@ -455,6 +464,8 @@ class World:
         self.dedupe_payloads: deque[str] = deque(maxlen=8)
         self.watch = checker.LivenessWatch()
         self._owners_cache: tuple[int, dict[int, str]] = (-1, {})
+        #: Whether a pause may fall between deciding an append and making it.
+        self._pause_buggify = bool(settings.pause_rate)
         self._ownership = OwnershipConfig(
             ttl_us=settings.ttl_us,
             skew_margin_us=0 if settings.unsafe_no_margin else settings.margin_us,
@@ -465,7 +476,7 @@ class World:
 
     def _at(self, t: int, kind: int, a: Any = None, b: Any = None, c: Any = None) -> None:
         self.seq += 1
-        heapq.heappush(self.queue, (t, self.seq, kind, a, b, c))
+        heappush(self.queue, (t, self.seq, kind, a, b, c))
 
     def _record(self, entry: dict[str, Any]) -> None:
         entry["t"] = self.t
@@ -517,17 +528,25 @@ class World:
         return proc.inc == inc and proc.state != "down"
 
     def _deliver(self, proc: _Proc, event: ev.Event) -> None:
-        if proc.state == "down":
-            return
-        if proc.state == "paused":
-            proc.waiting.append((_DELIVER, event))
+        """Hand `event` to the node now, as the shell does: `handle`, then `wake_in` (the
+        wake-up it asks for is queued), then what the node believes it owns is recorded.
+
+        The world's hottest path (every core event): written out rather than split in
+        helpers, with the queue pushes of `_at` inline."""
+        state = proc.state
+        if state != "running":
+            if state == "paused":
+                proc.waiting.append((_DELIVER, event))
             return
         self.node_events += 1
-        now = proc.clock.now(self.t)
-        effects = proc.node.handle(event, now)
+        t = self.t
+        clock = proc.clock
+        node = proc.node
+        now = clock.now(t)
+        effects = node.handle(event, now)
         if (
             effects
-            and self.s.pause_rate
+            and self._pause_buggify
             and not self.liveness
             and self.rng_fault.random() < 0.002
             and any(type(e) is fx.Append or type(e) is fx.AppendInbox for e in effects)
@@ -535,12 +554,46 @@ class World:
             # A SIGSTOP between deciding an append and making it (BUGGIFY-style): the effects
             # run when the process resumes, maybe after its lease ran out.
             self._pause(proc, _uniform(self.rng_fault, 1_000, self.s.pause_max_us))
-        if type(event) is ev.Compacted or type(event) is ev.LogRecordsRead:
-            self._check_locations(proc, event.shard)
+        etype = type(event)
+        if etype is ev.Compacted or etype is ev.LogRecordsRead:
+            self._check_locations(proc, event.shard)  # type: ignore[attr-defined]
+        queue = self.queue
         if effects:
             # The shell carries them out a moment later (a pause can fall in between).
-            self._at(self.t + 20, _EFFECTS, proc.index, proc.inc, effects)
-        self._after_handle(proc, now)
+            self.seq += 1
+            heappush(queue, (t + 20, self.seq, _EFFECTS, proc.index, proc.inc, effects))
+        # What the shell does after every `handle`: ask when to wake the node.
+        wait = node.wake_in(now)
+        mono = now.mono
+        if wait is not None:
+            at = clock.true_at_mono(mono + wait)
+            if at <= t:
+                at = t + 1
+            if at != proc.wake_at:
+                proc.wake_gen += 1
+                proc.wake_at = at
+                self.seq += 1
+                heappush(queue, (at, self.seq, _WAKE, proc.index, proc.inc, proc.wake_gen))
+        # Beliefs (`_believed` and `_update_beliefs`, for a process that is not down).
+        deadline = node.lease_deadline_mono
+        if deadline is not None:
+            if deadline != proc.watched_deadline:
+                proc.watched_deadline = deadline
+                self.seq += 1
+                heappush(
+                    queue,
+                    (clock.true_at_mono(deadline), self.seq, _BELIEF, proc.index, proc.inc, None),
+                )
+            if mono >= deadline:
+                if proc.beliefs:
+                    self._set_beliefs(proc, [])
+                return
+        if node.shards:
+            believed = node.owned_shards
+            if believed != proc.beliefs:
+                self._set_beliefs(proc, believed)
+        elif proc.beliefs:
+            self._set_beliefs(proc, [])
 
     def _check_locations(self, proc: _Proc, shard: int) -> None:
         """Every location the node holds for a task of `shard` must point at that task's
@@ -563,20 +616,6 @@ class World:
                         f"as the {what} of {task.task_id}, but it reads {str(got)[:120]}"
                     )
 
-    def _after_handle(self, proc: _Proc, now: ev.Now) -> None:
-        wait = proc.node.wake_in(now)
-        if wait is not None:
-            at = max(proc.clock.true_at_mono(now.mono + wait), self.t + 1)
-            if at != proc.wake_at:
-                proc.wake_gen += 1
-                proc.wake_at = at
-                self._at(at, _WAKE, proc.index, proc.inc, proc.wake_gen)
-        deadline = proc.node.lease_deadline_mono
-        if deadline is not None and deadline != proc.watched_deadline:
-            proc.watched_deadline = deadline
-            self._at(proc.clock.true_at_mono(deadline), _BELIEF, proc.index, proc.inc)
-        self._update_beliefs(proc)
-
     def _believed(self, proc: _Proc) -> list[int]:
         if proc.state == "down":
             return []
@@ -587,8 +626,11 @@ class World:
 
     def _update_beliefs(self, proc: _Proc) -> None:
         now = self._believed(proc)
-        if now == proc.beliefs:
-            return
+        if now != proc.beliefs:
+            self._set_beliefs(proc, now)
+
+    def _set_beliefs(self, proc: _Proc, now: list[int]) -> None:
+        """Record what changed from `proc.beliefs` to `now`."""
         for shard in proc.beliefs:
             if shard not in now:
                 self._record({"kind": "belief", "node": proc.name, "shard": shard, "on": False})
@@ -700,7 +742,7 @@ class World:
             failed = ev.MembershipWriteFailed(doc=None, error="membership.json unreachable")
             self._answer(proc, failed, 500, 5_000)
             return
-        self._answer(proc, ev.MembershipRead(doc=self.fs.read_membership()), 500, 5_000)
+        self._answer(proc, _membership_read(self.fs.read_membership()), 500, 5_000)
 
     def _fx_write_membership(self, proc: _Proc, effect: fx.WriteMembership) -> None:
         s = self.s
@@ -881,12 +923,7 @@ class World:
         if status in ("durable", "replaced"):
             # fsync returned: the shell reports success even for a replaced file (it cannot
             # know); the checkers see whether the record is in the log.
-            self._deliver(
-                proc,
-                ev.AppendCommitted(
-                    token=pending.token, offsets=pending.offsets, lengths=pending.lengths
-                ),
-            )
+            self._deliver(proc, _append_committed(pending.token, pending.offsets, pending.lengths))
 
     def _record_inbox(self, pending: _Append, name: str) -> None:
         """Record the records of a durable inbox append (their writer is the inbox's node)."""
@@ -910,14 +947,15 @@ class World:
         in progress, a torn tail) is left alone. Readers see pending bytes as well as durable
         ones. One `InboxRead` answers it, after an I/O latency on the "meta" lane."""
         fs = self.fs
+        inboxes, log_size = fs.inboxes, fs.log_size
         chunks: list[ev.InboxChunk] = []
         present: list[tuple[int, tuple[str, ...]]] = []
         for shard, known in effect.offsets.items():
-            files = fs.inboxes(shard)
-            present.append((shard, tuple(key.node for key in files)))
+            files = inboxes(shard)
+            present.append((shard, tuple([key.node for key in files])))
             for key in files:
+                size = log_size(key)
                 start = known.get(key.node, 0)
-                size = fs.log_size(key)
                 if size <= start:
                     continue
                 data = fs.read_range(key, start, size - start)
@@ -938,7 +976,7 @@ class World:
                     )
                 )
         self.counters["inbox_reads"] += 1
-        read = ev.InboxRead(chunks=tuple(chunks), present=tuple(present))
+        read = _inbox_read(tuple(chunks), tuple(present))
         self._answer(proc, read, 500, 5_000)
 
     def _fx_mark_inbox_read(self, proc: _Proc, effect: fx.MarkInboxRead) -> None:
@@ -1245,7 +1283,7 @@ class World:
             }
         )
         target.outstanding[task] = None
-        self._deliver(target, ev.LineReceived(line=orjson.dumps(msg)))
+        self._deliver(target, _line_received(orjson.dumps(msg)))
 
     def _owners(self) -> dict[int, str]:
         """Each shard's owner per membership.json (parsed once per version of the file)."""
@@ -1307,15 +1345,36 @@ class World:
                 self._at(_exp(self.rng_fault, rate), _FAULT, name)
         self._at(s.safety_us, _PHASE)
         end = s.safety_us + s.liveness_us
-        while self.queue and not self.finished:
-            t, _, kind, a, b, c = heapq.heappop(self.queue)
+        # The event loop: the four commonest kinds are carried out here, the rest by `_step`.
+        queue, procs, steps, tick = self.queue, self.procs, s.steps, _TICK
+        events = 0
+        while queue:
+            t, _, kind, a, b, c = heappop(queue)
             if t > end:
                 break
             self.t = t
-            self.events += 1
-            self._step(kind, a, b, c)
-            if not self.liveness and self.events >= s.steps:
+            events += 1
+            if kind == _EFFECTS:
+                proc = procs[a]
+                if proc.inc == b and proc.state != "down":
+                    self._run_effects(proc, c)
+            elif kind == _WAKE:
+                proc = procs[a]
+                if proc.inc == b and proc.state != "down" and c == proc.wake_gen:
+                    proc.wake_at = -1
+                    self._deliver(proc, tick)
+            elif kind == _DELIVER and type(c) is not tuple:
+                proc = procs[a]
+                if proc.inc == b and proc.state != "down":
+                    self._deliver(proc, c)
+            else:
+                self._step(kind, a, b, c)
+                if self.finished:
+                    break
+            if events >= steps and not self.liveness:
+                self.events = events
                 self._start_liveness()
+        self.events = events
         if not self.finished:
             self._judge_liveness(final=True)
         self._record({"kind": "end"})
@@ -1352,7 +1411,7 @@ class World:
             proc = self.procs[a]
             if self._alive(proc, b) and c == proc.wake_gen:
                 proc.wake_at = -1
-                self._deliver(proc, ev.Tick())
+                self._deliver(proc, _TICK)
         elif kind == _APPEND_DONE:
             proc = self.procs[a]
             if proc.inc == b:
@@ -1383,7 +1442,7 @@ class World:
                 result["status"] = "success" if ok else "error"
                 if not ok:
                     result["error_msg"] = "simulated failure"
-                self._deliver(proc, ev.LineReceived(line=orjson.dumps(result)))
+                self._deliver(proc, _line_received(orjson.dumps(result)))
         elif kind == _PRODUCE:
             self._produce()
         elif kind == _FAULT:
