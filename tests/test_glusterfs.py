@@ -9,11 +9,8 @@ under SNERD_REQUIRE_ALL=1); see docs/deployment.md, "Testing on GlusterFS".
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +29,7 @@ from snerd.io.membership import ShardLocks
 from tests.daemon import Daemon
 from tests.glusterfs import GlusterVolume, gluster_source
 from tests.test_cluster import SHARDS, epoch_report, run_chaos
+from tests.test_fscheck import held_flock
 
 LEASE_ENV = {"SNERD_SHARDS": "1", "SNERD_LEASE_TTL": "1.5", "SNERD_CLOCK_SKEW_MARGIN": "0.25"}
 
@@ -40,17 +38,6 @@ def volume_name(volume: GlusterVolume) -> str:
     source = gluster_source(volume.a)
     assert source is not None
     return source.rpartition(":")[2].strip("/")
-
-
-@contextmanager
-def held_flock(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` through its own open file description, in this process."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        yield
-    finally:
-        os.close(fd)
 
 
 # --- the startup check ------------------------------------------------------------------------

@@ -392,29 +392,21 @@ class Run:
             "group": group,
             "max_per_minute": RL_LIMIT if group else None,
         }
-        if not await self.send(node, cmd):
+
+        def unknown(why: str) -> None:
+            """The enqueue's outcome is not known (`info`)."""
             node.waiting.pop(task, None)
             self.record(
-                "enqueue",
-                max(now_us(), t0),
-                phase="info",
-                task=task,
-                node=name,
-                error="could not write to the worker",
+                "enqueue", max(now_us(), t0), phase="info", task=task, node=name, error=why
             )
+
+        if not await self.send(node, cmd):
+            unknown("could not write to the worker")
             return
         try:
             reply = await asyncio.wait_for(asyncio.shield(fut), 10)
         except TimeoutError:
-            node.waiting.pop(task, None)
-            self.record(
-                "enqueue",
-                max(now_us(), t0),
-                phase="info",
-                task=task,
-                node=name,
-                error="no answer within 10 s",
-            )
+            unknown("no answer within 10 s")
             return
         status = reply.get("status")
         t = max(int(reply.get("t") or now_us()), t0)
