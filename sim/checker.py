@@ -86,6 +86,7 @@ from typing import Any
 
 from snerd.core.retry import attempts_allowed
 from snerd.core.shardlog import KIND_CLAIM, KIND_DISPATCH, RATE_WINDOW_US
+from snerd.core.slots import slot_constructor
 
 __all__ = [
     "ACK_NOT_DURABLE",
@@ -324,6 +325,28 @@ class _Belief:
     on: bool
 
 
+#: Constructors of the parsed entries made for every history entry, without the frozen
+#: dataclasses' `__init__` (the same objects; the arguments in the order named here).
+_new_record = slot_constructor(
+    _Record,
+    *("index", "t", "shard", "node", "fields", "t_issue", "t_durable"),
+    *("kind", "epoch", "accepted", "fence"),
+)
+_new_inbox_record = slot_constructor(
+    _InboxRecord, "index", "t", "shard", "node", "fields", "t_issue", "t_durable"
+)
+_new_execute = slot_constructor(_Execute, "index", "t", "task", "attempt", "node", "shard", "epoch")
+_new_belief = slot_constructor(_Belief, "index", "t", "node", "shard", "on")
+_new_invoke = slot_constructor(
+    _Invoke,
+    *("index", "t", "task", "node", "type", "max_retries", "urgency"),
+    *("group", "max_per_minute", "fingerprint", "delay_us", "parents", "cron", "pool"),
+)
+_new_ack = slot_constructor(
+    _Ack, *("index", "t", "task", "node", "deduplicated", "shard", "invoke")
+)
+
+
 @dataclass(slots=True, kw_only=True)
 class _Analysis:
     """The history parsed once, with acceptance judged; every check reads from it."""
@@ -421,14 +444,14 @@ class _Analysis:
             self._feed_record(i, t, e)
         elif kind == "inbox_record":
             fields = _need(e, "fields", dict, i)
-            rec = _InboxRecord(
-                index=i,
-                t=t,
-                shard=_need(e, "shard", int, i),
-                node=_need(e, "node", str, i),
-                fields=fields,
-                t_issue=_need(e, "t_issue", int, i),
-                t_durable=_opt(e, "t_durable", int, i) or t,
+            rec = _new_inbox_record(
+                i,  # index
+                t,
+                _need(e, "shard", int, i),
+                _need(e, "node", str, i),
+                fields,
+                _need(e, "t_issue", int, i),
+                _opt(e, "t_durable", int, i) or t,
             )
             self.inbox_records.append(rec)
             task_id = fields.get("taskId")
@@ -437,24 +460,24 @@ class _Analysis:
                 self.touched_tasks.add(task_id)
         elif kind == "execute":
             self.executes.append(
-                _Execute(
-                    index=i,
-                    t=t,
-                    task=_need(e, "task", str, i),
-                    attempt=_need(e, "attempt", int, i),
-                    node=_need(e, "node", str, i),
-                    shard=_need(e, "shard", int, i),
-                    epoch=_need(e, "epoch", int, i),
+                _new_execute(
+                    i,  # index
+                    t,
+                    _need(e, "task", str, i),
+                    _need(e, "attempt", int, i),
+                    _need(e, "node", str, i),
+                    _need(e, "shard", int, i),
+                    _need(e, "epoch", int, i),
                 )
             )
         elif kind == "belief":
             self.beliefs.append(
-                _Belief(
-                    index=i,
-                    t=t,
-                    node=_need(e, "node", str, i),
-                    shard=_need(e, "shard", int, i),
-                    on=_need(e, "on", bool, i),
+                _new_belief(
+                    i,  # index
+                    t,
+                    _need(e, "node", str, i),
+                    _need(e, "shard", int, i),
+                    _need(e, "on", bool, i),
                 )
             )
         elif kind == "dead_letter":
@@ -490,14 +513,14 @@ class _Analysis:
                 )
             shard = _opt(e, "shard", int, i)
             self.acks.append(
-                _Ack(
-                    index=i,
-                    t=t,
-                    task=task,
-                    node=node,
-                    deduplicated=dedup,
-                    shard=shard,
-                    invoke=inv_or_none,
+                _new_ack(
+                    i,  # index
+                    t,
+                    task,
+                    node,
+                    dedup,  # deduplicated
+                    shard,
+                    inv_or_none,  # invoke
                 )
             )
         elif phase not in ("fail", "info"):
@@ -563,18 +586,18 @@ class _Analysis:
                         ),
                     )
                 )
-        rec = _Record(
-            index=i,
-            t=t,
-            shard=shard,
-            node=node,
-            fields=fields,
-            t_issue=_need(e, "t_issue", int, i),
-            kind=rkind,
-            epoch=epoch,
-            t_durable=_opt(e, "t_durable", int, i) or t,
-            accepted=accepted,
-            fence=fence,
+        rec = _new_record(
+            i,  # index
+            t,
+            shard,
+            node,
+            fields,
+            _need(e, "t_issue", int, i),
+            _opt(e, "t_durable", int, i) or t,
+            rkind,  # kind
+            epoch,
+            accepted,
+            fence,
         )
         self.records.append(rec)
         task_id = rec.task_id
@@ -648,21 +671,21 @@ def _parse_invoke(e: Mapping[str, Any], i: int, t: int, task: str, node: str) ->
         raise HistoryError(f"history entry {i} (enqueue): attrs 'parents' must be a list of ids")
     if _need(attrs, "max_retries", int, i) < 0:
         raise HistoryError(f"history entry {i} (enqueue): attrs 'max_retries' is negative")
-    return _Invoke(
-        index=i,
-        t=t,
-        task=task,
-        node=node,
-        type=_need(attrs, "type", str, i),
-        max_retries=_need(attrs, "max_retries", int, i),
-        urgency=_opt(attrs, "urgency", int, i) or 0,
-        group=_opt(attrs, "group", str, i),
-        max_per_minute=_opt(attrs, "max_per_minute", int, i),
-        fingerprint=_opt(attrs, "fingerprint", str, i),
-        delay_us=_opt(attrs, "delay_us", int, i) or 0,
-        parents=tuple(parents),
-        cron=_opt(attrs, "cron", str, i),
-        pool=_opt(attrs, "pool", str, i),
+    return _new_invoke(
+        i,  # index
+        t,
+        task,
+        node,
+        _need(attrs, "type", str, i),
+        _need(attrs, "max_retries", int, i),
+        _opt(attrs, "urgency", int, i) or 0,
+        _opt(attrs, "group", str, i),
+        _opt(attrs, "max_per_minute", int, i),
+        _opt(attrs, "fingerprint", str, i),
+        _opt(attrs, "delay_us", int, i) or 0,
+        tuple(parents),  # parents
+        _opt(attrs, "cron", str, i),
+        _opt(attrs, "pool", str, i),
     )
 
 

@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal, NamedTuple
 
@@ -341,6 +341,8 @@ class SimFS:
         self._fds: dict[tuple[str, LogKey], _Inode] = {}
         #: Inbox files of each shard, sorted by writer node; and each file's one writer (pid).
         self._inboxes: dict[int, tuple[InboxKey, ...]] = {}
+        #: The same files' writer nodes (kept with `_inboxes`).
+        self._inbox_nodes: dict[int, tuple[str, ...]] = {}
         self._inbox_writer: dict[InboxKey, str] = {}
         #: `shard-N/inbox/<segment>.read`: how far the owner says it ingested each inbox file.
         self._hints: dict[InboxKey, bytes] = {}
@@ -406,7 +408,7 @@ class SimFS:
             if inbox is not None:
                 assert isinstance(key, InboxKey)
                 files = self._inboxes.get(shard, ())
-                self._inboxes[shard] = tuple(sorted((*files, key), key=_key_order))
+                self._set_inboxes(shard, tuple(sorted((*files, key), key=_key_order)))
         if inode is None:
             inode = self._fds[fd] = current
         orphaned = inode is not current
@@ -537,11 +539,34 @@ class SimFS:
         file exists from its first append that was not refused."""
         return self._inboxes.get(shard, ())
 
+    def _set_inboxes(self, shard: int, files: tuple[InboxKey, ...]) -> None:
+        self._inboxes[shard] = files
+        self._inbox_nodes[shard] = tuple([key.node for key in files])
+
+    def inbox_writers(self, shard: int) -> tuple[str, ...]:
+        """The writer nodes of `shard`'s inbox files, in `inboxes` order (the file names)."""
+        return self._inbox_nodes.get(shard, ())
+
+    def inboxes_grown(
+        self, shard: int, known: Mapping[str, int]
+    ) -> list[tuple[InboxKey, int, int]]:
+        """The inbox files of `shard` longer than the offset `known` gives for their writer
+        (0 when it gives none), in `inboxes` order: (file, that offset, `log_size`). What an
+        owner polling its inboxes reads; usually nothing grew."""
+        logs = self._logs
+        out = []
+        for key in self._inboxes.get(shard, ()):
+            size = logs[key].size
+            start = known.get(key.node, 0)
+            if size > start:
+                out.append((key, start, size))
+        return out
+
     def remove_inbox(self, key: InboxKey) -> None:
         """unlink(2) an inbox file and its `.read` hint (a missing one is no error). An fd its
         writer still holds keeps the unlinked inode, as for a replaced log."""
         if self._logs.pop(key, None) is not None:
-            self._inboxes[key.shard] = tuple(k for k in self._inboxes[key.shard] if k != key)
+            self._set_inboxes(key.shard, tuple(k for k in self._inboxes[key.shard] if k != key))
         self._hints.pop(key, None)
         self._n["inbox_removes"] += 1
 

@@ -947,17 +947,12 @@ class World:
         in progress, a torn tail) is left alone. Readers see pending bytes as well as durable
         ones. One `InboxRead` answers it, after an I/O latency on the "meta" lane."""
         fs = self.fs
-        inboxes, log_size = fs.inboxes, fs.log_size
+        writers, grown = fs.inbox_writers, fs.inboxes_grown
         chunks: list[ev.InboxChunk] = []
         present: list[tuple[int, tuple[str, ...]]] = []
         for shard, known in effect.offsets.items():
-            files = inboxes(shard)
-            present.append((shard, tuple([key.node for key in files])))
-            for key in files:
-                size = log_size(key)
-                start = known.get(key.node, 0)
-                if size <= start:
-                    continue
+            present.append((shard, writers(shard)))
+            for key, start, size in grown(shard, known):
                 data = fs.read_range(key, start, size - start)
                 end = data.rfind(b"\n", 0, effect.max_bytes) + 1
                 if not end:

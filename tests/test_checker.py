@@ -349,6 +349,23 @@ def test_liveness_watch_follows_a_growing_history() -> None:
         watch.unfinished(h.history[:3])
 
 
+def test_liveness_watch_sees_an_open_ack_covered_by_its_fingerprint_or_its_inbox_twin() -> None:
+    # It re-judges only the open acks whose task or fingerprint changed: a duplicate's ack is
+    # closed by its original finishing, an inbox task dropped at ingestion by its twin.
+    h = H().start().acked("t-1", fingerprint="f1")
+    h.invoke("t-2", fingerprint="f1").ok("t-2", deduplicated=True)
+    h.acked("t-3", fingerprint="f3").via_inbox("t-4", fingerprint="f3").acked("t-5")
+    watch = LivenessWatch()
+    assert watch.unfinished(h.history) == ["t-1", "t-2", "t-3", "t-4", "t-5"]
+    h.run("t-1")
+    assert watch.unfinished(h.history) == ["t-3", "t-4", "t-5"] == unfinished(h.history)
+    h.run("t-3")
+    assert watch.unfinished(h.history) == ["t-5"] == unfinished(h.history)
+    assert watch.unfinished(h.history) == ["t-5"]  # nothing new: the same answer
+    h.run("t-5")
+    assert watch.unfinished(h.history) == [] == unfinished(h.history)
+
+
 def test_dead_letter_counts_as_finished() -> None:
     h = H(fence=True).start().acked("t-1", max_retries=0).run("t-1", finish=False)
     h.tomb("t-1", outcome="dead_letter").add("dead_letter", task="t-1", node="n1").end()

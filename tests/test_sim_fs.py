@@ -261,6 +261,22 @@ def test_the_inboxes_of_a_shard_are_listed_by_writer_node_once_they_exist() -> N
     assert fs.inboxes(2) == ()
 
 
+def test_an_owner_polling_sees_the_writers_and_the_inbox_files_that_grew() -> None:
+    fs = SimFS()
+    assert fs.inbox_writers(0) == () and fs.inboxes_grown(0, {}) == []
+    fs.append(B, IB, b"bb\n")
+    fs.append(A, IA, b"a\n")
+    assert fs.inbox_writers(0) == (IA.node, IB.node)
+    assert fs.inboxes_grown(0, {}) == [(IA, 0, 2), (IB, 0, 3)]
+    assert fs.inboxes_grown(0, {IA.node: 2}) == [(IB, 0, 3)]
+    assert fs.inboxes_grown(0, {IA.node: 2, IB.node: 3}) == []
+    fs.append(A, IA, b"more\n")  # pending bytes are seen too
+    assert fs.inboxes_grown(0, {IA.node: 2, IB.node: 3}) == [(IA, 2, 7)]
+    fs.remove_inbox(IB)
+    assert fs.inbox_writers(0) == (IA.node,) and fs.inboxes(0) == (IA,)
+    assert fs.inboxes_grown(0, {}) == [(IA, 0, 7)]
+
+
 def test_an_inbox_file_has_one_writer() -> None:
     fs = SimFS()
     fs.append(A, IA, b"a\n")
