@@ -26,7 +26,7 @@ import sys
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, TypeAlias, TypeVar
@@ -73,6 +73,9 @@ _UNKNOWN_RESULT = "Received result for unknown/expired task_id"
 #: Grace after the drain timeout before `shutdown` stops a daemon or runtime that has not
 #: exited (kills the daemon, cancels the runtime).
 _EXIT_GRACE_S = 5.0
+#: Idle handler workers kept for the next `execute` messages (more are made when all are busy;
+#: beyond this many idle ones, a worker that finishes ends).
+_IDLE_WORKERS = 64
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -290,6 +293,51 @@ class _Waiter:
         self.event.set()
 
 
+class _InContext:
+    """Await `coro` with each of its steps run in `context`, as a task of its own would run it
+    (what a handler sets in context variables stays its own), without the cost of a task."""
+
+    __slots__ = ("context", "coro")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
+        self.coro = coro
+        self.context = context
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self.coro
+        run = self.context.run
+        send = coro.send
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                if error is None:
+                    signal = run(send, value)
+                else:
+                    signal = run(coro.throw, error)
+            except StopIteration as stop:
+                return stop.value
+            error = None
+            try:
+                value = yield signal
+            except GeneratorExit:
+                run(coro.close)
+                raise
+            except BaseException as exc:
+                value = None
+                error = exc
+
+
+class _Worker:
+    """An idle handler worker: the `execute` it is handed, and how it is woken."""
+
+    __slots__ = ("job", "wake")
+
+    def __init__(self) -> None:
+        self.job: tuple[dict[str, Any], contextvars.Context] | None = None
+        self.wake: anyio.Event | None = None
+
+
 # --- the shared face ---------------------------------------------------------------------------
 
 
@@ -341,6 +389,7 @@ class _QueueFace:
         #: The daemon's last `membership` message (which shards this daemon owns), if any.
         self.membership: dict[str, Any] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
+        self._idle_workers: list[_Worker] = []
         self._outer: anyio.abc.TaskGroup | None = None
         self._background: _Background | None = None
         self._started = False
@@ -649,7 +698,7 @@ class _QueueFace:
         """Handle one message from the daemon (on the event loop thread)."""
         action = message.get("action")
         if action == "execute":
-            self._spawn(self._execute, message)
+            self._dispatch_execute(message)
         elif action == "ack":
             task_id = message.get("task_id")
             waiter = self._pending.pop(task_id, None) if isinstance(task_id, str) else None
@@ -733,6 +782,39 @@ class _QueueFace:
         if inspect.isawaitable(result):
             await result
 
+    def _dispatch_execute(self, message: dict[str, Any]) -> None:
+        """Start running an `execute` now, as a task of its own would: in a copy of the
+        current context, concurrently with every other one. An idle worker takes it, else a
+        new one is spawned (cheaper than a task per message)."""
+        job = (message, contextvars.copy_context())
+        idle = self._idle_workers
+        if idle:
+            worker = idle.pop()
+            worker.job = job
+            assert worker.wake is not None
+            worker.wake.set()
+        else:
+            self._spawn(self._execute_worker, job)
+
+    async def _execute_worker(self, job: tuple[dict[str, Any], contextvars.Context]) -> None:
+        worker = _Worker()
+        idle = self._idle_workers
+        try:
+            while True:
+                message, context = job
+                await _InContext(self._execute(message), context)
+                if len(idle) >= _IDLE_WORKERS:
+                    return
+                worker.job = None
+                worker.wake = anyio.Event()
+                idle.append(worker)
+                await worker.wake.wait()
+                assert worker.job is not None
+                job = worker.job
+        finally:
+            if worker in idle:
+                idle.remove(worker)
+
     async def _execute(self, message: dict[str, Any]) -> None:
         task_id = message.get("task_id")
         task_type = message.get("task_type")
@@ -758,10 +840,13 @@ class _QueueFace:
             assert self._loop_thread is not None
             token = _CURRENT.set(_Running(info, self, self._loop_thread))
             try:
-                with anyio.move_on_after(limit if limit is not None else float("inf")) as scope:
+                if limit is None:
                     await self._call(handler, data)
-                if scope.cancelled_caught:
-                    error = TIMED_OUT.format(seconds=info.max_execution_seconds)
+                else:
+                    with anyio.move_on_after(limit) as scope:
+                        await self._call(handler, data)
+                    if scope.cancelled_caught:
+                        error = TIMED_OUT.format(seconds=info.max_execution_seconds)
             except Exception as exc:
                 error = _describe(exc)
             finally:

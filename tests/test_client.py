@@ -10,6 +10,7 @@ something does *not* happen and say so.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import threading
@@ -522,3 +523,51 @@ def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
 async def test_native_trio_async_with(tmp_path: Path) -> None:
     """pytest-trio's own loop (trio_mode): the SDK needs nothing from anyio.run."""
     await _enqueue_runs_handler(tmp_path)
+
+
+# --- handler workers -------------------------------------------------------------------------
+
+_SEEN: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
+
+
+async def _each_attempt_runs_concurrently_in_its_own_context(tmp_path: Path) -> None:
+    """Idle handler workers are reused, yet every attempt still starts in a fresh copy of the
+    context (what one handler sets, no other sees), all run at once, and a timeout cuts only
+    the attempt that overran."""
+    seen = Calls()
+    dead = Calls()
+    b_running = anyio.Event()
+    async with queue(tmp_path) as q:
+
+        @q.handler("ctx")
+        async def ctx(data: Any) -> None:
+            seen.add((data, _SEEN.get()))
+            _SEEN.set(data)
+            if data == "a":  # needs "b" running at the same time
+                await b_running.wait()
+            elif data == "b":
+                b_running.set()
+            elif data == "stuck":
+                await anyio.sleep_forever()
+            await anyio.sleep(0)
+            assert _SEEN.get() == data
+
+        q.register_max_retry_handler("ctx", lambda data, error: dead.add_from_thread(error))
+        for wave in range(3):
+            names = ["a", "b"] if wave == 0 else [f"{wave}-{i}" for i in range(4)]
+            for name in names:
+                await q.enqueue(f"t-{name}", "ctx", name, max_retries=0)
+            items = await seen.wait(2 + 4 * wave)
+            await wait_for_stats(q, lambda s: s["queue_depth"] == 0)
+        await q.enqueue("t-stuck", "ctx", "stuck", max_retries=0, max_execution_seconds=1)
+        assert await dead.wait(1) == ["Task execution timed out after 1 seconds"]
+        await q.enqueue("t-after", "ctx", "after", max_retries=0)
+        items = await seen.wait(12)
+    assert sorted(items) == sorted(
+        [(name, "unset") for name in ["a", "b", "stuck", "after"]]
+        + [(f"{w}-{i}", "unset") for w in (1, 2) for i in range(4)]
+    )
+
+
+def test_each_attempt_runs_concurrently_in_its_own_context(run: Runner, tmp_path: Path) -> None:
+    run(_each_attempt_runs_concurrently_in_its_own_context, tmp_path)
