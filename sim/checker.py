@@ -802,11 +802,15 @@ class LivenessWatch:
     record or whose fingerprint finished since (a finished task stays finished: acceptance is
     decided once), so polling during the liveness phase stays cheap."""
 
-    __slots__ = ("_acks_seen", "_analysis", "_open", "_tasks")
+    __slots__ = ("_acks_seen", "_analysis", "_by_fingerprint", "_by_task", "_open", "_tasks")
 
     def __init__(self) -> None:
         self._analysis: _Analysis | None = None
-        self._open: list[_Ack] = []
+        #: The open acks by history index, in ack order.
+        self._open: dict[int, _Ack] = {}
+        #: The open acks of each task and each fingerprint (closed ones are dropped lazily).
+        self._by_task: dict[str, list[_Ack]] = {}
+        self._by_fingerprint: dict[str, list[_Ack]] = {}
         self._acks_seen = 0
         #: The task ids of `_open`, in order, once each (None: to be listed again).
         self._tasks: list[str] | None = []
@@ -825,28 +829,44 @@ class LivenessWatch:
         # fingerprint finishing (`_satisfied` reads nothing else that changes): re-judge those.
         tasks, fingerprints = a.touched_tasks, a.touched_fingerprints
         if tasks or fingerprints:
-            still = [
-                ack
-                for ack in self._open
-                if not (
-                    (ack.task in tasks or ack.invoke.fingerprint in fingerprints)
-                    and _satisfied(a, ack)
-                )
-            ]
-            if len(still) != len(self._open):
-                self._open = still
-                self._tasks = None
+            self._rejudge(a, self._by_task, tasks)
+            self._rejudge(a, self._by_fingerprint, fingerprints)
             tasks.clear()
             fingerprints.clear()
         if self._acks_seen < len(a.acks):
-            new = [ack for ack in a.acks[self._acks_seen :] if not _satisfied(a, ack)]
-            if new:
-                self._open.extend(new)
+            for ack in a.acks[self._acks_seen :]:
+                if _satisfied(a, ack):
+                    continue
+                self._open[ack.index] = ack
+                self._by_task.setdefault(ack.task, []).append(ack)
+                if ack.invoke.fingerprint is not None:
+                    self._by_fingerprint.setdefault(ack.invoke.fingerprint, []).append(ack)
                 self._tasks = None
             self._acks_seen = len(a.acks)
         if self._tasks is None:
-            self._tasks = list(dict.fromkeys([ack.task for ack in self._open]))
+            self._tasks = list(dict.fromkeys([ack.task for ack in self._open.values()]))
         return list(self._tasks)
+
+    def _rejudge(self, a: _Analysis, index: dict[str, list[_Ack]], keys: set[str]) -> None:
+        """Close the open acks listed in `index` under `keys` that are satisfied now."""
+        open_ = self._open
+        for key in keys:
+            listed = index.get(key)
+            if listed is None:
+                continue
+            still = []
+            for ack in listed:
+                if ack.index not in open_:
+                    continue  # closed through its task or its fingerprint already
+                if _satisfied(a, ack):
+                    del open_[ack.index]
+                    self._tasks = None
+                else:
+                    still.append(ack)
+            if still:
+                index[key] = still
+            else:
+                del index[key]
 
     def check(self, history: History) -> Report:
         """`check(history)`, reusing what was parsed already (the same verdict)."""

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from heapq import heappop, heappush
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -484,16 +485,19 @@ class World:
         self._digest.update(orjson.dumps(entry, option=orjson.OPT_SORT_KEYS))
 
     def _io_latency(self, lo: int, hi: int) -> int:
-        s = self.s
-        if s.slow_io_prob and not self.liveness and self.rng_io.random() < s.slow_io_prob:
-            return _uniform(self.rng_io, hi, max(hi, s.slow_io_max_us))
-        return _uniform(self.rng_io, lo, hi)
+        s, rng = self.s, self.rng_io
+        if s.slow_io_prob and not self.liveness and rng.random() < s.slow_io_prob:
+            return _uniform(rng, hi, max(hi, s.slow_io_max_us))
+        return lo + int(rng.random() * (hi - lo + 1)) if hi > lo else lo  # _uniform inline
 
     def _io_done_at(self, proc: _Proc, lo: int, hi: int, lane: str = "meta") -> int:
         """When an I/O call of `proc` issued now completes: calls on one lane complete in
         order."""
-        at = max(self.t + self._io_latency(lo, hi), proc.lanes[lane])
-        proc.lanes[lane] = at
+        lanes = proc.lanes
+        at = self.t + self._io_latency(lo, hi)
+        if at < lanes[lane]:
+            at = lanes[lane]
+        lanes[lane] = at
         return at
 
     # ------------------------------------------------------------------ processes
@@ -645,14 +649,17 @@ class World:
         if proc.state == "paused":
             proc.waiting.append((_EFFECTS, effects))
             return
+        shell = self._shell
         for effect in effects:
-            handler = self._shell.get(type(effect))
+            handler = shell.get(type(effect))
             if handler is None:
                 raise AssertionError(f"the simulated shell has no handler for {effect!r}")
             handler(self, proc, effect)
 
     def _answer(self, proc: _Proc, event: ev.Event, lo: int, hi: int, lane: str = "meta") -> None:
-        self._at(self._io_done_at(proc, lo, hi, lane), _DELIVER, proc.index, proc.inc, event)
+        at = self._io_done_at(proc, lo, hi, lane)
+        self.seq += 1
+        heappush(self.queue, (at, self.seq, _DELIVER, proc.index, proc.inc, event))
 
     def _fx_send(self, proc: _Proc, effect: fx.Send) -> None:
         msg = effect.message
@@ -875,19 +882,16 @@ class World:
         if skip:
             data = b"\n" + data
         handle = fs.append(proc.pid, key, data, enospc=enospc, short=short)
-        offsets, lengths, at = [], [], handle.offset + skip
-        for line in lines:
-            offsets.append(at)
-            lengths.append(len(line))
-            at += len(line)
+        lengths = tuple(map(len, lines))
+        offsets = tuple(accumulate(lengths[:-1], initial=handle.offset + skip))
         info = proc.node.shards.get(effect.shard)
         pending = _Append(
             token=effect.token,
             shard=effect.shard,
             seq=handle.seq,
             records=built,
-            offsets=tuple(offsets),
-            lengths=tuple(lengths),
+            offsets=offsets,
+            lengths=lengths,
             t_issue=self.t,
             epoch=info.epoch if info is not None else -1,
             error=handle.error,
@@ -1340,7 +1344,7 @@ class World:
                 self._at(_exp(self.rng_fault, rate), _FAULT, name)
         self._at(s.safety_us, _PHASE)
         end = s.safety_us + s.liveness_us
-        # The event loop: the four commonest kinds are carried out here, the rest by `_step`.
+        # The event loop: the commonest kinds are carried out here, the rest by `_step`.
         queue, procs, steps, tick = self.queue, self.procs, s.steps, _TICK
         events = 0
         while queue:
@@ -1362,6 +1366,10 @@ class World:
                 proc = procs[a]
                 if proc.inc == b and proc.state != "down":
                     self._deliver(proc, c)
+            elif kind == _APPEND_DONE:
+                proc = procs[a]
+                if proc.inc == b and proc.state != "down":
+                    self._append_done(proc, c)
             else:
                 self._step(kind, a, b, c)
                 if self.finished:
