@@ -22,19 +22,21 @@ import contextvars
 import datetime as dt
 import inspect
 import json
+import re
 import sys
 import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import FunctionType, TracebackType
 from typing import Any, Self, TypeAlias, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
+import orjson
 import sniffio
 
 __all__ = [
@@ -73,9 +75,6 @@ _UNKNOWN_RESULT = "Received result for unknown/expired task_id"
 #: Grace after the drain timeout before `shutdown` stops a daemon or runtime that has not
 #: exited (kills the daemon, cancels the runtime).
 _EXIT_GRACE_S = 5.0
-#: Idle handler workers kept for the next `execute` messages (more are made when all are busy;
-#: beyond this many idle ones, a worker that finishes ends).
-_IDLE_WORKERS = 64
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -188,10 +187,24 @@ def yield_progress(data: Any) -> None:
 # --- messages ----------------------------------------------------------------------------------
 
 
+#: A run of digits that may be an integer beyond 64 bits, which orjson would read as a float
+#: where `json.loads` gives an int (a run inside a string also sends the text to `json.loads`).
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+
+
 def parse_task_data(raw: Any) -> Any:
     """Task data as handlers get it: JSON text parsed, anything else (or text that is not JSON)
-    passed as it is, like upstream SDKs."""
+    passed as it is, like upstream SDKs.
+
+    The value is exactly `json.loads`'s: orjson parses the text when that is certain to give
+    the same value (it refuses what `json.loads` alone accepts, NaN, Infinity, lone
+    surrogates, deep nesting, and then `json.loads` decides), else `json.loads` does."""
     if isinstance(raw, str):
+        if _LONG_DIGITS.search(raw) is None:
+            try:
+                return orjson.loads(raw)
+            except ValueError:
+                pass
         try:
             return json.loads(raw)
         except ValueError:
@@ -246,6 +259,8 @@ def build_enqueue_message(
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
+    if type(fn) is FunctionType:  # the common case, decided as inspect would, only sooner
+        return bool(fn.__code__.co_flags & inspect.CO_COROUTINE)
     call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
     return inspect.iscoroutinefunction(fn) or (
         call is not None and inspect.iscoroutinefunction(call)
@@ -785,7 +800,8 @@ class _QueueFace:
     def _dispatch_execute(self, message: dict[str, Any]) -> None:
         """Start running an `execute` now, as a task of its own would: in a copy of the
         current context, concurrently with every other one. An idle worker takes it, else a
-        new one is spawned (cheaper than a task per message)."""
+        new one is spawned (cheaper than a task per message). As many idle workers as
+        `max_workers` (default 100) are kept."""
         job = (message, contextvars.copy_context())
         idle = self._idle_workers
         if idle:
@@ -803,8 +819,8 @@ class _QueueFace:
             while True:
                 message, context = job
                 await _InContext(self._execute(message), context)
-                if len(idle) >= _IDLE_WORKERS:
-                    return
+                if len(idle) >= self._thread_limit:
+                    return  # enough idle ones (the daemon runs at most max_workers at once)
                 worker.job = None
                 worker.wake = anyio.Event()
                 idle.append(worker)

@@ -11,6 +11,8 @@ something does *not* happen and say so.
 from __future__ import annotations
 
 import contextvars
+import json
+import math
 import os
 import signal
 import threading
@@ -20,6 +22,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from snerd import (
     DaemonExited,
@@ -32,6 +36,7 @@ from snerd import (
     current_task,
     yield_progress,
 )
+from snerd.handlers import parse_task_data
 from tests.sdkhelpers import Calls, Runner, wait_for_stats
 from tests.sdkhelpers import run as run  # the fixture
 
@@ -571,3 +576,99 @@ async def _each_attempt_runs_concurrently_in_its_own_context(tmp_path: Path) -> 
 
 def test_each_attempt_runs_concurrently_in_its_own_context(run: Runner, tmp_path: Path) -> None:
     run(_each_attempt_runs_concurrently_in_its_own_context, tmp_path)
+
+
+# --- task data -------------------------------------------------------------------------------
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of equal types, floats to the sign and NaN, dict keys in order."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (
+            a == b and math.copysign(1, a) == math.copysign(1, b)
+        )
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _as_json_loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+    except RecursionError as exc:  # too deep for json.loads: that is what a handler gets
+        return exc
+
+
+def _parsed(text: str) -> Any:
+    try:
+        return parse_task_data(text)
+    except RecursionError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"n": 1, "s": "x", "l": [1.5, -0.0, null, true]}',
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "[123456789012345678901234567890, 1]",
+        '"a 1234567890123456789012 run of digits in a string"',
+        "1e400",
+        "-1e400",
+        "2.5e-324",
+        "0.1000000000000000055511151231257827",
+        "-0",
+        "NaN",
+        "[Infinity, -Infinity]",
+        '{"a": 1, "a": 2}',
+        '"\\ud800"',
+        '"\\ud83d\\ude00"',
+        '"\ud800"',
+        '"\x01"',
+        "1\x0c",
+        "\ufeff1",
+        " \r\n\t[1]\n",
+        "[" * 200 + "]" * 200,
+        "[" * 3000 + "]" * 3000,
+        "[1,]",
+        "01",
+        "",
+        "plain text",
+    ],
+)
+def test_task_data_is_what_json_loads_gives(text: str) -> None:
+    got, expected = _parsed(text), _as_json_loads(text)
+    if isinstance(expected, RecursionError):
+        assert isinstance(got, RecursionError)
+    else:
+        assert _same(got, expected)
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+)
+
+
+@given(_JSON)
+def test_task_data_round_trips_as_json_loads_reads_it(value: Any) -> None:
+    text = json.dumps(value)
+    assert _same(parse_task_data(text), json.loads(text))
+
+
+@given(st.text(alphabet='[]{}",:0123456789.eE-+ \\truefalsnu\x01\t\n'))
+def test_task_data_of_any_text_is_what_json_loads_gives(text: str) -> None:
+    assert _same(parse_task_data(text), _as_json_loads(text))
