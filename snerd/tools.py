@@ -1319,25 +1319,20 @@ def _shard_facts(queue: Queue, shard: int, now_us: int) -> ShardFacts:
         torn_tail_bytes=scan.torn,
         stale_records=len(scan.fold.stale),
         live_types=dict(summarize(scan.fold, now_us).types),
-        **_inbox_waiting(queue.shard_dir(shard) / "inbox", scan.fold.inbox),
+        **_inbox_waiting(queue.directory, shard, scan.fold.inbox),
     )
 
 
-def _inbox_waiting(folder: Path, ingested: dict[str, int]) -> dict[str, int]:
+def _inbox_waiting(directory: Path, shard: int, ingested: dict[str, int]) -> dict[str, int]:
     """Bytes and files of a shard's inboxes not yet ingested (per the log's inbox records)."""
-    waiting = files = 0
+    from snerd.io.inbox import inbox_files
+
     try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if not entry.name.endswith(".log") or entry.name.startswith("."):
-                    continue
-                rest = entry.stat().st_size - ingested.get(entry.name[: -len(".log")], 0)
-                if rest > 0:
-                    waiting += rest
-                    files += 1
+        rests = [size - ingested.get(name, 0) for name, _, size in inbox_files(directory, shard)]
     except OSError:
-        pass
-    return {"inbox_waiting_bytes": waiting, "inbox_waiting_files": files}
+        rests = []
+    waiting = [rest for rest in rests if rest > 0]
+    return {"inbox_waiting_bytes": sum(waiting), "inbox_waiting_files": len(waiting)}
 
 
 def _validate(args: argparse.Namespace) -> int:

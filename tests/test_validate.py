@@ -364,3 +364,19 @@ def test_tasks_waiting_in_the_inboxes_of_a_free_shard_are_reported() -> None:
         for w in report.warnings
     )
     assert "512 byte(s) in 2 inbox file(s) not yet ingested" in report.shards[1].details
+
+
+def test_inbox_bytes_waiting_are_read_from_the_shard_folder(tmp_path: Any) -> None:
+    """What `validate` gathers for a shard's inboxes: bytes past each file's ingested offset."""
+    from snerd.tools import _inbox_waiting
+
+    folder = tmp_path / "shard-0" / "inbox"
+    assert _inbox_waiting(tmp_path, 0, {}) == {"inbox_waiting_bytes": 0, "inbox_waiting_files": 0}
+    folder.mkdir(parents=True)
+    (folder / "a.log").write_bytes(b"x" * 30)
+    (folder / "b.log").write_bytes(b"x" * 10)
+    (folder / "b.read").write_bytes(b"10\n")  # a hint, not an inbox
+    assert _inbox_waiting(tmp_path, 0, {"a": 12, "b": 10}) == {
+        "inbox_waiting_bytes": 18,
+        "inbox_waiting_files": 1,
+    }

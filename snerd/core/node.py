@@ -1120,11 +1120,11 @@ class Node:
             payload_hash = xxhash.xxh64_hexdigest((cmd.task_type + cmd.task_data).encode())
             # Upstream wrote the digest without zero padding.
             payload_hash = payload_hash.lstrip("0") or "0"
-            original = self.fingerprints.get(payload_hash)
-            if original is not None and original in self.tasks:
+            original = self._pending_twin(payload_hash)
+            if original is not None:
                 self.stats["total_enqueued"] += 1
                 self.stats["total_deduplicated"] += 1
-                self._ack_duplicate(cmd.task_id, self.tasks[original])
+                self._ack_duplicate(cmd.task_id, original)
                 return
         shards = int((self.doc or {}).get("shards", 1))
         key = cmd.rate_limit_group or payload_hash or cmd.task_id
@@ -1290,6 +1290,12 @@ class Node:
             and not self.shards[task.shard].giving_back
             and self.shards[task.shard].hold_dispatch_until_mono is None
         )
+
+    def _pending_twin(self, payload_hash: str) -> Task | None:
+        """The pending task with this dedupe fingerprint, if any (an enqueue's, or an inbox
+        record's being ingested: both are dropped as its duplicates)."""
+        original = self.fingerprints.get(payload_hash)
+        return self.tasks.get(original) if original is not None else None
 
     def _ack_duplicate(self, task_id: str, original: Task) -> None:
         # Until the original's enqueue record is durable (it has no location yet: ENQUEUING,
@@ -2329,16 +2335,19 @@ class Node:
             )
             return None
         payload_hash = f.get("payloadHash")
-        if f.get("autoDedupe") and isinstance(payload_hash, str):
-            original = self.fingerprints.get(payload_hash)
-            if original is not None and original in self.tasks:
-                self.stats["total_deduplicated"] += 1
-                self._log(
-                    "info",
-                    f"task {task_id} from {where} dropped as a duplicate of pending task "
-                    f"{original}",
-                )
-                return None
+        original = (
+            self._pending_twin(payload_hash)
+            if f.get("autoDedupe") and isinstance(payload_hash, str)
+            else None
+        )
+        if original is not None:
+            self.stats["total_deduplicated"] += 1
+            self._log(
+                "info",
+                f"task {task_id} from {where} dropped as a duplicate of pending task "
+                f"{original.task_id}",
+            )
+            return None
         task = self._task_from_record(chunk.shard, f, None)
         if task is None:
             self._log("warning", f"task {task_id} from {where}: unreadable record; skipped")

@@ -25,9 +25,9 @@ from snerd.io.log import read_log
 
 __all__ = [
     "INBOX",
+    "inbox_files",
     "inbox_path",
     "inbox_progress",
-    "is_inbox_path",
     "mark_read",
     "read_inboxes",
     "remove_inbox",
@@ -91,9 +91,15 @@ def remove_inbox(directory: str | os.PathLike[str], shard: int, segment: str) ->
             os.unlink(path)
 
 
-def is_inbox_path(path: str) -> bool:
-    """True for a path `inbox_path` makes (the group-commit log never cuts such a file)."""
-    return os.path.basename(os.path.dirname(path)) == INBOX and path.endswith(_SUFFIX)
+def inbox_files(directory: str | os.PathLike[str], shard: int) -> list[tuple[str, str, int]]:
+    """The inbox files of a shard as (name without `.log`, path, size), by name. Raises
+    FileNotFoundError when the shard has no inbox folder."""
+    with os.scandir(Path(directory, f"shard-{shard}", INBOX)) as entries:
+        return sorted(
+            (e.name[: -len(_SUFFIX)], e.path, e.stat().st_size)
+            for e in entries
+            if e.name.endswith(_SUFFIX) and not e.name.startswith(".")
+        )
 
 
 def read_inboxes(
@@ -109,22 +115,17 @@ def read_inboxes(
     errors: list[tuple[int, str]] = []
     present: list[tuple[int, tuple[str, ...]]] = []
     for shard, known in offsets.items():
-        folder = Path(directory, f"shard-{shard}", INBOX)
         try:
-            with os.scandir(folder) as entries:
-                files = [
-                    (e.name[: -len(_SUFFIX)], e.path, e.stat().st_size)
-                    for e in entries
-                    if e.name.endswith(_SUFFIX) and not e.name.startswith(".")
-                ]
+            files = inbox_files(directory, shard)
         except FileNotFoundError:
             present.append((shard, ()))
             continue
         except OSError as exc:
+            folder = Path(directory, f"shard-{shard}", INBOX)
             errors.append((shard, f"{folder}: {exc.strerror or exc}"))
             continue
-        present.append((shard, tuple(sorted(name for name, _, _ in files))))
-        for node, path, size in sorted(files):
+        present.append((shard, tuple(name for name, _, _ in files)))
+        for node, path, size in files:
             start = known.get(node, 0)
             if size <= start:
                 continue

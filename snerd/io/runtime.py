@@ -34,7 +34,6 @@ from snerd.io import log as logio
 from snerd.io.inbox import (
     inbox_path,
     inbox_progress,
-    is_inbox_path,
     mark_read,
     read_inboxes,
     remove_inbox,
@@ -217,6 +216,9 @@ class Runtime:
         self.ready = trio.Event()
         #: The holder last reported for each shard whose lock was busy (reported on change).
         self._busy_holders: dict[int, str] = {}
+        #: Files written through `AppendInbox`: read by another process while written, so a
+        #: failed write is never cut off them (see `GroupCommitLog(never_cut=)`).
+        self._never_cut: set[str] = set()
 
     # -------------------------------------------------------------- feeding events
 
@@ -283,7 +285,7 @@ class Runtime:
             interval_ms=self.settings.fsync_interval_ms,
             on_background_error=self._background_error,
             after_deliver=self.pump,
-            never_cut=is_inbox_path,
+            never_cut=self._never_cut.__contains__,
         ) as log:
             self._nursery = nursery
             self._log = log
@@ -471,12 +473,12 @@ class Runtime:
         self.peer.deliver(message)
 
     def _append(self, effect: fx.Append | fx.AppendInbox) -> None:
-        inbox = type(effect) is fx.AppendInbox
-        path = (
-            inbox_path(self.directory, effect.shard, effect.segment)
-            if isinstance(effect, fx.AppendInbox)
-            else self.log_path(effect.shard)
-        )
+        inbox = isinstance(effect, fx.AppendInbox)
+        if isinstance(effect, fx.AppendInbox):
+            path = inbox_path(self.directory, effect.shard, effect.segment)
+            self._never_cut.add(path)
+        else:
+            path = self.log_path(effect.shard)
         records = effect.records
         try:
             lines = logio.materialize(records, self.log_path, self._recent)
