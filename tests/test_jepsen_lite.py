@@ -3,6 +3,10 @@ process) under a nemesis, judged by the simulator's checker (docs/chaos.md).
 
 - local filesystem, kill + pause + clock: the checker passes and every fault happened;
 - a small tmpfs that fills up (root): the same, with the disk-full nemesis;
+- a small ext4 in a loop-mounted image file that fills up (root, mkfs.ext4, losetup; skipped
+  without, a failure under SNERD_REQUIRE_ALL=1): the same, the free bytes seen and the
+  daemons' ENOSPC answers checked, and the image unmounted, detached and deleted afterwards,
+  also when the run fails or is sent SIGTERM half-way;
 - GlusterFS, two mounts (the `gluster_dirs` fixture; skipped without a volume, a failure under
   SNERD_REQUIRE_ALL=1): kill + pause + clock;
 - GlusterFS in network namespaces (the `gluster_netns_volume` fixture brings up its own volume
@@ -16,7 +20,13 @@ process) under a nemesis, judged by the simulator's checker (docs/chaos.md).
 from __future__ import annotations
 
 import os
+import queue
+import re
+import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +35,9 @@ from sim.checker import DOUBLE_OWNERSHIP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jepsen-lite"))
 
-from jepsen_lite.control import Outcome, RunConfig, gluster_control, run
+from jepsen_lite import control
+from jepsen_lite import nemesis as nem
+from jepsen_lite.control import FULL_SLACK, Outcome, RunConfig, gluster_control, run
 from jepsen_lite.plot import plot
 from jepsen_lite.report import summary, summary_table
 
@@ -85,6 +97,127 @@ def test_tmpfs_disk_full(tmp_path: Path) -> None:
     _assert_clean(outcome, s, nemeses)
     full = [f for f in outcome.faults if f.name == "disk-full"]
     assert full and all("ENOSPC met: True" in f.detail for f in full)
+
+
+def _loop_tools() -> None:
+    why = nem.loop_tools_missing()
+    if why:
+        missing_tool(f"the loop disk-full run cannot make its ext4 image: {why}")
+
+
+def _assert_loop_gone(out: Path) -> None:
+    """The run's image is unmounted, detached from every loop device, and deleted."""
+    image, data = out / "loop.img", out / "data"
+    assert not image.exists(), image
+    mounts = Path("/proc/self/mounts").read_text()
+    assert str(data.resolve()) not in mounts, mounts
+    listed = subprocess.run(
+        ["losetup", "-a"], capture_output=True, text=True, timeout=10, check=False
+    ).stdout
+    assert str(image) not in listed, listed
+
+
+def test_loop_disk_full(tmp_path: Path) -> None:
+    """The queue on a 64 MiB ext4 in a loop-mounted image: filled to ENOSPC and freed twice
+    (with kills between), and the daemons keep every promise through it."""
+    _loop_tools()
+    nemeses = ("disk-full", "kill")
+    out = tmp_path / "out"
+    config = RunConfig(fs="loop", nodes=2, shards=2, duration=25, seed=16, nemesis=nemeses, out=out)
+    outcome, s = _run(config)
+    _assert_clean(outcome, s, nemeses)
+    # The daemons' directory was the loop-mounted ext4, and it was taken down afterwards.
+    params = outcome.history[0]
+    assert any(step.startswith("mounted /dev/loop") for step in params["fs_setup"]), params
+    assert any(step.startswith("unmounted ") for step in outcome.fs_steps), outcome.fs_steps
+    assert any(step.startswith("deleted ") for step in outcome.fs_steps), outcome.fs_steps
+    _assert_loop_gone(out)
+    full = [f for f in outcome.faults if f.name == "disk-full"]
+    assert full, "no disk-full ran"
+    for f in full:
+        i = f.info
+        # a 64 MiB ext4 (not the host's disk): 40-64 MiB free, none once filled, back after
+        assert 40 << 20 < i["free_before"] <= 64 << 20, i
+        assert i["enospc"] and i["free_full"] < FULL_SLACK, i
+        assert i["free_after"] > i["free_before"] // 2, i
+    # The daemons met the full disk and said so (enqueue answers, their own warnings).
+    assert sum(f.info["enospc_replies"] + f.info["enospc_log_lines"] for f in full) > 0, [
+        f.info for f in full
+    ]
+    ends = [e for e in outcome.history if e.get("kind") == "fault" and e.get("phase") == "end"]
+    assert any(e["name"] == "disk-full" and e["info"]["free_full"] == 0 for e in ends), ends
+
+
+def test_loop_fs_undone_when_the_run_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that fails once its ext4 is mounted still unmounts, detaches and deletes it."""
+    _loop_tools()
+    out = tmp_path / "out"
+    seen: list[str | None] = []
+
+    async def boom(self: control.Run) -> tuple[bool, list[str]]:
+        seen.append(nem.mounted_fstype(self.dirs[0]))
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(control.Run, "_main", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        run(RunConfig(fs="loop", nodes=1, shards=1, duration=1, nemesis=(), out=out))
+    assert seen == ["ext4"]
+    _assert_loop_gone(out)
+
+
+def test_loop_fs_undone_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM while the loop-mounted ext4 is full: the run kills its nodes, unmounts,
+    detaches and deletes the image, and exits 143."""
+    _loop_tools()
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve().parent.parent / "jepsen-lite" / "run.py"),
+        *("--fs", "loop", "--nodes", "2", "--shards", "2", "--nemesis", "disk-full"),
+        *("--duration", "30", "--seed", "17", "--out", str(out)),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    try:
+        end = time.monotonic() + 60
+        while not any("nemesis: disk-full on the cluster" in line for line in seen):
+            line = lines.get(timeout=max(0.1, end - time.monotonic()))
+            assert line is not None, "".join(seen)
+            seen.append(line)
+        filled = nem.free_bytes(out / "data")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    while (line := lines.get(timeout=10)) is not None:
+        seen.append(line)
+    text = "".join(seen)
+    assert code == 128 + signal.SIGTERM, text
+    assert filled is not None and filled < 64 << 20, text  # it was the loop-mounted ext4
+    assert "interrupted: undoing the faults, killing every node" in text, text
+    assert "Traceback" not in text, text
+    _assert_loop_gone(out)
+    # every daemon and worker it started is gone (or a zombie nobody reaped)
+    pids = [
+        int(p)
+        for m in re.finditer(r"@pid-(\d+) started \(worker pid (\d+)\)", text)
+        for p in m.groups()
+    ]
+    assert len(pids) >= 4, text
+    assert all(nem.process_state(pid) in (None, "Z") for pid in pids), pids
 
 
 def test_glusterfs_kill_pause_clock(gluster_dirs: tuple[Path, Path], tmp_path: Path) -> None:

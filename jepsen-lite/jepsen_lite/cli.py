@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jepsen_lite.control import RunConfig, run
-from jepsen_lite.nemesis import GLUSTER_NEMESES, NEMESES
+from jepsen_lite.nemesis import FILLABLE_FS, GLUSTER_NEMESES, NEMESES
 from jepsen_lite.plot import plot
 from jepsen_lite.report import summary, summary_table
 
@@ -31,7 +31,13 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--fs", choices=("local", "tmpfs", "glusterfs"), default="local")
+    p.add_argument(
+        "--fs",
+        choices=("local", "tmpfs", "loop", "glusterfs"),
+        default="local",
+        help="loop: a small ext4 in an image file, loop-mounted (root; --loop-size)",
+    )
+    p.add_argument("--loop-size", type=int, default=64, help="MiB of the ext4 image of --fs loop")
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of chaos")
@@ -87,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if gluster_only and (args.fs != "glusterfs" or args.dir):
         print(f"the {', '.join(gluster_only)} nemesis needs --fs glusterfs", file=sys.stderr)
         return 2
+    if "disk-full" in nemesis and args.fs not in FILLABLE_FS:
+        print("the disk-full nemesis needs --fs tmpfs or --fs loop", file=sys.stderr)
+        return 2
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     out = args.out or Path("jepsen-out") / f"{args.fs}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     config = RunConfig(
@@ -104,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         unsafe_no_fence=args.unsafe_no_fence,
         drain_timeout=args.drain_timeout,
         dirs=tuple(args.dir),
+        loop_size_mib=args.loop_size,
     )
     print(
         f"jepsen-lite: fs={config.fs} nodes={config.nodes} shards={config.shards} "

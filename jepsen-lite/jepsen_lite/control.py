@@ -2,8 +2,9 @@
 
 Phases (all bounded in time):
 
-1. **setup**: the queue directory (a local directory, a small tmpfs, or a fresh directory on a
-   GlusterFS volume seen through two mounts), then one worker per node (`jepsen_lite.worker`,
+1. **setup**: the queue directory (a local directory, a small tmpfs, a small ext4 in a
+   loop-mounted image file, or a fresh directory on a GlusterFS volume seen through two
+   mounts), then one worker per node (`jepsen_lite.worker`,
    which spawns its daemon through `SnerdQueue`). Nodes alternate mounts on GlusterFS.
 2. **chaos** (`duration` s): clients enqueue to random running nodes; the nemesis runs its
    faults one after another on random victims, each recorded as `fault` entries with start and
@@ -46,6 +47,9 @@ SECOND = 1_000_000
 #: The rate-limited group and its limit (a share of the tasks carries it).
 RL_GROUP = "rl"
 RL_LIMIT = 60
+#: Free bytes a filesystem may still show and be called full by `disk-full` (the filler ends
+#: with 1-byte writes; a daemon may free a little meanwhile).
+FULL_SLACK = 1 << 20
 
 
 def now_us() -> int:
@@ -82,6 +86,8 @@ class RunConfig:
     #: Share of tasks in the rate-limited group.
     rl_share: float = 0.04
     tmpfs_size: str = "48m"
+    #: Size of the ext4 image of `fs="loop"`, MiB.
+    loop_size_mib: int = 64
 
 
 @dataclass(slots=True)
@@ -109,6 +115,9 @@ class Outcome:
     ended: int
     drained: bool
     unfinished: list[str] = field(default_factory=list)
+    #: What setting up and taking down the filesystem did (`fs="loop"`: image, mkfs, mount,
+    #: unmount, detach, delete), in order.
+    fs_steps: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -147,6 +156,11 @@ class Run:
         #: stat probes of mount A, reaped at the end (a blocked one cannot be killed).
         self.probes: list[nem.Probe] = []
         self.rng = random.Random(config.seed)
+        #: The signals that end the run (set by `run`), and whether one (or Ctrl-C) did.
+        self.signals: nem.Signals | None = None
+        self.interrupted = False
+        #: What setting the filesystem up did (recorded in the params entry).
+        self.fs_steps: list[str] = []
         self.dirs = directories
         self.out = out
         self.events: list[dict[str, Any]] = []
@@ -450,6 +464,7 @@ class Run:
             node=f.node,
             verified=f.verified,
             detail=detail,
+            **({"info": f.info} if f.info else {}),
         )
         if not f.verified:
             self.problems.append(f"nemesis {f.name} on {f.node}: not verified: {detail}")
@@ -595,17 +610,63 @@ class Run:
         return False
 
     async def disk_full(self) -> None:
-        f = self.fault_start("disk-full", None, directory=str(self.dirs[0]))
+        """Fill the daemons' filesystem (a tmpfs or a loop-mounted ext4 the run made) with a
+        filler file until ENOSPC, hold it full 3-5 s, delete the filler. Verified by the
+        filler meeting ENOSPC, statvfs reading (almost) no free bytes once it did, and the free
+        space back after the delete; reported: what the daemons said about it (refused
+        enqueues and ENOSPC lines in their logs)."""
+        d = self.dirs[0]
+        free_before = await asyncio.to_thread(nem.free_bytes, d)
+        f = self.fault_start(
+            "disk-full", None, directory=str(d), fs=self.c.fs, free_before=free_before
+        )
         fails_before = self._count("fail")
-        filler, written, enospc = await asyncio.to_thread(nem.fill_filesystem, self.dirs[0])
+        events_seen = len(self.events)
+        logs_seen = {n.host: len(n.logs) for n in self.nodes}
+        filler, written, enospc = await asyncio.to_thread(nem.fill_filesystem, d)
+        free_full = await asyncio.to_thread(nem.free_bytes, d)
+        self.record("disk_full", free_bytes=free_full, filler_bytes=written, enospc=enospc)
         await asyncio.sleep(3.0 + self.rng.random() * 2.0)
         with contextlib.suppress(FileNotFoundError):
             filler.unlink()
+        free_after = await asyncio.to_thread(nem.free_bytes, d)
+        self.record("disk_freed", free_bytes=free_after)
         refused = self._count("fail") - fails_before
+        marks = ("No space", "ENOSPC")
+        replies = [
+            str(e.get("error"))
+            for e in self.events[events_seen:]
+            if e["kind"] == "enqueue"
+            and e.get("phase") in ("fail", "info")
+            and any(m in str(e.get("error")) for m in marks)
+        ]
+        lines = [
+            line
+            for n in self.nodes
+            for line in n.logs[logs_seen.get(n.host, 0) :]
+            if any(m in line for m in marks)
+        ]
+        f.info.update(
+            fs=self.c.fs,
+            free_before=free_before,
+            filler_bytes=written,
+            enospc=enospc,
+            free_full=free_full,
+            free_after=free_after,
+            refused=refused,
+            enospc_replies=len(replies),
+            enospc_log_lines=len(lines),
+            examples=(replies[:1] + lines[:1]),
+        )
+        full = free_full is not None and free_full < FULL_SLACK
+        freed = free_after is not None and free_full is not None and free_after > free_full
         self.fault_end(
             f,
-            enospc,
-            f"filler {written} bytes, ENOSPC met: {enospc}; enqueues refused meanwhile: {refused}",
+            enospc and full and freed,
+            f"filler {written} bytes, ENOSPC met: {enospc}; free bytes {free_before} before, "
+            f"{free_full} when full, {free_after} after the delete; enqueues refused "
+            f"meanwhile: {refused} ({len(replies)} answered ENOSPC); daemon ENOSPC log lines: "
+            f"{len(lines)}",
         )
 
     def _count(self, phase: str) -> int:
@@ -867,7 +928,7 @@ class Run:
                 p.reap(5.0)
         self.probes.clear()
 
-    async def heal(self) -> None:
+    async def heal(self, *, restart: bool = True) -> None:
         if self.g is not None and self.partitioned:
             ok, _why = await asyncio.to_thread(nem.set_link, self.g, True)
             self.partitioned = not ok
@@ -892,12 +953,50 @@ class Run:
             with contextlib.suppress(FileNotFoundError):
                 (d / "jepsen-filler").unlink()
         for node in self.nodes:
-            if not node.up:
+            if restart and not node.up:
                 await self.start_node(node)
 
     # ------------------------------------------------------------------ the run
 
     async def main(self) -> tuple[bool, list[str]]:
+        """The run (`_main`). A signal (`signals`) or Ctrl-C cancels it: the faults are undone
+        without waiting for the one in progress, no node is restarted, every worker and daemon
+        is killed, and the cancellation goes on up to `run`, which undoes the filesystem."""
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+
+        def interrupt() -> None:
+            if not self.interrupted:
+                self.interrupted = True
+                loop.call_soon_threadsafe(task.cancel)
+
+        if self.signals is not None:
+            self.signals.on_signal = interrupt
+        try:
+            return await self._main()
+        except asyncio.CancelledError:
+            self.interrupted = True
+            self.log("interrupted: undoing the faults, killing every node")
+            await self._kill_all()
+            raise
+        finally:
+            if self.signals is not None:
+                self.signals.on_signal = None
+
+    async def _kill_all(self) -> None:
+        for node in self.nodes:
+            for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
+                if pid and nem.process_state(pid) not in (None, "Z"):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                        os.kill(pid, signal.SIGKILL)
+        for node in self.nodes:
+            if node.proc is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(node.exited.wait(), 10)
+
+    async def _main(self) -> tuple[bool, list[str]]:
         self.record(
             "params",
             ttl_us=int(self.c.ttl_s * SECOND),
@@ -909,6 +1008,7 @@ class Run:
             window_slack_us=SECOND
             + (2 * int((self.c.margin_s + 5.0) * SECOND) if "clock" in self.c.nemesis else 0),
             fs=self.c.fs,
+            fs_setup=self.fs_steps,
             nodes=self.c.nodes,
             shards=self.c.shards,
             seed=self.c.seed,
@@ -926,20 +1026,28 @@ class Run:
             await asyncio.wait_for(asyncio.shield(chaos), self.c.duration + 5)
         except TimeoutError:
             pass
+        except asyncio.CancelledError:  # Ctrl-C, SIGTERM: heal and stop, no more waiting
+            self.interrupted = True
+            raise
         finally:
-            if not chaos.done():
+            if not chaos.done() and not self.interrupted:
                 # Let the fault in progress finish (it undoes itself), bounded.
                 with contextlib.suppress(asyncio.TimeoutError, Exception):
                     await asyncio.wait_for(chaos, 60)
-                if not chaos.done():
-                    chaos.cancel()
+            if not chaos.done():
+                chaos.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(chaos, 30)
             self.record("phase", name="heal")
-            await self.heal()
+            await self.heal(restart=not self.interrupted)
             remaining = deadline - time.monotonic()
-            if remaining > 0:
+            if remaining > 0 and not self.interrupted:
                 await asyncio.sleep(remaining)
             self.stop_load.set()
             await load
+            if self.ops and self.interrupted:
+                for op in self.ops:
+                    op.cancel()
             if self.ops:
                 await asyncio.wait(list(self.ops), timeout=30)
         if chaos.done() and not chaos.cancelled() and chaos.exception() is not None:
@@ -963,10 +1071,10 @@ class Run:
 
 
 def _setup_dirs(
-    config: RunConfig, out: Path
-) -> tuple[list[Path], Callable[[], None], nem.GlusterControl | None]:
-    """The queue directory as each node sees it, how to undo the setup, and (GlusterFS) how
-    to reach the volume."""
+    config: RunConfig, out: Path, steps: list[str]
+) -> tuple[list[Path], Callable[[], list[str]], nem.GlusterControl | None]:
+    """The queue directory as each node sees it, how to undo the setup (it returns the
+    problems met), and (GlusterFS) how to reach the volume."""
     if config.dirs:
         name = f"jepsen-{config.seed}-{os.getpid()}-{int(time.time())}"
         (config.dirs[0] / name).mkdir()
@@ -976,18 +1084,37 @@ def _setup_dirs(
             if time.monotonic() > end:
                 raise RuntimeError(f"{seen[0]} made, but not seen through every --dir in 10 s")
             time.sleep(0.1)
-        return seen, lambda: None, None
+        return seen, list, None
     if config.fs == "local":
         d = out / "data"
         d.mkdir(parents=True)
-        return [d], lambda: None, None
+        return [d], list, None
     if config.fs == "tmpfs":
         d = out / "data"
         nem.mount_tmpfs(d, config.tmpfs_size)
-        return [d], lambda: nem.umount(d), None
+
+        def undo_tmpfs() -> list[str]:
+            nem.umount(d)
+            return []
+
+        return [d], undo_tmpfs, None
+    if config.fs == "loop":
+        # The image lives next to the output, its mount at data/ (as the tmpfs'); both are
+        # gone after the run (the atexit hook of nemesis.mount_loop if the run itself dies).
+        d = out / "data"
+        loop = nem.mount_loop(out / "loop.img", d, config.loop_size_mib)
+        steps.extend(loop.steps)
+
+        def undo_loop() -> list[str]:
+            done = len(loop.steps)
+            problems = loop.cleanup()
+            steps.extend(loop.steps[done:])
+            return problems
+
+        return [d], undo_loop, None
     if config.fs == "glusterfs":
         if config.gluster_dirs is not None:
-            return list(config.gluster_dirs), lambda: None, config.gluster
+            return list(config.gluster_dirs), list, config.gluster
         sys.path.insert(0, str(REPO))
         from tests import glusterfs as gl  # the test suite's volume helpers
 
@@ -1000,10 +1127,11 @@ def _setup_dirs(
         ctx = gl.fresh_directory(volume, f"jepsen-{config.seed}-{os.getpid()}")
         a, b = ctx.__enter__()
 
-        def undo() -> None:
+        def undo() -> list[str]:
             ctx.__exit__(None, None, None)
             if volume.started_here:
                 gl.take_down(netns=volume.netns)
+            return []
 
         return [a, b], undo, gluster_control(volume)
     raise ValueError(f"unknown filesystem {config.fs!r}")
@@ -1023,9 +1151,12 @@ def gluster_control(volume: Any) -> nem.GlusterControl:
 
 
 def run(config: RunConfig) -> Outcome:
-    """Run once; the history goes to `config.out/history.jsonl`."""
-    if "disk-full" in config.nemesis and config.fs != "tmpfs":
-        raise ValueError("the disk-full nemesis needs --fs tmpfs (a small filesystem to fill)")
+    """Run once; the history goes to `config.out/history.jsonl`. SIGTERM and SIGHUP end the
+    run as Ctrl-C does: processes killed, mounts and images undone, then SystemExit."""
+    if "disk-full" in config.nemesis and config.fs not in nem.FILLABLE_FS:
+        raise ValueError(
+            "the disk-full nemesis needs --fs tmpfs or --fs loop (a small filesystem to fill)"
+        )
     gluster_only = [n for n in config.nemesis if n in nem.GLUSTER_NEMESES]
     if gluster_only and (config.fs != "glusterfs" or config.dirs):
         raise ValueError(f"the {', '.join(gluster_only)} nemesis needs --fs glusterfs")
@@ -1035,30 +1166,44 @@ def run(config: RunConfig) -> Outcome:
         raise ValueError("the partition nemesis needs mount A's client in a network namespace")
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
-    dirs, undo, gluster = _setup_dirs(config, out)
-    r = Run(config, dirs, out, gluster)
-    started = now_us()
-    drained, unfinished = False, list[str]()
-    try:
-        drained, unfinished = asyncio.run(r.main())
-    finally:
-        for node in r.nodes:
-            for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
-                if pid and nem.process_state(pid) not in (None, "Z"):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGCONT)
-                        os.kill(pid, signal.SIGKILL)
+    fs_steps: list[str] = []
+    with nem.exit_on_signals() as signals:
+        dirs, undo, gluster = _setup_dirs(config, out, fs_steps)
+        undo_problems: list[str] = []
         try:
-            r.undo_gluster()
+            r = Run(config, dirs, out, gluster)
+            r.fs_steps = list(fs_steps)
+            r.signals = signals
+            started = now_us()
+            drained, unfinished = False, list[str]()
+            try:
+                drained, unfinished = asyncio.run(r.main())
+            except asyncio.CancelledError:
+                if signals.signum is None:
+                    raise
+                raise SystemExit(128 + signals.signum) from None
+            finally:
+                for node in r.nodes:
+                    for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
+                        if pid and nem.process_state(pid) not in (None, "Z"):
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGCONT)
+                                os.kill(pid, signal.SIGKILL)
+                for node in r.nodes:  # gone before their filesystem is unmounted
+                    for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
+                        if pid:
+                            nem.wait_gone(pid, 5.0)
+                r.undo_gluster()
+            # read back before the filesystem goes (only when the run got this far)
             history = build_history(r.events, dirs[0], r.clocks)
         finally:
-            undo()
+            undo_problems = undo()
     ended = now_us()
     with open(out / "history.jsonl", "w", encoding="utf-8") as f:
         for e in history:
             f.write(json.dumps(e, separators=(",", ":")) + "\n")
     report = check(history)
-    problems = list(r.problems)
+    problems = list(r.problems) + [f"taking the filesystem down: {p}" for p in undo_problems]
     if not drained:
         problems.append(
             f"the drain did not finish within {config.drain_timeout:g} s: "
@@ -1081,4 +1226,5 @@ def run(config: RunConfig) -> Outcome:
         ended=ended,
         drained=drained,
         unfinished=unfinished,
+        fs_steps=fs_steps,
     )

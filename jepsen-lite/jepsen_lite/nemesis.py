@@ -1,27 +1,42 @@
 """Low-level fault tools, each able to tell whether it took effect: process state, the clock
-file, filling and freeing a filesystem, small tmpfs mounts, lock-file replacement, and for
-GlusterFS a client's network link (a partition) and the volume's lock options."""
+file, filling and freeing a filesystem, small tmpfs and loop-device (ext4) mounts, lock-file
+replacement, signals turned into a clean exit, and for GlusterFS a client's network link (a
+partition) and the volume's lock options."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 __all__ = [
+    "FILLABLE_FS",
     "GLUSTER_NEMESES",
     "NEMESES",
     "GlusterControl",
+    "LoopFs",
     "Probe",
+    "Signals",
     "brick_log",
+    "exit_on_signals",
     "fill_filesystem",
+    "free_bytes",
     "gluster",
+    "loop_tools_missing",
+    "mount_loop",
     "mount_tmpfs",
+    "mounted_fstype",
     "probe_stat",
     "process_state",
     "replace_lock_file",
@@ -35,6 +50,8 @@ __all__ = [
 
 #: Every nemesis name the command line accepts.
 NEMESES = ("kill", "pause", "clock", "disk-full", "lock-fault", "partition", "monkey-unlock")
+#: The filesystems `disk-full` can fill: ones the run made for itself, small.
+FILLABLE_FS = ("tmpfs", "loop")
 #: Those that need --fs glusterfs (a volume this run can reconfigure or cut off).
 GLUSTER_NEMESES = ("partition", "monkey-unlock")
 
@@ -118,6 +135,230 @@ def mount_tmpfs(where: Path, size: str) -> None:
 
 def umount(where: Path) -> None:
     subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30, check=False)
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Bytes an unprivileged writer could still write on the filesystem of `directory`
+    (statvfs: f_bavail x f_frsize), or None when it cannot be read."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+# ---------------------------------------------------------------------------- loop device
+
+#: Tools a loop-mounted ext4 needs (besides root and /dev/loop-control).
+LOOP_TOOLS = ("mkfs.ext4", "losetup", "mount", "umount")
+
+
+def loop_tools_missing() -> str | None:
+    """Why a small ext4 on a loop device cannot be made here, or None when it can."""
+    if os.geteuid() != 0:
+        return "a loop-mounted ext4 needs root"
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    missing = [t for t in LOOP_TOOLS if shutil.which(t, path=path) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (Debian: e2fsprogs, mount)"
+    if not os.path.exists("/dev/loop-control"):
+        return "no /dev/loop-control (loop devices not available)"
+    return None
+
+
+def _tool(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """Run a setup tool, bounded: (exit status, stdout + stderr); -1 when it timed out."""
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]),
+    }
+    try:
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"{' '.join(cmd)}: no answer within {timeout:g} s"
+    except OSError as exc:
+        return -1, f"{cmd[0]}: {exc}"
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def mounted_fstype(where: Path) -> str | None:
+    """The filesystem type mounted at `where` (from /proc/self/mounts), or None."""
+    target = os.path.realpath(where)
+    fstype = None
+    with contextlib.suppress(OSError), open("/proc/self/mounts", encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[1].replace("\\040", " ") == target:
+                fstype = parts[2]  # the last mount on a point is the one seen
+    return fstype
+
+
+def _loop_devices(image: Path) -> list[str]:
+    """The loop devices backed by `image` (`losetup -j`)."""
+    code, out = _tool(["losetup", "-j", str(image)], 10)
+    if code != 0:
+        return []
+    return [line.split(":", 1)[0] for line in out.splitlines() if line.startswith("/dev/")]
+
+
+#: Loop filesystems not yet cleaned up: the atexit hook's last resort.
+_LIVE_LOOPS: list[LoopFs] = []
+
+
+@dataclass(slots=True, eq=False)
+class LoopFs:
+    """A small ext4 in a file-backed image, loop-mounted at `mountpoint` (see `mount_loop`).
+    `cleanup` unmounts it, detaches its loop device and deletes the image; it is idempotent,
+    bounded in time, and also run at interpreter exit while the mount is live."""
+
+    image: Path
+    mountpoint: Path
+    size_mib: int
+    device: str | None = None
+    #: What each step did, in order (reported by the run).
+    steps: list[str] = field(default_factory=list)
+    cleaned: bool = False
+
+    def cleanup(self) -> list[str]:
+        """Unmount (lazily if still busy after 5 s), detach, delete the image. Returns the
+        problems met (empty when everything is gone)."""
+        if self.cleaned:
+            return []
+        problems: list[str] = []
+        if mounted_fstype(self.mountpoint) is not None:
+            end = time.monotonic() + 5.0
+            code, out = _tool(["umount", str(self.mountpoint)], 30)
+            while code != 0 and time.monotonic() < end:  # busy: a daemon still exiting
+                time.sleep(0.2)
+                code, out = _tool(["umount", str(self.mountpoint)], 30)
+            if code != 0:
+                self.steps.append(f"umount: {out}; lazily then")
+                code, out = _tool(["umount", "-l", str(self.mountpoint)], 30)
+            if code != 0 or mounted_fstype(self.mountpoint) is not None:
+                problems.append(f"cannot unmount {self.mountpoint}: {out}")
+            else:
+                self.steps.append(f"unmounted {self.mountpoint}")
+        for dev in _loop_devices(self.image):
+            code, out = _tool(["losetup", "-d", dev], 30)
+            if code != 0:
+                problems.append(f"cannot detach {dev}: {out}")
+            else:
+                self.steps.append(f"detached {dev}")
+        try:
+            self.image.unlink()
+            self.steps.append(f"deleted {self.image}")
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            problems.append(f"cannot delete {self.image}: {exc}")
+        self.cleaned = True
+        with contextlib.suppress(ValueError):
+            _LIVE_LOOPS.remove(self)
+        return problems
+
+
+def _cleanup_live_loops() -> None:
+    for fs in list(_LIVE_LOOPS):
+        for problem in fs.cleanup():
+            sys.stderr.write(f"jepsen-lite: at exit: {problem}\n")
+
+
+atexit.register(_cleanup_live_loops)
+
+
+def mount_loop(image: Path, where: Path, size_mib: int = 64) -> LoopFs:
+    """Make a `size_mib` MiB ext4 in the file `image` (space allocated up front, so the image
+    cannot itself hit a full disk later), and loop-mount it at `where` (root only). Every step
+    is bounded; on any failure what was made is undone and RuntimeError says why. The returned
+    LoopFs is cleaned at interpreter exit if the caller does not clean it first."""
+    why = loop_tools_missing()
+    if why:
+        raise RuntimeError(why)
+    where.mkdir(parents=True, exist_ok=True)
+    fs = LoopFs(image=image, mountpoint=where, size_mib=size_mib)
+    _LIVE_LOOPS.append(fs)
+    try:
+        fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size_mib << 20)
+        finally:
+            os.close(fd)
+        fs.steps.append(f"image {image} of {size_mib} MiB")
+        # -m 0: no blocks reserved for root (the daemons run as root: they would use them);
+        # nodiscard: mkfs must not punch holes into the allocated image.
+        code, out = _tool(
+            ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", "-L", "jepsen", str(image)], 60
+        )
+        if code != 0:
+            raise RuntimeError(f"mkfs.ext4 {image}: {out}")
+        fs.steps.append("mkfs.ext4")
+        # -o loop: mount attaches a free loop device (auto-cleared when unmounted).
+        code, out = _tool(["mount", "-t", "ext4", "-o", "loop", str(image), str(where)], 30)
+        if code != 0:
+            raise RuntimeError(f"mount -o loop {image} {where}: {out}")
+        devices = _loop_devices(image)
+        fs.device = devices[0] if devices else None
+        fstype = mounted_fstype(where)
+        if fstype != "ext4":
+            raise RuntimeError(f"{where}: mounted as {fstype}, not ext4")
+        fs.steps.append(f"mounted {fs.device} at {where}")
+    except BaseException:
+        fs.cleanup()
+        raise
+    return fs
+
+
+@dataclass(slots=True)
+class Signals:
+    """What `exit_on_signals` saw: the signal that came (None so far), and a hook that, while
+    set, is called instead of raising (an asyncio run sets it to cancel its main task, so its
+    own `finally` blocks run in order: raising inside a running event loop would leave its
+    tasks to be torn down blindly)."""
+
+    signum: int | None = None
+    on_signal: Callable[[], None] | None = None
+
+
+@contextlib.contextmanager
+def exit_on_signals(
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP),
+) -> Iterator[Signals]:
+    """While inside, SIGTERM and SIGHUP end the run as Ctrl-C does: `Signals.on_signal` is
+    called if set, else SystemExit(128 + signal) is raised in the main thread, so the run's
+    `finally` blocks (processes killed, mounts undone) and atexit hooks run instead of the
+    process just dying. Handlers somebody else installed, and calls from other threads, are
+    left alone."""
+    import threading
+
+    state = Signals()
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        state.signum = signum
+        if state.on_signal is not None:
+            state.on_signal()
+            return
+        raise SystemExit(128 + signum)
+
+    previous: dict[int, Any] = {}
+    for sig in signals:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def replace_lock_file(directory: Path, shard: int) -> int | None:
