@@ -48,6 +48,9 @@ class FakeShell:
         self.held: deque[fx.Append | fx.AppendInbox] = deque()
         #: Inbox appends held back too (`hold_appends` is for tasks.log).
         self.hold_inbox = False
+        #: Compactions held back (not yet run) when `hold_compaction` is on.
+        self.hold_compaction = False
+        self.held_compactions: deque[fx.Compact] = deque()
         self.queue: deque[ev.Event] = deque()
 
     # -------------------------------------------------------------- driving
@@ -87,6 +90,12 @@ class FakeShell:
                 break
         self.wall, self.mono = target_wall, target_mono
         self.feed(ev.Tick())
+
+    def release_compactions(self) -> None:
+        self.hold_compaction = False
+        while self.held_compactions:
+            self._do(self.held_compactions.popleft())
+        self._pump()
 
     def release_held(self) -> None:
         while self.held:
@@ -235,6 +244,8 @@ class FakeShell:
                     )
                 )
             self.queue.append(ev.InboxRead(chunks=tuple(chunks), present=present))
+        elif isinstance(effect, fx.Compact) and self.hold_compaction:
+            self.held_compactions.append(effect)
         elif isinstance(effect, fx.Compact):
             log = bytes(self.disk["logs"].get(effect.shard, b""))
             new = bytearray()

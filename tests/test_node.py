@@ -355,6 +355,27 @@ def test_compaction_keeps_live_state() -> None:
     assert set(sh2.node.tasks) == {"live"}
 
 
+def test_a_step_down_during_a_compaction_keeps_the_lock_until_it_ends_and_drops_held_appends() -> (
+    None
+):
+    # The compaction renames a new file over the log: another daemon must not get the lock
+    # (and append to the old file) before that; and what was held back meanwhile belongs to
+    # a tenure that is over, so it is never written (it used to be, after the compaction).
+    sh = started()
+    sh.enqueue("early", task_type="nobody")
+    sh.hold_compaction = True
+    sh.feed(ev.CompactionRequested(shard=0))
+    assert sh.held_compactions
+    sh.enqueue("late", task_type="nobody")
+    assert not sh.messages("ack") or sh.messages("ack")[-1]["task_id"] == "early"
+    sh.feed(ev.LockLost(shard=0, error="Input/output error (EIO)"))
+    assert sh.messages("error")[-1]["task_id"] == "late"
+    assert sh.disk["locks"].get(0) == sh.config.node_id  # kept while the compaction runs
+    sh.release_compactions()
+    assert 0 not in sh.disk["locks"]
+    assert [r.get("taskId") for r in sh.log_records() if "taskId" in r] == ["early"]
+
+
 @pytest.mark.parametrize(
     "line",
     [

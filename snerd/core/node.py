@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -134,6 +134,9 @@ TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
 )
 #: `TRANSITIONS` by the members' identities (members are singletons), for `Node._move`.
 _TRANSITION_IDS: frozenset[tuple[int, int]] = frozenset((id(a), id(b)) for a, b in TRANSITIONS)
+#: Log bytes appended between two compaction checks, at least, per task the check walks
+#: (about one small task record each: see `ShardInfo.compact_check_at`).
+_COMPACT_CHECK_BYTES_PER_TASK = 256
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,10 +250,14 @@ class ShardInfo:
     history: deque[tuple[str, fx.Location]] = field(default_factory=deque)
     #: Appends in flight to this shard (compaction waits for zero).
     appends_in_flight: int = 0
-    #: Log size at the last compaction check that found the log mostly live. Finding the live
-    #: ranges walks every task of the shard, so it is not redone on every event, only once the
-    #: log has grown by an eighth since (amortised O(1) per appended byte; 0: check at once).
-    compact_checked_size: int = 0
+    #: The log size from which the next compaction check runs (0: at once). Finding the live
+    #: records walks every task this node holds, so after a check that found the log mostly
+    #: live the next waits until the log has grown by an eighth, and by at least
+    #: `_COMPACT_CHECK_BYTES_PER_TASK` for each task walked: O(1) amortised per appended byte
+    #: however many tasks are queued (a queue of 300,000 parked tasks used to spend ~8% of an
+    #: enqueue's CPU re-walking them). A log that is mostly dead is compacted at worst once it
+    #: is about 1.5x the size the eighth alone would allow.
+    compact_check_at: int = 0
     compacting: bool = False
     #: Appends held back while a compaction of this shard runs (the shell must not append to a
     #: log being rewritten); emitted in order once it ends.
@@ -309,6 +316,21 @@ class InboxSegment:
 
 
 @dataclass(slots=True)
+class _OpenAppend:
+    """An `Append` emitted during the current call, which later appends to its shard join
+    (`Node._append`)."""
+
+    token: int
+    shard: int
+    #: Its place in the effects of the call.
+    index: int
+    tenure: int
+    #: Every record once a second append has joined (the effect is rebuilt at the end of the
+    #: call); None while it is the first alone.
+    records: list[fx.NewRecord] | None = None
+
+
+@dataclass(slots=True)
 class PendingAppend:
     """What an `Append` in flight will mean once it commits (or fails)."""
 
@@ -353,6 +375,10 @@ class Node:
         #: Children waiting on parents (trigger_after_ids), by parent id.
         self.children: dict[str, set[str]] = {}
         self.pending: dict[int, PendingAppend] = {}
+        #: Appends of this call open to later appends to their shard, by shard; and those a
+        #: second one joined, to rebuild at the end of the call (`_append`, `_end`).
+        self._open_appends: dict[int, _OpenAppend] = {}
+        self._merged_appends: list[_OpenAppend] = []
         self.retry_appends: DueQueue[int] = DueQueue()
         self.held_commands: list[ev.Event] = []
         self.seq = 0
@@ -428,8 +454,7 @@ class Node:
             raise TypeError(f"Node cannot handle {type(event).__name__}")
         handler(self, event)
         self._on_time()
-        out, self._out = self._out, []
-        return out
+        return self._end()
 
     def handle_burst(
         self, events: deque[ev.Event], now: ev.Now, limit: int = 64
@@ -456,7 +481,23 @@ class Node:
             if self.phase is NodePhase.STOPPED:
                 break
         self._on_time()
+        return self._end()
+
+    def _end(self) -> list[fx.Effect]:
+        """What every call ends with: the appends merged during it are written out in full
+        (`_append`), and the effects handed over."""
         out, self._out = self._out, []
+        if self._open_appends:
+            self._open_appends.clear()
+        if self._merged_appends:
+            for merged in self._merged_appends:
+                assert merged.records is not None
+                effect = _new_append(merged.token, merged.shard, tuple(merged.records))
+                out[merged.index] = effect
+                group = self.pending.get(merged.token)
+                if group is not None:  # (else it was already answered: no shell saw it)
+                    group.effect = effect
+            self._merged_appends.clear()
         return out
 
     def wake_in(self, now: ev.Now) -> int | None:
@@ -538,25 +579,79 @@ class Node:
             raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
         task.state = new
 
-    def _append(self, shard: int, records: Iterable[fx.NewRecord], pending: PendingAppend) -> int:
-        token = self._next_token()
-        effect = _new_append(token, shard, tuple(records))
-        pending.effect = effect
-        self.pending[token] = pending
+    def _append(self, shard: int, records: Iterable[fx.NewRecord], pending: PendingAppend) -> None:
+        """Write `records` to the shard's log; `pending` says what they mean once they land.
+
+        Appends to one shard within one call of `handle` / `handle_burst` are merged into one
+        `Append`, at the place of the first, their records in the order of the calls: a burst
+        of 64 enqueues is one effect and one `AppendCommitted`, not 64 of each (the shell
+        commits a file's share of a batch as a whole anyway: one write, one fsync, and on
+        error every append of it fails). Its pending is a "group" listing each part; the
+        outcome is handed to each part in turn as if it were an append of its own.
+        """
         info = self.shards[shard]
         pending.tenure = info.tenure
+        part = tuple(records)
+        # The shell reads a base record back to build its line; if that fails (a damaged
+        # record), the whole append fails: such an append stands alone, so no other record
+        # fails with it, and later appends follow it (a new effect).
+        based = any(r.base is not None for r in part)
+        merged = self._open_appends.get(shard)
+        if merged is not None and based:
+            del self._open_appends[shard]
+        elif merged is not None and merged.tenure == info.tenure and not info.compacting:
+            if merged.records is None:
+                first = self.pending[merged.token]
+                assert first.effect is not None
+                merged.records = list(first.effect.records)
+                self._merged_appends.append(merged)
+                first.effect = None
+                self.pending[merged.token] = PendingAppend(
+                    "group",
+                    shard,
+                    None,
+                    [],
+                    None,
+                    {"parts": [(first, len(merged.records))]},
+                    False,
+                    info.tenure,
+                )
+            self.pending[merged.token].extra["parts"].append((pending, len(part)))
+            pending.effect = None
+            merged.records += part
+            return
+        token = self._next_token()
+        effect = _new_append(token, shard, part)
+        pending.effect = effect
+        self.pending[token] = pending
         if info.compacting:
             info.backlog.append(effect)
-            return token
+            return
+        info.appends_in_flight += 1
+        if not based:
+            self._open_appends[shard] = _OpenAppend(token, shard, len(self._out), info.tenure)
+        self._emit(effect)
+
+    def _emit_append(self, info: ShardInfo, effect: fx.Append) -> None:
+        """Emit an append decided earlier (held back, or to retry): after it, later appends
+        to the shard start a new effect (they must follow it in the log)."""
+        self._open_appends.pop(effect.shard, None)
         info.appends_in_flight += 1
         self._emit(effect)
-        return token
 
     def _flush_backlog(self, info: ShardInfo) -> None:
         backlog, info.backlog = info.backlog, []
         for effect in backlog:
-            info.appends_in_flight += 1
-            self._emit(effect)
+            self._emit_append(info, effect)
+
+    def _pending_parts(self) -> Iterator[PendingAppend]:
+        """Every append in flight or waiting, the parts of merged ones one by one."""
+        for p in self.pending.values():
+            if p.kind == "group":
+                for part, _ in p.extra["parts"]:
+                    yield part
+            else:
+                yield p
 
     def _meta(self, shard: int) -> dict[str, Any]:
         return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
@@ -823,7 +918,7 @@ class Node:
         self.parked_by_shard.pop(shard, None)
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
-        for p in self.pending.values():
+        for p in self._pending_parts():
             if p.shard == shard and p.kind == "enqueue" and not p.answered:
                 p.answered = True
                 message = proto.failed_to_enqueue(
@@ -834,6 +929,11 @@ class Node:
                     self._send(proto.error(task_id, message))
         for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
             self._forget(task_id)
+        # Appends held back by a compaction still running are never made: they belong to this
+        # tenure (a compaction ends with them otherwise, `_compaction_over`).
+        for effect in info.backlog:
+            self.pending.pop(effect.token, None)
+        info.backlog = []
         if was_locked:
             if info.appends_in_flight:
                 # The shell may write them after an Unlock: keep the lock until they are in
@@ -1302,7 +1402,7 @@ class Node:
         # or DISPATCHING with its dispatch record in the same append), the duplicate's ack
         # waits for it: acked now, it would be lost with the original in a crash.
         if original.loc is None:
-            for p in self.pending.values():
+            for p in self._pending_parts():
                 if p.kind == "enqueue" and p.task_id == original.task_id:
                     p.dedupe_waiters.append(task_id)
                     return
@@ -1476,8 +1576,7 @@ class Node:
                 if info.compacting:
                     info.backlog.append(p.effect)
                 else:
-                    info.appends_in_flight += 1
-                    self._emit(p.effect)
+                    self._emit_append(info, p.effect)
         # Locks to retry, and shards whose dispatch hold ends.
         for shard, info in self.shards.items():
             until = info.hold_dispatch_until_mono
@@ -1750,9 +1849,27 @@ class Node:
         if info.phase is ShardPhase.UNOWNED or p.tenure != info.tenure:
             return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
-        loc = _new_location(p.shard, event.offsets[0], event.lengths[0])
+        if p.kind != "group":
+            self._part_committed(p, info, event.offsets, event.lengths)
+            return
+        offsets, lengths = event.offsets, event.lengths
+        at = 0
+        for part, n in p.extra["parts"]:
+            # An earlier part may have stepped the node down from the shard (mypy keeps the
+            # narrowing of the check above across the calls).
+            if info.phase is ShardPhase.UNOWNED or part.tenure != info.tenure:  # type: ignore[comparison-overlap]
+                return
+            end = at + n
+            self._part_committed(part, info, offsets[at:end], lengths[at:end])
+            at = end
+
+    def _part_committed(
+        self, p: PendingAppend, info: ShardInfo, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> None:
+        """The records of one append (or of one part of merged ones) are in the log."""
+        loc = _new_location(p.shard, offsets[0], lengths[0])
         if p.kind == "ingest":
-            self._ingested(p, event, info)
+            self._ingested(p, offsets, lengths, info)
             return
         if p.kind == "claim":
             info.claim_loc = loc
@@ -1772,7 +1889,7 @@ class Node:
                 self._send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
             if task.state is TaskState.DISPATCHING:
                 # Dispatched with its enqueue record (`_runs_at_once`): that record is second.
-                task.dispatch_loc = _new_location(p.shard, event.offsets[1], event.lengths[1])
+                task.dispatch_loc = _new_location(p.shard, offsets[1], lengths[1])
                 if self.phase is NodePhase.DRAINING:
                     self._end_flight_unsent(task)  # not sent yet: it runs elsewhere
                     return
@@ -1806,21 +1923,23 @@ class Node:
         elif p.kind == "finish":
             self._finished(task, p.extra["outcome"], p.extra["error"], loc)
 
-    def _ingested(self, p: PendingAppend, event: ev.AppendCommitted, info: ShardInfo) -> None:
+    def _ingested(
+        self, p: PendingAppend, offsets: tuple[int, ...], lengths: tuple[int, ...], info: ShardInfo
+    ) -> None:
         """An ingest append landed: its tasks are enqueued here, the inbox read that far."""
         ids: list[str | None] = p.extra["tasks"]
         for i, task_id in enumerate(ids):
             task = self.tasks.get(task_id) if task_id is not None else None
             if task is None or task.loc is not None or task.state is not TaskState.ENQUEUING:
                 continue
-            task.loc = _new_location(p.shard, event.offsets[i], event.lengths[i])
+            task.loc = _new_location(p.shard, offsets[i], lengths[i])
             self._schedule(task, self._now)
         node: str = p.extra["node"]
         end: int = p.extra["end"]
         if end >= info.inbox_done.get(node, -1):
             info.inbox_done[node] = end
             info.inbox_locs[node] = _new_location(
-                p.shard, event.offsets[len(ids)], event.lengths[len(ids)]
+                p.shard, offsets[len(ids)], lengths[len(ids)]
             )
 
     def _end_flight_unsent(self, task: Task, delay_us: int = 0) -> None:
@@ -1896,10 +2015,33 @@ class Node:
         if p.tenure != info.tenure:
             del self.pending[event.token]  # from an earlier tenure: nothing to retry or say
             return
+        if p.kind != "group":
+            self._part_failed(event.token, p, info, event.error, event.permanent)
+            return
+        # Merged appends: each part fails as an append of its own (under a token of its own,
+        # which a retry then uses).
+        del self.pending[event.token]
+        assert p.effect is not None
+        records = p.effect.records
+        at = 0
+        for part, n in p.extra["parts"]:
+            end = at + n
+            if part.tenure == info.tenure:  # (an earlier part may have stepped the node down)
+                token = self._next_token()
+                part.effect = _new_append(token, p.shard, records[at:end])
+                self.pending[token] = part
+                self._part_failed(token, part, info, event.error, event.permanent)
+            at = end
+
+    def _part_failed(
+        self, token: int, p: PendingAppend, info: ShardInfo, error: str, permanent: bool
+    ) -> None:
+        """The records of one append (or of one part of merged ones) did not reach the log;
+        `p` is pending under `token`."""
         if p.kind == "ingest":
             # Nothing of it is in the log: forget its tasks and read the inbox again from
             # where the log says (after a pause, not in a loop on a full disk).
-            del self.pending[event.token]
+            del self.pending[token]
             for task_id in p.extra["tasks"]:
                 task = self.tasks.get(task_id) if task_id is not None else None
                 if task is not None and task.loc is None and task.state is TaskState.ENQUEUING:
@@ -1908,7 +2050,7 @@ class Node:
             info.inbox_taken[node] = info.inbox_done.get(node, 0)
             self._log(
                 "warning",
-                f"{shard_name(p.shard)}: could not ingest {node}'s inbox ({event.error}); "
+                f"{shard_name(p.shard)}: could not ingest {node}'s inbox ({error}); "
                 f"trying again in {self.config.retry_io_us // SECOND} s",
             )
             self.inbox_poll_at_mono = max(
@@ -1916,7 +2058,7 @@ class Node:
             )
             return
         if p.kind == "enqueue":
-            del self.pending[event.token]
+            del self.pending[token]
             if p.answered:
                 return
             task = self.tasks.pop(p.task_id or "", None)
@@ -1926,15 +2068,15 @@ class Node:
             self.stats["total_enqueued"] -= 1
             if task is not None and task.payload_hash is not None:
                 self.fingerprints.pop(task.payload_hash, None)
-            message = proto.failed_to_enqueue(event.error)
+            message = proto.failed_to_enqueue(error)
             self._send(proto.error(p.task_id, message))
             for dup in p.dedupe_waiters:
                 self._send(proto.error(dup, message))
             return
         if p.kind == "dispatch":
-            del self.pending[event.token]
+            del self.pending[token]
             task = self.tasks.get(p.task_id or "")
-            self._log("warning", f"task {p.task_id}: dispatch record not written ({event.error})")
+            self._log("warning", f"task {p.task_id}: dispatch record not written ({error})")
             if task is not None and task.state is TaskState.DISPATCHING:
                 # Try again later rather than spin on a full disk; the task keeps its place by
                 # urgency, and nothing else is dispatched from the shard meanwhile (a newer,
@@ -1944,12 +2086,12 @@ class Node:
                 self._end_flight_unsent(task)
             return
         task = self.tasks.get(p.task_id or "")
-        if event.permanent and task is not None and p.kind in ("retry", "rearm", "finish"):
+        if permanent and task is not None and p.kind in ("retry", "rearm", "finish"):
             # The task's last record cannot be read back (damaged on disk): retrying cannot
             # help, and the task cannot run without its payload. Dead-letter it with a
             # tombstone that needs no base record, saying why.
-            del self.pending[event.token]
-            error = f"snerd could not rebuild the task's record: {event.error}"
+            del self.pending[token]
+            error = f"snerd could not rebuild the task's record: {error}"
             self._log("error", f"task {task.task_id}: {error}; dead-lettered")
             fields = {
                 "taskId": task.task_id,
@@ -1977,9 +2119,9 @@ class Node:
         self._log(
             "warning",
             f"{shard_name(p.shard)}: could not write a {p.kind} record "
-            f"({event.error}); retrying in {self.config.retry_io_us // SECOND} s",
+            f"({error}); retrying in {self.config.retry_io_us // SECOND} s",
         )
-        self.retry_appends.push(event.token, self._now.mono + self.config.retry_io_us, 0)
+        self.retry_appends.push(token, self._now.mono + self.config.retry_io_us, 0)
 
     # ------------------------------------------------------------------ drain
 
@@ -2020,7 +2162,7 @@ class Node:
         ]
         busy = (
             bool(waiting_for)
-            or any(p.kind != "dispatch" for p in self.pending.values())
+            or any(p.kind != "dispatch" for p in self._pending_parts())
             or self._inbox_drain_pending()
         )
         if busy and not late:
@@ -2079,12 +2221,14 @@ class Node:
                 or info.compacting
                 or info.appends_in_flight
                 or info.size < self.config.compact_min_bytes
-                or info.size < info.compact_checked_size + (info.compact_checked_size >> 3)
+                or info.size < info.compact_check_at
             ):
                 continue
             live = sum(self._live_offsets(shard, info).values())
             if live * 2 > info.size:
-                info.compact_checked_size = info.size
+                info.compact_check_at = info.size + max(
+                    info.size >> 3, _COMPACT_CHECK_BYTES_PER_TASK * len(self.tasks)
+                )
                 continue
             self._compact(shard)
 
@@ -2131,16 +2275,31 @@ class Node:
             return False
         keep = self._live_ranges(shard, info)
         info.compacting = True
+        # Counted as an append in flight: a step-down keeps the lock until the new file is in
+        # place, and a shard taken up again is read only after it (`_appends_drained`).
+        info.appends_in_flight += 1
         token = self._next_token()
-        self.pending[token] = PendingAppend(kind="compact", shard=shard, extra={"keep": keep})
+        self.pending[token] = PendingAppend(
+            kind="compact", shard=shard, extra={"keep": keep}, tenure=info.tenure
+        )
         self._emit(fx.Compact(token=token, shard=shard, keep=tuple(keep)))
         return True
+
+    def _compaction_over(self, shard: int, info: ShardInfo) -> None:
+        info.compacting = False
+        info.compact_check_at = 0
+        self._flush_backlog(info)
+        info.appends_in_flight -= 1
+        if not info.appends_in_flight:
+            self._appends_drained(shard, info)
 
     def _on_compacted(self, event: ev.Compacted) -> None:
         p = self.pending.pop(event.token)
         info = self.shards[event.shard]
-        info.compacting = False
-        info.compact_checked_size = 0
+        if p.tenure != info.tenure:
+            # Stepped down meanwhile: the tasks and the records held back were dropped then.
+            self._compaction_over(event.shard, info)
+            return
         keep: list[fx.KeepRange] = p.extra["keep"]
         moved = {
             r.offset: fx.Location(event.shard, event.offsets[i], event.lengths[i])
@@ -2177,7 +2336,7 @@ class Node:
             for e in info.backlog
         ]
         before, info.size = info.size, event.size
-        self._flush_backlog(info)
+        self._compaction_over(event.shard, info)
         self._log(
             "info",
             f"{shard_name(event.shard)}: compacted tasks.log from {before} to {event.size} bytes",
@@ -2186,9 +2345,7 @@ class Node:
     def _on_compaction_failed(self, event: ev.CompactionFailed) -> None:
         self.pending.pop(event.token, None)
         info = self.shards[event.shard]
-        info.compacting = False
-        info.compact_checked_size = 0
-        self._flush_backlog(info)
+        self._compaction_over(event.shard, info)
         self._log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
 
     def _on_tick(self, event: ev.Tick) -> None:

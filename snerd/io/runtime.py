@@ -197,7 +197,7 @@ class Runtime:
         #: Appends built while handling a burst of events, handed to the log together at its
         #: end (`_process`): per file, one job holding the lines of all of them (one lock
         #: round with the writer thread per burst, one log job and one callback per file), and
-        #: how many appends that is.
+        #: how many records that is.
         self._outbox: dict[str, _Outgoing] = {}
         self._outbox_appends = 0
         #: `_process` is running (it is not re-entered), and an error it raised outside the
@@ -496,7 +496,7 @@ class Runtime:
         if out is None:
             out = self._outbox[path] = _Outgoing(self, path, inbox)
         out.add(effect.token, lines, records)
-        self._outbox_appends += 1
+        self._outbox_appends += len(lines)  # records: the core merges a burst's appends
 
     def _read_inbox(self, effect: fx.ReadInbox) -> None:
         assert self._nursery is not None
@@ -849,12 +849,12 @@ def _describe(exc: OSError) -> str:
     return f"{text} ({name})" if name else text
 
 
-#: Appends handed to the log writer at once while a long burst is still being handled.
+#: Records handed to the log writer at once while a long burst is still being handled.
 _OUTBOX_BURST = 256
 #: Events handed to the node at once (one clock reading, one `_on_time` pass for all).
 _EVENT_BURST = 64
-#: A burst that ends with at most this many appends commits them in the trio thread when the
-#: log writer is idle (`GroupCommitLog.submit_many(inline=True)`).
+#: A burst that ends with at most this many records to append commits them in the trio thread
+#: when the log writer is idle (`GroupCommitLog.submit_many(inline=True)`).
 _INLINE_APPENDS = 16
 
 _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
