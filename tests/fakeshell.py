@@ -75,6 +75,15 @@ class FakeShell:
         raw = message if isinstance(message, bytes) else orjson.dumps(message)
         self.feed(ev.LineReceived(line=raw))
 
+    def burst(self, events: list[ev.Event]) -> list[fx.Effect]:
+        """Feed `events` as one burst (`Node.handle_burst`, as the daemon feeds what arrived
+        together), carry out its effects and what follows; returns the burst's effects."""
+        effects = self.node.handle_burst(deque(events), self.now(), len(events))
+        for effect in effects:
+            self._do(effect)
+        self._pump()
+        return effects
+
     def advance(self, seconds: float) -> None:
         """Move both clocks, waking the node at each deadline it asked for on the way."""
         target_wall = self.wall + int(seconds * SECOND)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import NodeConfig, NodePhase
 from snerd.core.ownership import OwnershipConfig
@@ -353,6 +354,55 @@ def test_compaction_keeps_live_state() -> None:
     sh2.advance(41)
     assert sh2.node.owned_shards == [0]
     assert set(sh2.node.tasks) == {"live"}
+
+
+def _enqueue_lines(*ids: str, **extra: Any) -> list[ev.Event]:
+    return [
+        ev.LineReceived(
+            line=orjson.dumps(
+                {
+                    "action": "enqueue",
+                    "task_id": i,
+                    "task_type": "nobody",
+                    "task_data": "{}",
+                    "max_retries": 0,
+                    "retry_after_hours": 0,
+                    **extra,
+                }
+            )
+        )
+        for i in ids
+    ]
+
+
+def test_a_burst_of_enqueues_is_one_append_and_each_task_gets_its_own_record_and_ack() -> None:
+    sh = started()
+    ids = [f"b{i}" for i in range(5)]
+    effects = sh.burst(_enqueue_lines(*ids))
+    (append,) = [e for e in effects if isinstance(e, fx.Append)]
+    assert [r.fields["taskId"] for r in append.records] == ids
+    assert [m["task_id"] for m in sh.messages("ack")] == ids
+    records = sh.log_records()
+    log = bytes(sh.disk["logs"][0])
+    for task_id in ids:
+        loc = sh.node.tasks[task_id].loc
+        assert loc is not None
+        line = log[loc.offset : loc.offset + loc.length]
+        assert orjson.loads(line)["taskId"] == task_id
+    assert [r["taskId"] for r in records if "taskId" in r] == ids
+
+
+def test_a_failed_burst_fails_each_enqueue_in_it_and_keeps_none() -> None:
+    sh = started()
+    sh.disk_full = True
+    sh.burst(_enqueue_lines("f1", "f2", "f3", auto_dedupe=False))
+    errors = sh.messages("error")
+    assert [m["task_id"] for m in errors] == ["f1", "f2", "f3"]
+    assert all("No space left" in m["message"] for m in errors)
+    assert not sh.messages("ack") and not {"f1", "f2", "f3"} & set(sh.node.tasks)
+    sh.disk_full = False
+    sh.burst(_enqueue_lines("f1"))  # the ids are free again
+    assert [m["task_id"] for m in sh.messages("ack")] == ["f1"]
 
 
 def test_a_step_down_during_a_compaction_keeps_the_lock_until_it_ends_and_drops_held_appends() -> (
