@@ -14,11 +14,13 @@ the peer's output is flushed, so a burst of enqueues costs one wake-up, one writ
 
 from __future__ import annotations
 
+import bisect
 import errno
+import itertools
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -558,14 +560,15 @@ class Runtime:
         path = self.log_path(effect.shard)
         try:
             extra = logio.materialize(effect.extra, self.log_path, self._recent)
-            try:
-                result = await self._log.compact(path, effect.keep, extra)
-            finally:
-                self._recent.forget(path)  # the records may have moved
+            result = await self._log.compact(path, effect.keep, extra)
         except (OSError, ValueError) as exc:
+            self._recent.forget(path)  # the records may have moved
             error = _describe(exc) if isinstance(exc, OSError) else str(exc)
             self.submit(ev.CompactionFailed(token=effect.token, shard=effect.shard, error=error))
             return
+        # The queued tasks' records are in the new file at new offsets: keep them remembered
+        # there (the tasks are read back soon: their `execute`, their outcome record).
+        self._recent.moved(path, effect.keep, result.offsets)
         self.submit(
             ev.Compacted(
                 token=effect.token,
@@ -833,6 +836,25 @@ class _RecentRecords:
             self._young[key] = (length, fields)
             self._size += length
         return fields
+
+    def moved(
+        self, path: str, keep: Sequence[fx.KeepRange], offsets: Sequence[int]
+    ) -> None:
+        """The file was compacted: the byte range `keep[i]` is now at `offsets[i]`. Entries
+        inside a kept range move with it; the others are dropped."""
+        starts = [r.offset for r in keep]
+        if any(a >= b for a, b in itertools.pairwise(starts)):  # (the core sorts them)
+            self.forget(path)
+            return
+        for generation in (self._young, self._old):
+            mine = [key for key in generation if key[0] == path]
+            entries = [(key[1], generation.pop(key)) for key in mine]
+            for old_offset, entry in entries:
+                i = bisect.bisect_right(starts, old_offset) - 1
+                if i >= 0 and old_offset + entry[0] <= starts[i] + keep[i].length:
+                    generation[(path, offsets[i] + old_offset - starts[i])] = entry
+                elif generation is self._young:
+                    self._size -= entry[0]
 
     def forget(self, path: str) -> None:
         for key in [key for key in self._young if key[0] == path]:
