@@ -609,6 +609,30 @@ async def test_compaction_fails_rather_than_lose_a_later_append(tmp_path: Path) 
     assert not Path(compaction_tmp_path(path)).exists()
 
 
+async def test_compaction_fails_rather_than_unlink_another_process_s_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process (a daemon that took the shard over while this one was paused past its
+    # lease) appends to the log after the copy was made: the rename would unlink its record.
+    path = tmp_path / "tasks.log"
+    copy = logmod._write_compacted
+
+    def copy_then_another_process_appends(*args: Any) -> Any:
+        copied = copy(*args)
+        with open(path, "ab") as other:
+            other.write(line(9))
+        return copied
+
+    monkeypatch.setattr(logmod, "_write_compacted", copy_then_another_process_appends)
+    async with GroupCommitLog() as log:
+        offsets = await log.append(path, [line(1), line(2)])
+        with pytest.raises(OSError) as caught:
+            await log.compact(path, [KeepRange(offset=offsets[1], length=len(line(2)))])
+    assert caught.value.errno == errno.EAGAIN and "grew during compaction" in str(caught.value)
+    assert ids(read_all(path)[0]) == ["t1", "t2", "t9"]
+    assert not Path(compaction_tmp_path(path)).exists()
+
+
 async def test_compaction_covers_appends_submitted_before_it(tmp_path: Path) -> None:
     path = tmp_path / "tasks.log"
     async with GroupCommitLog() as log:

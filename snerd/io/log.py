@@ -1189,7 +1189,12 @@ class GroupCommitLog:
         current = os.stat(path)
         if (current.st_ino, current.st_dev) != (copied.src_ino, copied.src_dev):
             raise OSError(errno.ESTALE, "log was replaced during compaction", path)
-        size = state.size if state is not None else current.st_size
+        # The file's own size as well as this process's idea of it: another process may have
+        # appended (a daemon that took the shard over while this one was paused past its lease,
+        # say); renaming the copy over the log would unlink what it wrote.
+        size = current.st_size
+        if state is not None and state.size != size:
+            size = max(size, state.size)
         if size != copied.src_size:
             raise OSError(
                 errno.EAGAIN,
