@@ -75,8 +75,8 @@ class RunConfig:
     unsafe_no_fence: bool = False
     #: The two directories (mount A, mount B) of a GlusterFS run; found or brought up if None.
     gluster_dirs: tuple[Path, Path] | None = None
-    #: The volume behind `gluster_dirs`, for the partition and monkey-unlock nemeses (found
-    #: with the volume when the run brings it up itself).
+    #: The volume behind `gluster_dirs`, for the partition, monkey-unlock and clear-locks
+    #: nemeses (found with the volume when the run brings it up itself).
     gluster: nem.GlusterControl | None = None
     #: Mount points of one shared filesystem (your own EFS, GlusterFS, Lustre...): the run
     #: makes a fresh directory under the first and uses it through each, nodes in turn.
@@ -508,6 +508,8 @@ class Run:
                 await self.partition()
             elif kind == "monkey-unlock":
                 await self.monkey_unlock()
+            elif kind == "clear-locks":
+                await self.clear_locks()
             await asyncio.sleep(self.c.gap_s * (0.5 + self.rng.random()))
 
     async def kill(self, *, sdk: bool) -> None:
@@ -912,6 +914,104 @@ class Run:
             f"features.locks-monkey-unlocking read back {on} (set: {out if code else 'ok'}), "
             f"then {off}; brick log: took it {brick_took}x, {stuck} unlock(s) ignored; "
             f"lost locks logged by daemons meanwhile: {len(lost)}",
+        )
+
+    async def clear_locks(self) -> None:
+        """Drop the flock of a shard's owner (the victim) under it with `gluster volume
+        clear-locks VOL /…/shard-N/.lock kind all posix`, while the victim is frozen (SIGSTOP)
+        until past its lease, so that another node can take the shard: on GlusterFS only a
+        lapsed lease lets a node claim a shard, and a frozen daemon's FUSE client keeps its
+        flock, so without the clear nobody could load it. Then SIGCONT. The victim is never
+        told: its client still believes it holds the lock, and its writes through the lock's
+        fd go on succeeding; only its lease and the epochs stop it acting for the shard.
+
+        (A lapse without the freeze cannot be made from outside: a clock step does not do it,
+        since a challenger also waits until it has itself seen the claim unchanged for
+        ttl + margin on its own monotonic clock.)
+
+        Verified by the lock probed from the other mount: held (BLOCKED) before the clear,
+        free (ACQUIRED) right after it, the brick saying it cleared a granted lock, and the
+        victim stopped and running again. Reported: whether and when another node took the
+        shard, the lock held again by the new owner, what the victim owns afterwards and its
+        step-downs for the shard."""
+        g = self.g
+        assert g is not None
+        node = self.victim(owning=True)
+        if node is None or not node.believed or node.daemon_pid is None:
+            return
+        shard = self.rng.choice(sorted(node.believed))
+        other_dir = next((d for d in self.dirs if d != node.directory), node.directory)
+        # the lock file's path from the volume's root (dirs[0] is the queue seen through A)
+        volume_path = "/" + str((self.dirs[0] / f"shard-{shard}" / ".lock").relative_to(g.mount_a))
+        probe_path = other_dir / f"shard-{shard}" / ".lock"
+        pid = node.daemon_pid
+        hold = self.c.ttl_s * 1.5 + self.c.margin_s + 1.0
+        seen = {n.host: len(n.logs) for n in self.nodes}
+        before = await asyncio.to_thread(nem.probe_lock, probe_path)
+        f = self.fault_start(
+            "clear-locks", node, shard=shard, path=volume_path, probe=str(probe_path), hold_s=hold
+        )
+        node.paused = True
+        os.kill(pid, signal.SIGSTOP)
+        self.record("pause", node=node.name)
+        self._believe(node, node.name or "?", set(), now_us())
+        stopped = await asyncio.to_thread(nem.wait_state, pid, "Tt", 2.0)
+        t0 = time.monotonic()
+        code, out, granted = await asyncio.to_thread(nem.clear_posix_locks, g, volume_path)
+        self.record("clear_locks", node=node.name, shard=shard, path=volume_path, granted=granted)
+        after = await asyncio.to_thread(nem.probe_lock, probe_path)
+        self.record("lock_probe", shard=shard, path=str(probe_path), before=before, after=after)
+        taken: tuple[str, float] | None = None
+        while time.monotonic() - t0 < hold:
+            for n in self.nodes:
+                if n is not node and n.up and shard in n.believed and taken is None and n.name:
+                    taken = (n.name, round(time.monotonic() - t0, 2))
+            await asyncio.sleep(0.05)
+        # A node that took the shard over holds its lock now: probed again, it must be held.
+        held_again = await asyncio.to_thread(nem.probe_lock, probe_path) if taken else None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        running = await asyncio.to_thread(nem.wait_state, pid, "RSD", 2.0)
+        node.paused = False
+        self.record("resume", node=node.name)
+        waiter: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
+        node.owned_waiters.append(waiter)
+        await self.send(node, {"op": "owned"})
+        owned_after: list[int] | None = None
+        with contextlib.suppress(asyncio.TimeoutError):
+            owned_after = await asyncio.wait_for(waiter, 10)
+        stepped = [
+            line
+            for line in node.logs[seen.get(node.host, 0) :]
+            if f"shard-{shard}" in line and "stops acting for it" in line
+        ]
+        paused = stopped in ("T", "t") and running in ("R", "S", "D")
+        f.info.update(
+            shard=shard,
+            path=volume_path,
+            probe_before=before,
+            cleared=granted,
+            clear_status=code,
+            probe_after=after,
+            taken_over=list(taken) if taken else None,
+            probe_after_takeover=held_again,
+            victim_owned_after=owned_after,
+            victim_step_downs=[line[:200] for line in stepped],
+            paused=paused,
+        )
+        self.fault_end(
+            f,
+            code == 0 and before == "BLOCKED" and after == "ACQUIRED" and bool(granted) and paused,
+            f"shard-{shard}/.lock probed from {other_dir}: {before} before, cleared "
+            f"({out if code else f'{granted} granted posix lock(s)'}), {after} after; "
+            + (
+                f"{taken[0]} took the shard {taken[1]} s after the clear (its lock then "
+                f"{held_again}); "
+                if taken
+                else "no other node took the shard; "
+            )
+            + f"the victim (frozen {hold:.1f} s: {stopped}, then {running}) owns "
+            f"{owned_after} after; its step-downs for the shard: {len(stepped)}",
         )
 
     def undo_gluster(self) -> None:

@@ -1,7 +1,8 @@
 """Low-level fault tools, each able to tell whether it took effect: process state, the clock
 file, filling and freeing a filesystem, small tmpfs and loop-device (ext4) mounts, lock-file
 replacement, signals turned into a clean exit, and for GlusterFS a client's network link (a
-partition) and the volume's lock options."""
+partition), the volume's lock options, and the brick's POSIX locks on a file (clear-locks, with
+a probe of the lock from another mount)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ __all__ = [
     "Probe",
     "Signals",
     "brick_log",
+    "clear_posix_locks",
     "exit_on_signals",
     "fill_filesystem",
     "free_bytes",
@@ -37,6 +39,7 @@ __all__ = [
     "mount_loop",
     "mount_tmpfs",
     "mounted_fstype",
+    "probe_lock",
     "probe_stat",
     "process_state",
     "replace_lock_file",
@@ -49,11 +52,20 @@ __all__ = [
 ]
 
 #: Every nemesis name the command line accepts.
-NEMESES = ("kill", "pause", "clock", "disk-full", "lock-fault", "partition", "monkey-unlock")
+NEMESES = (
+    "kill",
+    "pause",
+    "clock",
+    "disk-full",
+    "lock-fault",
+    "partition",
+    "monkey-unlock",
+    "clear-locks",
+)
 #: The filesystems `disk-full` can fill: ones the run made for itself, small.
 FILLABLE_FS = ("tmpfs", "loop")
 #: Those that need --fs glusterfs (a volume this run can reconfigure or cut off).
-GLUSTER_NEMESES = ("partition", "monkey-unlock")
+GLUSTER_NEMESES = ("partition", "monkey-unlock", "clear-locks")
 
 
 def process_state(pid: int) -> str | None:
@@ -502,3 +514,44 @@ def probe_stat(path: Path) -> Probe:
         text=True,
     )
     return Probe(proc, time.monotonic())
+
+
+def clear_posix_locks(ctl: GlusterControl, path: str) -> tuple[int, str, int | None]:
+    """`gluster volume clear-locks VOL PATH kind all posix`: the brick forgets every POSIX lock
+    (granted or waiting) on the file at `path` (from the volume's root, starting with `/`).
+    A FUSE flock is one of those (the FUSE bridge sends it as a whole-file POSIX lock). Its
+    holder is not told: its client still believes it holds the lock. Returns (exit status,
+    the CLI's output, the number of granted locks the brick says it cleared or None)."""
+    code, out = gluster(ctl, "volume", "clear-locks", ctl.volume, path, "kind", "all", "posix")
+    granted = None
+    for line in out.splitlines():
+        if "posix" in line and "granted locks=" in line:
+            with contextlib.suppress(ValueError):
+                granted = (granted or 0) + int(line.rsplit("granted locks=", 1)[1].split()[0])
+    if code == 0 and granted is None and "No locks cleared" in out:
+        granted = 0
+    return code, out, granted
+
+
+def probe_lock(path: Path, timeout: float = 15.0) -> str:
+    """Try the shard lock at `path` the way a daemon's startup probe does (snerd's
+    `lockprobe.py` in a fresh interpreter: flock LOCK_EX|LOCK_NB, released at once): `BLOCKED`
+    (someone holds it), `ACQUIRED` (it was free), `FAILED: why`, or `timeout`."""
+    from snerd.io import lockprobe
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-S", lockprobe.__file__, str(path)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    if proc.returncode == lockprobe.BLOCKED:
+        return "BLOCKED"
+    if proc.returncode == lockprobe.ACQUIRED:
+        return "ACQUIRED"
+    return f"FAILED: {proc.stderr.strip() or f'exit {proc.returncode}'}"

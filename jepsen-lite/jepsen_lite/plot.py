@@ -2,8 +2,8 @@
 
 Layout, top to bottom: one band per nemesis kind with its faults as coloured spans (kill red,
 pause orange, clock purple, disk-full brown, lock-fault black, partition teal, monkey-unlock
-olive; a fault not verified is drawn hatched), then the chart: enqueue acks per second (green bars), executions per second (blue
-line), enqueue failures and unknown outcomes per second (red / grey ticks at the bottom). The
+olive, clear-locks magenta; a fault not verified is drawn hatched), then the chart: enqueue
+acks per second (green bars), executions per second (blue line), enqueue failures and unknown outcomes per second (red / grey ticks at the bottom). The
 x axis is seconds since the start, with a grid line every 10 s; a faint grid every 10 units on
 the y axis. Phases (heal, liveness) are dotted vertical lines.
 """
@@ -28,6 +28,7 @@ FAULT_COLORS: dict[str, Color] = {
     "lock-fault": (20, 20, 20),
     "partition": (0, 140, 140),
     "monkey-unlock": (120, 130, 20),
+    "clear-locks": (200, 40, 160),
 }
 GREEN: Color = (60, 170, 80)
 BLUE: Color = (40, 90, 220)

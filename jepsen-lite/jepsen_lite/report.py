@@ -18,7 +18,7 @@ def percentile(values: Sequence[int], q: float) -> int | None:
 
 
 def takeovers(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
-    """For each kill, pause or partition: (fault, shard, µs) from the fault's start to the
+    """For each kill, pause, partition or clear-locks: (fault, shard, µs) from the fault's start to the
     first belief of another node in a shard a victim believed it owned when the fault began."""
     believed: dict[str, set[int]] = defaultdict(set)
     out: list[tuple[str, str, int]] = []
@@ -44,6 +44,7 @@ def takeovers(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]
                 "kill",
                 "pause",
                 "partition",
+                "clear-locks",
             )
         ):
             # a partition cuts off every node on mount A (`nodes`)
