@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from jepsen_lite.control import RunConfig, run
-from jepsen_lite.nemesis import FILLABLE_FS, GLUSTER_NEMESES, NEMESES
+from jepsen_lite.control import DEFAULT_REMOTE, RunConfig, config_problem, run
+from jepsen_lite.nemesis import NEMESES
 from jepsen_lite.plot import plot
 from jepsen_lite.report import summary, summary_table
 
@@ -77,6 +77,37 @@ def _parser() -> argparse.ArgumentParser:
         "the same filesystem; nodes take them in turn); the run makes a fresh "
         "directory under it and leaves it there",
     )
+    p.add_argument(
+        "--hosts",
+        default="",
+        help="comma-separated hosts to run the workers and daemons on, round-robin (needs "
+        "--dir: the shared mount as this host sees it); default: all on this host",
+    )
+    p.add_argument(
+        "--remote",
+        default=DEFAULT_REMOTE,
+        help="command that runs a shell command line (given as one more argument) on {host} "
+        f"(default: {DEFAULT_REMOTE!r})".replace("%", "%%"),
+    )
+    p.add_argument(
+        "--remote-python",
+        default=None,
+        help="the interpreter on the hosts, of a venv with snerd installed (default: this "
+        "one's path)",
+    )
+    p.add_argument(
+        "--remote-repo",
+        default=None,
+        help="this checkout's path on the hosts (default: its path here)",
+    )
+    p.add_argument(
+        "--remote-dir",
+        action="append",
+        default=[],
+        metavar="[HOST=]PATH",
+        help="the shared mount's path on the hosts (HOST=PATH for one host; repeatable); "
+        "default: the --dir path, the same everywhere",
+    )
     return p
 
 
@@ -88,13 +119,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"unknown nemesis {', '.join(unknown)} (known: {', '.join(NEMESES)})", file=sys.stderr
         )
-        return 2
-    gluster_only = [n for n in nemesis if n in GLUSTER_NEMESES]
-    if gluster_only and (args.fs != "glusterfs" or args.dir):
-        print(f"the {', '.join(gluster_only)} nemesis needs --fs glusterfs", file=sys.stderr)
-        return 2
-    if "disk-full" in nemesis and args.fs not in FILLABLE_FS:
-        print("the disk-full nemesis needs --fs tmpfs or --fs loop", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     out = args.out or Path("jepsen-out") / f"{args.fs}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -114,11 +138,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         drain_timeout=args.drain_timeout,
         dirs=tuple(args.dir),
         loop_size_mib=args.loop_size,
+        hosts=tuple(h.strip() for h in args.hosts.split(",") if h.strip()),
+        remote=args.remote,
+        remote_python=args.remote_python,
+        remote_repo=args.remote_repo,
+        remote_dirs=tuple(
+            (h, d) if sep else ("", h) for h, sep, d in (x.partition("=") for x in args.remote_dir)
+        ),
     )
+    problem = config_problem(config)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     print(
         f"jepsen-lite: fs={config.fs} nodes={config.nodes} shards={config.shards} "
         f"duration={config.duration:g}s seed={seed} nemesis={','.join(nemesis) or '-'} "
-        f"out={out}",
+        + (f"hosts={','.join(config.hosts)} " if config.hosts else "")
+        + f"out={out}",
         flush=True,
     )
     outcome = run(config)

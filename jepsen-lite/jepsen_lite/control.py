@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import signal
 import sys
 import time
@@ -39,7 +40,7 @@ from jepsen_lite import nemesis as nem
 from jepsen_lite.history import ClockSteps, build_history, finished_tasks
 from sim.checker import Report, check
 
-__all__ = ["Outcome", "RunConfig", "run"]
+__all__ = ["Outcome", "RunConfig", "config_problem", "run"]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -47,6 +48,10 @@ SECOND = 1_000_000
 #: The rate-limited group and its limit (a share of the tasks carries it).
 RL_GROUP = "rl"
 RL_LIMIT = 60
+#: How `--remote` reaches a host by default.
+DEFAULT_REMOTE = "ssh -o BatchMode=yes {host}"
+#: Where a remote node's clock file lives on its host (`<dir>/jepsen-lite-<run>/clock-nN`).
+REMOTE_CLOCK_DIR = "/tmp"
 #: Free bytes a filesystem may still show and be called full by `disk-full` (the filler ends
 #: with 1-byte writes; a daemon may free a little meanwhile).
 FULL_SLACK = 1 << 20
@@ -88,6 +93,69 @@ class RunConfig:
     tmpfs_size: str = "48m"
     #: Size of the ext4 image of `fs="loop"`, MiB.
     loop_size_mib: int = 64
+    #: Hosts to run the workers (and their daemons) on, round-robin; empty: all on this one.
+    #: Needs `dirs`: the shared filesystem as this host sees it (the logs are read back
+    #: through it).
+    hosts: tuple[str, ...] = ()
+    #: The command that runs a shell command line on `{host}` (given as one more argument).
+    remote: str = DEFAULT_REMOTE
+    #: The interpreter (of a venv with snerd installed) and the checkout on the hosts; by
+    #: default the paths they have here.
+    remote_python: str | None = None
+    remote_repo: str | None = None
+    #: The shared filesystem's mount point on the hosts: ("", path) for every host, (host,
+    #: path) for one; by default the `dirs` path, the same everywhere.
+    remote_dirs: tuple[tuple[str, str], ...] = ()
+
+
+def config_problem(config: RunConfig) -> str | None:
+    """Why `config` cannot run (the command line exits 2 with it), or None."""
+    nemesis = config.nemesis
+    gluster_only = [n for n in nemesis if n in nem.GLUSTER_NEMESES]
+    if config.hosts:
+        if not config.dirs:
+            return (
+                "--hosts needs --dir: the shared filesystem's mount point on this host (the "
+                "run makes its directory there and reads the daemons' logs back through it)"
+            )
+        if "disk-full" in nemesis:
+            return (
+                "the disk-full nemesis cannot be used with --hosts: it fills a tmpfs or "
+                "loop-mounted ext4 made on this host, which the other hosts do not share"
+            )
+        if gluster_only:
+            return (
+                f"the {', '.join(gluster_only)} nemesis cannot be used with --hosts: it needs "
+                "the test volume of --fs glusterfs on this host (its glusterd, and for "
+                "partition mount A's client in a local network namespace)"
+            )
+        if "{host}" not in config.remote:
+            return f"--remote {config.remote!r} does not name the host: put {{host}} in it"
+        if len(set(config.hosts)) != len(config.hosts) or not all(config.hosts):
+            return f"--hosts {','.join(config.hosts)}: empty or repeated host names"
+        if config.nodes < len(config.hosts):
+            return f"--nodes {config.nodes} is fewer than the {len(config.hosts)} --hosts"
+        unknown = [h for h, _ in config.remote_dirs if h and h not in config.hosts]
+        if unknown:
+            return f"--remote-dir names {', '.join(unknown)}, not in --hosts"
+    elif (
+        config.remote != DEFAULT_REMOTE
+        or config.remote_dirs
+        or config.remote_python
+        or config.remote_repo
+    ):
+        return "--remote, --remote-dir, --remote-python and --remote-repo need --hosts"
+    if config.dirs and config.fs != "local":
+        return f"--dir is your own filesystem: --fs {config.fs} cannot be used with it"
+    if gluster_only and config.fs != "glusterfs":
+        return f"the {', '.join(gluster_only)} nemesis needs --fs glusterfs"
+    if "disk-full" in nemesis and config.fs not in nem.FILLABLE_FS:
+        return "the disk-full nemesis needs --fs tmpfs or --fs loop (a small filesystem to fill)"
+    if gluster_only and config.gluster_dirs is not None and config.gluster is None:
+        return f"the {', '.join(gluster_only)} nemesis needs RunConfig.gluster"
+    if "partition" in nemesis and config.gluster is not None and not config.gluster.link_a:
+        return "the partition nemesis needs mount A's client in a network namespace"
+    return None
 
 
 @dataclass(slots=True)
@@ -122,13 +190,24 @@ class Outcome:
 
 @dataclass(slots=True, eq=False)
 class Node:
+    #: The node's label (`n1`): its daemon's HOSTNAME, the first part of its names.
     host: str
+    #: The queue directory as this host (the controller) sees it.
     directory: Path
+    #: The clock file, on the node's machine.
     clock_file: Path
+    #: Where its worker and daemon run.
+    machine: nem.Machine = field(default_factory=nem.Machine)
+    #: The queue directory as the worker is given it (on its machine).
+    worker_dir: str = ""
+    clock_offset: float = 0.0
     incarnation: int = 0
+    #: The local process: the worker itself, or the launcher (`ssh ...`) that runs it.
     proc: asyncio.subprocess.Process | None = None
     name: str | None = None
     daemon_pid: int | None = None
+    #: The worker's pid on its machine (the same as `proc.pid` on this host).
+    worker_pid: int | None = None
     up: bool = False
     paused: bool = False
     waiting: dict[str, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)
@@ -167,14 +246,7 @@ class Run:
         self.faults: list[Fault] = []
         self.problems: list[str] = []
         self.clocks = ClockSteps()
-        self.nodes = [
-            Node(
-                host=f"n{i + 1}",
-                directory=directories[i % len(directories)],
-                clock_file=out / f"clock-n{i + 1}",
-            )
-            for i in range(config.nodes)
-        ]
+        self.nodes = [self._node(i) for i in range(config.nodes)]
         self.seq = 0
         self.ops: set[asyncio.Task[None]] = set()
         self.stop_load = asyncio.Event()
@@ -188,6 +260,33 @@ class Run:
         }
         if config.unsafe_no_fence:
             self.daemon_env["SNERD_TEST_UNSAFE_NO_FENCE"] = "1"
+
+    def _node(self, i: int) -> Node:
+        """Node i: on this host, or (`hosts`) on host i mod len(hosts) through the launcher."""
+        c, label = self.c, f"n{i + 1}"
+        directory = self.dirs[i % len(self.dirs)]
+        if not c.hosts:
+            return Node(
+                host=label,
+                directory=directory,
+                clock_file=self.out / f"clock-{label}",
+                worker_dir=str(directory),
+            )
+        host = c.hosts[i % len(c.hosts)]
+        mounts = dict(c.remote_dirs)
+        mount = mounts.get(host) or mounts.get("") or str(c.dirs[i % len(c.dirs)])
+        launcher = tuple(t.replace("{host}", host) for t in shlex.split(c.remote))
+        return Node(
+            host=label,
+            directory=directory,
+            clock_file=self.remote_clock_dir / f"clock-{label}",
+            machine=nem.Machine(host, launcher),
+            worker_dir=f"{mount.rstrip('/')}/{self.dirs[0].name}",
+        )
+
+    @property
+    def remote_clock_dir(self) -> Path:
+        return Path(REMOTE_CLOCK_DIR) / f"jepsen-lite-{self.dirs[0].name}"
 
     # ------------------------------------------------------------------ recording
 
@@ -214,16 +313,17 @@ class Run:
             "SNERD_TEST_CLOCK_FILE": str(node.clock_file),
         }
         py_path = os.pathsep.join([str(REPO), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
+        worker = ["-m", "jepsen_lite.worker", "--dir", node.worker_dir, "--env", json.dumps(env)]
+        argv = [sys.executable, *worker]
+        if node.machine.remote:
+            repo = self.c.remote_repo or str(REPO)
+            python = self.c.remote_python or sys.executable
+            path = f"PYTHONPATH={repo}:{repo}/jepsen-lite"
+            argv = node.machine.command("exec " + shlex.join(["env", path, python, *worker]))
         stderr = open(self.out / f"{node.host}.{node.incarnation}.stderr", "wb")  # noqa: SIM115
         try:
             node.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "jepsen_lite.worker",
-                "--dir",
-                str(node.directory),
-                "--env",
-                json.dumps(env),
+                *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
@@ -238,12 +338,25 @@ class Run:
         if ready.get("ev") != "ready":
             raise RuntimeError(f"{node.host}: the worker did not start (see its stderr file)")
         node.daemon_pid = int(ready["pid"])
+        node.worker_pid = int(ready.get("worker") or node.proc.pid)
         node.name = f"{node.host}@pid-{node.daemon_pid}"
         node.up = True
         if node.incarnation > 1:
             self.record("restart", node=node.name)
+        via: dict[str, Any] = {"via": argv[:-1]} if node.machine.remote else {}
+        self.record(
+            "node_start",
+            node=node.name,
+            host=node.machine.label,
+            uname=ready.get("uname"),
+            worker_pid=node.worker_pid,
+            daemon_pid=node.daemon_pid,
+            incarnation=node.incarnation,
+            **via,
+        )
         node.reader = asyncio.create_task(self._read(node, node.proc, node.name))
-        self.log(f"{node.name} started (worker pid {node.proc.pid})")
+        on = f" on {node.machine.name}" if node.machine.remote else ""
+        self.log(f"{node.name} started{on} (worker pid {node.worker_pid})")
 
     async def _read(self, node: Node, proc: asyncio.subprocess.Process, name: str) -> None:
         assert proc.stdout is not None
@@ -347,12 +460,15 @@ class Run:
             await asyncio.wait_for(node.exited.wait(), 60)
         except TimeoutError:
             self.problems.append(f"{node.name}: its worker did not exit within 60 s; killed")
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            if node.daemon_pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(node.daemon_pid, signal.SIGKILL)
+            await asyncio.to_thread(self._kill_processes, node)
             await asyncio.wait_for(node.exited.wait(), 30)
+
+    def _kill_processes(self, node: Node) -> None:
+        """SIGKILL the node's daemon and worker wherever they run, and the launcher here."""
+        for pid in (node.daemon_pid, node.worker_pid):
+            node.machine.kill_if_alive(pid)
+        if node.machine.remote and node.proc is not None:
+            nem.Machine().kill_if_alive(node.proc.pid)
 
     # ------------------------------------------------------------------ load
 
@@ -410,9 +526,7 @@ class Run:
         def unknown(why: str) -> None:
             """The enqueue's outcome is not known (`info`)."""
             node.waiting.pop(task, None)
-            self.record(
-                "enqueue", max(now_us(), t0), phase="info", task=task, node=name, error=why
-            )
+            self.record("enqueue", max(now_us(), t0), phase="info", task=task, node=name, error=why)
 
         if not await self.send(node, cmd):
             unknown("could not write to the worker")
@@ -447,6 +561,8 @@ class Run:
     def fault_start(self, name: str, node: Node | None, **detail: Any) -> Fault:
         t = now_us()
         f = Fault(name=name, node=node.name if node else None, start=t)
+        if node is not None and node.machine.remote:
+            detail["host"] = node.machine.name
         self.faults.append(f)
         self.record("fault", t, name=name, phase="start", node=f.node, **detail)
         self.log(f"nemesis: {name} on {f.node or 'the cluster'} {detail or ''}")
@@ -514,33 +630,38 @@ class Run:
 
     async def kill(self, *, sdk: bool) -> None:
         node = self.victim(owning=True)
-        if node is None or node.daemon_pid is None or node.proc is None:
+        if node is None or node.daemon_pid is None or node.proc is None or not node.worker_pid:
             return
-        daemon, worker = node.daemon_pid, node.proc.pid
+        daemon, worker, m = node.daemon_pid, node.worker_pid, node.machine
         if sdk:
             f = self.fault_start("kill", node, target="sdk", pid=worker)
-            os.kill(worker, signal.SIGKILL)
+            sent = await asyncio.to_thread(m.signal, worker, signal.SIGKILL)
             code = await asyncio.wait_for(node.proc.wait(), 10)
             # Its daemon's stdin closes: it drains and exits on its own (bounded by the drain
             # timeout); its beliefs end only then.
-            gone = await asyncio.to_thread(nem.wait_gone, daemon, 20)
+            gone = await asyncio.to_thread(m.wait_gone, daemon, 20)
             if not gone:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(daemon, signal.SIGKILL)
-                gone = await asyncio.to_thread(nem.wait_gone, daemon, 5)
+                await asyncio.to_thread(m.signal, daemon, signal.SIGKILL)
+                gone = await asyncio.to_thread(m.wait_gone, daemon, 5)
             node.crash_recorded = True
             self.record("crash", node=node.name)
             node.believed = set()
             await asyncio.wait_for(node.exited.wait(), 30)
-            detail = f"worker pid {worker} exit {code}; its daemon {daemon} exited: {gone}"
-            verified = code == -signal.SIGKILL and gone
+            worker_gone = await asyncio.to_thread(m.wait_gone, worker, 5)
+            detail = (
+                f"worker pid {worker} killed: {sent}, gone: {worker_gone}, exit {code}; "
+                f"its daemon {daemon} exited: {gone}"
+            )
+            # Here the worker is this process' child: its exit status says SIGKILL. On
+            # another host the launcher's status is whatever it makes of the remote one.
+            verified = sent and worker_gone and gone and (m.remote or code == -signal.SIGKILL)
         else:
             f = self.fault_start("kill", node, target="daemon", pid=daemon)
-            os.kill(daemon, signal.SIGKILL)
+            await asyncio.to_thread(m.signal, daemon, signal.SIGKILL)
             node.crash_recorded = True
             self.record("crash", node=node.name)
             node.believed = set()
-            gone = await asyncio.to_thread(nem.wait_gone, daemon, 10)
+            gone = await asyncio.to_thread(m.wait_gone, daemon, 10)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(node.exited.wait(), 30)
             verified = gone and node.exited.is_set()
@@ -556,29 +677,48 @@ class Run:
         pid = node.daemon_pid
         hold = self.c.ttl_s * 1.5 + self.c.margin_s + 1.0
         f = self.fault_start("pause", node, pid=pid, hold_s=hold)
-        node.paused = True
-        os.kill(pid, signal.SIGSTOP)
-        self.record("pause", node=node.name)
-        self._believe(node, node.name or "?", set(), now_us())
-        stopped = await asyncio.to_thread(nem.wait_state, pid, "Tt", 2.0)
+        stopped = await self._freeze(node, pid)
         await asyncio.sleep(hold)
-        still = nem.process_state(pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-        running = await asyncio.to_thread(nem.wait_state, pid, "RSD", 2.0)
-        node.paused = False
-        self.record("resume", node=node.name)
-        waiter: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        node.owned_waiters.append(waiter)
-        await self.send(node, {"op": "owned"})
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(waiter, 10)
+        still = await asyncio.to_thread(node.machine.state, pid)
+        running, _owned = await self._thaw(node, pid)
         verified = stopped in ("T", "t") and still in ("T", "t") and running in ("R", "S", "D")
         self.fault_end(
             f,
             verified,
             f"state after SIGSTOP {stopped}, after {hold:.1f} s {still}, after SIGCONT {running}",
         )
+
+    async def _freeze(self, node: Node, pid: int) -> str | None:
+        """SIGSTOP the node's daemon: its beliefs end; the state it was seen in (`T`)."""
+        node.paused = True
+        await asyncio.to_thread(node.machine.signal, pid, signal.SIGSTOP)
+        self.record("pause", node=node.name)
+        self._believe(node, node.name or "?", set(), now_us())
+        return await asyncio.to_thread(node.machine.wait_state, pid, "Tt", 2.0)
+
+    async def _thaw(self, node: Node, pid: int) -> tuple[str | None, list[int] | None]:
+        """SIGCONT the node's daemon and ask it which shards it owns now: the state it was
+        seen in (`R`, `S`, `D`) and its answer (None without one within 10 s)."""
+        await asyncio.to_thread(node.machine.signal, pid, signal.SIGCONT)
+        running = await asyncio.to_thread(node.machine.wait_state, pid, "RSD", 2.0)
+        node.paused = False
+        self.record("resume", node=node.name)
+        waiter: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
+        node.owned_waiters.append(waiter)
+        await self.send(node, {"op": "owned"})
+        owned: list[int] | None = None
+        with contextlib.suppress(asyncio.TimeoutError):
+            owned = await asyncio.wait_for(waiter, 10)
+        return running, owned
+
+    async def set_clock(self, node: Node, offset_s: float) -> bool:
+        """Write `offset_s` into the node's clock file (on its machine) and record the step."""
+        ok = await asyncio.to_thread(node.machine.write_clock, node.clock_file, offset_s)
+        t = now_us()
+        node.clock_offset = offset_s
+        self.clocks.add(node.host, t, int(offset_s * SECOND))
+        self.record("clock_step", t, node=node.name, offset_s=offset_s)
+        return ok
 
     async def clock(self) -> None:
         node = self.victim()
@@ -587,21 +727,30 @@ class Run:
         step = (self.c.margin_s + 2.0 + self.rng.random() * 3.0) * self.rng.choice((-1, 1))
         f = self.fault_start("clock", node, offset_s=round(step, 3))
         seen = len(node.logs)
-        t = now_us()
-        nem.write_clock_file(node.clock_file, step)
-        self.clocks.add(node.host, t, int(step * SECOND))
-        self.record("clock_step", t, node=node.name, offset_s=step)
+        await self.set_clock(node, step)
         took = await self._wait_log(node, seen, f"{step:+.6f}", 3.0)
         await asyncio.sleep(4.0 + self.rng.random() * 3.0)
         seen = len(node.logs)
-        t = now_us()
-        nem.write_clock_file(node.clock_file, 0.0)
-        self.clocks.add(node.host, t, 0)
-        self.record("clock_step", t, node=node.name, offset_s=0.0)
+        await self.set_clock(node, 0.0)
         back = await self._wait_log(node, seen, "+0.000000", 3.0)
         self.fault_end(
             f, took and back, f"daemon reported the {step:+.3f} s offset: {took}; back to 0: {back}"
         )
+
+    def log_marks(self, nodes: list[Node] | None = None) -> dict[str, int]:
+        """How many daemon log lines each node (of `nodes`, default all) has reported so far."""
+        return {n.host: len(n.logs) for n in (self.nodes if nodes is None else nodes)}
+
+    def logged_since(self, marks: dict[str, int], *needles: str) -> list[str]:
+        """The daemon log lines of the nodes in `marks` reported since, holding any of
+        `needles`."""
+        return [
+            line
+            for n in self.nodes
+            if n.host in marks
+            for line in n.logs[marks[n.host] :]
+            if any(x in line for x in needles)
+        ]
 
     async def _wait_log(self, node: Node, since: int, needle: str, timeout: float) -> bool:
         end = time.monotonic() + timeout
@@ -624,7 +773,7 @@ class Run:
         )
         fails_before = self._count("fail")
         events_seen = len(self.events)
-        logs_seen = {n.host: len(n.logs) for n in self.nodes}
+        logs_seen = self.log_marks()
         filler, written, enospc = await asyncio.to_thread(nem.fill_filesystem, d)
         free_full = await asyncio.to_thread(nem.free_bytes, d)
         self.record("disk_full", free_bytes=free_full, filler_bytes=written, enospc=enospc)
@@ -642,12 +791,7 @@ class Run:
             and e.get("phase") in ("fail", "info")
             and any(m in str(e.get("error")) for m in marks)
         ]
-        lines = [
-            line
-            for n in self.nodes
-            for line in n.logs[logs_seen.get(n.host, 0) :]
-            if any(m in line for m in marks)
-        ]
+        lines = self.logged_since(logs_seen, *marks)
         f.info.update(
             fs=self.c.fs,
             free_before=free_before,
@@ -769,7 +913,7 @@ class Run:
             await asyncio.sleep(0.1)
         before = await asyncio.to_thread(self._probe, 5.0)
         owned = {s: n.name for n in victims for s in n.believed}
-        seen = {n.host: len(n.logs) for n in victims}
+        seen = self.log_marks(victims)
         incarnations = {n.host: n.incarnation for n in victims}
         f = self.fault_start(
             "partition",
@@ -803,20 +947,12 @@ class Run:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(n.exited.wait(), 30)
                 await self.start_node(n)
-        stepped = [
-            line
-            for n in victims
-            for line in n.logs[seen[n.host] :]
-            if "stops acting for it" in line
-        ]
+        stepped = self.logged_since(seen, "stops acting for it")
         lock_failed = [line for line in stepped if "its lock failed" in line]
         # EBADFD (client.strict-locks) or ENOTCONN on a daemon's files after the cut
-        fs_errors = [
-            line
-            for n in victims
-            for line in n.logs[seen[n.host] :]
-            if "File descriptor in bad state" in line or "endpoint is not connected" in line
-        ]
+        fs_errors = self.logged_since(
+            seen, "File descriptor in bad state", "endpoint is not connected"
+        )
         failed = {"ENOTCONN", "blocked", "EBADFD", "EIO"}
         cut_seen = during_first in failed or during_late in failed
         info = {
@@ -870,7 +1006,7 @@ class Run:
         assert g is not None
         log = await asyncio.to_thread(nem.brick_log, g)
         offset = log.stat().st_size if log else 0
-        seen = {n.host: len(n.logs) for n in self.nodes}
+        seen = self.log_marks()
         f = self.fault_start("monkey-unlock", None, volume=g.volume)
         self.monkey_on = True
         code, out = await asyncio.to_thread(
@@ -895,12 +1031,7 @@ class Run:
                 text = fh.read().decode("utf-8", "replace")
             brick_took = text.count("option monkey-unlocking using set value on")
             stuck = text.count("MONKEY LOCKING")
-        lost = [
-            line
-            for n in self.nodes
-            for line in n.logs[seen.get(n.host, 0) :]
-            if "its lock failed" in line
-        ]
+        lost = self.logged_since(seen, "its lock failed")
         f.info.update(
             option_on=on,
             option_off=off,
@@ -946,16 +1077,12 @@ class Run:
         probe_path = other_dir / f"shard-{shard}" / ".lock"
         pid = node.daemon_pid
         hold = self.c.ttl_s * 1.5 + self.c.margin_s + 1.0
-        seen = {n.host: len(n.logs) for n in self.nodes}
+        seen = self.log_marks([node])
         before = await asyncio.to_thread(nem.probe_lock, probe_path)
         f = self.fault_start(
             "clear-locks", node, shard=shard, path=volume_path, probe=str(probe_path), hold_s=hold
         )
-        node.paused = True
-        os.kill(pid, signal.SIGSTOP)
-        self.record("pause", node=node.name)
-        self._believe(node, node.name or "?", set(), now_us())
-        stopped = await asyncio.to_thread(nem.wait_state, pid, "Tt", 2.0)
+        stopped = await self._freeze(node, pid)
         t0 = time.monotonic()
         code, out, granted = await asyncio.to_thread(nem.clear_posix_locks, g, volume_path)
         self.record("clear_locks", node=node.name, shard=shard, path=volume_path, granted=granted)
@@ -969,21 +1096,11 @@ class Run:
             await asyncio.sleep(0.05)
         # A node that took the shard over holds its lock now: probed again, it must be held.
         held_again = await asyncio.to_thread(nem.probe_lock, probe_path) if taken else None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-        running = await asyncio.to_thread(nem.wait_state, pid, "RSD", 2.0)
-        node.paused = False
-        self.record("resume", node=node.name)
-        waiter: asyncio.Future[list[int] | None] = asyncio.get_running_loop().create_future()
-        node.owned_waiters.append(waiter)
-        await self.send(node, {"op": "owned"})
-        owned_after: list[int] | None = None
-        with contextlib.suppress(asyncio.TimeoutError):
-            owned_after = await asyncio.wait_for(waiter, 10)
+        running, owned_after = await self._thaw(node, pid)
         stepped = [
             line
-            for line in node.logs[seen.get(node.host, 0) :]
-            if f"shard-{shard}" in line and "stops acting for it" in line
+            for line in self.logged_since(seen, "stops acting for it")
+            if f"shard-{shard}" in line
         ]
         paused = stopped in ("T", "t") and running in ("R", "S", "D")
         f.info.update(
@@ -1037,18 +1154,11 @@ class Run:
             await asyncio.to_thread(self._monkey_off)
         for node in self.nodes:
             if node.paused and node.daemon_pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(node.daemon_pid, signal.SIGCONT)
+                await asyncio.to_thread(node.machine.signal, node.daemon_pid, signal.SIGCONT)
                 node.paused = False
                 self.record("resume", node=node.name)
-            if node.clock_file.exists() and node.clock_file.read_text().strip() not in (
-                "",
-                "0.000000",
-            ):
-                t = now_us()
-                nem.write_clock_file(node.clock_file, 0.0)
-                self.clocks.add(node.host, t, 0)
-                self.record("clock_step", t, node=node.name, offset_s=0.0)
+            if node.clock_offset:
+                await self.set_clock(node, 0.0)
         for d in self.dirs[:1]:
             with contextlib.suppress(FileNotFoundError):
                 (d / "jepsen-filler").unlink()
@@ -1086,11 +1196,7 @@ class Run:
 
     async def _kill_all(self) -> None:
         for node in self.nodes:
-            for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
-                if pid and nem.process_state(pid) not in (None, "Z"):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGCONT)
-                        os.kill(pid, signal.SIGKILL)
+            await asyncio.to_thread(self._kill_processes, node)
         for node in self.nodes:
             if node.proc is not None:
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -1115,7 +1221,11 @@ class Run:
             nemesis=list(self.c.nemesis),
         )
         for node in self.nodes:
-            nem.write_clock_file(node.clock_file, 0.0)
+            if not await asyncio.to_thread(node.machine.write_clock, node.clock_file, 0.0):
+                raise RuntimeError(
+                    f"{node.host}: cannot write its clock file {node.clock_file} on "
+                    f"{node.machine.label} (through {shlex.join(node.machine.command('...'))})"
+                )
         for node in self.nodes:
             await self.start_node(node)
         self.record("phase", name="chaos")
@@ -1253,17 +1363,9 @@ def gluster_control(volume: Any) -> nem.GlusterControl:
 def run(config: RunConfig) -> Outcome:
     """Run once; the history goes to `config.out/history.jsonl`. SIGTERM and SIGHUP end the
     run as Ctrl-C does: processes killed, mounts and images undone, then SystemExit."""
-    if "disk-full" in config.nemesis and config.fs not in nem.FILLABLE_FS:
-        raise ValueError(
-            "the disk-full nemesis needs --fs tmpfs or --fs loop (a small filesystem to fill)"
-        )
-    gluster_only = [n for n in config.nemesis if n in nem.GLUSTER_NEMESES]
-    if gluster_only and (config.fs != "glusterfs" or config.dirs):
-        raise ValueError(f"the {', '.join(gluster_only)} nemesis needs --fs glusterfs")
-    if gluster_only and config.gluster_dirs is not None and config.gluster is None:
-        raise ValueError(f"the {', '.join(gluster_only)} nemesis needs RunConfig.gluster")
-    if "partition" in config.nemesis and config.gluster is not None and not config.gluster.link_a:
-        raise ValueError("the partition nemesis needs mount A's client in a network namespace")
+    problem = config_problem(config)
+    if problem:
+        raise ValueError(problem)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     fs_steps: list[str] = []
@@ -1284,16 +1386,14 @@ def run(config: RunConfig) -> Outcome:
                 raise SystemExit(128 + signals.signum) from None
             finally:
                 for node in r.nodes:
-                    for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
-                        if pid and nem.process_state(pid) not in (None, "Z"):
-                            with contextlib.suppress(ProcessLookupError):
-                                os.kill(pid, signal.SIGCONT)
-                                os.kill(pid, signal.SIGKILL)
+                    r._kill_processes(node)
                 for node in r.nodes:  # gone before their filesystem is unmounted
-                    for pid in (node.daemon_pid, node.proc.pid if node.proc else None):
+                    for pid in (node.daemon_pid, node.worker_pid):
                         if pid:
-                            nem.wait_gone(pid, 5.0)
+                            node.machine.wait_gone(pid, 5.0)
                 r.undo_gluster()
+                for m in {n.machine for n in r.nodes if n.machine.remote}:
+                    m.remove_tree(r.remote_clock_dir)
             # read back before the filesystem goes (only when the run got this far)
             history = build_history(r.events, dirs[0], r.clocks)
         finally:

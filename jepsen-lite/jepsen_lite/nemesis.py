@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import errno
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -24,9 +25,11 @@ from typing import Any
 __all__ = [
     "FILLABLE_FS",
     "GLUSTER_NEMESES",
+    "GONE",
     "NEMESES",
     "GlusterControl",
     "LoopFs",
+    "Machine",
     "Probe",
     "Signals",
     "brick_log",
@@ -68,6 +71,11 @@ FILLABLE_FS = ("tmpfs", "loop")
 GLUSTER_NEMESES = ("partition", "monkey-unlock", "clear-locks")
 
 
+def _state_of(stat: str) -> str:
+    """The state letter of a `/proc/<pid>/stat` line (after the command name's `)`)."""
+    return stat.rpartition(")")[2].split()[0]
+
+
 def process_state(pid: int) -> str | None:
     """The state letter of `pid` in /proc (`R`, `S`, `T` stopped, `Z` zombie...), or None when
     there is no such process."""
@@ -76,27 +84,126 @@ def process_state(pid: int) -> str | None:
             text = f.read()
     except OSError:
         return None
-    return text.rpartition(")")[2].split()[0]
+    return _state_of(text)
+
+
+def _poll_state(
+    read: Callable[[], str | None], done: Callable[[str | None], bool], timeout: float, step: float
+) -> str | None:
+    """Read a state until `done` says so or `timeout` s passed; the state seen last."""
+    end = time.monotonic() + timeout
+    state = read()
+    while not done(state) and time.monotonic() < end:
+        time.sleep(step)
+        state = read()
+    return state
 
 
 def wait_state(pid: int, states: str, timeout: float) -> str | None:
     """Poll until `pid` is in one of `states` (letters); the state seen last."""
-    end = time.monotonic() + timeout
-    state = process_state(pid)
-    while state is not None and state not in states and time.monotonic() < end:
-        time.sleep(0.01)
-        state = process_state(pid)
-    return state
+    return _poll_state(
+        lambda: process_state(pid), lambda s: s is None or s in states, timeout, 0.01
+    )
+
+
+#: The states of a process that is gone (a zombie has exited; nobody reaped it yet).
+GONE = (None, "Z", "X")
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
     """Poll until `pid` is gone or a zombie; whether it is."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if process_state(pid) in (None, "Z", "X"):
+    return _poll_state(lambda: process_state(pid), lambda s: s in GONE, timeout, 0.02) in GONE
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    """Where a node's worker and daemon run, and how the nemesis reaches their processes:
+    this host (`launcher` empty: `os.kill`, `/proc`, the clock file written here), or another
+    host through a command template (`--remote`, e.g. `ssh -o BatchMode=yes {host}`) that is
+    given one more argument, a command line for a POSIX shell on that host (as ssh runs it).
+    There a signal is `kill -SIG PID`, a process state a read of `/proc/PID/stat`, a clock
+    step a rewrite of the daemon's clock file (`mv` of a temporary file), each bounded in time.
+    A state that cannot be read (the launcher failed) is `?`: neither running nor gone."""
+
+    name: str = ""
+    launcher: tuple[str, ...] = ()
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.launcher)
+
+    @property
+    def label(self) -> str:
+        return self.name or "local"
+
+    def command(self, script: str) -> list[str]:
+        """The argv that runs the shell command line `script` on this machine."""
+        return [*self.launcher, script] if self.launcher else ["sh", "-c", script]
+
+    def run(self, script: str, timeout: float = 15.0) -> tuple[int, str]:
+        """Run `script` there, bounded: (exit status, stdout); -1 when it did not finish."""
+        code, out, _err = _bounded(self.command(script), timeout)
+        return (-1 if code is None else code), out
+
+    def state(self, pid: int) -> str | None:
+        if not self.remote:
+            return process_state(pid)
+        code, out = self.run(
+            f"if [ -r /proc/{pid}/stat ]; then cat /proc/{pid}/stat; else echo GONE; fi"
+        )
+        out = out.strip()
+        if out == "GONE":
+            return None
+        return _state_of(out) if code == 0 and ")" in out else "?"
+
+    def signal(self, pid: int, sig: signal.Signals) -> bool:
+        """Send `sig` to `pid` there; whether it was delivered."""
+        if not self.remote:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return False
             return True
-        time.sleep(0.02)
-    return process_state(pid) in (None, "Z", "X")
+        return self.run(f"kill -{sig.name[3:]} {pid}")[0] == 0
+
+    def wait_state(self, pid: int, states: str, timeout: float) -> str | None:
+        if not self.remote:
+            return wait_state(pid, states, timeout)
+        return _poll_state(
+            lambda: self.state(pid), lambda s: s is None or s in states, timeout, 0.1
+        )
+
+    def wait_gone(self, pid: int, timeout: float) -> bool:
+        if not self.remote:
+            return wait_gone(pid, timeout)
+        return _poll_state(lambda: self.state(pid), lambda s: s in GONE, timeout, 0.1) in GONE
+
+    def kill_if_alive(self, pid: int | None) -> None:
+        """SIGCONT (a stopped process would not die yet) and SIGKILL, unless already gone."""
+        if pid and self.state(pid) not in GONE:
+            self.signal(pid, signal.SIGCONT)
+            self.signal(pid, signal.SIGKILL)
+
+    def write_clock(self, path: Path, offset_s: float) -> bool:
+        """Set the daemon's SNERD_TEST_CLOCK_FILE at `path` (on this machine) to `offset_s`."""
+        if not self.remote:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_clock_file(path, offset_s)
+            return True
+        q = shlex.quote
+        tmp = path.with_suffix(".tmp")
+        return (
+            self.run(
+                f"mkdir -p {q(str(path.parent))} && printf '%s\\n' {offset_s:.6f} > "
+                f"{q(str(tmp))} && mv -f {q(str(tmp))} {q(str(path))}"
+            )[0]
+            == 0
+        )
+
+    def remove_tree(self, path: Path) -> None:
+        """`rm -rf path` there (the run's clock files of a remote machine)."""
+        if self.remote:
+            self.run(f"rm -rf {shlex.quote(str(path))}")
 
 
 def write_clock_file(path: Path, offset_s: float) -> None:
@@ -178,12 +285,11 @@ def loop_tools_missing() -> str | None:
     return None
 
 
-def _tool(cmd: list[str], timeout: float) -> tuple[int, str]:
-    """Run a setup tool, bounded: (exit status, stdout + stderr); -1 when it timed out."""
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]),
-    }
+def _bounded(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[int | None, str, str]:
+    """Run `cmd` (stdin empty), bounded: (exit status, stdout, stderr); the status is None when
+    it did not finish within `timeout` s, -1 when it could not be started (stderr says why)."""
     try:
         proc = subprocess.run(
             cmd,
@@ -195,10 +301,21 @@ def _tool(cmd: list[str], timeout: float) -> tuple[int, str]:
             env=env,
         )
     except subprocess.TimeoutExpired:
-        return -1, f"{' '.join(cmd)}: no answer within {timeout:g} s"
+        return None, "", f"{' '.join(cmd)}: no answer within {timeout:g} s"
     except OSError as exc:
-        return -1, f"{cmd[0]}: {exc}"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
+        return -1, "", f"{cmd[0]}: {exc}"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _tool(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """Run a tool (found in /usr/sbin and /sbin too), bounded: (exit status, stdout + stderr);
+    -1 when it timed out or could not be started."""
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]),
+    }
+    code, out, err = _bounded(cmd, timeout, env)
+    return (-1 if code is None else code), (out + err).strip()
 
 
 def mounted_fstype(where: Path) -> str | None:
@@ -417,13 +534,7 @@ def gluster(ctl: GlusterControl, *args: str, timeout: float = 60) -> tuple[int, 
     if ctl.sock:
         cmd.append(f"--glusterd-sock={ctl.sock}")
         cmd.append(f"--log-file=/var/log/glusterfs/{ctl.volume}-cli.log")
-    try:
-        proc = subprocess.run(
-            [*cmd, *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return -1, f"gluster {' '.join(args)}: no answer within {timeout:g} s"
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
+    return _tool([*cmd, *args], timeout)
 
 
 def volume_option(ctl: GlusterControl, key: str) -> str | None:
@@ -458,11 +569,8 @@ def set_link(ctl: GlusterControl, up: bool) -> tuple[bool, str]:
     if not (ctl.netns_srv and ctl.link_a):
         return False, "no network namespace set up for mount A's client"
     cmd = ["ip", "-n", ctl.netns_srv, "link", "set", ctl.link_a, "up" if up else "down"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-    except subprocess.TimeoutExpired:
-        return False, f"{' '.join(cmd)}: timed out"
-    return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+    code, out = _tool(cmd, 30)
+    return code == 0, out
 
 
 @dataclass(slots=True)
@@ -539,19 +647,11 @@ def probe_lock(path: Path, timeout: float = 15.0) -> str:
     (someone holds it), `ACQUIRED` (it was free), `FAILED: why`, or `timeout`."""
     from snerd.io import lockprobe
 
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-I", "-S", lockprobe.__file__, str(path)],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
+    code, _out, err = _bounded([sys.executable, "-I", "-S", lockprobe.__file__, str(path)], timeout)
+    if code is None:
         return "timeout"
-    if proc.returncode == lockprobe.BLOCKED:
+    if code == lockprobe.BLOCKED:
         return "BLOCKED"
-    if proc.returncode == lockprobe.ACQUIRED:
+    if code == lockprobe.ACQUIRED:
         return "ACQUIRED"
-    return f"FAILED: {proc.stderr.strip() or f'exit {proc.returncode}'}"
+    return f"FAILED: {err.strip() or f'exit {code}'}"

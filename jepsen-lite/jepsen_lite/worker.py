@@ -9,10 +9,12 @@ Commands arrive on stdin, one JSON object a line:
   the SDK; the outcome comes back as a `reply` event (`status` ok / fail / info).
 - `{"op": "owned"}`: ask the daemon (`stats`) which shards it owns now; an `owned` event.
 
-Events go to stdout, one JSON object a line, each with `t` (this host's wall clock, µs; all
-processes of a run share the host, so it is the run's true time) and `ev`:
+Events go to stdout, one JSON object a line, each with `t` (this host's wall clock, µs: the
+run's true time when every process runs on one host; with `--hosts`, as good as the hosts'
+clock synchronisation) and `ev`:
 
-- `ready` (`pid`: the daemon's pid) once the daemon is spawned;
+- `ready` (`pid`: the daemon's pid, `worker`: this process', `uname`: the machine's name)
+  once the daemon is spawned;
 - `membership` (`owned`: shard numbers) for each `membership` message of the daemon;
 - `execute` / `handler_done` (`task`, `attempt`, `ok`) around each handler call;
 - `dead_letter` (`task`); `reply`; `owned`; `log` (daemon stderr lines of interest);
@@ -185,7 +187,7 @@ async def run(directory: str, env: dict[str, str]) -> int:
             emit({"ev": "log", "line": line[:500]})
 
     await q.start_listening()
-    emit({"ev": "ready", "pid": q.pid, "worker": os.getpid()})
+    emit({"ev": "ready", "pid": q.pid, "worker": os.getpid(), "uname": os.uname().nodename})
     drained = False
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_exit, q, tg.cancel_scope)
