@@ -86,7 +86,6 @@ from typing import Any
 
 from snerd.core.retry import attempts_allowed
 from snerd.core.shardlog import KIND_CLAIM, KIND_DISPATCH, RATE_WINDOW_US
-from snerd.core.slots import slot_constructor
 
 __all__ = [
     "ACK_NOT_DURABLE",
@@ -236,7 +235,7 @@ class Report:
 # ---------------------------------------------------------------------------- parsing
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class _Invoke:
     index: int
     t: int
@@ -254,7 +253,7 @@ class _Invoke:
     pool: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class _Ack:
     index: int
     t: int
@@ -265,7 +264,7 @@ class _Ack:
     invoke: _Invoke
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class _InboxRecord:
     index: int
     t: int
@@ -276,7 +275,7 @@ class _InboxRecord:
     t_durable: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class _Record:
     index: int
     t: int
@@ -293,19 +292,13 @@ class _Record:
     accepted: bool
     #: The highest claim epoch before this record in its shard's log.
     fence: int
-
-    @property
-    def task_id(self) -> str | None:
-        key = "task" if self.kind == KIND_DISPATCH else "taskId"
-        value = self.fields.get(key)
-        return value if isinstance(value, str) and self.kind in (None, KIND_DISPATCH) else None
-
-    @property
-    def tombstone(self) -> bool:
-        return self.kind is None and self.fields.get("deletedAt") is not None
+    #: The task a task record (`taskId`) or a dispatch record (`task`) is about, if a str.
+    task_id: str | None
+    #: A task record with `deletedAt` set.
+    tombstone: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class _Execute:
     index: int
     t: int
@@ -316,7 +309,7 @@ class _Execute:
     epoch: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True)
 class _Belief:
     index: int
     t: int
@@ -325,26 +318,16 @@ class _Belief:
     on: bool
 
 
-#: Constructors of the parsed entries made for every history entry, without the frozen
-#: dataclasses' `__init__` (the same objects; the arguments in the order named here).
-_new_record = slot_constructor(
-    _Record,
-    *("index", "t", "shard", "node", "fields", "t_issue", "t_durable"),
-    *("kind", "epoch", "accepted", "fence"),
-)
-_new_inbox_record = slot_constructor(
-    _InboxRecord, "index", "t", "shard", "node", "fields", "t_issue", "t_durable"
-)
-_new_execute = slot_constructor(_Execute, "index", "t", "task", "attempt", "node", "shard", "epoch")
-_new_belief = slot_constructor(_Belief, "index", "t", "node", "shard", "on")
-_new_invoke = slot_constructor(
-    _Invoke,
-    *("index", "t", "task", "node", "type", "max_retries", "urgency"),
-    *("group", "max_per_minute", "fingerprint", "delay_us", "parents", "cron", "pool"),
-)
-_new_ack = slot_constructor(
-    _Ack, *("index", "t", "task", "node", "deduplicated", "shard", "invoke")
-)
+#: Constructors of the parsed entries made for every history entry, positional (the fields in
+#: declaration order). The classes are plain slotted dataclasses rather than frozen ones: a
+#: frozen dataclass's `__init__` sets each field through `object.__setattr__`, and these are
+#: built by the ten thousand per run. Nothing changes them once built.
+_new_record = _Record
+_new_inbox_record = _InboxRecord
+_new_execute = _Execute
+_new_belief = _Belief
+_new_invoke = _Invoke
+_new_ack = _Ack
 
 
 @dataclass(slots=True, kw_only=True)
@@ -432,7 +415,9 @@ class _Analysis:
 
     def _feed_one(self, i: int, e: Mapping[str, Any]) -> None:
         kind = e.get("kind")
-        t = _need(e, "t", int, i)
+        t = e.get("t")
+        if type(t) is not int:  # `_need`'s common case inline (every entry)
+            t = _need(e, "t", int, i)
         if t < self.end_t:
             raise HistoryError(
                 f"history entry {i} ({kind!r}) goes back in time: {t} < {self.end_t}"
@@ -443,15 +428,29 @@ class _Analysis:
         elif kind == "record":
             self._feed_record(i, t, e)
         elif kind == "inbox_record":
-            fields = _need(e, "fields", dict, i)
+            fields = e.get("fields")
+            shard, node, t_issue = e.get("shard"), e.get("node"), e.get("t_issue")
+            if (
+                type(fields) is not dict
+                or type(shard) is not int
+                or type(node) is not str
+                or type(t_issue) is not int
+            ):
+                fields = _need(e, "fields", dict, i)
+                shard = _need(e, "shard", int, i)
+                node = _need(e, "node", str, i)
+                t_issue = _need(e, "t_issue", int, i)
+            t_durable = e.get("t_durable")
+            if type(t_durable) is not int:
+                t_durable = _opt(e, "t_durable", int, i)
             rec = _new_inbox_record(
                 i,  # index
                 t,
-                _need(e, "shard", int, i),
-                _need(e, "node", str, i),
+                shard,
+                node,
                 fields,
-                _need(e, "t_issue", int, i),
-                _opt(e, "t_durable", int, i) or t,
+                t_issue,
+                t_durable or t,
             )
             self.inbox_records.append(rec)
             task_id = fields.get("taskId")
@@ -527,18 +526,22 @@ class _Analysis:
             raise HistoryError(f"history entry {i}: unknown enqueue phase {phase!r}")
 
     def _feed_record(self, i: int, t: int, e: Mapping[str, Any]) -> None:
-        shard = _need(e, "shard", int, i)
-        node = _need(e, "node", str, i)
-        fields = _need(e, "fields", dict, i)
+        shard, node, fields = e.get("shard"), e.get("node"), e.get("fields")
+        if type(shard) is not int or type(node) is not str or type(fields) is not dict:
+            shard = _need(e, "shard", int, i)
+            node = _need(e, "node", str, i)
+            fields = _need(e, "fields", dict, i)
         rkind = fields.get("snerdKind")
         rkind = rkind if isinstance(rkind, str) else None
-        epoch = _int_epoch(fields.get("epoch" if rkind == KIND_CLAIM else "snerdEpoch"))
+        epoch = fields.get("epoch" if rkind == KIND_CLAIM else "snerdEpoch")
+        if not isinstance(epoch, int):  # `_int_epoch` inline
+            epoch = None
         fence = self.fences[shard]
         claimed = self.claimed[shard]
         below = epoch is not None and epoch < fence
         accepted = not below or not self.params.fence
-        what = f"{rkind or 'task'} record"
         if below and accepted:
+            what = f"{rkind or 'task'} record"
             self.ownership.append(
                 Violation(
                     kind=DOUBLE_OWNERSHIP,
@@ -575,6 +578,7 @@ class _Analysis:
                 and (shard, epoch, node) not in self.foreign_seen
             ):
                 self.foreign_seen.add((shard, epoch, node))
+                what = f"{rkind or 'task'} record"
                 self.ownership.append(
                     Violation(
                         kind=DOUBLE_OWNERSHIP,
@@ -586,21 +590,35 @@ class _Analysis:
                         ),
                     )
                 )
+        t_issue, t_durable = e.get("t_issue"), e.get("t_durable")
+        if type(t_issue) is not int:
+            t_issue = _need(e, "t_issue", int, i)
+        if type(t_durable) is not int:
+            t_durable = _opt(e, "t_durable", int, i)
+        if rkind is None:
+            task_id = fields.get("taskId")
+            tombstone = fields.get("deletedAt") is not None
+        else:
+            task_id = fields.get("task") if rkind == KIND_DISPATCH else None
+            tombstone = False
+        if not isinstance(task_id, str):
+            task_id = None
         rec = _new_record(
             i,  # index
             t,
             shard,
             node,
             fields,
-            _need(e, "t_issue", int, i),
-            _opt(e, "t_durable", int, i) or t,
+            t_issue,
+            t_durable or t,
             rkind,  # kind
             epoch,
             accepted,
             fence,
+            task_id,
+            tombstone,
         )
         self.records.append(rec)
-        task_id = rec.task_id
         if task_id is None:
             return
         if rkind == KIND_DISPATCH:
@@ -608,7 +626,7 @@ class _Analysis:
             return
         self.task_records.setdefault(task_id, []).append(rec)
         self.touched_tasks.add(task_id)
-        if accepted and rec.tombstone:
+        if accepted and tombstone:
             for inv in self.invokes.get(task_id, ()):
                 if inv.fingerprint:
                     self._fingerprint_finished(inv.fingerprint, i)
@@ -671,21 +689,42 @@ def _parse_invoke(e: Mapping[str, Any], i: int, t: int, task: str, node: str) ->
         raise HistoryError(f"history entry {i} (enqueue): attrs 'parents' must be a list of ids")
     if _need(attrs, "max_retries", int, i) < 0:
         raise HistoryError(f"history entry {i} (enqueue): attrs 'max_retries' is negative")
+    get = attrs.get
+    type_, urgency, group = get("type"), get("urgency"), get("group")
+    per_minute, fingerprint, delay_us = get("max_per_minute"), get("fingerprint"), get("delay_us")
+    cron, pool = get("cron"), get("pool")
+    # `_need` and `_opt` only where the value is not what they would return as it is.
+    if type(type_) is not str:
+        type_ = _need(attrs, "type", str, i)
+    if urgency is not None and type(urgency) is not int:
+        urgency = _opt(attrs, "urgency", int, i)
+    if group is not None and type(group) is not str:
+        group = _opt(attrs, "group", str, i)
+    if per_minute is not None and type(per_minute) is not int:
+        per_minute = _opt(attrs, "max_per_minute", int, i)
+    if fingerprint is not None and type(fingerprint) is not str:
+        fingerprint = _opt(attrs, "fingerprint", str, i)
+    if delay_us is not None and type(delay_us) is not int:
+        delay_us = _opt(attrs, "delay_us", int, i)
+    if cron is not None and type(cron) is not str:
+        cron = _opt(attrs, "cron", str, i)
+    if pool is not None and type(pool) is not str:
+        pool = _opt(attrs, "pool", str, i)
     return _new_invoke(
         i,  # index
         t,
         task,
         node,
-        _need(attrs, "type", str, i),
-        _need(attrs, "max_retries", int, i),
-        _opt(attrs, "urgency", int, i) or 0,
-        _opt(attrs, "group", str, i),
-        _opt(attrs, "max_per_minute", int, i),
-        _opt(attrs, "fingerprint", str, i),
-        _opt(attrs, "delay_us", int, i) or 0,
+        type_,
+        attrs["max_retries"],  # checked above
+        urgency or 0,
+        group,
+        per_minute,
+        fingerprint,
+        delay_us or 0,
         tuple(parents),  # parents
-        _opt(attrs, "cron", str, i),
-        _opt(attrs, "pool", str, i),
+        cron,
+        pool,
     )
 
 
@@ -716,10 +755,13 @@ def _satisfied(a: _Analysis, ack: _Ack) -> bool:
     return ack.invoke.fingerprint in a.finished_fingerprints
 
 
-def _at_least_once(a: _Analysis) -> list[Violation]:
+def _at_least_once(a: _Analysis, satisfied: list[bool] | None = None) -> list[Violation]:
+    """`satisfied`: `_satisfied` of each of `a.acks`, if the caller has it already."""
     out: list[Violation] = []
-    for ack in a.acks:
-        if _satisfied(a, ack):
+    if satisfied is None:
+        satisfied = [_satisfied(a, ack) for ack in a.acks]
+    for ack, done in zip(a.acks, satisfied, strict=True):
+        if done:
             continue
         what = (
             f"as a duplicate of fingerprint {ack.invoke.fingerprint}, but no task with that "
@@ -750,25 +792,39 @@ def _at_least_once(a: _Analysis) -> list[Violation]:
             )
         )
     reported: set[str] = set()
-    sightings: list[tuple[int, int, str, str]] = [
-        (r.index, r.t, r.task_id, f"an accepted {r.kind or 'task'} record in shard {r.shard}")
-        for r in a.records
-        if r.accepted and r.task_id is not None
+    # In history order (an entry is a record or an execute, never both: indexes are unique).
+    sightings: list[tuple[int, _Record | _Execute]] = [
+        (r.index, r) for r in a.records if r.accepted and r.task_id is not None
     ]
-    sightings += [(x.index, x.t, x.task, f"an execute on {x.node}") for x in a.executes]
-    for index, t, task, where in sorted(sightings):
-        if task in reported or a.invoke_before(task, index) is not None:
+    sightings += [(x.index, x) for x in a.executes]
+    sightings.sort(key=_first)
+    invokes = a.invokes
+    for index, seen in sightings:
+        task = seen.task if isinstance(seen, _Execute) else seen.task_id
+        assert task is not None
+        if task in reported:
+            continue
+        listed = invokes.get(task)
+        if listed and listed[0].index < index:  # `invoke_before(task, index) is not None`
             continue
         reported.add(task)
+        if isinstance(seen, _Execute):
+            where = f"an execute on {seen.node}"
+        else:
+            where = f"an accepted {seen.kind or 'task'} record in shard {seen.shard}"
         out.append(
             Violation(
                 kind=INVENTED_TASK,
                 index=index,
-                t=t,
+                t=seen.t,
                 message=f"task {task} appears in {where} but no client had enqueued it",
             )
         )
     return out
+
+
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]
 
 
 def check_at_least_once(history: History) -> list[Violation]:
@@ -817,6 +873,18 @@ class LivenessWatch:
 
     def unfinished(self, history: History) -> list[str]:
         """As the module's `unfinished`; `history` must be the one seen before, grown."""
+        self._follow(history)
+        if self._tasks is None:
+            self._tasks = list(dict.fromkeys([ack.task for ack in self._open.values()]))
+        return list(self._tasks)
+
+    def any_unfinished(self, history: History) -> bool:
+        """Whether `unfinished(history)` is not empty, without listing the tasks."""
+        self._follow(history)
+        return bool(self._open)
+
+    def _follow(self, history: History) -> None:
+        """Parse what `history` grew by and re-judge the open acks it can have satisfied."""
         if self._analysis is None:
             self._analysis = _Analysis(
                 params=_parse_params(history), end_t=_need(history[0], "t", int, 0)
@@ -843,9 +911,6 @@ class LivenessWatch:
                     self._by_fingerprint.setdefault(ack.invoke.fingerprint, []).append(ack)
                 self._tasks = None
             self._acks_seen = len(a.acks)
-        if self._tasks is None:
-            self._tasks = list(dict.fromkeys([ack.task for ack in self._open.values()]))
-        return list(self._tasks)
 
     def _rejudge(self, a: _Analysis, index: dict[str, list[_Ack]], keys: set[str]) -> None:
         """Close the open acks listed in `index` under `keys` that are satisfied now."""
@@ -889,7 +954,8 @@ def check_ownership(history: History) -> list[Violation]:
 # ---------------------------------------------------------------------------- 3. fenced acts
 
 
-def _fenced_acts(a: _Analysis) -> list[Violation]:
+def _fenced_acts(a: _Analysis, via_inbox: list[bool] | None = None) -> list[Violation]:
+    """`via_inbox`: `a.via_inbox` of each of `a.acks`, if the caller has it already."""
     out: list[Violation] = []
     for x in a.executes:
         matching = [
@@ -917,8 +983,10 @@ def _fenced_acts(a: _Analysis) -> list[Violation]:
         out.append(
             Violation(kind=STALE_OWNER_ACTED, index=x.index, t=x.t, message=f"{head}; {why}")
         )
-    for ack in a.acks:
-        if ack.deduplicated or a.via_inbox(ack):
+    if via_inbox is None:
+        via_inbox = [a.via_inbox(ack) for ack in a.acks]
+    for ack, inbox in zip(a.acks, via_inbox, strict=True):
+        if ack.deduplicated or inbox:
             continue  # an inbox ack is durable by its inbox record (see `inbox_record`)
         candidates = [
             r
@@ -1085,7 +1153,8 @@ def _plain(inv: _Invoke) -> bool:
     return inv.group is None and not inv.parents and inv.delay_us == 0 and inv.cron is None
 
 
-def _priority(a: _Analysis) -> list[Violation]:
+def _priority(a: _Analysis, via_inbox: list[bool] | None = None) -> list[Violation]:
+    """`via_inbox`: `a.via_inbox` of each of `a.acks`, if the caller has it already."""
     out: list[Violation] = []
     first_exec: dict[str, _Execute] = {}
     for x in a.executes:
@@ -1103,16 +1172,25 @@ def _priority(a: _Analysis) -> list[Violation]:
         entries.extend(world)
         entries.sort()
     acks_by_node: dict[str, list[_Ack]] = defaultdict(list)
-    for ack in a.acks:
-        if not ack.deduplicated and not a.via_inbox(ack):
+    if via_inbox is None:
+        via_inbox = [a.via_inbox(ack) for ack in a.acks]
+    for ack, inbox in zip(a.acks, via_inbox, strict=True):
+        if not ack.deduplicated and not inbox:
             acks_by_node[ack.node].append(ack)
     ack_times = {node: [k.t for k in acks] for node, acks in acks_by_node.items()}
-    records_by_node: dict[str, list[_Record | _InboxRecord]] = defaultdict(list)
-    for r in a.records:
-        records_by_node[r.node].append(r)
-    # The node's writer thread serves its inbox appends too.
-    for ir in a.inbox_records:
-        records_by_node[ir.node].append(ir)
+    #: Built on first use (a candidate inversion is rare).
+    records_by_node: dict[str, list[_Record | _InboxRecord]] = {}
+
+    def node_records(node: str) -> list[_Record | _InboxRecord]:
+        if not records_by_node:
+            by_node: dict[str, list[_Record | _InboxRecord]] = defaultdict(list)
+            for r in a.records:
+                by_node[r.node].append(r)
+            # The node's writer thread serves its inbox appends too.
+            for ir in a.inbox_records:
+                by_node[ir.node].append(ir)
+            records_by_node.update(by_node)
+        return records_by_node.get(node, [])
 
     def touched(task: str, t: int) -> bool:
         """The task was executed, dispatched or finished by true time `t` (inclusive)."""
@@ -1127,7 +1205,7 @@ def _priority(a: _Analysis) -> list[Violation]:
         """The latest durable time of a record `node` issued before `d`: until then an append
         of `node` was in flight, and `d` may have waited behind it."""
         return max(
-            (r.t for r in records_by_node[node] if r is not d and r.t_issue < d.t_issue),
+            (r.t for r in node_records(node) if r is not d and r.t_issue < d.t_issue),
             default=-1,
         )
 
@@ -1352,13 +1430,16 @@ def _report(a: _Analysis) -> Report:
     runs = _task_runs(a)
     attempts, re_executions, most = _attempts(runs)
     belief, overlap = _belief(a)
+    # Each ack judged once for every check and measure that asks.
+    via_inbox = [a.via_inbox(ack) for ack in a.acks]
+    satisfied = [_satisfied(a, ack) for ack in a.acks]
     violations = [
-        *_at_least_once(a),
+        *_at_least_once(a, satisfied),
         *a.ownership,
-        *_fenced_acts(a),
+        *_fenced_acts(a, via_inbox),
         *attempts,
         *_rate_windows(a.params, runs),
-        *_priority(a),
+        *_priority(a, via_inbox),
         *_dedupe(a),
         *belief,
     ]
@@ -1368,8 +1449,8 @@ def _report(a: _Analysis) -> Report:
         belief_overlap_us_by_shard=overlap,
         acked=len(a.acks),
         deduplicated=sum(1 for k in a.acks if k.deduplicated),
-        inbox_acked=sum(1 for k in a.acks if a.via_inbox(k)),
-        finished=sum(1 for k in a.acks if _satisfied(a, k)),
+        inbox_acked=sum(via_inbox),
+        finished=sum(satisfied),
         dead_letters=a.dead_letters,
         executions=len(a.executes),
         re_executions=re_executions,
