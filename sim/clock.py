@@ -28,15 +28,17 @@ rate change re-anchors at the moment it happens, so readings stay integer-exact:
 from __future__ import annotations
 
 from snerd.core.events import Now
-from snerd.core.slots import slot_constructor
 
 __all__ = ["PPM", "NodeClock"]
 
 #: Parts per million: the denominator of `drift_ppm`.
 PPM = 1_000_000
 
-#: `Now(wall, mono)`, built without the frozen dataclass's `__init__` (one per core event).
-_new_now = slot_constructor(Now, "wall", "mono")
+#: `Now(wall, mono)` built without the frozen dataclass's `__init__` (one per core event):
+#: `slot_constructor`'s steps, written out in `NodeClock.now`.
+_new_object = object.__new__
+_set_wall = vars(Now)["wall"].__set__
+_set_mono = vars(Now)["mono"].__set__
 
 
 def _scaled(elapsed: int, rate: int) -> int:
@@ -118,10 +120,10 @@ class NodeClock:
         mono_anchor, wall_anchor, rate = self._mono_anchor, self._wall_anchor, self._rate
         assert t >= mono_anchor, f"mono read at {t}, before its anchor {mono_anchor}"
         assert t >= wall_anchor, f"wall read at {t}, before its anchor {wall_anchor}"
-        return _new_now(
-            self._wall_base + (t - wall_anchor) * rate // PPM,
-            self._mono_base + (t - mono_anchor) * rate // PPM,
-        )
+        now: Now = _new_object(Now)
+        _set_wall(now, self._wall_base + (t - wall_anchor) * rate // PPM)
+        _set_mono(now, self._mono_base + (t - mono_anchor) * rate // PPM)
+        return now
 
     def offset_at(self, t: int) -> int:
         """How far the wall clock is from true time at `t` (for skew reports and checkers)."""

@@ -562,6 +562,24 @@ class SimFS:
                 out.append((key, start, size))
         return out
 
+    def inbox_poll(
+        self, offsets: Mapping[int, Mapping[str, int]]
+    ) -> tuple[tuple[tuple[int, tuple[str, ...]], ...], list[tuple[int, InboxKey, int, int]]]:
+        """What an owner polling the inboxes of the shards in `offsets` finds: for each
+        shard, `(shard, inbox_writers(shard))`; and every file that grew, as
+        `(shard, *inboxes_grown(shard, offsets[shard]))`, shard by shard. One call per poll."""
+        inboxes, nodes, logs = self._inboxes, self._inbox_nodes, self._logs
+        present = []
+        grown = []
+        for shard, known in offsets.items():
+            present.append((shard, nodes.get(shard, ())))
+            for key in inboxes.get(shard, ()):
+                size = logs[key].size
+                start = known.get(key.node, 0)
+                if size > start:
+                    grown.append((shard, key, start, size))
+        return tuple(present), grown
+
     def remove_inbox(self, key: InboxKey) -> None:
         """unlink(2) an inbox file and its `.read` hint (a missing one is no error). An fd its
         writer still holds keeps the unlinked inode, as for a replaced log."""
@@ -815,6 +833,11 @@ class SimFS:
     def membership_generation(self) -> int:
         """Changes whenever membership.json is replaced (for callers caching a parse of it)."""
         return self._n["membership_writes"]
+
+    @property
+    def appends_completed(self) -> int:
+        """`stats().appends_completed`, without the snapshot."""
+        return self._n["appends_completed"]
 
     def stats(self) -> SimFSStats:
         """A snapshot of the counters."""

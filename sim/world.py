@@ -32,6 +32,7 @@ iterate sets of strings.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections import deque
@@ -77,6 +78,12 @@ _PHASE = 10
 _CHECK = 11
 _APPEND_ISSUE = 12  # (proc index, incarnation, (effect, lines, done_at)): the writer thread writes
 
+_dumps = orjson.dumps
+_SORT_KEYS = orjson.OPT_SORT_KEYS
+_APPEND = fx.Append
+_APPEND_INBOX = fx.AppendInbox
+_COMPACTED = ev.Compacted
+_LOG_RECORDS_READ = ev.LogRecordsRead
 #: The event of every wake-up (frozen and empty: one instance serves them all).
 _TICK = ev.Tick()
 #: Constructors of the commonest events, without the frozen dataclasses' `__init__`.
@@ -436,6 +443,7 @@ class World:
         self.queue: list[tuple[int, int, int, Any, Any, Any]] = []
         self.history: list[dict[str, Any]] = []
         self._digest = xxhash.xxh3_128()
+        self._digest_update = self._digest.update
         self.procs: list[_Proc] = []
         self.clocks: list[NodeClock] = []
         self.events = 0
@@ -482,7 +490,7 @@ class World:
     def _record(self, entry: dict[str, Any]) -> None:
         entry["t"] = self.t
         self.history.append(entry)
-        self._digest.update(orjson.dumps(entry, option=orjson.OPT_SORT_KEYS))
+        self._digest_update(_dumps(entry, option=_SORT_KEYS))
 
     def _io_latency(self, lo: int, hi: int) -> int:
         s, rng = self.s, self.rng_io
@@ -548,24 +556,23 @@ class World:
         node = proc.node
         now = clock.now(t)
         effects = node.handle(event, now)
-        if (
-            effects
-            and self._pause_buggify
-            and not self.liveness
-            and self.rng_fault.random() < 0.002
-            and any(type(e) is fx.Append or type(e) is fx.AppendInbox for e in effects)
-        ):
-            # A SIGSTOP between deciding an append and making it (BUGGIFY-style): the effects
-            # run when the process resumes, maybe after its lease ran out.
-            self._pause(proc, _uniform(self.rng_fault, 1_000, self.s.pause_max_us))
-        etype = type(event)
-        if etype is ev.Compacted or etype is ev.LogRecordsRead:
-            self._check_locations(proc, event.shard)  # type: ignore[attr-defined]
         queue = self.queue
         if effects:
+            if (
+                self._pause_buggify
+                and not self.liveness
+                and self.rng_fault.random() < 0.002
+                and any(type(e) is _APPEND or type(e) is _APPEND_INBOX for e in effects)
+            ):
+                # A SIGSTOP between deciding an append and making it (BUGGIFY-style): the
+                # effects run when the process resumes, maybe after its lease ran out.
+                self._pause(proc, _uniform(self.rng_fault, 1_000, self.s.pause_max_us))
             # The shell carries them out a moment later (a pause can fall in between).
             self.seq += 1
             heappush(queue, (t + 20, self.seq, _EFFECTS, proc.index, proc.inc, effects))
+        etype = type(event)
+        if etype is _COMPACTED or etype is _LOG_RECORDS_READ:
+            self._check_locations(proc, event.shard)  # type: ignore[attr-defined]
         # What the shell does after every `handle`: ask when to wake the node.
         wait = node.wake_in(now)
         mono = now.mono
@@ -574,10 +581,10 @@ class World:
             if at <= t:
                 at = t + 1
             if at != proc.wake_at:
-                proc.wake_gen += 1
+                proc.wake_gen = gen = proc.wake_gen + 1
                 proc.wake_at = at
                 self.seq += 1
-                heappush(queue, (at, self.seq, _WAKE, proc.index, proc.inc, proc.wake_gen))
+                heappush(queue, (at, self.seq, _WAKE, proc.index, proc.inc, gen))
         # Beliefs (`_believed` and `_update_beliefs`, for a process that is not down).
         deadline = node.lease_deadline_mono
         if deadline is not None:
@@ -657,7 +664,16 @@ class World:
             handler(self, proc, effect)
 
     def _answer(self, proc: _Proc, event: ev.Event, lo: int, hi: int, lane: str = "meta") -> None:
-        at = self._io_done_at(proc, lo, hi, lane)
+        # `_io_done_at` and `_io_latency` written out (an answer per meta call).
+        s, rng = self.s, self.rng_io
+        if s.slow_io_prob and not self.liveness and rng.random() < s.slow_io_prob:
+            at = self.t + _uniform(rng, hi, max(hi, s.slow_io_max_us))
+        else:
+            at = self.t + lo + int(rng.random() * (hi - lo + 1))  # _uniform inline (hi > lo)
+        lanes = proc.lanes
+        if at < lanes[lane]:
+            at = lanes[lane]
+        lanes[lane] = at
         self.seq += 1
         heappush(self.queue, (at, self.seq, _DELIVER, proc.index, proc.inc, event))
 
@@ -824,12 +840,13 @@ class World:
         """`fx.Append` to the shard's log, or `fx.AppendInbox` to the process's own inbox file
         of the shard: one group-commit writer thread serves both, as in `snerd.io.runtime`."""
         try:
-            built = [self._build(r) for r in effect.records]
+            # `_build` inline for the usual record without a base.
+            built = [dict(r.fields) if r.base is None else self._build(r) for r in effect.records]
         except CorruptRecord as exc:
             failed = ev.AppendFailed(token=effect.token, error=str(exc), permanent=True)
             self._answer(proc, failed, 100, 1_000, "log")
             return
-        lines = [encode_record(f) for f in built]
+        lines = list(map(encode_record, built))
         # The shell's group-commit writer thread writes appends in order, one batch after
         # another: when it is still busy, this write(2) happens later (after an Unlock the
         # node emitted meanwhile, say), and the fsync after it.
@@ -865,8 +882,9 @@ class World:
     ) -> None:
         fs = self.fs
         enospc = fs.disk_full
-        inbox = type(effect) is fx.AppendInbox
-        key: InboxKey | int = effect.shard
+        inbox = type(effect) is _APPEND_INBOX
+        shard = effect.shard
+        key: InboxKey | int = shard
         short = skip = 0
         if inbox:
             assert isinstance(effect, fx.AppendInbox)
@@ -878,53 +896,66 @@ class World:
                 skip = 1
             if enospc and self.rng_io.random() < 0.5:
                 short = _uniform(self.rng_io, 1, skip + sum(map(len, lines)) - 1)
-        data = b"".join(lines)
+        if len(lines) == 1:
+            data = lines[0]
+            lengths: tuple[int, ...] = (len(data),)
+        else:
+            data = b"".join(lines)
+            lengths = tuple(map(len, lines))
         if skip:
             data = b"\n" + data
         handle = fs.append(proc.pid, key, data, enospc=enospc, short=short)
-        lengths = tuple(map(len, lines))
         offsets = tuple(accumulate(lengths[:-1], initial=handle.offset + skip))
-        info = proc.node.shards.get(effect.shard)
+        info = proc.node.shards.get(shard)
+        error = handle.error
+        seq = handle.seq
         pending = _Append(
-            token=effect.token,
-            shard=effect.shard,
-            seq=handle.seq,
-            records=built,
-            offsets=offsets,
-            lengths=lengths,
-            t_issue=self.t,
-            epoch=info.epoch if info is not None else -1,
-            error=handle.error,
-            handle=handle,
-            inbox=inbox,
+            effect.token,  # token
+            shard,
+            seq,
+            built,  # records
+            offsets,
+            lengths,
+            self.t,  # t_issue
+            info.epoch if info is not None else -1,  # epoch
+            error,
+            handle,
+            inbox,
         )
-        if handle.error is None:
+        if error is None:
             if inbox:
-                self._inbox_handles[handle.seq] = (handle, pending, proc.name)
+                self._inbox_handles[seq] = (handle, pending, proc.name)
             else:
-                self._handles[handle.seq] = (handle, pending, proc.name)
-                self._order.setdefault(effect.shard, deque()).append(handle.seq)
-        self._at(done_at, _APPEND_DONE, proc.index, proc.inc, pending)
+                self._handles[seq] = (handle, pending, proc.name)
+                order = self._order.get(shard)
+                if order is None:
+                    order = self._order[shard] = deque()
+                order.append(seq)
+        self.seq += 1
+        heappush(self.queue, (done_at, self.seq, _APPEND_DONE, proc.index, proc.inc, pending))
 
     def _append_done(self, proc: _Proc, pending: _Append) -> None:
         if pending.error is not None:
             self._deliver(proc, ev.AppendFailed(token=pending.token, error=pending.error))
             return
         handle = pending.handle
+        fs = self.fs
         if pending.inbox:
             # One writer per inbox file, and its appends are durable in issue order: each is
             # recorded as it becomes durable (`inbox_record`), which is its file order too.
-            for done in self.fs.complete_append(handle):
+            for done in fs.complete_append(handle):
                 entry = self._inbox_handles.pop(done.seq, None)
                 if entry is not None:
                     self._record_inbox(entry[1], entry[2])
         else:
-            for done in self.fs.complete_append(handle):
-                if done.seq in self._handles and done.seq not in self._resolved:
-                    self._resolved[done.seq] = self.t if self.fs.status(done) == "durable" else None
+            handles, resolved, t = self._handles, self._resolved, self.t
+            for done in fs.complete_append(handle):
+                seq = done.seq
+                if seq in handles and seq not in resolved:
+                    resolved[seq] = t if fs.status(done) == "durable" else None
             self._flush_records(pending.shard)
-        status = self.fs.status(handle)
-        if status in ("durable", "replaced"):
+        status = fs.status(handle)
+        if status == "durable" or status == "replaced":
             # fsync returned: the shell reports success even for a replaced file (it cannot
             # know); the checkers see whether the record is in the log.
             self._deliver(proc, _append_committed(pending.token, pending.offsets, pending.lengths))
@@ -951,31 +982,28 @@ class World:
         in progress, a torn tail) is left alone. Readers see pending bytes as well as durable
         ones. One `InboxRead` answers it, after an I/O latency on the "meta" lane."""
         fs = self.fs
-        writers, grown = fs.inbox_writers, fs.inboxes_grown
+        present, grown = fs.inbox_poll(effect.offsets)
         chunks: list[ev.InboxChunk] = []
-        present: list[tuple[int, tuple[str, ...]]] = []
-        for shard, known in effect.offsets.items():
-            present.append((shard, writers(shard)))
-            for key, start, size in grown(shard, known):
-                data = fs.read_range(key, start, size - start)
-                end = data.rfind(b"\n", 0, effect.max_bytes) + 1
+        for shard, key, start, size in grown:
+            data = fs.read_range(key, start, size - start)
+            end = data.rfind(b"\n", 0, effect.max_bytes) + 1
+            if not end:
+                end = data.find(b"\n") + 1  # one line longer than max_bytes
                 if not end:
-                    end = data.find(b"\n") + 1  # one line longer than max_bytes
-                    if not end:
-                        continue
-                result = scan(data[:end], base_offset=start)
-                chunks.append(
-                    ev.InboxChunk(
-                        shard=shard,
-                        node=key.node,
-                        start=start,
-                        end=start + end,
-                        records=tuple(result.records),
-                        corrupt=tuple(result.corrupt),
-                    )
+                    continue
+            result = scan(data[:end], base_offset=start)
+            chunks.append(
+                ev.InboxChunk(
+                    shard=shard,
+                    node=key.node,
+                    start=start,
+                    end=start + end,
+                    records=tuple(result.records),
+                    corrupt=tuple(result.corrupt),
                 )
+            )
         self.counters["inbox_reads"] += 1
-        read = _inbox_read(tuple(chunks), tuple(present))
+        read = _inbox_read(tuple(chunks), present)
         self._answer(proc, read, 500, 5_000)
 
     def _fx_mark_inbox_read(self, proc: _Proc, effect: fx.MarkInboxRead) -> None:
@@ -1301,6 +1329,18 @@ class World:
     # ------------------------------------------------------------------ the run
 
     def run(self) -> Outcome:
+        # A run allocates millions of objects and leaves almost no reference cycles behind:
+        # the cyclic collector, triggered by allocations, would find next to nothing (and it
+        # cannot change what the run does). It is off while the world runs.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _run(self) -> Outcome:
         s = self.s
         self._handles: dict[int, tuple[Any, _Append, str]] = {}
         #: Appends issued to each shard's log, in file order, not yet recorded.
@@ -1502,12 +1542,12 @@ class World:
         return max(counts) - min(counts) <= 1
 
     def _judge_liveness(self, *, final: bool) -> None:
-        left = self.watch.unfinished(self.history)
+        left = self.watch.any_unfinished(self.history)
         settled = self._settled()
         if not left and settled:
             self.finished = True
             return
-        records = self.fs.stats().appends_completed
+        records = self.fs.appends_completed
         if records != self._progress[0] or (not left and settled != self._progress[1]):
             self._progress = (records, settled, self.t)
         stalled = self.t - self._progress[2] >= self.s.stall_us + self.max_wall_error
@@ -1519,9 +1559,10 @@ class World:
                 else f"{(self.t - self.liveness_started) // SECOND} s after the faults stopped"
             )
             if left:
+                tasks = self.watch.unfinished(self.history)
                 self.world_violations.append(
-                    f"liveness: {len(left)} acked task(s) unfinished and {how}, e.g. "
-                    f"{', '.join(left[:5])}"
+                    f"liveness: {len(tasks)} acked task(s) unfinished and {how}, e.g. "
+                    f"{', '.join(tasks[:5])}"
                 )
             if not settled:
                 spread = {p.name: self._believed(p) for p in self.procs}
@@ -1535,7 +1576,8 @@ class World:
 def _history_fields(fields_: dict[str, Any]) -> dict[str, Any]:
     """A record's fields for the history, without the payload (the checkers never read it)."""
     if "taskData" in fields_:
-        return {k: v for k, v in fields_.items() if k != "taskData"}
+        fields_ = dict(fields_)
+        del fields_["taskData"]
     return fields_
 
 
