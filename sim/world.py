@@ -375,6 +375,8 @@ class _Proc:
         "waiting",
         "wake_at",
         "wake_gen",
+        "wake_mono",
+        "wake_true",
         "watched_deadline",
     )
 
@@ -395,6 +397,10 @@ class _Proc:
         self.wake_gen = 0
         #: When the pending wake-up fires (true time), and the lease deadline being watched.
         self.wake_at = -1
+        #: The monotonic reading last asked to be woken at, and its true time (the host's
+        #: monotonic clock is never re-anchored while this process lives).
+        self.wake_mono = -1
+        self.wake_true = -1
         self.watched_deadline: int | None = None
         self.beliefs: list[int] = []
         #: Enqueues sent and not answered: task id -> None.
@@ -577,7 +583,12 @@ class World:
         wait = node.wake_in(now)
         mono = now.mono
         if wait is not None:
-            at = clock.true_at_mono(mono + wait)
+            target = mono + wait
+            if target == proc.wake_mono:  # the same deadline as last time (half the calls)
+                at = proc.wake_true
+            else:
+                at = proc.wake_true = clock.true_at_mono(target)
+                proc.wake_mono = target
             if at <= t:
                 at = t + 1
             if at != proc.wake_at:
