@@ -552,7 +552,9 @@ class Node:
 
     @property
     def owned_shards(self) -> list[int]:
-        return sorted(s for s, i in self.shards.items() if i.phase is ShardPhase.ACTIVE)
+        # A list, not a generator, for `sorted`: the simulator asks after every event.
+        active = ShardPhase.ACTIVE
+        return sorted([s for s, i in self.shards.items() if i.phase is active])
 
     def waiting_types(self) -> list[str]:
         """Task types with queued tasks but no registered handler."""
