@@ -6,7 +6,8 @@ Modules:
 
 - `worker`: one node: a process running `SnerdQueue`, its handlers, and the enqueues the
   controller asks for; everything it sees goes to stdout as JSON lines, stamped with the
-  host's wall clock (one host: that is true time).
+  host's wall clock (one host: that is true time). With `--hosts` it runs on another host,
+  started through a command template (ssh), and the hosts' clocks must agree.
 - `control`: the run: the filesystem, the workers, the client load, the nemesis, the heal and
   drain, the history, the verdict.
 - `nemesis`: the faults, each verified to have happened.

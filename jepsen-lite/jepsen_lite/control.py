@@ -5,7 +5,9 @@ Phases (all bounded in time):
 1. **setup**: the queue directory (a local directory, a small tmpfs, a small ext4 in a
    loop-mounted image file, or a fresh directory on a GlusterFS volume seen through two
    mounts), then one worker per node (`jepsen_lite.worker`,
-   which spawns its daemon through `SnerdQueue`). Nodes alternate mounts on GlusterFS.
+   which spawns its daemon through `SnerdQueue`). Nodes alternate mounts on GlusterFS. With
+   `hosts` each worker runs on its host through the `remote` command template, and the
+   nemesis reaches its processes and clock file there the same way (`nemesis.Machine`).
 2. **chaos** (`duration` s): clients enqueue to random running nodes; the nemesis runs its
    faults one after another on random victims, each recorded as `fault` entries with start and
    end and verified to have happened.
