@@ -638,3 +638,29 @@ def test_encoded_messages_parse_back_as_the_sdk_sees_them() -> None:
 def test_sniff_decodes_escaped_ids() -> None:
     assert proto.sniff_task_id(b'{"task_id":"a\\"b\\u00e9\\n", broken') == 'a"b\u00e9\n'
     assert proto.sniff_task_id(b'{"task_id":"\\ud800", broken') is None
+
+
+@given(
+    task_id=st.text(min_size=1, max_size=40),
+    task_type=st.text(min_size=1, max_size=20),
+    task_data=st.text(max_size=60),
+    max_retries=st.integers(min_value=0, max_value=2**31 - 1),
+    hours=st.one_of(st.integers(0, 1000), st.floats(0, 1000, allow_nan=False)),
+    nulls=st.lists(st.sampled_from(["urgency_score", "pool", "cron", "execute_at"]), max_size=3),
+)
+def test_the_fast_path_for_a_plain_enqueue_gives_what_the_full_parser_gives(
+    task_id: str, task_type: str, task_data: str, max_retries: int, hours: float, nulls: list[str]
+) -> None:
+    doc: dict[str, Any] = {
+        "action": "enqueue",
+        "task_id": task_id,
+        "task_type": task_type,
+        "task_data": task_data,
+        "max_retries": max_retries,
+        "retry_after_hours": hours,
+        **dict.fromkeys(nulls),
+    }
+    fast = proto._plain_enqueue(doc)
+    assert fast is not None
+    assert fast == proto._parse_enqueue(proto._Fields(doc, task_id))
+    assert proto.parse_line(orjson.dumps(doc)) == fast

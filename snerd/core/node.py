@@ -378,6 +378,9 @@ class Node:
         #: Appends of this call open to later appends to their shard, by shard; and those a
         #: second one joined, to rebuild at the end of the call (`_append`, `_end`).
         self._open_appends: dict[int, _OpenAppend] = {}
+        #: `format_rfc3339` of the wall time `_now_text_wall` (`_enqueue_fields`).
+        self._now_text_wall = -1
+        self._now_text = ""
         self._merged_appends: list[_OpenAppend] = []
         self.retry_appends: DueQueue[int] = DueQueue()
         self.held_commands: list[ev.Event] = []
@@ -1303,7 +1306,10 @@ class Node:
             execute_at = now.wall
         # Upstream's keys in upstream's order, optional ones only when set; built in one pass
         # (this is the per-enqueue hot path).
-        now_text = format_rfc3339(now.wall)
+        if now.wall != self._now_text_wall:  # one reading serves a whole burst
+            self._now_text_wall = now.wall
+            self._now_text = format_rfc3339(now.wall)
+        now_text = self._now_text
         fields: dict[str, Any] = {
             "taskId": cmd.task_id,
             "retryCount": 0,

@@ -42,10 +42,9 @@ Decisions where upstream had no rule:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -54,6 +53,7 @@ import orjson
 from snerd.core.cron import normalize_cron
 from snerd.core.events import Event
 from snerd.core.retry import MAX_RETRY_AFTER_HOURS
+from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import parse_rfc3339
 
 __all__ = [
@@ -398,45 +398,6 @@ def _plain_enqueue(doc: dict[str, Any]) -> Enqueue | None:
     else:
         return None
     return _new_plain_enqueue(task_id, task_type, task_data, max_retries, hours)
-
-
-def _plain_enqueue_factory() -> Callable[[str, str, str, int, float], Enqueue]:
-    """`Enqueue(task_id=, task_type=, task_data=, max_retries=, retry_after_hours=)` with every
-    other field at its default, without the frozen dataclass's `__init__`: that sets each of
-    the 15 fields with `object.__setattr__`, about 6 us here — most of parsing a small
-    enqueue. Setting the slots directly builds an equal object (as `records._make_record` does
-    for `LogRecord`). If `Enqueue` ever changes shape, the class itself is used."""
-    required = ("task_id", "task_type", "task_data", "max_retries", "retry_after_hours")
-    fields = dataclasses.fields(Enqueue)
-    if tuple(f.name for f in fields[:5]) != required or any(
-        f.default is dataclasses.MISSING for f in fields[5:]
-    ):
-        return lambda task_id, task_type, task_data, max_retries, hours: Enqueue(
-            task_id=task_id,
-            task_type=task_type,
-            task_data=task_data,
-            max_retries=max_retries,
-            retry_after_hours=hours,
-        )
-    slots = vars(Enqueue)
-    set_id, set_type, set_data, set_retries, set_hours = (slots[n].__set__ for n in required)
-    defaults = tuple((slots[f.name].__set__, f.default) for f in fields[5:])
-    new = object.__new__
-
-    def make(
-        task_id: str, task_type: str, task_data: str, max_retries: int, hours: float
-    ) -> Enqueue:
-        cmd: Enqueue = new(Enqueue)
-        set_id(cmd, task_id)
-        set_type(cmd, task_type)
-        set_data(cmd, task_data)
-        set_retries(cmd, max_retries)
-        set_hours(cmd, hours)
-        for set_default, value in defaults:
-            set_default(cmd, value)
-        return cmd
-
-    return make
 
 
 def _plain_result(doc: dict[str, Any]) -> Result | None:
@@ -810,4 +771,9 @@ def encode_message(msg: dict[str, Any]) -> bytes:
     return orjson.dumps(msg, option=orjson.OPT_APPEND_NEWLINE)
 
 
-_new_plain_enqueue = _plain_enqueue_factory()
+#: `Enqueue(task_id=, task_type=, task_data=, max_retries=, retry_after_hours=)` with every other
+#: field at its default, without the frozen dataclass's `__init__` (which sets each of the 15
+#: fields with `object.__setattr__`: most of parsing a small enqueue).
+_new_plain_enqueue = slot_constructor(
+    Enqueue, "task_id", "task_type", "task_data", "max_retries", "retry_after_hours"
+)
