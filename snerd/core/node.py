@@ -600,7 +600,11 @@ class Node:
         # The shell reads a base record back to build its line; if that fails (a damaged
         # record), the whole append fails: such an append stands alone, so no other record
         # fails with it, and later appends follow it (a new effect).
-        based = any(r.base is not None for r in part)
+        based = False
+        for r in part:  # (a loop: a generator for one or two records costs more)
+            if r.base is not None:
+                based = True
+                break
         merged = self._open_appends.get(shard)
         if merged is not None and based:
             del self._open_appends[shard]

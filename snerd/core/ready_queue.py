@@ -18,7 +18,6 @@ a caller bug and raises (discard it first to move it).
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
@@ -57,7 +56,7 @@ class ReadyQueue(Generic[K]):
         """
         if key in self._live:
             raise ValueError(f"{key!r} is already in the ready queue")
-        if math.isnan(urgency):
+        if urgency != urgency:  # NaN (the one value unequal to itself)
             # NaN compares false both ways and would silently corrupt the heap order.
             raise ValueError("urgency must not be NaN")
         self._counter += 1
