@@ -1207,10 +1207,9 @@ class Node:
             self._push_ready(task)
 
     def _on_enqueue(self, cmd: proto.Enqueue) -> None:
-        if self._hold_or(cmd):
-            return
         if self.phase is not NodePhase.RUNNING:
-            self._send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
+            if not self._hold_or(cmd):
+                self._send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
             return
         existing = self.tasks.get(cmd.task_id)
         if existing is not None:
