@@ -378,10 +378,10 @@ class Node:
         #: Appends of this call open to later appends to their shard, by shard; and those a
         #: second one joined, to rebuild at the end of the call (`_append`, `_end`).
         self._open_appends: dict[int, _OpenAppend] = {}
+        self._merged_appends: list[_OpenAppend] = []
         #: `format_rfc3339` of the wall time `_now_text_wall` (`_enqueue_fields`).
         self._now_text_wall = -1
         self._now_text = ""
-        self._merged_appends: list[_OpenAppend] = []
         self.retry_appends: DueQueue[int] = DueQueue()
         self.held_commands: list[ev.Event] = []
         self.seq = 0
@@ -497,9 +497,8 @@ class Node:
                 assert merged.records is not None
                 effect = _new_append(merged.token, merged.shard, tuple(merged.records))
                 out[merged.index] = effect
-                group = self.pending.get(merged.token)
-                if group is not None:  # (else it was already answered: no shell saw it)
-                    group.effect = effect
+                # (Its outcome, the only thing that removes the group, comes in a later call.)
+                self.pending[merged.token].effect = effect
             self._merged_appends.clear()
         return out
 
