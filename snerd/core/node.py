@@ -615,14 +615,10 @@ class Node:
                 self._merged_appends.append(merged)
                 first.effect = None
                 self.pending[merged.token] = PendingAppend(
-                    "group",
-                    shard,
-                    None,
-                    [],
-                    None,
-                    {"parts": [(first, len(merged.records))]},
-                    False,
-                    info.tenure,
+                    kind="group",
+                    shard=shard,
+                    extra={"parts": [(first, len(merged.records))]},
+                    tenure=info.tenure,
                 )
             self.pending[merged.token].extra["parts"].append((pending, len(part)))
             pending.effect = None

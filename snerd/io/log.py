@@ -1192,9 +1192,7 @@ class GroupCommitLog:
         # The file's own size as well as this process's idea of it: another process may have
         # appended (a daemon that took the shard over while this one was paused past its lease,
         # say); renaming the copy over the log would unlink what it wrote.
-        size = current.st_size
-        if state is not None and state.size != size:
-            size = max(size, state.size)
+        size = max(current.st_size, state.size if state is not None else 0)
         if size != copied.src_size:
             raise OSError(
                 errno.EAGAIN,

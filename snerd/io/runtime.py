@@ -201,7 +201,7 @@ class Runtime:
         #: round with the writer thread per burst, one log job and one callback per file), and
         #: how many records that is.
         self._outbox: dict[str, _Outgoing] = {}
-        self._outbox_appends = 0
+        self._outbox_records = 0
         #: `_process` is running (it is not re-entered), and an error it raised outside the
         #: driver (in `pump`), re-raised by the driver.
         self._processing = False
@@ -345,11 +345,11 @@ class Runtime:
                 # (`Node.handle_burst`); their effects are carried out in order after them.
                 for effect in handle_burst(events, now(), _EVENT_BURST):
                     table[type(effect)](self, effect)
-                if self._outbox_appends >= _OUTBOX_BURST:
+                if self._outbox_records >= _OUTBOX_BURST:
                     self._submit_appends()  # keep the writer busy during a long burst
                 if (
                     not events
-                    and 0 < self._outbox_appends <= _INLINE_APPENDS
+                    and 0 < self._outbox_records <= _INLINE_RECORDS
                     and self._exit_code is None
                 ):
                     # The end of a small burst (a lone enqueue, a result): if the writer is
@@ -367,7 +367,7 @@ class Runtime:
     def _submit_appends(self, *, inline: bool = False) -> None:
         assert self._log is not None
         outbox, self._outbox = self._outbox, {}
-        self._outbox_appends = 0
+        self._outbox_records = 0
         self._log.submit_many(
             [(path, out.lines, out.done) for path, out in outbox.items()], inline=inline
         )
@@ -498,7 +498,7 @@ class Runtime:
         if out is None:
             out = self._outbox[path] = _Outgoing(self, path, inbox)
         out.add(effect.token, lines, records)
-        self._outbox_appends += len(lines)  # records: the core merges a burst's appends
+        self._outbox_records += len(lines)
 
     def _read_inbox(self, effect: fx.ReadInbox) -> None:
         assert self._nursery is not None
@@ -877,7 +877,7 @@ _OUTBOX_BURST = 256
 _EVENT_BURST = 64
 #: A burst that ends with at most this many records to append commits them in the trio thread
 #: when the log writer is idle (`GroupCommitLog.submit_many(inline=True)`).
-_INLINE_APPENDS = 16
+_INLINE_RECORDS = 16
 
 _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Send: Runtime._send,
