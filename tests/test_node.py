@@ -795,3 +795,120 @@ def test_an_unreadable_payload_is_a_failed_attempt_decided_by_the_core() -> None
     assert [e.attempt for e in sh.executed] == [1, 2]  # its retry rules applied
     sh.feed(ev.PayloadUnreadable(task_id="a", attempt=1, error="late"))  # stale: ignored
     assert [e.attempt for e in sh.executed] == [1, 2]
+
+
+# --- the batch path of plain enqueues (`Node._enqueue_plain`) ----------------------------------
+
+
+def test_plain_and_other_enqueues_in_one_burst_keep_arrival_order_in_records_and_acks() -> None:
+    # Plain enqueues go the batch path; one with an urgency goes the long way between them.
+    # One append, records and acks in arrival order; each task where it belongs.
+    sh = started(NodeConfig(node_id="test-node@pid-1-aa", max_workers=1))
+    sh.register("t")
+    sh.enqueue("busy")  # runs at once, so the rest queue behind it
+    lines = [
+        *_enqueue_lines("p1", "p2", task_type="t"),
+        *_enqueue_lines("u1", task_type="t", urgency_score=5),
+        *_enqueue_lines("p3", task_type="t"),
+        *_enqueue_lines("n1"),
+    ]
+    effects = sh.burst(lines)
+    (append,) = [e for e in effects if isinstance(e, fx.Append)]
+    order = ["p1", "p2", "u1", "p3", "n1"]
+    assert [r.fields["taskId"] for r in append.records] == order
+    assert [m.get("task_id") for m in sh.messages("ack")][-5:] == order
+    assert sh.node.tasks["n1"].state.value == "parked"
+    assert {sh.node.tasks[i].state.value for i in ("p1", "p2", "u1", "p3")} == {"ready"}
+    sh.result("busy")
+    assert sh.executed_ids()[1] == "u1"  # most urgent first, then FIFO
+    for task_id in ("u1", "p1", "p2"):
+        sh.result(task_id)
+    assert sh.executed_ids() == ["busy", "u1", "p1", "p2", "p3"]
+
+
+def test_a_step_down_answers_each_plain_enqueue_of_a_burst_still_in_flight() -> None:
+    sh = started()
+    sh.hold_appends = True
+    sh.burst(_enqueue_lines("s1", "s2", "s3"))
+    assert not sh.messages("ack")
+    sh.feed(ev.LockLost(shard=0, error="Input/output error (EIO)"))
+    errors = sh.messages("error")
+    assert [m["task_id"] for m in errors] == ["s1", "s2", "s3"]
+    assert all("changed owner before the enqueue was confirmed" in m["message"] for m in errors)
+    sh.hold_appends = False
+    sh.release_held()
+    assert not sh.messages("ack")  # answered once, never acked after the error
+
+
+_PLAIN_LINE = st.builds(
+    lambda i, kind: {
+        "action": "enqueue",
+        "task_id": f"k{i}",
+        "task_type": kind,
+        "task_data": "{}",
+        "max_retries": 1,
+        "retry_after_hours": 0,
+    },
+    st.integers(0, 12),
+    st.sampled_from(["t", "nobody"]),
+)
+_OTHER_LINE = st.one_of(
+    st.builds(
+        lambda i, u: {
+            "action": "enqueue",
+            "task_id": f"k{i}",
+            "task_type": "t",
+            "task_data": "{}",
+            "max_retries": 0,
+            "retry_after_hours": 0,
+            "urgency_score": u,
+        },
+        st.integers(0, 12),
+        st.integers(1, 3),
+    ),
+    st.builds(lambda i: {"action": "result", "task_id": f"k{i}", "status": "success"},
+              st.integers(0, 12)),
+    st.builds(lambda i: {"action": "result", "task_id": f"k{i}", "status": "error",
+                         "error_msg": "no"}, st.integers(0, 12)),
+    st.just({"action": "register", "task_type": "t"}),
+    st.just({"action": "enqueue", "task_id": "k1"}),
+)
+_STEP = st.one_of(
+    st.lists(st.one_of(_PLAIN_LINE, _OTHER_LINE), min_size=1, max_size=8).map(
+        lambda lines: ("burst", lines)
+    ),
+    st.sampled_from([("disk_full", True), ("disk_full", False), ("hold", True), ("hold", False),
+                     ("lock_lost", None), ("advance", None)]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_STEP, max_size=14), st.integers(1, 3))
+def test_the_batch_path_of_plain_enqueues_decides_what_the_long_way_decides(
+    steps: list[tuple[str, Any]], workers: int
+) -> None:
+    # The same traffic through a node with the batch path and one without it: the same
+    # messages, in the same order, the same log, the same tasks in the same states.
+    config = NodeConfig(node_id="test-node@pid-1-aa", max_workers=workers)
+    fast, slow = started(config), started(config)
+    slow.node._enqueue_plain = lambda plain: False  # type: ignore[method-assign]
+    for kind, arg in steps:
+        for sh in (fast, slow):
+            if kind == "burst":
+                sh.burst([ev.LineReceived(line=orjson.dumps(m)) for m in arg])
+            elif kind == "disk_full":
+                sh.disk_full = arg
+            elif kind == "hold":
+                sh.hold_appends = arg
+                if not arg:
+                    sh.release_held()
+            elif kind == "lock_lost":
+                sh.feed(ev.LockLost(shard=0, error="Input/output error (EIO)"))
+            else:
+                sh.advance(2)
+        assert fast.sent == slow.sent
+        assert bytes(fast.disk["logs"].get(0, b"")) == bytes(slow.disk["logs"].get(0, b""))
+        assert {k: t.state for k, t in fast.node.tasks.items()} == {
+            k: t.state for k, t in slow.node.tasks.items()
+        }
+    assert fast.executed_ids() == slow.executed_ids()

@@ -48,6 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import orjson
 import xxhash
 
 from snerd.core import effects as fx
@@ -328,6 +329,8 @@ class _OpenAppend:
     #: Every record once a second append has joined (the effect is rebuilt at the end of the
     #: call); None while it is the first alone.
     records: list[fx.NewRecord] | None = None
+    #: Its last part: a run of plain enqueues there takes more of them (`_append_enqueue`).
+    last: PendingAppend | None = None
 
 
 @dataclass(slots=True)
@@ -346,6 +349,8 @@ class PendingAppend:
     answered: bool = False
     #: The shard's tenure when the append was issued (`ShardInfo.tenure`).
     tenure: int = 0
+    #: How many records of its `Append` are its own (all of them, unless merged).
+    count: int = 0
 
 
 class Node:
@@ -596,6 +601,7 @@ class Node:
         info = self.shards[shard]
         pending.tenure = info.tenure
         part = tuple(records)
+        pending.count = len(part)
         # The shell reads a base record back to build its line; if that fails (a damaged
         # record), the whole append fails: such an append stands alone, so no other record
         # fails with it, and later appends follow it (a new effect).
@@ -609,20 +615,12 @@ class Node:
             del self._open_appends[shard]
         elif merged is not None and merged.tenure == info.tenure and not info.compacting:
             if merged.records is None:
-                first = self.pending[merged.token]
-                assert first.effect is not None
-                merged.records = list(first.effect.records)
-                self._merged_appends.append(merged)
-                first.effect = None
-                self.pending[merged.token] = PendingAppend(
-                    kind="group",
-                    shard=shard,
-                    extra={"parts": [(first, len(merged.records))]},
-                    tenure=info.tenure,
-                )
-            self.pending[merged.token].extra["parts"].append((pending, len(part)))
+                self._group(merged, info)
+                assert merged.records is not None
+            self.pending[merged.token].extra["parts"].append(pending)
             pending.effect = None
             merged.records += part
+            merged.last = pending
             return
         token = self._next_token()
         effect = _new_append(token, shard, part)
@@ -633,8 +631,43 @@ class Node:
             return
         info.appends_in_flight += 1
         if not based:
-            self._open_appends[shard] = _OpenAppend(token, shard, len(self._out), info.tenure)
+            self._open_appends[shard] = _OpenAppend(
+                token, shard, len(self._out), info.tenure, last=pending
+            )
         self._emit(effect)
+
+    def _group(self, merged: _OpenAppend, info: ShardInfo) -> None:
+        """A second append joins `merged`: its pending becomes a "group" listing each part
+        (the first so far), and the effect is rebuilt from `merged.records` at the end of the
+        call."""
+        first = self.pending[merged.token]
+        assert first.effect is not None
+        merged.records = list(first.effect.records)
+        self._merged_appends.append(merged)
+        first.effect = None
+        self.pending[merged.token] = PendingAppend(
+            kind="group", shard=merged.shard, extra={"parts": [first]}, tenure=info.tenure
+        )
+
+    def _append_enqueue(
+        self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str
+    ) -> None:
+        """`_append` for the record of a plain enqueue (`_enqueue_plain`): consecutive ones
+        to a shard within a call are one part, kind "enqueues", listing their task ids (one
+        pending for a burst of them, not one each); acked, scheduled or failed one by one, in
+        order, as if each were an "enqueue" of its own."""
+        merged = self._open_appends.get(shard)
+        if merged is not None and merged.tenure == info.tenure and not info.compacting:
+            run = merged.last
+            if run is not None and run.kind == "enqueues":
+                if merged.records is None:
+                    self._group(merged, info)
+                    assert merged.records is not None
+                merged.records.append(record)
+                run.extra["ids"].append(task_id)
+                run.count += 1
+                return
+        self._append(shard, (record,), PendingAppend("enqueues", shard, extra={"ids": [task_id]}))
 
     def _emit_append(self, info: ShardInfo, effect: fx.Append) -> None:
         """Emit an append decided earlier (held back, or to retry): after it, later appends
@@ -652,8 +685,7 @@ class Node:
         """Every append in flight or waiting, the parts of merged ones one by one."""
         for p in self.pending.values():
             if p.kind == "group":
-                for part, _ in p.extra["parts"]:
-                    yield part
+                yield from p.extra["parts"]
             else:
                 yield p
 
@@ -923,13 +955,14 @@ class Node:
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
         for p in self._pending_parts():
-            if p.shard == shard and p.kind == "enqueue" and not p.answered:
+            if p.shard == shard and p.kind in ("enqueue", "enqueues") and not p.answered:
                 p.answered = True
                 message = proto.failed_to_enqueue(
                     f"{shard_name(shard)} changed owner before the enqueue was confirmed; "
                     "it may or may not be enqueued"
                 )
-                for task_id in [p.task_id, *p.dedupe_waiters]:
+                answer = p.extra["ids"] if p.kind == "enqueues" else [p.task_id]
+                for task_id in [*answer, *p.dedupe_waiters]:
                     self._send(proto.error(task_id, message))
         for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
             self._forget(task_id)
@@ -1183,8 +1216,25 @@ class Node:
                 )
             )
             return
+        line = event.line
         try:
-            command = proto.parse_line(event.line)
+            doc = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            doc = _NOT_JSON
+        if (
+            type(doc) is dict
+            and doc.get("action") == "enqueue"
+            and self.phase is NodePhase.RUNNING
+            and len(line) <= proto.DEFAULT_MAX_LINE_BYTES
+        ):
+            plain = proto.plain_enqueue(doc)
+            if plain is not None and self._enqueue_plain(plain):
+                return
+        try:
+            if doc is _NOT_JSON or len(line) > proto.DEFAULT_MAX_LINE_BYTES:
+                command = proto.parse_line(line)  # (it words the error)
+            else:
+                command = proto.parse_document(doc)
         except proto.ProtocolError as err:
             self._send(proto.error(err.task_id, err.message))
             return
@@ -1290,6 +1340,75 @@ class Node:
         self._append(
             shard, records, PendingAppend("enqueue", shard, cmd.task_id)
         )
+
+    def _enqueue_plain(self, plain: proto.PlainEnqueue) -> bool:
+        """The batch path of the commonest line, a plain enqueue (`proto.plain_enqueue`),
+        while running: what `_on_enqueue` does for it, without building the `Enqueue`, and
+        with the records of consecutive ones in one pending (`_append_enqueue`). False, having
+        done nothing, for a line `_on_enqueue` must decide: its task id pending, its shard not
+        ours (the inbox), or a task that might be dispatched with its enqueue record."""
+        task_id, task_type, task_data, max_retries, hours = plain
+        if task_id in self.tasks:
+            return False
+        if (
+            task_type in self.registered
+            and len(self.inflight) < self.config.max_workers
+            and not any(self.ready.values())
+        ):
+            return False  # it might run at once (`_runs_at_once`)
+        shards = int((self.doc or _NO_DOC).get("shards", 1))
+        shard = route_shard(task_id, shards) if shards != 1 else 0
+        info = self.shards.get(shard)
+        if info is None or info.phase is not ShardPhase.ACTIVE:
+            return False
+        now = self._now
+        wall = now.wall
+        if wall != self._now_text_wall:
+            self._now_text_wall = wall
+            self._now_text = format_rfc3339(wall)
+        now_text = self._now_text
+        seq = info.next_seq
+        info.next_seq = seq + 1
+        self.seq += 1
+        # The keys and their order of `_enqueue_fields` for a plain enqueue.
+        fields = {
+            "taskId": task_id,
+            "retryCount": 0,
+            "maxRetries": max_retries,
+            "retryAfterHours": hours,
+            "retryAfterTime": now_text,
+            "taskData": task_data,
+            "taskType": task_type,
+            "executeAt": now_text,
+            "snerdNode": self.config.node_id,
+            "snerdEpoch": info.epoch,
+            "snerdSeq": seq,
+        }
+        self.tasks[task_id] = Task(
+            task_id,  # task_id
+            task_type,  # task_type
+            shard,  # shard
+            self.seq,  # seq
+            TaskState.ENQUEUING,  # state
+            0,  # retry_count
+            max_retries,  # max_retries
+            hours,  # retry_after_hours
+            wall,  # ready_at_us
+            0.0,  # urgency
+            "default",  # pool (`_pool_of(None)`)
+            None,  # group
+            None,  # max_per_minute
+            None,  # payload_hash
+            None,  # cron
+            None,  # webhook_url
+            None,  # max_execution_seconds
+            (),  # trigger_after_ids
+            None,  # loc
+            1,  # attempt
+        )
+        self.stats["total_enqueued"] += 1
+        self._append_enqueue(shard, info, _new_record(fields), task_id)
+        return True
 
     def _enqueue_fields(
         self, cmd: proto.Enqueue, payload_hash: str | None
@@ -1860,12 +1979,12 @@ class Node:
             return
         offsets, lengths = event.offsets, event.lengths
         at = 0
-        for part, n in p.extra["parts"]:
+        for part in p.extra["parts"]:
             # An earlier part may have stepped the node down from the shard (mypy keeps the
             # narrowing of the check above across the calls).
             if info.phase is ShardPhase.UNOWNED or part.tenure != info.tenure:  # type: ignore[comparison-overlap]
                 return
-            end = at + n
+            end = at + part.count
             self._part_committed(part, info, offsets[at:end], lengths[at:end])
             at = end
 
@@ -1873,6 +1992,9 @@ class Node:
         self, p: PendingAppend, info: ShardInfo, offsets: tuple[int, ...], lengths: tuple[int, ...]
     ) -> None:
         """The records of one append (or of one part of merged ones) are in the log."""
+        if p.kind == "enqueues":
+            self._enqueues_committed(p.extra["ids"], p.shard, offsets, lengths)
+            return
         loc = _new_location(p.shard, offsets[0], lengths[0])
         if p.kind == "ingest":
             self._ingested(p, offsets, lengths, info)
@@ -1928,6 +2050,36 @@ class Node:
                 self._push_ready(task)
         elif p.kind == "finish":
             self._finished(task, p.extra["outcome"], p.extra["error"], loc)
+
+    def _enqueues_committed(
+        self, ids: list[str], shard: int, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> None:
+        """A run of plain enqueues (`_enqueue_plain`) is in the log: each is acked and
+        scheduled in turn, as an "enqueue" part would be (`_schedule`, for a task with no
+        parents, no webhook and not dispatched with its record)."""
+        tasks = self.tasks
+        wall = self._now.wall
+        registered = self.registered
+        out = self._out
+        for i, task_id in enumerate(ids):
+            task = tasks.get(task_id)
+            if task is None:
+                continue
+            task.loc = _new_location(shard, offsets[i], lengths[i])
+            out.append(_new_send(proto.ack_enqueued(task_id, shard)))
+            if task.ready_at_us > wall:
+                self._move(task, TaskState.WAITING)
+                self.due.push(task_id, task.ready_at_us, task.seq)
+            elif task.task_type in registered:
+                self._move(task, TaskState.READY)
+                self._push_ready(task)
+            else:
+                # `_schedule`: ENQUEUING -> READY -> PARKED, in one step here.
+                task.state = TaskState.PARKED
+                parked = self.parked_by_type.get(task.task_type)
+                if parked is None:
+                    parked = self.parked_by_type[task.task_type] = ReadyQueue()
+                parked.push(task_id, task.urgency, task.seq)
 
     def _ingested(
         self, p: PendingAppend, offsets: tuple[int, ...], lengths: tuple[int, ...], info: ShardInfo
@@ -2030,8 +2182,8 @@ class Node:
         assert p.effect is not None
         records = p.effect.records
         at = 0
-        for part, n in p.extra["parts"]:
-            end = at + n
+        for part in p.extra["parts"]:
+            end = at + part.count
             if part.tenure == info.tenure:  # (an earlier part may have stepped the node down)
                 token = self._next_token()
                 part.effect = _new_append(token, p.shard, records[at:end])
@@ -2062,6 +2214,16 @@ class Node:
             self.inbox_poll_at_mono = max(
                 self.inbox_poll_at_mono or 0, self._now.mono + self.config.retry_io_us
             )
+            return
+        if p.kind == "enqueues":
+            del self.pending[token]
+            if p.answered:
+                return
+            message = proto.failed_to_enqueue(error)
+            for task_id in p.extra["ids"]:
+                self.tasks.pop(task_id, None)
+                self.stats["total_enqueued"] -= 1
+                self._send(proto.error(task_id, message))
             return
         if p.kind == "enqueue":
             del self.pending[token]
@@ -2573,6 +2735,9 @@ _T = TypeVar("_T")
 
 
 _new_send = slot_constructor(fx.Send, "message")
+#: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
+_NOT_JSON = object()
+_NO_DOC: dict[str, Any] = {}
 _new_append = slot_constructor(fx.Append, "token", "shard", "records")
 _new_record = slot_constructor(fx.NewRecord, "fields")
 _new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
