@@ -850,11 +850,15 @@ class World:
     def _fx_append(self, proc: _Proc, effect: fx.Append | fx.AppendInbox) -> None:
         """`fx.Append` to the shard's log, or `fx.AppendInbox` to the process's own inbox file
         of the shard: one group-commit writer thread serves both, as in `snerd.io.runtime`."""
+        built: list[dict[str, Any]] = []
         try:
-            # `_build` inline for the usual record without a base.
-            built = [dict(r.fields) if r.base is None else self._build(r) for r in effect.records]
+            for r in effect.records:
+                # `_build` inline for the usual record without a base.
+                built.append(dict(r.fields) if r.base is None else self._build(r))
         except CorruptRecord as exc:
-            failed = ev.AppendFailed(token=effect.token, error=str(exc), permanent=True)
+            failed = ev.AppendFailed(
+                token=effect.token, error=str(exc), permanent=True, record=len(built)
+            )
             self._answer(proc, failed, 100, 1_000, "log")
             return
         lines = list(map(encode_record, built))

@@ -279,7 +279,7 @@ class FakeShell:
     def _commit(self, effect: fx.Append) -> None:
         log = self.disk["logs"].setdefault(effect.shard, bytearray())
         if self.fail_bases:
-            for record in effect.records:
+            for index, record in enumerate(effect.records):
                 if record.base is None:
                     continue
                 loc = record.base
@@ -288,7 +288,9 @@ class FakeShell:
                     decode_record(bytes(src).rstrip(b"\n"))
                 except ValueError as exc:
                     self.queue.append(
-                        ev.AppendFailed(token=effect.token, error=str(exc), permanent=True)
+                        ev.AppendFailed(
+                            token=effect.token, error=str(exc), permanent=True, record=index
+                        )
                     )
                     return
         offsets, lengths = [], []

@@ -540,6 +540,10 @@ def test_materialize_builds_on_a_base_record_from_the_log(tmp_path: Path) -> Non
     )
     with pytest.raises(CorruptRecord, match="taskData"):
         materialize([missing], path_for)
+    built: list[bytes] = []
+    with pytest.raises(CorruptRecord, match="taskData"):
+        materialize([plain, new, missing, plain], path_for, out=built)
+    assert len(built) == 2  # the index of the record that could not be built
 
 
 # -- compaction ---------------------------------------------------------------------------------

@@ -912,3 +912,49 @@ def test_the_batch_path_of_plain_enqueues_decides_what_the_long_way_decides(
             k: t.state for k, t in slow.node.tasks.items()
         }
     assert fast.executed_ids() == slow.executed_ids()
+
+
+def _result_lines(*ids: str, ok: bool = True) -> list[ev.Event]:
+    status = "success" if ok else "error"
+    return [
+        ev.LineReceived(
+            line=orjson.dumps({"action": "result", "task_id": i, "status": status, "error_msg": "x"})
+        )
+        for i in ids
+    ]
+
+
+def test_the_tombstones_of_a_burst_of_results_are_one_append() -> None:
+    sh = started()
+    sh.register("t")
+    sh.burst(_enqueue_lines("r1", "r2", "r3", task_type="t"))
+    assert sorted(sh.executed_ids()) == ["r1", "r2", "r3"]
+    effects = sh.burst(_result_lines("r1", "r2", "r3"))
+    (append,) = [e for e in effects if isinstance(e, fx.Append)]
+    assert [r.base is not None for r in append.records] == [True, True, True]
+    assert [r.fields["snerdOutcome"] for r in append.records] == ["completed"] * 3
+    assert sh.node.tasks == {}
+    tombs = [r for r in sh.log_records() if r.get("deletedAt")]
+    assert [r["taskId"] for r in tombs] == ["r1", "r2", "r3"]
+
+
+def test_a_damaged_base_in_a_merged_append_fails_only_its_own_task() -> None:
+    # The shell names the record it could not build; the enqueue and the other tombstones
+    # in the same append are written without it, and the damaged task is dead-lettered.
+    sh = started()
+    sh.register("t")
+    sh.burst(_enqueue_lines("good", "bad", task_type="t"))
+    loc = sh.node.tasks["bad"].loc
+    assert loc is not None
+    sh.disk["logs"][0][loc.offset + 5] ^= 0x01  # a flipped bit on disk
+    sh.fail_bases = True
+    effects = sh.burst([*_result_lines("bad", "good"), *_enqueue_lines("fresh")])
+    appends = [len(e.records) for e in effects if isinstance(e, fx.Append)]
+    assert appends == [3]  # one append: two tombstones and an enqueue record
+    assert [m.get("task_id") for m in sh.messages("ack")][-1] == "fresh"
+    assert not sh.messages("error")
+    assert set(sh.node.tasks) == {"fresh"}
+    outcomes = {r["taskId"]: r["snerdOutcome"] for r in sh.log_records() if r.get("deletedAt")}
+    assert outcomes == {"good": "completed", "bad": "dead_letter"}
+    (dead,) = [r for r in sh.log_records() if r.get("snerdOutcome") == "dead_letter"]
+    assert "could not rebuild" in dead["LastErrorObj"]

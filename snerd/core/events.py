@@ -224,6 +224,10 @@ class AppendFailed(Event):
     #: True when retrying cannot help: the record could not be built (its base record is
     #: damaged on disk, or a field cannot be encoded), as opposed to an I/O error.
     permanent: bool = False
+    #: The index in the `Append`'s records of the one record that could not be built (its
+    #: base unreadable, or unencodable); None when the write itself failed. Nothing of the
+    #: append was written either way: the other records may be appended again.
+    record: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

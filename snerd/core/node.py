@@ -384,7 +384,7 @@ class Node:
         #: second one joined, to rebuild at the end of the call (`_append`, `_end`).
         self._open_appends: dict[int, _OpenAppend] = {}
         self._merged_appends: list[_OpenAppend] = []
-        #: `format_rfc3339` of the wall time `_now_text_wall` (`_enqueue_fields`).
+        #: `format_rfc3339` of the wall time `_now_text_wall` (`_wall_text`).
         self._now_text_wall = -1
         self._now_text = ""
         self.retry_appends: DueQueue[int] = DueQueue()
@@ -572,6 +572,15 @@ class Node:
     def _emit(self, effect: fx.Effect) -> None:
         self._out.append(effect)
 
+    def _wall_text(self) -> str:
+        """`format_rfc3339` of the current wall time, made once per clock reading (a burst's
+        records share it)."""
+        wall = self._now.wall
+        if wall != self._now_text_wall:
+            self._now_text_wall = wall
+            self._now_text = format_rfc3339(wall)
+        return self._now_text
+
     def _log(self, level: str, message: str) -> None:
         self._emit(fx.Log(level=level, message=message))
 
@@ -596,24 +605,17 @@ class Node:
         of 64 enqueues is one effect and one `AppendCommitted`, not 64 of each (the shell
         commits a file's share of a batch as a whole anyway: one write, one fsync, and on
         error every append of it fails). Its pending is a "group" listing each part; the
-        outcome is handed to each part in turn as if it were an append of its own.
+        outcome is handed to each part in turn as if it were an append of its own. A record
+        whose base the shell cannot read fails its own part only: the shell names it
+        (`AppendFailed.record`) and writes nothing, and the other parts are issued again
+        (`_on_append_failed`).
         """
         info = self.shards[shard]
         pending.tenure = info.tenure
         part = tuple(records)
         pending.count = len(part)
-        # The shell reads a base record back to build its line; if that fails (a damaged
-        # record), the whole append fails: such an append stands alone, so no other record
-        # fails with it, and later appends follow it (a new effect).
-        based = False
-        for r in part:  # (a loop: a generator for one or two records costs more)
-            if r.base is not None:
-                based = True
-                break
         merged = self._open_appends.get(shard)
-        if merged is not None and based:
-            del self._open_appends[shard]
-        elif merged is not None and merged.tenure == info.tenure and not info.compacting:
+        if merged is not None and merged.tenure == info.tenure and not info.compacting:
             if merged.records is None:
                 self._group(merged, info)
                 assert merged.records is not None
@@ -630,10 +632,9 @@ class Node:
             info.backlog.append(effect)
             return
         info.appends_in_flight += 1
-        if not based:
-            self._open_appends[shard] = _OpenAppend(
-                token, shard, len(self._out), info.tenure, last=pending
-            )
+        self._open_appends[shard] = _OpenAppend(
+            token, shard, len(self._out), info.tenure, last=pending
+        )
         self._emit(effect)
 
     def _group(self, merged: _OpenAppend, info: ShardInfo) -> None:
@@ -1361,12 +1362,8 @@ class Node:
         info = self.shards.get(shard)
         if info is None or info.phase is not ShardPhase.ACTIVE:
             return False
-        now = self._now
-        wall = now.wall
-        if wall != self._now_text_wall:
-            self._now_text_wall = wall
-            self._now_text = format_rfc3339(wall)
-        now_text = self._now_text
+        wall = self._now.wall
+        now_text = self._wall_text()
         seq = info.next_seq
         info.next_seq = seq + 1
         self.seq += 1
@@ -1423,10 +1420,7 @@ class Node:
             execute_at = now.wall
         # Upstream's keys in upstream's order, optional ones only when set; built in one pass
         # (this is the per-enqueue hot path).
-        if now.wall != self._now_text_wall:  # one reading serves a whole burst
-            self._now_text_wall = now.wall
-            self._now_text = format_rfc3339(now.wall)
-        now_text = self._now_text
+        now_text = self._wall_text()
         fields: dict[str, Any] = {
             "taskId": cmd.task_id,
             "retryCount": 0,
@@ -1817,7 +1811,6 @@ class Node:
     def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
         """Take a worker slot for the task's next attempt (-> DISPATCHING); return the fields
         of its dispatch record."""
-        now = self._now
         self._move(task, TaskState.DISPATCHING)
         if task.attempt <= task.retry_count:
             task.attempt = task.retry_count + 1
@@ -1827,7 +1820,7 @@ class Node:
             "snerdKind": KIND_DISPATCH,
             "task": task.task_id,
             "attempt": task.attempt,
-            "at": format_rfc3339(now.wall),
+            "at": self._wall_text(),
         }
         if task.group is not None:
             fields["group"] = task.group
@@ -1934,10 +1927,9 @@ class Node:
 
     def _finish(self, task: Task, outcome: str, error: str | None) -> None:
         """Write the tombstone that ends a task (completed or dead-lettered)."""
-        now = self._now
         fields: dict[str, Any] = {
             "retryCount": task.attempt if outcome == OUTCOME_DEAD else task.retry_count,
-            "deletedAt": format_rfc3339(now.wall),
+            "deletedAt": self._wall_text(),
             "snerdOutcome": outcome,
             **self._meta(task.shard),
         }
@@ -2177,19 +2169,59 @@ class Node:
             self._part_failed(event.token, p, info, event.error, event.permanent)
             return
         # Merged appends: each part fails as an append of its own (under a token of its own,
-        # which a retry then uses).
+        # which a retry then uses); or, when the shell names the one record it could not
+        # build, that record's part fails and the others, of which nothing was written, are
+        # issued again as one new append.
         del self.pending[event.token]
         assert p.effect is not None
         records = p.effect.records
+        bad = event.record
+        again: list[tuple[PendingAppend, tuple[fx.NewRecord, ...]]] = []
         at = 0
         for part in p.extra["parts"]:
             end = at + part.count
             if part.tenure == info.tenure:  # (an earlier part may have stepped the node down)
-                token = self._next_token()
-                part.effect = _new_append(token, p.shard, records[at:end])
-                self.pending[token] = part
-                self._part_failed(token, part, info, event.error, event.permanent)
+                if bad is None or at <= bad < end:
+                    token = self._next_token()
+                    part.effect = _new_append(token, p.shard, records[at:end])
+                    self.pending[token] = part
+                    self._part_failed(token, part, info, event.error, event.permanent)
+                else:
+                    again.append((part, records[at:end]))
             at = end
+        again = [(part, recs) for part, recs in again if part.tenure == info.tenure]
+        if again:
+            self._reissue(info, p.shard, again)
+
+    def _reissue(
+        self,
+        info: ShardInfo,
+        shard: int,
+        parts: list[tuple[PendingAppend, tuple[fx.NewRecord, ...]]],
+    ) -> None:
+        """Append again, as one new `Append`, the parts of a merged append that failed for
+        another part's record (nothing of it was written)."""
+        token = self._next_token()
+        records = tuple(r for _, recs in parts for r in recs)
+        effect = _new_append(token, shard, records)
+        if len(parts) == 1:
+            pending = parts[0][0]
+        else:
+            pending = PendingAppend(
+                kind="group",
+                shard=shard,
+                extra={"parts": [part for part, _ in parts]},
+                tenure=info.tenure,
+                count=len(records),
+            )
+            for part, _ in parts:
+                part.effect = None
+        pending.effect = effect
+        self.pending[token] = pending
+        if info.compacting:
+            info.backlog.append(effect)
+        else:
+            self._emit_append(info, effect)
 
     def _part_failed(
         self, token: int, p: PendingAppend, info: ShardInfo, error: str, permanent: bool

@@ -424,8 +424,11 @@ def materialize(
     records: Sequence[NewRecord],
     path_for_shard: Callable[[int], str | os.PathLike[str]],
     reader: RecordReader | None = None,
+    *,
+    out: list[bytes] | None = None,
 ) -> list[bytes]:
-    """Turn the core's `NewRecord`s into log lines.
+    """Turn the core's `NewRecord`s into log lines (appended to `out` when given, so that
+    after an error `len(out)` is the index of the record that could not be built).
 
     For a record with a `base` location, the record there is read and its fields (payload
     included) are the starting point; the record's own `fields` go on top and its `remove` keys
@@ -433,7 +436,7 @@ def materialize(
     valid task record, `OSError` when it cannot be read, `ValueError` from `encode_record` for
     unencodable fields.
     """
-    lines: list[bytes] = []
+    lines: list[bytes] = [] if out is None else out
     for rec in records:
         fields = rec.fields
         loc = rec.base

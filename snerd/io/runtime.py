@@ -482,15 +482,19 @@ class Runtime:
         else:
             path = self.log_path(effect.shard)
         records = effect.records
+        lines: list[bytes] = []
         try:
-            lines = logio.materialize(records, self.log_path, self._recent)
-        except OSError as exc:
-            self.submit(ev.AppendFailed(token=effect.token, error=f"cannot build record: {exc}"))
-            return
-        except (ValueError, TypeError) as exc:  # a damaged base record; orjson.JSONEncodeError
+            logio.materialize(records, self.log_path, self._recent, out=lines)
+        except (OSError, ValueError, TypeError) as exc:
+            # OSError: the base could not be read (try again later); ValueError, TypeError: a
+            # damaged base record, orjson.JSONEncodeError (trying again cannot help). The
+            # record is named: the others of a merged append go again without it.
             self.submit(
                 ev.AppendFailed(
-                    token=effect.token, error=f"cannot build record: {exc}", permanent=True
+                    token=effect.token,
+                    error=f"cannot build record: {exc}",
+                    permanent=not isinstance(exc, OSError),
+                    record=len(lines),
                 )
             )
             return
