@@ -664,3 +664,23 @@ def test_the_fast_path_for_a_plain_enqueue_gives_what_the_full_parser_gives(
     assert fast is not None
     assert fast == proto._parse_enqueue(proto._Fields(doc, task_id))
     assert proto.parse_line(orjson.dumps(doc)) == fast
+
+
+@given(
+    task_id=st.text(min_size=1, max_size=40),
+    status=st.text(max_size=10) | st.sampled_from(["success", "error"]),
+    error_msg=st.none() | st.text(max_size=30),
+    attempt=st.none() | st.integers(1, 2**31),
+)
+def test_the_fast_path_for_a_plain_result_gives_what_the_full_parser_gives(
+    task_id: str, status: str, error_msg: str | None, attempt: int | None
+) -> None:
+    doc: dict[str, Any] = {"action": "result", "task_id": task_id, "status": status}
+    if error_msg is not None:
+        doc["error_msg"] = error_msg
+    if attempt is not None:
+        doc["attempt"] = attempt
+    fast = proto._plain_result(doc)
+    assert fast is not None
+    assert fast == proto._parse_result(proto._Fields(doc, task_id))
+    assert proto.parse_line(orjson.dumps(doc)) == fast

@@ -436,9 +436,7 @@ def _plain_result(doc: dict[str, Any]) -> Result | None:
         or (attempt is not None and (type(attempt) is not int or attempt < 1))
     ):
         return None
-    return Result(
-        task_id=task_id, success=status == "success", error_msg=error_msg, attempt=attempt
-    )
+    return _new_result(task_id, status == "success", error_msg, attempt)
 
 
 def _parse_enqueue(f: _Fields) -> Enqueue:
@@ -797,3 +795,5 @@ def encode_message(msg: dict[str, Any]) -> bytes:
 _new_plain_enqueue = slot_constructor(
     Enqueue, "task_id", "task_type", "task_data", "max_retries", "retry_after_hours"
 )
+#: `Result(task_id=, success=, error_msg=, attempt=)`, the same way (a result per job).
+_new_result = slot_constructor(Result, "task_id", "success", "error_msg", "attempt")
