@@ -958,3 +958,19 @@ def test_a_damaged_base_in_a_merged_append_fails_only_its_own_task() -> None:
     assert outcomes == {"good": "completed", "bad": "dead_letter"}
     (dead,) = [r for r in sh.log_records() if r.get("snerdOutcome") == "dead_letter"]
     assert "could not rebuild" in dead["LastErrorObj"]
+
+
+def test_a_failed_dispatch_pass_uses_no_attempt_and_runs_each_task_after_the_pause() -> None:
+    sh = started()
+    sh.burst(_enqueue_lines("d1", "d2", "d3", task_type="t"))  # no handler yet: parked
+    sh.disk_full = True
+    effects = sh.burst([ev.LineReceived(line=b'{"action":"register","task_type":"t"}')])
+    (append,) = [e for e in effects if isinstance(e, fx.Append)]
+    assert [r.fields["task"] for r in append.records] == ["d1", "d2", "d3"]  # one pass
+    warnings = [m for level, m in sh.logs_out if "dispatch record not written" in m]
+    assert [w.split()[1] for w in warnings] == ["d1:", "d2:", "d3:"]
+    assert sh.executed_ids() == [] and not sh.node.inflight
+    sh.disk_full = False
+    sh.advance(2)
+    assert sh.executed_ids() == ["d1", "d2", "d3"]
+    assert [e.attempt for e in sh.executed] == [1, 1, 1]

@@ -666,17 +666,18 @@ class Node:
             kind="group", shard=merged.shard, extra={"parts": [first]}, tenure=info.tenure
         )
 
-    def _append_enqueue(
-        self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str
+    def _append_run(
+        self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str, kind: str
     ) -> None:
-        """`_append` for the record of a plain enqueue (`_enqueue_plain`): consecutive ones
-        to a shard within a call are one part, kind "enqueues", listing their task ids (one
-        pending for a burst of them, not one each); acked, scheduled or failed one by one, in
-        order, as if each were an "enqueue" of its own."""
+        """`_append` for one record of a task whose append would mean the same for every
+        task (kind "enqueues": a plain enqueue, `_enqueue_plain`; "dispatches": a dispatch
+        record): consecutive ones to a shard within a call are one part, listing their task
+        ids (one pending for a burst of them, not one each), committed or failed one by one,
+        in order, as if each were an "enqueue" or a "dispatch" of its own."""
         merged = self._open_appends.get(shard)
         if merged is not None and merged.tenure == info.tenure and not info.compacting:
             run = merged.last
-            if run is not None and run.kind == "enqueues":
+            if run is not None and run.kind == kind:
                 if merged.records is None:
                     self._group(merged, info)
                     assert merged.records is not None
@@ -684,7 +685,7 @@ class Node:
                 run.extra["ids"].append(task_id)
                 run.count += 1
                 return
-        self._append(shard, (record,), PendingAppend("enqueues", shard, extra={"ids": [task_id]}))
+        self._append(shard, (record,), PendingAppend(kind, shard, extra={"ids": [task_id]}))
 
     def _emit_append(self, info: ShardInfo, effect: fx.Append) -> None:
         """Emit an append decided earlier (held back, or to retry): after it, later appends
@@ -1420,7 +1421,7 @@ class Node:
             1,  # attempt
         )
         self.stats["total_enqueued"] += 1
-        self._append_enqueue(shard, info, _new_record(fields), task_id)
+        self._append_run(shard, info, _new_record(fields), task_id, "enqueues")
         return True
 
     def _enqueue_fields(
@@ -1818,11 +1819,8 @@ class Node:
 
     def _start_attempt(self, task: Task, pool: str) -> None:
         fields = self._begin_attempt(task, pool)
-        self._append(
-            task.shard,
-            [_new_record(fields)],
-            PendingAppend("dispatch", task.shard, task.task_id),
-        )
+        shard = task.shard
+        self._append_run(shard, self.shards[shard], _new_record(fields), task.task_id, "dispatches")
 
     def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
         """Take a worker slot for the task's next attempt (-> DISPATCHING); return the fields
@@ -2003,6 +2001,14 @@ class Node:
         if p.kind == "enqueues":
             self._enqueues_committed(p.extra["ids"], p.shard, offsets, lengths)
             return
+        if p.kind == "dispatches":
+            tasks = self.tasks
+            for i, task_id in enumerate(p.extra["ids"]):
+                task = tasks.get(task_id)
+                if task is not None:
+                    loc = _new_location(p.shard, offsets[i], lengths[i])
+                    self._dispatch_committed(task, info, loc)
+            return
         loc = _new_location(p.shard, offsets[0], lengths[0])
         if p.kind == "ingest":
             self._ingested(p, offsets, lengths, info)
@@ -2032,15 +2038,6 @@ class Node:
                 self._begin_execution(task)
                 return
             self._schedule(task, self._now)
-        elif p.kind == "dispatch":
-            task.dispatch_loc = loc
-            if task.group is not None:
-                info.window_records.append((self._now.wall, loc))
-            if self.phase is _DRAINING and task.state is _DISPATCHING:
-                # Not sent yet, and we are draining: give the slot back; it runs elsewhere.
-                self._end_flight_unsent(task)
-                return
-            self._begin_execution(task)
         elif p.kind in ("retry", "rearm"):
             task.loc = loc
             if p.kind == "retry":
@@ -2058,6 +2055,17 @@ class Node:
                 self._push_ready(task)
         elif p.kind == "finish":
             self._finished(task, p.extra["outcome"], p.extra["error"], loc)
+
+    def _dispatch_committed(self, task: Task, info: ShardInfo, loc: fx.Location) -> None:
+        """The dispatch record of `task`'s attempt is in the log: the attempt starts."""
+        task.dispatch_loc = loc
+        if task.group is not None:
+            info.window_records.append((self._now.wall, loc))
+        if self.phase is _DRAINING and task.state is _DISPATCHING:
+            # Not sent yet, and we are draining: give the slot back; it runs elsewhere.
+            self._end_flight_unsent(task)
+            return
+        self._begin_execution(task)
 
     def _enqueues_committed(
         self, ids: list[str], shard: int, offsets: tuple[int, ...], lengths: tuple[int, ...]
@@ -2289,17 +2297,18 @@ class Node:
             for dup in p.dedupe_waiters:
                 self._send(proto.error(dup, message))
             return
-        if p.kind == "dispatch":
+        if p.kind == "dispatches":
             del self.pending[token]
-            task = self.tasks.get(p.task_id or "")
-            self._log("warning", f"task {p.task_id}: dispatch record not written ({error})")
-            if task is not None and task.state is _DISPATCHING:
-                # Try again later rather than spin on a full disk; the task keeps its place by
-                # urgency, and nothing else is dispatched from the shard meanwhile (a newer,
-                # less urgent task must not overtake it).
-                if info.hold_dispatch_until_mono is None:
-                    info.hold_dispatch_until_mono = self._now.mono + self.config.retry_io_us
-                self._end_flight_unsent(task)
+            for task_id in p.extra["ids"]:
+                self._log("warning", f"task {task_id}: dispatch record not written ({error})")
+                task = self.tasks.get(task_id)
+                if task is not None and task.state is _DISPATCHING:
+                    # Try again later rather than spin on a full disk; the task keeps its place
+                    # by urgency, and nothing else is dispatched from the shard meanwhile (a
+                    # newer, less urgent task must not overtake it).
+                    if info.hold_dispatch_until_mono is None:
+                        info.hold_dispatch_until_mono = self._now.mono + self.config.retry_io_us
+                    self._end_flight_unsent(task)
             return
         task = self.tasks.get(p.task_id or "")
         if permanent and task is not None and p.kind in ("retry", "rearm", "finish"):
@@ -2378,7 +2387,7 @@ class Node:
         ]
         busy = (
             bool(waiting_for)
-            or any(p.kind != "dispatch" for p in self._pending_parts())
+            or any(p.kind != "dispatches" for p in self._pending_parts())
             or self._inbox_drain_pending()
         )
         if busy and not late:
