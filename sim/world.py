@@ -695,18 +695,30 @@ class World:
             return
         action = msg.get("action")
         if action == "ack":
-            del proc.outstanding[task]
-            entry: dict[str, Any] = {"kind": "enqueue", "phase": "ok", "task": task}
-            entry["node"] = proc.name
             shard = msg.get("shard")
-            if isinstance(shard, str) and shard.startswith("shard-"):
-                entry["shard"] = int(shard[6:])
-            if msg.get("deduplicated"):
-                entry["deduplicated"] = True
-            self._record(entry)
+            number = (
+                int(shard[6:]) if isinstance(shard, str) and shard.startswith("shard-") else None
+            )
+            self._acked(proc, task, number, bool(msg.get("deduplicated")))
         elif action == "error":
             del proc.outstanding[task]
             self._record({"kind": "enqueue", "phase": "fail", "task": task, "node": proc.name})
+
+    def _fx_ack_enqueued(self, proc: _Proc, effect: fx.AckEnqueued) -> None:
+        outstanding = proc.outstanding
+        for task in effect.task_ids:
+            if task in outstanding:
+                self._acked(proc, task, effect.shard, False)
+
+    def _acked(self, proc: _Proc, task: str, shard: int | None, deduplicated: bool) -> None:
+        del proc.outstanding[task]
+        entry: dict[str, Any] = {"kind": "enqueue", "phase": "ok", "task": task}
+        entry["node"] = proc.name
+        if shard is not None:
+            entry["shard"] = shard
+        if deduplicated:
+            entry["deduplicated"] = True
+        self._record(entry)
 
     def _fx_log(self, proc: _Proc, effect: fx.Log) -> None:
         if effect.level == "error":
@@ -1115,6 +1127,7 @@ class World:
 
     _shell: dict[type, Callable[[World, _Proc, Any], None]] = {
         fx.Send: _fx_send,
+        fx.AckEnqueued: _fx_ack_enqueued,
         fx.Log: _fx_log,
         fx.Execute: _fx_execute,
         fx.DeliverDeadLetter: _fx_dead_letter,

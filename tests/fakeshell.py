@@ -14,6 +14,7 @@ import orjson
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
 from snerd.core.records import decode_record, encode_record, scan
 
@@ -157,6 +158,8 @@ class FakeShell:
     def _do(self, effect: fx.Effect) -> None:
         if isinstance(effect, fx.Send):
             self.sent.append(effect.message)
+        elif isinstance(effect, fx.AckEnqueued):
+            self.sent += [proto.ack_enqueued(t, effect.shard) for t in effect.task_ids]
         elif isinstance(effect, fx.Log):
             self.logs_out.append((effect.level, effect.message))
         elif isinstance(effect, fx.Execute):

@@ -771,7 +771,7 @@ def test_a_burst_acks_after_commit_and_then_runs_most_urgent_first() -> None:
     effects = sh.node.handle_burst(lines, sh.now())
     assert not lines
     # Nothing is told to the SDK before its record is durable.
-    assert not [e for e in effects if isinstance(e, (fx.Send, fx.Execute))]
+    assert not [e for e in effects if isinstance(e, (fx.Send, fx.AckEnqueued, fx.Execute))]
     for effect in effects:
         sh._do(effect)
     sh._pump()

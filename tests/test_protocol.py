@@ -684,3 +684,9 @@ def test_the_fast_path_for_a_plain_result_gives_what_the_full_parser_gives(
     assert fast is not None
     assert fast == proto._parse_result(proto._Fields(doc, task_id))
     assert proto.parse_line(orjson.dumps(doc)) == fast
+
+
+@given(ids=st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=5), shard=st.integers(0, 999))
+def test_ack_lines_are_the_framed_acks_of_each_task(ids: list[str], shard: int) -> None:
+    expected = b"".join(proto.encode_message(proto.ack_enqueued(i, shard)) for i in ids)
+    assert proto.ack_lines(ids, shard) == expected

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "AckEnqueued",
     "Append",
     "AppendInbox",
     "CallWebhook",
@@ -198,6 +199,16 @@ class Send(Effect):
     """Send one protocol message to the SDK (a JSON object; the shell frames it as a line)."""
 
     message: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AckEnqueued(Effect):
+    """Send the enqueue `ack` of each task in `task_ids`, in order, all of `shard` (what
+    `Send(proto.ack_enqueued(task_id, shard))` for each would send): the acks of a burst of
+    enqueues as one effect, which the shell frames in one go."""
+
+    task_ids: list[str]
+    shard: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

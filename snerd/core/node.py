@@ -2076,13 +2076,13 @@ class Node:
         tasks = self.tasks
         wall = self._now.wall
         registered = self.registered
-        out = self._out
+        acked: list[str] = []
         for i, task_id in enumerate(ids):
             task = tasks.get(task_id)
             if task is None:
                 continue
             task.loc = _new_location(shard, offsets[i], lengths[i])
-            out.append(_new_send(proto.ack_enqueued(task_id, shard)))
+            acked.append(task_id)
             if task.ready_at_us > wall:
                 self._move(task, _WAITING)
                 self.due.push(task_id, task.ready_at_us, task.seq)
@@ -2096,6 +2096,8 @@ class Node:
                 if parked is None:
                     parked = self.parked_by_type[task.task_type] = ReadyQueue()
                 parked.push(task_id, task.urgency, task.seq)
+        if acked:
+            self._emit(_new_ack_enqueued(acked, shard))
 
     def _ingested(
         self, p: PendingAppend, offsets: tuple[int, ...], lengths: tuple[int, ...], info: ShardInfo
@@ -2792,6 +2794,7 @@ _T = TypeVar("_T")
 
 
 _new_send = slot_constructor(fx.Send, "message")
+_new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
 _NOT_JSON = object()
 _NO_DOC: dict[str, Any] = {}

@@ -65,12 +65,14 @@ __all__ = [
     "SHUTTING_DOWN",
     "Command",
     "Enqueue",
+    "PlainEnqueue",
     "Progress",
     "ProtocolError",
     "Register",
     "Result",
     "StatsRequested",
     "ack_enqueued",
+    "ack_lines",
     "ack_registered",
     "encode_message",
     "error",
@@ -79,7 +81,9 @@ __all__ = [
     "is_blank_line",
     "max_retries_reached",
     "membership",
+    "parse_document",
     "parse_line",
+    "plain_enqueue",
     "progress",
     "sniff_task_id",
     "stats",
@@ -685,6 +689,14 @@ def ack_enqueued(task_id: str, shard: int, *, deduplicated: bool = False) -> dic
     if deduplicated:
         msg["deduplicated"] = True
     return msg
+
+
+def ack_lines(task_ids: list[str], shard: int) -> bytes:
+    """The lines of `ack_enqueued(task_id, shard)` for each task, framed as `encode_message`
+    frames them, in one piece (the acks of a burst of enqueues, `effects.AckEnqueued`)."""
+    head = b'{"action":"ack","task_id":'
+    tail = b',"message":"Enqueued successfully","shard":"shard-%d"}\n' % shard
+    return head + (tail + head).join(map(orjson.dumps, task_ids)) + tail
 
 
 def error(task_id: str | None, message: str) -> dict[str, Any]:

@@ -209,6 +209,10 @@ class Runtime:
         #: The peer's synchronous flush, if it has one (`StdioPeer.flush_nowait`): `pump` is
         #: used only then.
         self._flush_nowait: Callable[[], None] | None = getattr(peer, "flush_nowait", None)
+        #: The peer's way to take lines already framed, if it has one (`StdioPeer`).
+        self._deliver_lines: Callable[[bytes], None] | None = getattr(
+            peer, "deliver_lines", None
+        )
         self._exit_code: int | None = None
         self._nursery: trio.Nursery | None = None
         self._log: logio.GroupCommitLog | None = None
@@ -431,6 +435,13 @@ class Runtime:
 
     def _send(self, effect: fx.Send) -> None:
         self.peer.deliver(effect.message)
+
+    def _ack_enqueued(self, effect: fx.AckEnqueued) -> None:
+        if self._deliver_lines is not None:
+            self._deliver_lines(proto.ack_lines(effect.task_ids, effect.shard))
+            return
+        for task_id in effect.task_ids:
+            self.peer.deliver(proto.ack_enqueued(task_id, effect.shard))
 
     def _log_line(self, effect: fx.Log) -> None:
         self.peer.log(effect.level, effect.message)
@@ -885,6 +896,7 @@ _INLINE_RECORDS = 16
 
 _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Send: Runtime._send,
+    fx.AckEnqueued: Runtime._ack_enqueued,
     fx.Log: Runtime._log_line,
     fx.Exit: Runtime._exit,
     fx.Execute: Runtime._execute_task,

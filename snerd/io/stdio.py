@@ -77,6 +77,12 @@ class StdioPeer:
             return
         self.buffer += orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
 
+    def deliver_lines(self, data: bytes) -> None:
+        """Take protocol lines already framed (`proto.ack_lines`)."""
+        if self.closed:
+            return
+        self.buffer += data
+
     async def flush(self) -> None:
         self.flush_nowait()
 
