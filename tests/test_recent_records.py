@@ -56,3 +56,29 @@ def test_after_a_compaction_kept_records_are_remembered_at_their_new_offsets(
     for i in (0, 1, 3):  # dropped, or no longer at the old offset
         with pytest.raises(OSError):
             recent.read_record(path, offsets[i], len(lines[i]))
+
+
+def test_forget_drops_one_file_only_and_old_entries_age_out(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    ra, rb = [_task("a1")], [_task("b1")]
+    la, oa = _write(a, ra)
+    lb, ob = _write(b, rb)
+    recent = _RecentRecords(LogReader(), limit=8 * len(la[0]))  # a young generation of 4 lines
+    recent.remember(str(a), oa, la, ra)
+    recent.remember(str(b), ob, lb, rb)
+    recent.forget(str(a))
+    a.unlink()
+    b.unlink()
+    with pytest.raises(OSError):
+        recent.read_record(a, oa[0], len(la[0]))
+    assert recent.read_record(b, ob[0], len(lb[0]))["taskId"] == "b1"
+    # Two generations' worth of newer records push b1 out.
+    c = tmp_path / "c.log"
+    rc = [_task(f"c{i}") for i in range(10)]
+    lc, oc = _write(c, rc)
+    recent.remember(str(c), oc[:5], lc[:5], rc[:5])  # young (b1, c0..c4) becomes old
+    assert recent.read_record(b, ob[0], len(lb[0]))["taskId"] == "b1"
+    recent.remember(str(c), oc[5:], lc[5:], rc[5:])  # and is dropped at the next turn
+    with pytest.raises(OSError):
+        recent.read_record(b, ob[0], len(lb[0]))
+    assert recent.read_record(c, oc[9], len(lc[9]))["taskId"] == "c9"

@@ -811,9 +811,10 @@ class _RecentRecords:
         self._reader = reader
         self._half = limit >> 1
         self._big = limit >> 3  # a huge record would push out everything else
-        #: (path, offset) -> (line length, fields), young and old; bytes of lines in young.
-        self._young: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
-        self._old: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
+        #: path -> offset -> (line length, fields), young and old; bytes of lines in young.
+        #: (Per path, so the key of an entry is a plain int: no tuple to build and hash.)
+        self._young: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
+        self._old: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
         self._size = 0
 
     def remember(
@@ -823,24 +824,30 @@ class _RecentRecords:
         lines: list[bytes],
         records: list[fx.NewRecord] | tuple[fx.NewRecord, ...],
     ) -> None:
-        young = self._young
+        young = self._young.get(path)
+        if young is None:
+            young = self._young[path] = {}
         big = self._big
         size = self._size
         for offset, line, record in zip(offsets, lines, records, strict=True):
             if record.base is None and "taskData" in record.fields:
                 length = len(line)
                 if length <= big:
-                    young[(path, offset)] = (length, record.fields)
+                    young[offset] = (length, record.fields)
                     size += length
         if size >= self._half:
-            self._old = young
+            self._old = self._young
             self._young = {}
             size = 0
         self._size = size
 
     def read_record(self, path: str | os.PathLike[str], offset: int, length: int) -> dict[str, Any]:
-        key = (os.fspath(path), offset)
-        hit = self._young.get(key) or self._old.get(key)
+        name = os.fspath(path)
+        young = self._young.get(name)
+        hit = young.get(offset) if young is not None else None
+        if hit is None:
+            old = self._old.get(name)
+            hit = old.get(offset) if old is not None else None
         if hit is not None and hit[0] == length:
             return hit[1]
         fields = self._reader.read_record(path, offset, length)
@@ -848,7 +855,9 @@ class _RecentRecords:
             # Read through: a task's record is read twice, for its `execute` and as the base of
             # its outcome record. A task that waited long in the queue has left the cache by
             # then; this keeps it for the second read.
-            self._young[key] = (length, fields)
+            if young is None:
+                young = self._young[name] = {}
+            young[offset] = (length, fields)
             self._size += length
         return fields
 
@@ -862,20 +871,23 @@ class _RecentRecords:
             self.forget(path)
             return
         for generation in (self._young, self._old):
-            mine = [key for key in generation if key[0] == path]
-            entries = [(key[1], generation.pop(key)) for key in mine]
-            for old_offset, entry in entries:
+            entries = generation.pop(path, None)
+            if not entries:
+                continue
+            kept: dict[int, tuple[int, dict[str, Any]]] = {}
+            for old_offset, entry in entries.items():
                 i = bisect.bisect_right(starts, old_offset) - 1
                 if i >= 0 and old_offset + entry[0] <= starts[i] + keep[i].length:
-                    generation[(path, offsets[i] + old_offset - starts[i])] = entry
+                    kept[offsets[i] + old_offset - starts[i]] = entry
                 elif generation is self._young:
                     self._size -= entry[0]
+            generation[path] = kept
 
     def forget(self, path: str) -> None:
-        for key in [key for key in self._young if key[0] == path]:
-            self._size -= self._young.pop(key)[0]
-        for key in [key for key in self._old if key[0] == path]:
-            del self._old[key]
+        young = self._young.pop(path, None)
+        if young:
+            self._size -= sum(length for length, _ in young.values())
+        self._old.pop(path, None)
 
 
 def _describe(exc: OSError) -> str:
