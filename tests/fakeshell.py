@@ -108,9 +108,12 @@ class FakeShell:
         self._pump()
 
     def release_held(self) -> None:
+        """Carry out the held appends: they fail if the disk is full now."""
         while self.held:
             effect = self.held.popleft()
-            if isinstance(effect, fx.AppendInbox):
+            if self.disk_full:
+                self.queue.append(ev.AppendFailed(token=effect.token, error="No space left"))
+            elif isinstance(effect, fx.AppendInbox):
                 self._commit_inbox(effect)
             else:
                 self._commit(effect)

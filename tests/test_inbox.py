@@ -4,6 +4,7 @@ record of how far it has read, so a new owner resumes exactly there (DESIGN §3)
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from snerd.core import events as ev
@@ -160,6 +161,31 @@ def test_an_ingest_that_fails_is_read_again_later_and_nothing_is_lost() -> None:
     owner.disk_full = False
     owner.advance(1.2)
     assert owner.executed_ids() == ["a"]
+
+
+def test_a_later_chunk_of_an_inbox_waits_for_the_ingest_before_it() -> None:
+    # One ingest of a file in flight at a time: had a later chunk been ingested while the
+    # first was in flight, its commit would have recorded the file as read past the first
+    # chunk's tasks, and those tasks (acked by the writer) would be lost when it failed.
+    owner, other = pair()
+    owner.register("t")
+    other.enqueue("a")
+    # A read takes one record at a time.
+    owner.node.config = replace(owner.node.config, inbox_read_bytes=len(inbox_of(other)) + 8)
+    owner.hold_appends = True
+    owner.advance(0.15)  # "a" read and its ingest issued, held in flight
+    other.enqueue("b")
+    owner.advance(0.5)  # polls read "b"'s chunk: not ingested while "a"'s is in flight
+    assert "b" not in owner.node.tasks
+    owner.disk_full = True
+    owner.hold_appends = False
+    owner.release_held()  # "a"'s ingest fails
+    assert "a" not in owner.node.tasks
+    owner.disk_full = False
+    owner.advance(2.0)
+    assert sorted(owner.executed_ids()) == ["a", "b"]
+    (mark,) = [r for r in inbox_records(owner) if r["offset"] == len(inbox_of(other))][-1:]
+    assert mark["node"] == "other@pid-2-b"
 
 
 def test_a_drain_waits_for_inbox_appends_to_be_answered_then_removes_the_read_inbox() -> None:

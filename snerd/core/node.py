@@ -2670,6 +2670,12 @@ class Node:
             or chunk.start != info.inbox_taken.get(chunk.node, 0)
         ):
             return  # read for an ownership or a position that has changed since: read again
+        if info.inbox_done.get(chunk.node, 0) != chunk.start:
+            # An ingest of this file is still in flight: one at a time. Were this chunk's
+            # ingest to commit after that one failed, its `inbox` record would say the file
+            # is read past the failed chunk, whose tasks (acked by their writer) would be
+            # lost, here and on every replay. Read again once that one has landed.
+            return
         where = f"{shard_name(chunk.shard)}/inbox/{chunk.node}.log"
         for offset, reason in chunk.corrupt:
             self._log("warning", f"{where}: skipped a corrupt line at byte {offset} ({reason})")
