@@ -39,7 +39,8 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   record (so a tombstone carries `taskId`): `snerdKind`, `snerdEpoch`, `snerdNode`, `taskId`,
   `retryCount`, `deletedAt`, `snerdOutcome`, `payloadHash`, `autoDedupe`, a claim's `epoch`, a
   dispatch's `task` and `attempt`, ... The entry's own `epoch` is informative: fencing reads
-  `fields`. `t_issue`: when the writer issued the append (at or before `t`).
+  `fields`. `t_issue`: when the writer issued the append (at or before `t`); `t_queued`
+  (optional, default `t_issue`): when the node handed it to the writer (at or before `t_issue`).
 - `{"kind": "inbox_record", "shard", "node", "fields": {...}, "t_issue": int, "offset": int}`
   — one record became durable in `node`'s inbox file of shard `shard`
   (`shard-N/inbox/<node>.log`): a task `node` took for a shard it did not own, which the
@@ -296,6 +297,9 @@ class _Record:
     task_id: str | None
     #: A task record with `deletedAt` set.
     tombstone: bool
+    #: When its writer was handed the append (`t_queued`, else `t_issue`): the node decided
+    #: the record by then.
+    t_queued: int
 
 
 @dataclass(slots=True)
@@ -595,6 +599,9 @@ class _Analysis:
             t_issue = _need(e, "t_issue", int, i)
         if type(t_durable) is not int:
             t_durable = _opt(e, "t_durable", int, i)
+        t_queued = e.get("t_queued")
+        if type(t_queued) is not int:
+            t_queued = _opt(e, "t_queued", int, i)
         if rkind is None:
             task_id = fields.get("taskId")
             tombstone = fields.get("deletedAt") is not None
@@ -617,6 +624,7 @@ class _Analysis:
             fence,
             task_id,
             tombstone,
+            t_issue if t_queued is None else t_queued,  # t_queued
         )
         self.records.append(rec)
         if task_id is None:
@@ -1243,7 +1251,9 @@ def _priority(a: _Analysis, via_inbox: list[bool] | None = None) -> list[Violati
         acks = acks_by_node.get(x.node, [])
         times = ack_times.get(x.node, [])
         lo = bisect.bisect_right(times, since) if since is not None else 0
-        hi = bisect.bisect_left(times, d.t_issue)
+        # Acks after the node handed D to its writer do not count: it decided D before them
+        # (D may then have waited behind other appends before its write was issued).
+        hi = bisect.bisect_left(times, d.t_queued)
         busy: int | None = None
         for ack in acks[lo:hi]:
             inv_b = ack.invoke

@@ -76,7 +76,7 @@ _RESTART = 8  # (proc index, None, None)
 _BELIEF = 9  # (proc index, incarnation, None): a lease deadline passed
 _PHASE = 10
 _CHECK = 11
-_APPEND_ISSUE = 12  # (proc index, incarnation, (effect, lines, done_at)): the writer thread writes
+_APPEND_ISSUE = 12  # (proc index, incarnation, (effect, built, lines, done_at, queued)): the writer thread writes
 
 _dumps = orjson.dumps
 _SORT_KEYS = orjson.OPT_SORT_KEYS
@@ -353,6 +353,8 @@ class _Append:
     handle: Any = None
     #: An append to the process's own inbox file of `shard` (`fx.AppendInbox`).
     inbox: bool = False
+    #: When the node handed it to its writer thread (at or before `t_issue`).
+    t_queued: int = 0
 
 
 class _Proc:
@@ -879,9 +881,15 @@ class World:
         # node emitted meanwhile, say), and the fsync after it.
         start, done_at = self._log_batch(proc)
         if start > self.t:
-            self._at(start, _APPEND_ISSUE, proc.index, proc.inc, (effect, built, lines, done_at))
+            self._at(
+                start,
+                _APPEND_ISSUE,
+                proc.index,
+                proc.inc,
+                (effect, built, lines, done_at, self.t),
+            )
             return
-        self._issue_append(proc, effect, built, lines, done_at)
+        self._issue_append(proc, effect, built, lines, done_at, self.t)
 
     def _log_batch(self, proc: _Proc) -> tuple[int, int]:
         """When the writer thread writes an append handed to it now, and when its fsync
@@ -906,6 +914,7 @@ class World:
         built: list[dict[str, Any]],
         lines: list[bytes],
         done_at: int,
+        queued: int,
     ) -> None:
         fs = self.fs
         enospc = fs.disk_full
@@ -948,6 +957,7 @@ class World:
             error,
             handle,
             inbox,
+            queued,  # t_queued
         )
         if error is None:
             if inbox:
@@ -1073,6 +1083,7 @@ class World:
                         "epoch": epoch if isinstance(epoch, int) else pending.epoch,
                         "fields": _history_fields(fields_),
                         "t_issue": pending.t_issue,
+                        "t_queued": pending.t_queued,
                         "t_durable": durable_at,
                     }
                 )
@@ -1199,8 +1210,10 @@ class World:
                     proc.waiting.append((kind, item))
                 continue
             if kind == _APPEND_ISSUE:
-                effect, built, lines, done_at = item
-                self._issue_append(proc, effect, built, lines, max(done_at, self.t + 100))
+                effect, built, lines, done_at, queued = item
+                self._issue_append(
+                    proc, effect, built, lines, max(done_at, self.t + 100), queued
+                )
             elif kind == _DELIVER and isinstance(item, tuple):
                 self._membership_done(proc, item[1], item[2], item[3])
             elif kind == _DELIVER:

@@ -826,3 +826,23 @@ def test_belief_left_on_lasts_to_the_end() -> None:
     h = H(assumptions_hold=False).at(SECOND).start().at(2 * SECOND).belief(True, "n2")
     h.belief(True, "n2").at(10 * SECOND).end()  # a repeated "on" changes nothing
     assert check(h.history).metrics.belief_overlap_us == 8 * SECOND
+
+
+def test_priority_judges_a_dispatch_at_the_time_the_node_queued_it() -> None:
+    # A's dispatch record was handed to n1's writer before B was acked, and written after
+    # (the writer was busy with appends that left no record, say): n1 decided A's dispatch
+    # before B was ready, so nothing was passed over.
+    def queued_early(h: H) -> None:
+        h.history[-1]["t_queued"] = h.history[-1]["t_issue"] - 3 * MS
+
+    h = H().start().acked("A", urgency=1).acked("B", urgency=5)
+    h.dispatch("A")
+    queued_early(h)
+    h.execute("A").done("A").tomb("A").run("B").end()
+    assert check_priority(h.history) == []
+    # Queued after B's ack, it is the planted inversion.
+    h = H().start().acked("A", urgency=1).acked("B", urgency=5)
+    h.dispatch("A")
+    h.history[-1]["t_queued"] = h.history[-1]["t_issue"]
+    h.execute("A").done("A").tomb("A").run("B").end()
+    assert kinds(check_priority(h.history)) == [PRIORITY_INVERSION]
