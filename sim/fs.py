@@ -350,6 +350,8 @@ class SimFS:
         self._pending: dict[int, _Segment] = {}
         self._pending_by_writer: dict[tuple[str, int], deque[_Segment]] = {}
         self._lost: set[int] = set()
+        #: Of lost appends torn by a crash: the bytes of their prefix left in the file.
+        self._kept: dict[int, int] = {}
         self._replaced: set[int] = set()
         self._membership: bytes | None = None
         self._membership_version: Any = None
@@ -488,6 +490,11 @@ class SimFS:
         if handle.orphaned or handle.seq in self._replaced:
             return "replaced"
         return "durable"
+
+    def kept_prefix(self, handle: AppendHandle) -> int:
+        """Of a "lost" append: how many of its first bytes a crash left in the file (a torn
+        prefix, which readers see like any other bytes); 0 when it left none."""
+        return self._kept.get(handle.seq, 0)
 
     def in_current_log(self, handle: AppendHandle) -> bool:
         """True when `handle` is pending in the file its log's name now names (not in a file
@@ -669,13 +676,15 @@ class SimFS:
             made_holes: set[int] = set()
             for seg in queue:
                 assert seg.handle is not None
-                del self._pending[seg.handle.seq]
-                self._lost.add(seg.handle.seq)
+                seq = seg.handle.seq
+                del self._pending[seq]
+                self._lost.add(seq)
                 seg.handle = None
                 torn = 0
                 if seg is last and torn_prob > 0 and rng.random() < torn_prob:
                     torn = _torn_length(seg.data, rng)
                 if torn:
+                    self._kept[seq] = torn
                     n[inode.stat + "appends_torn"] += 1
                     rest = _Segment(None, inode, bytes(len(seg.data) - torn))
                     rest.hole = rest.durable = True

@@ -1165,13 +1165,32 @@ class World:
             return
         if crashed:
             self.fs.crash(proc.pid, self.rng_crash, self.s.torn_prob)
-            for seq, (handle, _, _) in self._handles.items():
+            for seq, (handle, pending, _) in self._handles.items():
                 if (
                     handle.pid == proc.pid
                     and seq not in self._resolved
                     and self.fs.status(handle) != "pending"
                 ):
-                    self._resolved[seq] = None
+                    # Whole records in a torn append's prefix are in the log for every reader
+                    # (a merged append's first tombstone, say): they count as written now,
+                    # the rest of the append as lost. The first is readable only after a
+                    # newline (after a dropped append's hole it is part of a corrupt line).
+                    kept = self.fs.kept_prefix(handle)
+                    whole = 0
+                    for length in pending.lengths:
+                        if kept < length:
+                            break
+                        kept -= length
+                        whole += 1
+                    first = 0
+                    at = pending.offsets[0] if pending.offsets else 0
+                    if whole and at and self.fs.read_range(handle.key, at - 1, 1) != b"\n":
+                        first = 1
+                    if whole > first:
+                        pending.records[:] = pending.records[first:whole]
+                        self._resolved[seq] = self.t
+                    else:
+                        self._resolved[seq] = None
             for shard in list(self._order):
                 self._flush_records(shard)
             for seq in [s for s, e in self._inbox_handles.items() if e[0].pid == proc.pid]:

@@ -84,10 +84,10 @@ def test_crash_drops_pending_appends_and_keeps_durable_ones() -> None:
 def test_torn_prefix_only_on_the_last_pending_append_of_a_file() -> None:
     fs = SimFS()
     fs.complete_append(fs.append(A, 0, b"kept\n"))
-    fs.append(A, 0, b"first-lost\n")
+    first = fs.append(A, 0, b"first-lost\n")
     fs.append(A, 0, b"second-lost\n")
     last = b'{"id":"t3","data":"xyz"}\n{"id":"t4"}\n'
-    fs.append(A, 0, last)
+    h_last = fs.append(A, 0, last)
     fs.crash(A, rng(), torn_prob=1.0)
     log = fs.read_log(0)
     assert log.startswith(b"kept\n")
@@ -97,6 +97,7 @@ def test_torn_prefix_only_on_the_last_pending_append_of_a_file() -> None:
     assert log[5 : 5 + lost] == bytes(lost)
     torn = log[5 + lost :]
     assert torn and last.startswith(torn) and len(torn) < len(last)
+    assert fs.kept_prefix(h_last) == len(torn) and fs.kept_prefix(first) == 0
     assert not torn.endswith(b"\n")
     assert b"lost" not in log
     # To a reader it is all one torn last line: nothing after the last newline is a record.
