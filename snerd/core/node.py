@@ -2451,17 +2451,26 @@ class Node:
                 or info.size < info.compact_check_at
             ):
                 continue
-            live = sum(self._live_offsets(shard, info).values())
-            if live * 2 > info.size:
-                info.compact_check_at = info.size + max(
-                    info.size >> 3, _COMPACT_CHECK_BYTES_PER_TASK * len(self.tasks)
-                )
+            offsets = self._live_offsets(shard, info)
+            if sum(offsets.values()) * 2 > info.size:
+                self._next_compact_check(info)
                 continue
-            self._compact(shard)
+            self._compact(shard, offsets)
 
-    def _live_ranges(self, shard: int, info: ShardInfo) -> list[fx.KeepRange]:
-        """Every record the shard's state still needs, in file order."""
-        offsets = self._live_offsets(shard, info)
+    def _next_compact_check(self, info: ShardInfo) -> None:
+        """The log was found, or made, at most half garbage: look again once it has grown by
+        an eighth, and by enough bytes per task to pay for the walk over the tasks."""
+        info.compact_check_at = info.size + max(
+            info.size >> 3, _COMPACT_CHECK_BYTES_PER_TASK * len(self.tasks)
+        )
+
+    def _live_ranges(
+        self, shard: int, info: ShardInfo, offsets: dict[int, int] | None = None
+    ) -> list[fx.KeepRange]:
+        """Every record the shard's state still needs, in file order (from `offsets`, the
+        `_live_offsets` of this moment, when the caller has them)."""
+        if offsets is None:
+            offsets = self._live_offsets(shard, info)
         return [fx.KeepRange(offset=o, length=offsets[o]) for o in sorted(offsets)]
 
     def _live_offsets(self, shard: int, info: ShardInfo) -> dict[int, int]:
@@ -2493,14 +2502,15 @@ class Node:
         if not self._compact(event.shard):
             self._log("info", f"{shard_name(event.shard)}: no compaction now (busy or not ours)")
 
-    def _compact(self, shard: int) -> bool:
-        """Start a compaction of one shard; False when it cannot start now."""
+    def _compact(self, shard: int, offsets: dict[int, int] | None = None) -> bool:
+        """Start a compaction of one shard; False when it cannot start now. `offsets`: the
+        shard's `_live_offsets` of this moment, when the caller has them."""
         info = self.shards.get(shard)
         if info is None or info.phase is not _ACTIVE or info.compacting:
             return False
         if info.appends_in_flight:
             return False
-        keep = self._live_ranges(shard, info)
+        keep = self._live_ranges(shard, info, offsets)
         info.compacting = True
         # Counted as an append in flight: a step-down keeps the lock until the new file is in
         # place, and a shard taken up again is read only after it (`_appends_drained`).
@@ -2564,6 +2574,9 @@ class Node:
         ]
         before, info.size = info.size, event.size
         self._compaction_over(event.shard, info)
+        # The new log holds only what was live: no check (a walk over every task) until it
+        # has grown again.
+        self._next_compact_check(info)
         self._log(
             "info",
             f"{shard_name(event.shard)}: compacted tasks.log from {before} to {event.size} bytes",
