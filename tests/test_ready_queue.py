@@ -122,7 +122,8 @@ def test_many_discards_keep_memory_bounded() -> None:
             q.discard(i - 10)
     assert len(q) == 10
     # Internal check on purpose: lazy deletion must not keep every dead entry forever.
-    assert len(q._heap) <= 200
+    held = sum(len(level.fifo) + len(level.side) for level in q._levels.values())
+    assert held == q._entries <= 200
 
 
 _URGENCIES = st.sampled_from([-1.0, 0.0, 0.5, 1.0, 2.0, 1e9])
@@ -194,6 +195,58 @@ def test_interleaved_operations_match_reference_model(ops: list[tuple[str, objec
         assert len(q) == len(model)
         for k in range(80):
             assert (k in q) is (k in model)
+
+
+_OPS_ANY_SEQ = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.tuples(_URGENCIES, st.integers(0, 30))),
+        st.tuples(st.just("pop"), st.none()),
+        st.tuples(st.just("discard"), st.integers(min_value=0, max_value=40)),
+        st.tuples(st.just("peek"), st.none()),
+    ),
+    max_size=200,
+)
+
+
+@given(_OPS_ANY_SEQ)
+def test_any_push_order_pops_like_the_reference_model(ops: list[tuple[str, object]]) -> None:
+    # Seqs out of order and repeated (a retry keeps its old seq): ties go to the earlier push.
+    q: ReadyQueue[int] = ReadyQueue()
+    model: dict[int, tuple[float, int, int]] = {}
+    pushes = 0
+
+    def best() -> int | None:
+        if not model:
+            return None
+        return min(model, key=lambda k: (-model[k][0], model[k][1], model[k][2]))
+
+    for op, arg in ops:
+        if op == "push":
+            assert isinstance(arg, tuple)
+            urgency, seq = arg
+            key = pushes % 40
+            pushes += 1
+            if key in model:
+                continue
+            q.push(key, urgency, seq)
+            model[key] = (urgency, seq, pushes)
+        elif op == "pop":
+            expected = best()
+            if expected is None:
+                with pytest.raises(IndexError):
+                    q.pop()
+            else:
+                assert q.pop() == expected
+                del model[expected]
+        elif op == "discard":
+            assert isinstance(arg, int)
+            assert q.discard(arg) is (arg in model)
+            model.pop(arg, None)
+        else:
+            assert q.peek() == best()
+        assert len(q) == len(model)
+    held = sum(len(level.fifo) + len(level.side) for level in q._levels.values())
+    assert held == q._entries
 
 
 # --- DueQueue --------------------------------------------------------------------------------

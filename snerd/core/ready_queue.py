@@ -18,6 +18,7 @@ a caller bug and raises (discard it first to move it).
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
@@ -30,18 +31,70 @@ K = TypeVar("K", bound=Hashable)
 _COMPACT_MIN = 64
 
 
-class ReadyQueue(Generic[K]):
-    """A max-heap on urgency, first in first out among equal urgency (by `seq`)."""
+class _Level(Generic[K]):
+    """The entries of one urgency in a `ReadyQueue`: (seq, counter, key), lowest first.
 
-    __slots__ = ("_counter", "_heap", "_live")
+    Tasks mostly arrive in `seq` order (the enqueue order), so entries pushed in order go to
+    the back of a deque (no comparisons, popped from the front in O(1), however deep the
+    queue); one pushed behind the last (a retry, a task made ready again) goes into a small
+    heap beside it. The head is the lower of the two fronts."""
+
+    __slots__ = ("dropped", "fifo", "last_seq", "side")
 
     def __init__(self) -> None:
-        # Entries are (-urgency, seq, counter, key): heapq is a min-heap, so urgency is negated.
+        self.fifo: deque[tuple[int, int, K]] = deque()
+        self.side: list[tuple[int, int, K]] = []
+        #: The seq of the last entry appended to `fifo` (counters only grow, so an entry of
+        #: that seq or more belongs after it).
+        self.last_seq = -(1 << 63)
+        #: Dead entries `head` dropped since the queue last counted them.
+        self.dropped = 0
+
+    def head(self, live: dict[K, int]) -> tuple[int, int, K] | None:
+        """The lowest live entry (dropping dead ones in front of it, counted in `dropped`),
+        or None."""
+        fifo, side = self.fifo, self.side
+        while fifo and live.get(fifo[0][2]) != fifo[0][1]:
+            fifo.popleft()
+            self.dropped += 1
+        while side and live.get(side[0][2]) != side[0][1]:
+            heapq.heappop(side)
+            self.dropped += 1
+        if fifo:
+            if side and (side[0][0], side[0][1]) < (fifo[0][0], fifo[0][1]):
+                return side[0]
+            return fifo[0]
+        return side[0] if side else None
+
+    def take(self, entry: tuple[int, int, K]) -> None:
+        """Remove `entry`, the head just returned by `head`."""
+        if self.fifo and self.fifo[0] is entry:
+            self.fifo.popleft()
+        else:
+            heapq.heappop(self.side)
+
+
+class ReadyQueue(Generic[K]):
+    """A max-priority queue on urgency, first in first out among equal urgency (by `seq`).
+
+    One level per distinct urgency (`_Level`: a deque for entries pushed in `seq` order, a
+    heap for the rest) and a heap of the urgencies: pushing and popping cost O(1) for the
+    usual task, plus O(log u) in the number of distinct urgencies, not O(log n) in the
+    queue's depth (a heap of 100,000 tasks took ~17 tuple comparisons a pop).
+    """
+
+    __slots__ = ("_counter", "_entries", "_levels", "_live", "_urgencies")
+
+    def __init__(self) -> None:
+        #: -urgency -> its level; the heap of the -urgency of every level with entries.
+        self._levels: dict[float, _Level[K]] = {}
+        self._urgencies: list[float] = []
+        # key -> counter of its live entry; an entry whose counter differs is dead.
         # `counter` is unique per push, so ties never fall through to comparing keys.
-        self._heap: list[tuple[float, int, int, K]] = []
-        # key -> counter of its live entry; a heap entry whose counter differs is dead.
         self._live: dict[K, int] = {}
         self._counter = 0
+        #: Entries held, live and dead (for compaction).
+        self._entries = 0
 
     def push(self, key: K, urgency: float, seq: int) -> None:
         """Add `key`.
@@ -60,9 +113,20 @@ class ReadyQueue(Generic[K]):
             # NaN compares false both ways and would silently corrupt the heap order.
             raise ValueError("urgency must not be NaN")
         self._counter += 1
-        self._live[key] = self._counter
-        # `+ 0.0` folds -0.0 into 0.0 so the two never differ in the tuple order.
-        heapq.heappush(self._heap, (-(urgency + 0.0), seq, self._counter, key))
+        counter = self._counter
+        self._live[key] = counter
+        # `+ 0.0` folds -0.0 into 0.0 so the two are one level.
+        level_key = -(urgency + 0.0)
+        level = self._levels.get(level_key)
+        if level is None:  # (a level is in `_levels` exactly while in `_urgencies`)
+            level = self._levels[level_key] = _Level()
+            heapq.heappush(self._urgencies, level_key)
+        if seq >= level.last_seq:
+            level.fifo.append((seq, counter, key))
+            level.last_seq = seq
+        else:
+            heapq.heappush(level.side, (seq, counter, key))
+        self._entries += 1
 
     def pop(self) -> K:
         """Remove and return the most urgent key (the earliest pushed among equals).
@@ -70,17 +134,20 @@ class ReadyQueue(Generic[K]):
         Raises:
             IndexError: the queue is empty.
         """
-        self._drop_dead_top()
-        if not self._heap:
+        found = self._top()
+        if found is None:
             raise IndexError("pop from an empty ReadyQueue")
-        key = heapq.heappop(self._heap)[3]
+        level, entry = found
+        level.take(entry)
+        self._entries -= 1
+        key = entry[2]
         del self._live[key]
         return key
 
     def peek(self) -> K | None:
         """The key `pop` would return, or None when empty."""
-        self._drop_dead_top()
-        return self._heap[0][3] if self._heap else None
+        found = self._top()
+        return found[1][2] if found is not None else None
 
     def discard(self, key: K) -> bool:
         """Remove `key` if present; True if it was."""
@@ -98,16 +165,40 @@ class ReadyQueue(Generic[K]):
     def __repr__(self) -> str:
         return f"<ReadyQueue of {len(self._live)}>"
 
-    def _drop_dead_top(self) -> None:
-        heap, live = self._heap, self._live
-        while heap and live.get(heap[0][3]) != heap[0][2]:
-            heapq.heappop(heap)
+    def _top(self) -> tuple[_Level[K], tuple[int, int, K]] | None:
+        """The most urgent level with a live entry, and that entry; levels found empty on the
+        way leave the heap of urgencies."""
+        urgencies, levels, live = self._urgencies, self._levels, self._live
+        while urgencies:
+            level = levels[urgencies[0]]
+            entry = level.head(live)
+            if level.dropped:
+                self._entries -= level.dropped
+                level.dropped = 0
+            if entry is not None:
+                return level, entry
+            del levels[heapq.heappop(urgencies)]
+        return None
 
     def _maybe_compact(self) -> None:
-        if len(self._heap) > _COMPACT_MIN and len(self._heap) > 2 * len(self._live):
+        if self._entries > _COMPACT_MIN and self._entries > 2 * len(self._live):
             live = self._live
-            self._heap = [e for e in self._heap if live.get(e[3]) == e[2]]
-            heapq.heapify(self._heap)
+            levels: dict[float, _Level[K]] = {}
+            entries = 0
+            for level_key, old in self._levels.items():
+                kept = sorted(
+                    e for e in [*old.fifo, *old.side] if live.get(e[2]) == e[1]
+                )
+                if not kept:
+                    continue
+                level = levels[level_key] = _Level()
+                level.fifo.extend(kept)
+                level.last_seq = kept[-1][0]
+                entries += len(kept)
+            self._levels = levels
+            self._urgencies = list(levels)
+            heapq.heapify(self._urgencies)
+            self._entries = entries
 
 
 class DueQueue(Generic[K]):
