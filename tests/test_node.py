@@ -974,3 +974,32 @@ def test_a_failed_dispatch_pass_uses_no_attempt_and_runs_each_task_after_the_pau
     sh.advance(2)
     assert sh.executed_ids() == ["d1", "d2", "d3"]
     assert [e.attempt for e in sh.executed] == [1, 1, 1]
+
+
+def test_a_task_without_execute_at_is_ready_at_once_though_the_wall_clock_stepped_back() -> None:
+    # Its record says `executeAt` = the wall time at enqueue; a step back before the commit
+    # (NTP correcting a fast clock) must not make it wait. One with `execute_at` still waits.
+    sh = started(NodeConfig(node_id="test-node@pid-1-aa", max_workers=1))
+    sh.register("t")
+    sh.enqueue("busy")  # takes the only slot: the others queue
+    sh.hold_appends = True
+    later = format_rfc3339(sh.wall + 5 * SECOND)
+    sh.burst(
+        [
+            *_enqueue_lines("plain", task_type="t"),
+            *_enqueue_lines("urgent", task_type="t", urgency_score=3),
+            *_enqueue_lines("timed", task_type="t", execute_at=later),
+        ]
+    )
+    sh.wall -= 10 * SECOND
+    sh.hold_appends = False
+    sh.release_held()
+    assert {sh.node.tasks[t].state.value for t in ("plain", "urgent")} == {"ready"}
+    sh.result("busy")
+    sh.result("urgent")
+    assert sh.executed_ids() == ["busy", "urgent", "plain"]
+    sh.result("plain")
+    sh.advance(14)
+    assert "timed" not in sh.executed_ids()
+    sh.advance(2)
+    assert sh.executed_ids()[-1] == "timed"

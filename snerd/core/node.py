@@ -1316,7 +1316,7 @@ class Node:
                     )
                 )
                 return
-        fields, execute_at = self._enqueue_fields(cmd, payload_hash)
+        fields, ready_at = self._enqueue_fields(cmd, payload_hash)
         fields["snerdNode"] = self.config.node_id
         fields["snerdEpoch"] = info.epoch
         fields["snerdSeq"] = info.next_seq
@@ -1332,7 +1332,7 @@ class Node:
             0,  # retry_count
             cmd.max_retries,  # max_retries
             cmd.retry_after_hours,  # retry_after_hours
-            execute_at,  # ready_at_us
+            ready_at,  # ready_at_us
             cmd.urgency_score,  # urgency
             self._pool_of(cmd.pool),  # pool
             cmd.rate_limit_group if cmd.max_per_minute is not None else None,  # group
@@ -1379,7 +1379,6 @@ class Node:
         info = self.shards.get(shard)
         if info is None or info.phase is not _ACTIVE:
             return False
-        wall = self._now.wall
         now_text = self._wall_text()
         seq = info.next_seq
         info.next_seq = seq + 1
@@ -1407,7 +1406,7 @@ class Node:
             0,  # retry_count
             max_retries,  # max_retries
             hours,  # retry_after_hours
-            wall,  # ready_at_us
+            0,  # ready_at_us: at once (see `_enqueue_fields`)
             0.0,  # urgency
             "default",  # pool (`_pool_of(None)`)
             None,  # group
@@ -1428,11 +1427,14 @@ class Node:
         self, cmd: proto.Enqueue, payload_hash: str | None
     ) -> tuple[dict[str, Any], int]:
         """The task record of a new enqueue, without snerd's node, epoch and sequence keys,
-        and when it is due (µs)."""
+        and when it is due (µs): 0 without `execute_at` or `cron`, so it is ready as soon as
+        its record is durable even if the wall clock is stepped back meanwhile (its record's
+        `executeAt` says now, as upstream's does)."""
         now = self._now
         execute_at = cmd.execute_at_us
         if execute_at is None and cmd.cron is not None:
             execute_at = next_fire(cmd.cron, now.wall)
+        ready_at = 0 if execute_at is None else execute_at
         if execute_at is None:
             execute_at = now.wall
         # Upstream's keys in upstream's order, optional ones only when set; built in one pass
@@ -1468,7 +1470,7 @@ class Node:
             fields["webhookUrl"] = cmd.webhook_url
         if cmd.max_execution_seconds is not None:
             fields["maxExecutionSeconds"] = cmd.max_execution_seconds
-        return fields, execute_at
+        return fields, ready_at
 
     def _enqueue_to_inbox(self, cmd: proto.Enqueue, shard: int, payload_hash: str | None) -> None:
         """Write an enqueue for a shard this node does not own into its own inbox for that
