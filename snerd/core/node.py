@@ -345,7 +345,7 @@ class _OpenAppend:
     #: Every record once a second append has joined (the effect is rebuilt at the end of the
     #: call); None while it is the first alone.
     records: list[fx.NewRecord] | None = None
-    #: Its last part: a run of plain enqueues there takes more of them (`_append_enqueue`).
+    #: Its last part: a run of plain enqueues there takes more of them (`_append_run`).
     last: PendingAppend | None = None
 
 
@@ -1362,7 +1362,7 @@ class Node:
     def _enqueue_plain(self, plain: proto.PlainEnqueue) -> bool:
         """The batch path of the commonest line, a plain enqueue (`proto.plain_enqueue`),
         while running: what `_on_enqueue` does for it, without building the `Enqueue`, and
-        with the records of consecutive ones in one pending (`_append_enqueue`). False, having
+        with the records of consecutive ones in one pending (`_append_run`). False, having
         done nothing, for a line `_on_enqueue` must decide: its task id pending, its shard not
         ours (the inbox), or a task that might be dispatched with its enqueue record."""
         task_id, task_type, task_data, max_retries, hours = plain
