@@ -146,7 +146,9 @@ def test_pop_all_matches_sorted_reference(urgencies: list[float]) -> None:
 
 _OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("push"), _URGENCIES),
+        # A push's seq: None for the next in order (the usual enqueue), else any, out of order
+        # or repeated (a retry keeps its old seq): ties then go to the earlier push.
+        st.tuples(st.just("push"), st.tuples(_URGENCIES, st.none() | st.integers(0, 30))),
         st.tuples(st.just("pop"), st.none()),
         st.tuples(st.just("discard"), st.integers(min_value=0, max_value=80)),
         st.tuples(st.just("peek"), st.none()),
@@ -158,26 +160,28 @@ _OPS = st.lists(
 @given(_OPS)
 def test_interleaved_operations_match_reference_model(ops: list[tuple[str, object]]) -> None:
     q: ReadyQueue[int] = ReadyQueue()
-    model: dict[int, tuple[float, int]] = {}
-    seq = 0
+    model: dict[int, tuple[float, int, int]] = {}
+    pushes = 0
 
     def best() -> int | None:
         if not model:
             return None
-        return min(model, key=lambda k: (-model[k][0], model[k][1]))
+        return min(model, key=lambda k: model[k])
 
     for op, arg in ops:
         if op == "push":
-            assert isinstance(arg, float)
-            # Keys are reused after they leave, to exercise stale heap entries.
-            key = seq % 80
-            seq += 1
+            assert isinstance(arg, tuple)
+            urgency, given_seq = arg
+            # Keys are reused after they leave, to exercise stale entries.
+            key = pushes % 80
+            pushes += 1
+            seq = 1000 + pushes if given_seq is None else given_seq
             if key in model:
                 with pytest.raises(ValueError):
-                    q.push(key, arg, seq)
+                    q.push(key, urgency, seq)
                 continue
-            q.push(key, arg, seq)
-            model[key] = (arg, seq)
+            q.push(key, urgency, seq)
+            model[key] = (-urgency, seq, pushes)
         elif op == "pop":
             expected = best()
             if expected is None:
@@ -195,56 +199,6 @@ def test_interleaved_operations_match_reference_model(ops: list[tuple[str, objec
         assert len(q) == len(model)
         for k in range(80):
             assert (k in q) is (k in model)
-
-
-_OPS_ANY_SEQ = st.lists(
-    st.one_of(
-        st.tuples(st.just("push"), st.tuples(_URGENCIES, st.integers(0, 30))),
-        st.tuples(st.just("pop"), st.none()),
-        st.tuples(st.just("discard"), st.integers(min_value=0, max_value=40)),
-        st.tuples(st.just("peek"), st.none()),
-    ),
-    max_size=200,
-)
-
-
-@given(_OPS_ANY_SEQ)
-def test_any_push_order_pops_like_the_reference_model(ops: list[tuple[str, object]]) -> None:
-    # Seqs out of order and repeated (a retry keeps its old seq): ties go to the earlier push.
-    q: ReadyQueue[int] = ReadyQueue()
-    model: dict[int, tuple[float, int, int]] = {}
-    pushes = 0
-
-    def best() -> int | None:
-        if not model:
-            return None
-        return min(model, key=lambda k: (-model[k][0], model[k][1], model[k][2]))
-
-    for op, arg in ops:
-        if op == "push":
-            assert isinstance(arg, tuple)
-            urgency, seq = arg
-            key = pushes % 40
-            pushes += 1
-            if key in model:
-                continue
-            q.push(key, urgency, seq)
-            model[key] = (urgency, seq, pushes)
-        elif op == "pop":
-            expected = best()
-            if expected is None:
-                with pytest.raises(IndexError):
-                    q.pop()
-            else:
-                assert q.pop() == expected
-                del model[expected]
-        elif op == "discard":
-            assert isinstance(arg, int)
-            assert q.discard(arg) is (arg in model)
-            model.pop(arg, None)
-        else:
-            assert q.peek() == best()
-        assert len(q) == len(model)
     held = sum(len(level.fifo) + len(level.side) for level in q._levels.values())
     assert held == q._entries
 
