@@ -14,6 +14,7 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import NodeConfig, NodePhase
 from snerd.core.ownership import OwnershipConfig
+from snerd.core.records import encode_record
 from snerd.core.timefmt import format_rfc3339
 from tests.fakeshell import SECOND, FakeShell
 
@@ -1003,3 +1004,33 @@ def test_a_task_without_execute_at_is_ready_at_once_though_the_wall_clock_steppe
     assert "timed" not in sh.executed_ids()
     sh.advance(2)
     assert sh.executed_ids()[-1] == "timed"
+
+
+def test_records_another_writer_appends_between_our_read_and_our_claim_are_read_again() -> None:
+    # A stale owner's write made late (paused after deciding it, on a filesystem whose lock
+    # did not stop us) lands after we read the log and before our claim: every reader takes
+    # it (it precedes our fence), so we read the log again before acting for the shard.
+    sh = FakeShell()
+    sh.hold_appends = True
+    sh.start()
+    assert sh.held and sh.node.shards[0].phase.value == "fencing"
+    stale = {
+        "taskId": "late",
+        "retryCount": 0,
+        "maxRetries": 0,
+        "retryAfterHours": 0.0,
+        "retryAfterTime": format_rfc3339(sh.wall),
+        "taskData": "{}",
+        "taskType": "t",
+        "executeAt": format_rfc3339(sh.wall),
+    }
+    sh.disk["logs"].setdefault(0, bytearray()).extend(encode_record(stale))
+    sh.hold_appends = False
+    sh.release_held()
+    assert sh.node.phase is NodePhase.RUNNING and sh.node.owned_shards == [0]
+    assert "late" in sh.node.tasks
+    assert any("reading it again" in m for _, m in sh.logs_out)
+    claims = [r for r in sh.log_records() if r.get("snerdKind") == "claim"]
+    assert len(claims) == 1  # no second claim: ours is in the log
+    sh.register("t")
+    assert sh.executed_ids() == ["late"]

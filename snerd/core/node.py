@@ -291,6 +291,11 @@ class ShardInfo:
     #: The shard is locked again, but its log is read only once appends issued before the
     #: last step-down have landed (`appends_in_flight` back at zero).
     read_when_drained: bool = False
+    #: The log's size as the latest replay read it (after cutting a torn tail).
+    loaded_size: int = 0
+    #: Read again because our claim landed behind records another writer appended after our
+    #: read (`Node._reload`): our claim is in the log, so the replay writes no new one.
+    reloading: bool = False
     #: Stepped down while appends were in flight: the lock is released once they have landed.
     unlock_when_drained: bool = False
     #: Counts this node's step-downs from the shard. An append issued in an earlier tenure
@@ -962,6 +967,7 @@ class Node:
         info.phase = _UNOWNED
         info.tenure += 1
         info.read_when_drained = False
+        info.reloading = False
         info.retry_lock_at_mono = None
         info.giving_back = False
         info.hold_dispatch_until_mono = None
@@ -997,6 +1003,41 @@ class Node:
             else:
                 self._emit(fx.Unlock(shard=shard))
         self._announce_membership()
+
+    def _claimed(self, shard: int, info: ShardInfo, loc: fx.Location) -> None:
+        """Our claim (at `loc`) fences the shard: it is ours to act for."""
+        info.claim_loc = loc
+        info.phase = _ACTIVE
+        if self.phase is _STARTING:
+            self._maybe_running()
+        else:
+            self._announce_membership()
+
+    def _reload(self, shard: int, info: ShardInfo) -> None:
+        """Our claim landed behind records another writer appended after we read the log (a
+        stale owner's write, made late: paused after deciding it, on a filesystem whose lock
+        did not stop us). They precede our fence, so every reader takes them: we must know
+        them too. Forget what the replay built and read the log again; our claim is in it now,
+        and it writes no new one (`_finish_replay`)."""
+        self._log(
+            "warning",
+            f"{shard_name(shard)}: another writer appended to tasks.log between our reading it "
+            "and our claim; reading it again",
+        )
+        for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
+            self._forget(task_id)
+        self.parked_by_shard.pop(shard, None)
+        info.history.clear()
+        info.window_records.clear()
+        info.claim_loc = None
+        info.phase = _LOADING
+        info.reloading = True
+        info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
+        info.log_epoch = 0
+        if info.appends_in_flight:
+            info.read_when_drained = True
+            return
+        self._emit(fx.ReadLog(shard=shard))
 
     def _appends_drained(self, shard: int, info: ShardInfo) -> None:
         """Every append issued to `shard` has landed or failed: do what waited for that."""
@@ -1090,7 +1131,7 @@ class Node:
         assert info.fold is not None
         info.fold.add_all(event.records)
         if event.final:
-            info.size = event.size
+            info.size = info.loaded_size = event.size
             self._finish_replay(event.shard, info)
 
     def _finish_replay(self, shard: int, info: ShardInfo) -> None:
@@ -1151,6 +1192,13 @@ class Node:
         # bumps from there.
         fence = fold.fence_claim
         fence_node = fence.fields.get("node") if fence is not None else None
+        if info.reloading:
+            info.reloading = False
+            if fence is not None and fence_node == self.config.node_id and (
+                info.log_epoch == info.epoch
+            ):
+                self._claimed(shard, info, loc(fence))  # still the last claim: ours
+                return
         if info.log_epoch > info.epoch or (
             info.log_epoch == info.epoch and fence_node != self.config.node_id
         ):
@@ -2016,12 +2064,10 @@ class Node:
             self._ingested(p, offsets, lengths, info)
             return
         if p.kind == "claim":
-            info.claim_loc = loc
-            info.phase = _ACTIVE
-            if self.phase is _STARTING:
-                self._maybe_running()
-            else:
-                self._announce_membership()
+            if offsets[0] > info.loaded_size:
+                self._reload(p.shard, info)
+                return
+            self._claimed(p.shard, info, loc)
             return
         task = self.tasks.get(p.task_id or "")
         if task is None:
