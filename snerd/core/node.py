@@ -918,16 +918,21 @@ class Node:
             return
         info.retry_lock_at_mono = None
         info.unlock_when_drained = False  # held again: the deferred Unlock is moot
+        self._load(event.shard, info)
+
+    def _load(self, shard: int, info: ShardInfo) -> None:
+        """Replay the shard's log (`LOADING`) into a fresh fold."""
         info.phase = _LOADING
         info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
         info.log_epoch = 0
         if info.appends_in_flight:
-            # Appends from before this node last stepped down are still on their way (the
-            # shell writes in order, maybe after the Unlock): read the log once they are in
-            # it, or the reload would miss them and they would surface later, unknown.
+            # Appends from before this node last stepped down (or after its claim) are still
+            # on their way (the shell writes in order, maybe after an Unlock): read the log
+            # once they are in it, or the reload would miss them and they would surface
+            # later, unknown.
             info.read_when_drained = True
             return
-        self._emit(fx.ReadLog(shard=event.shard))
+        self._emit(fx.ReadLog(shard=shard))
 
     def _on_lock_busy(self, event: ev.LockBusy) -> None:
         info = self.shards[event.shard]
@@ -1030,14 +1035,8 @@ class Node:
         info.history.clear()
         info.window_records.clear()
         info.claim_loc = None
-        info.phase = _LOADING
         info.reloading = True
-        info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
-        info.log_epoch = 0
-        if info.appends_in_flight:
-            info.read_when_drained = True
-            return
-        self._emit(fx.ReadLog(shard=shard))
+        self._load(shard, info)
 
     def _appends_drained(self, shard: int, info: ShardInfo) -> None:
         """Every append issued to `shard` has landed or failed: do what waited for that."""
