@@ -10,7 +10,8 @@ from typing import Any
 from snerd.core import events as ev
 from snerd.core.node import NodeConfig, NodePhase
 from snerd.core.records import encode_record
-from tests.fakeshell import FakeShell
+from snerd.core.timefmt import format_rfc3339
+from tests.fakeshell import SECOND, FakeShell
 
 
 def pair() -> tuple[FakeShell, FakeShell]:
@@ -252,3 +253,19 @@ def test_a_full_inbox_segment_is_closed_and_removed_once_ingested() -> None:
     other.advance(1.1)
     assert (0, failed.name) not in other.node.inbox_segments
     assert [m["task_id"] for m in other.messages("ack")][-1] == "y"
+
+
+def test_a_plain_task_from_an_inbox_runs_at_once_though_the_owners_clock_is_behind() -> None:
+    # The writer's record says `executeAt` = its own wall time at enqueue; an owner whose clock
+    # is 10 s behind must not hold the task back for those 10 s. One with `execute_at` waits.
+    owner, other = pair()
+    owner.register("t")
+    owner.wall -= 10 * SECOND
+    other.enqueue("plain")
+    other.enqueue("timed", execute_at=format_rfc3339(other.wall + 2 * SECOND))
+    owner.advance(0.15)
+    assert owner.executed_ids() == ["plain"]
+    owner.advance(11)  # due at the writer's time + 2 s: 12 s on the owner's clock
+    assert owner.executed_ids() == ["plain"]
+    owner.advance(1)
+    assert owner.executed_ids() == ["plain", "timed"]

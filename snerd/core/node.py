@@ -1228,6 +1228,11 @@ class Node:
         except (KeyError, TypeError, ValueError):
             return None
         cron = f.get("cronExpression")
+        if cron is None and f.get("executeAt") == f.get("retryAfterTime") is not None:
+            # Enqueued without `execute_at` (both times are the enqueue's, as no retry or cron
+            # tick has moved one): due at once, whatever this node's clock says of the other
+            # writer's (an inbox record) or of an earlier wall clock (a replay after a step).
+            ready = 0
         if cron is not None:
             cron = _adopt_cron(cron)
             if cron is None:
