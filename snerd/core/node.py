@@ -593,6 +593,10 @@ class Node:
     def _emit(self, effect: fx.Effect) -> None:
         self._out.append(effect)
 
+    def _shard_count(self) -> int:
+        """The queue's shard count, as membership.json last said (1 before it was read)."""
+        return int(self.doc.get("shards", 1)) if self.doc is not None else 1
+
     def _wall_text(self) -> str:
         """`format_rfc3339` of the current wall time, made once per clock reading (a burst's
         records share it)."""
@@ -1349,7 +1353,7 @@ class Node:
                 self.stats["total_deduplicated"] += 1
                 self._ack_duplicate(cmd.task_id, original)
                 return
-        shards = int((self.doc or {}).get("shards", 1))
+        shards = self._shard_count()
         key = cmd.rate_limit_group or payload_hash or cmd.task_id
         shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
         info = self.shards.get(shard)
@@ -1426,7 +1430,7 @@ class Node:
             and not any(self.ready.values())
         ):
             return False  # it might run at once (`_runs_at_once`)
-        shards = int((self.doc or _NO_DOC).get("shards", 1))
+        shards = self._shard_count()
         shard = route_shard(task_id, shards) if shards != 1 else 0
         info = self.shards.get(shard)
         if info is None or info.phase is not _ACTIVE:
@@ -1708,15 +1712,19 @@ class Node:
             return
         self._move(task, _READY)
         if task.webhook_url is None and task.task_type not in self.registered:
-            # No handler here: `_dispatch` would only pop it to park it; park it now, in the
-            # same queue with the same order keys (`_on_register` makes it ready again).
-            self._move(task, _PARKED)
-            parked = self.parked_by_type.get(task.task_type)
-            if parked is None:
-                parked = self.parked_by_type[task.task_type] = ReadyQueue()
-            parked.push(task.task_id, task.urgency, task.seq)
+            self._park_by_type(task)
             return
         self._push_ready(task)
+
+    def _park_by_type(self, task: Task) -> None:
+        """A ready task with no handler here: `_dispatch` would only pop it to park it; park
+        it now, in the same queue with the same order keys (`_on_register` makes it ready
+        again)."""
+        self._move(task, _PARKED)
+        parked = self.parked_by_type.get(task.task_type)
+        if parked is None:
+            parked = self.parked_by_type[task.task_type] = ReadyQueue()
+        parked.push(task.task_id, task.urgency, task.seq)
 
     def _push_ready(self, task: Task) -> None:
         assert task.state is _READY
@@ -2124,9 +2132,8 @@ class Node:
     ) -> None:
         """A run of plain enqueues (`_enqueue_plain`) is in the log: each is acked and
         scheduled in turn, as an "enqueue" part would be (`_schedule`, for a task with no
-        parents, no webhook and not dispatched with its record)."""
+        parents, no webhook, due at once and not dispatched with its record)."""
         tasks = self.tasks
-        wall = self._now.wall
         registered = self.registered
         acked: list[str] = []
         for i, task_id in enumerate(ids):
@@ -2135,19 +2142,11 @@ class Node:
                 continue
             task.loc = _new_location(shard, offsets[i], lengths[i])
             acked.append(task_id)
-            if task.ready_at_us > wall:
-                self._move(task, _WAITING)
-                self.due.push(task_id, task.ready_at_us, task.seq)
-            elif task.task_type in registered:
-                self._move(task, _READY)
+            self._move(task, _READY)
+            if task.task_type in registered:
                 self._push_ready(task)
             else:
-                # `_schedule`: ENQUEUING -> READY -> PARKED, in one step here.
-                task.state = _PARKED
-                parked = self.parked_by_type.get(task.task_type)
-                if parked is None:
-                    parked = self.parked_by_type[task.task_type] = ReadyQueue()
-                parked.push(task_id, task.urgency, task.seq)
+                self._park_by_type(task)
         if acked:
             self._emit(_new_ack_enqueued(acked, shard))
 
@@ -2267,6 +2266,7 @@ class Node:
                 else:
                     again.append((part, records[at:end]))
             at = end
+        # A failed part handled after them may have stepped the node down from the shard.
         again = [(part, recs) for part, recs in again if part.tenure == info.tenure]
         if again:
             self._reissue(info, p.shard, again)
@@ -2868,7 +2868,6 @@ _new_send = slot_constructor(fx.Send, "message")
 _new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
 _NOT_JSON = object()
-_NO_DOC: dict[str, Any] = {}
 _new_append = slot_constructor(fx.Append, "token", "shard", "records")
 _new_record = slot_constructor(fx.NewRecord, "fields")
 _new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
