@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core import protocol as proto
 from snerd.core.node import NodeConfig, NodePhase
 from snerd.core.ownership import OwnershipConfig
 from snerd.core.records import encode_record
@@ -798,7 +800,7 @@ def test_an_unreadable_payload_is_a_failed_attempt_decided_by_the_core() -> None
     assert [e.attempt for e in sh.executed] == [1, 2]
 
 
-# --- the batch path of plain enqueues (`Node._enqueue_plain`) ----------------------------------
+# --- the batch path of plain enqueues (`Node._lines`) ----------------------------------
 
 
 def test_plain_and_other_enqueues_in_one_burst_keep_arrival_order_in_records_and_acks() -> None:
@@ -873,6 +875,7 @@ _OTHER_LINE = st.one_of(
                          "error_msg": "no"}, st.integers(0, 12)),
     st.just({"action": "register", "task_type": "t"}),
     st.just({"action": "enqueue", "task_id": "k1"}),
+    st.sampled_from([b"", b" \t", b"not json", b"[1]"]),
 )
 _STEP = st.one_of(
     st.lists(st.one_of(_PLAIN_LINE, _OTHER_LINE), min_size=1, max_size=8).map(
@@ -890,13 +893,25 @@ def test_the_batch_path_of_plain_enqueues_decides_what_the_long_way_decides(
 ) -> None:
     # The same traffic through a node with the batch path and one without it: the same
     # messages, in the same order, the same log, the same tasks in the same states.
+    # The fast node takes each burst as one `LinesReceived`, the slow one as a `LineReceived`
+    # per line, each line the long way (`Node._line`).
     config = NodeConfig(node_id="test-node@pid-1-aa", max_workers=workers)
     fast, slow = started(config), started(config)
-    slow.node._enqueue_plain = lambda plain: False  # type: ignore[method-assign]
+
+    def the_long_way(lines: Iterable[bytes]) -> None:
+        for line in lines:
+            if not proto.is_blank_line(line):
+                slow.node._line(line)
+
+    slow.node._lines = the_long_way  # type: ignore[method-assign]
     for kind, arg in steps:
         for sh in (fast, slow):
             if kind == "burst":
-                sh.burst([ev.LineReceived(line=orjson.dumps(m)) for m in arg])
+                raw = [m if isinstance(m, bytes) else orjson.dumps(m) for m in arg]
+                if sh is fast:
+                    sh.burst([ev.LinesReceived(lines=raw)])
+                else:
+                    sh.burst([ev.LineReceived(line=line) for line in raw])
             elif kind == "disk_full":
                 sh.disk_full = arg
             elif kind == "hold":

@@ -203,6 +203,69 @@ def test_interleaved_operations_match_reference_model(ops: list[tuple[str, objec
     assert held == q._entries
 
 
+_RUN_OPS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("run"),
+            st.tuples(
+                _URGENCIES,
+                st.lists(st.tuples(st.integers(0, 40), st.integers(0, 30)), max_size=12),
+            ),
+        ),
+        st.tuples(st.just("pop"), st.none()),
+        st.tuples(st.just("discard"), st.integers(0, 40)),
+    ),
+    max_size=40,
+)
+
+
+@given(_RUN_OPS)
+def test_push_run_is_push_of_each_in_turn(ops: list[tuple[str, object]]) -> None:
+    # Two queues, the same operations; runs pushed with `push_run` into one and key by key
+    # into the other (a repeated key raises in both, after the keys before it went in).
+    run_q: ReadyQueue[int] = ReadyQueue()
+    one_q: ReadyQueue[int] = ReadyQueue()
+    for op, arg in ops:
+        if op == "run":
+            assert isinstance(arg, tuple)
+            urgency, entries = arg
+            keys, seqs = [k for k, _ in entries], [q for _, q in entries]
+            failed = False
+            try:
+                for key, seq in zip(keys, seqs, strict=True):
+                    one_q.push(key, urgency, seq)
+            except ValueError:
+                failed = True
+            if failed:
+                with pytest.raises(ValueError, match="already"):
+                    run_q.push_run(keys, seqs, urgency)
+            else:
+                run_q.push_run(keys, seqs, urgency)
+        elif op == "pop":
+            if len(one_q):
+                assert run_q.pop() == one_q.pop()
+        else:
+            assert isinstance(arg, int)
+            assert run_q.discard(arg) is one_q.discard(arg)
+        assert len(run_q) == len(one_q)
+        assert run_q.peek() == one_q.peek()
+        assert sorted(run_q._levels) == sorted(one_q._levels)
+    assert [run_q.pop() for _ in range(len(run_q))] == [one_q.pop() for _ in range(len(one_q))]
+
+
+def test_push_run_refuses_nan_and_leaves_no_empty_level() -> None:
+    q: ReadyQueue[str] = ReadyQueue()
+    with pytest.raises(ValueError, match="NaN"):
+        q.push_run(["a"], [1], float("nan"))
+    q.push("a", 2.0, 1)
+    with pytest.raises(ValueError, match="already"):
+        q.push_run(["a"], [2], 5.0)
+    assert len(q) == 1 and not q._levels.get(-5.0)
+    q.push_run([], [], 7.0)
+    assert sorted(q._levels) == [-2.0]
+    assert q.pop() == "a"
+
+
 # --- DueQueue --------------------------------------------------------------------------------
 
 

@@ -6,7 +6,8 @@ a clock and a simulator can give each node its own skewed view of time.
 
 The protocol commands parsed from an SDK line (`Register`, `Enqueue`, `Result`, `Progress`,
 `StatsRequested`) live in `snerd.core.protocol` and are events too: the embedded engine hands
-them to the node directly, the daemon first parses them from stdin with `LineReceived`.
+them to the node directly, the daemon first parses them from stdin with `LineReceived` and
+`LinesReceived`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "InboxProgress",
     "InboxRead",
     "LineReceived",
+    "LinesReceived",
     "LockAcquired",
     "LockBusy",
     "LockLost",
@@ -81,6 +83,16 @@ class LineReceived(Event):
     #: When the line was longer than the shell accepts: its full length in bytes. `line` then
     #: holds only its first bytes (enough to find a task id for the error).
     oversize: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinesReceived(Event):
+    """Lines (without their newlines, none longer than the shell accepts) that arrived from
+    the SDK together, in order: exactly one `LineReceived` for each in turn, handed over in
+    one event so the node can take a run of them in one pass. `Node.handle_burst` counts each
+    line against its limit."""
+
+    lines: list[bytes]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -337,6 +337,10 @@ class InboxSegment:
     closed: bool = False
 
 
+#: `Node._line`'s default: the line is not parsed yet.
+_UNPARSED = object()
+
+
 @dataclass(slots=True)
 class _OpenAppend:
     """An `Append` emitted during the current call, which later appends to its shard join
@@ -488,8 +492,9 @@ class Node:
     def handle_burst(
         self, events: deque[ev.Event], now: ev.Now, limit: int = 64
     ) -> list[fx.Effect]:
-        """Feed up to `limit` events that arrived together, taken from the left of `events`;
-        return the effects of all of them, in order.
+        """Feed up to `limit` events that arrived together (a `LinesReceived` counts as one per
+        line, and is taken whole), taken from the left of `events`; return the effects of all
+        of them, in order.
 
         The same as `handle` for each in turn, except that the time-driven work (`_on_time`:
         filling free worker slots, due tasks, timeouts, leases, compaction) runs once, after
@@ -501,12 +506,15 @@ class Node:
         self._begin(now)
         handlers = _HANDLERS
         popleft = events.popleft
-        for _ in range(min(limit, len(events))):
+        taken = 0
+        while events and taken < limit:
             event = popleft()
-            handler = handlers.get(type(event))
+            kind = type(event)
+            handler = handlers.get(kind)
             if handler is None:
-                raise TypeError(f"Node cannot handle {type(event).__name__}")
+                raise TypeError(f"Node cannot handle {kind.__name__}")
             handler(self, event)
+            taken += len(event.lines) if isinstance(event, _LINES_RECEIVED) else 1
             if self.phase is _STOPPED:
                 break
         self._on_time()
@@ -679,7 +687,7 @@ class Node:
         self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str, kind: str
     ) -> None:
         """`_append` for one record of a task whose append would mean the same for every
-        task (kind "enqueues": a plain enqueue, `_enqueue_plain`; "dispatches": a dispatch
+        task (kind "enqueues": a plain enqueue, `_lines`; "dispatches": a dispatch
         record): consecutive ones to a shard within a call are one part, listing their task
         ids (one pending for a burst of them, not one each), committed or failed one by one,
         in order, as if each were an "enqueue" or a "dispatch" of its own."""
@@ -1290,20 +1298,135 @@ class Node:
                 )
             )
             return
-        line = event.line
-        try:
-            doc = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            doc = _NOT_JSON
-        if (
-            type(doc) is dict
-            and doc.get("action") == "enqueue"
-            and self.phase is _NODE_RUNNING
-            and len(line) <= proto.DEFAULT_MAX_LINE_BYTES
-        ):
-            plain = proto.plain_enqueue(doc)
-            if plain is not None and self._enqueue_plain(plain):
+        self._lines((event.line,))
+
+    def _on_lines(self, event: ev.LinesReceived) -> None:
+        self._lines(event.lines)
+
+    def _lines(self, lines: Iterable[bytes]) -> None:
+        """Lines from the SDK, each taken in turn as `_line` takes it, with the commonest one,
+        a plain enqueue (`proto.plain_enqueue`: the five required fields, every optional one
+        absent or null), decided here in one loop while running: what `_on_enqueue` does for
+        it, without building the `Enqueue`, its record joining the run of plain enqueues to
+        its shard (`_append_run`, a list extended in place while no other line comes
+        between). A plain enqueue this loop cannot decide alone (its id pending, its shard not
+        ours: the inbox, or a task that might run at once) and every other line go to `_line`
+        (after which nothing this loop holds is trusted). Blank lines are skipped."""
+        loads = orjson.loads
+        decode_error = orjson.JSONDecodeError
+        plain_of = proto.plain_enqueue
+        max_line = proto.DEFAULT_MAX_LINE_BYTES
+        tasks = self.tasks
+        registered = self.registered
+        infos = self.shards
+        stats = self.stats
+        node_id = self.config.node_id
+        #: Set up at the first plain enqueue; cleared by any other line.
+        shards = 0
+        now_text = ""
+        runs_free: bool | None = None  # a worker slot free and no ready task (`_runs_at_once`)
+        #: shard -> the records, task ids and pending of the run of plain enqueues open there.
+        runs: dict[int, tuple[list[fx.NewRecord], list[str], PendingAppend]] = {}
+        for line in lines:
+            try:
+                doc = loads(line)
+            except decode_error:
+                if proto.is_blank_line(line):
+                    continue  # skipped without an answer, as upstream does
+                doc = _NOT_JSON
+            if (
+                type(doc) is dict
+                and doc.get("action") == "enqueue"
+                and self.phase is _NODE_RUNNING
+                and len(line) <= max_line
+            ):
+                plain = plain_of(doc)
+                if plain is not None and plain[0] not in tasks:
+                    task_id, task_type, task_data, max_retries, hours = plain
+                    if task_type in registered and runs_free is None:
+                        runs_free = len(self.inflight) < self.config.max_workers and not any(
+                            self.ready.values()
+                        )
+                    if task_type in registered and runs_free:
+                        pass  # it might run at once (`_runs_at_once`): the long way
+                    else:
+                        if not shards:
+                            shards = self._shard_count()
+                            now_text = self._wall_text()
+                        shard = route_shard(task_id, shards) if shards != 1 else 0
+                        info = infos.get(shard)
+                        if info is not None and info.phase is _ACTIVE:
+                            seq = info.next_seq
+                            info.next_seq = seq + 1
+                            self.seq += 1
+                            # The keys and their order of `_enqueue_fields` for a plain enqueue.
+                            record = _new_record(
+                                {
+                                    "taskId": task_id,
+                                    "retryCount": 0,
+                                    "maxRetries": max_retries,
+                                    "retryAfterHours": hours,
+                                    "retryAfterTime": now_text,
+                                    "taskData": task_data,
+                                    "taskType": task_type,
+                                    "executeAt": now_text,
+                                    "snerdNode": node_id,
+                                    "snerdEpoch": info.epoch,
+                                    "snerdSeq": seq,
+                                }
+                            )
+                            tasks[task_id] = Task(
+                                task_id,  # task_id
+                                task_type,  # task_type
+                                shard,  # shard
+                                self.seq,  # seq
+                                _ENQUEUING,  # state
+                                0,  # retry_count
+                                max_retries,  # max_retries
+                                hours,  # retry_after_hours
+                                0,  # ready_at_us: at once (see `_enqueue_fields`)
+                                0.0,  # urgency
+                                "default",  # pool (`_pool_of(None)`)
+                                None,  # group
+                                None,  # max_per_minute
+                                None,  # payload_hash
+                                None,  # cron
+                                None,  # webhook_url
+                                None,  # max_execution_seconds
+                                (),  # trigger_after_ids
+                                None,  # loc
+                                1,  # attempt
+                            )
+                            stats["total_enqueued"] += 1
+                            run = runs.get(shard)
+                            if run is not None:
+                                run[0].append(record)
+                                run[1].append(task_id)
+                                run[2].count += 1
+                            else:
+                                self._append_run(shard, info, record, task_id, "enqueues")
+                                merged = self._open_appends.get(shard)
+                                if merged is not None and merged.records is not None:
+                                    last = merged.last
+                                    if last is not None and last.kind == "enqueues":
+                                        ids = last.extra["ids"]
+                                        if ids[-1] is task_id:
+                                            runs[shard] = (merged.records, ids, last)
+                            continue
+            self._line(line, doc)
+            shards, runs_free = 0, None
+            runs.clear()
+            if self.phase is _STOPPED:
                 return
+
+    def _line(self, line: bytes, doc: Any = _UNPARSED) -> None:
+        """One line, parsed (`doc`: what `orjson.loads` gave, or `_NOT_JSON`) or not, the
+        long way: a command, or an error message naming what is wrong."""
+        if doc is _UNPARSED:
+            try:
+                doc = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                doc = _NOT_JSON
         try:
             if doc is _NOT_JSON or len(line) > proto.DEFAULT_MAX_LINE_BYTES:
                 command = proto.parse_line(line)  # (it words the error)
@@ -1414,70 +1537,6 @@ class Node:
         self._append(
             shard, records, PendingAppend("enqueue", shard, cmd.task_id)
         )
-
-    def _enqueue_plain(self, plain: proto.PlainEnqueue) -> bool:
-        """The batch path of the commonest line, a plain enqueue (`proto.plain_enqueue`),
-        while running: what `_on_enqueue` does for it, without building the `Enqueue`, and
-        with the records of consecutive ones in one pending (`_append_run`). False, having
-        done nothing, for a line `_on_enqueue` must decide: its task id pending, its shard not
-        ours (the inbox), or a task that might be dispatched with its enqueue record."""
-        task_id, task_type, task_data, max_retries, hours = plain
-        if task_id in self.tasks:
-            return False
-        if (
-            task_type in self.registered
-            and len(self.inflight) < self.config.max_workers
-            and not any(self.ready.values())
-        ):
-            return False  # it might run at once (`_runs_at_once`)
-        shards = self._shard_count()
-        shard = route_shard(task_id, shards) if shards != 1 else 0
-        info = self.shards.get(shard)
-        if info is None or info.phase is not _ACTIVE:
-            return False
-        now_text = self._wall_text()
-        seq = info.next_seq
-        info.next_seq = seq + 1
-        self.seq += 1
-        # The keys and their order of `_enqueue_fields` for a plain enqueue.
-        fields = {
-            "taskId": task_id,
-            "retryCount": 0,
-            "maxRetries": max_retries,
-            "retryAfterHours": hours,
-            "retryAfterTime": now_text,
-            "taskData": task_data,
-            "taskType": task_type,
-            "executeAt": now_text,
-            "snerdNode": self.config.node_id,
-            "snerdEpoch": info.epoch,
-            "snerdSeq": seq,
-        }
-        self.tasks[task_id] = Task(
-            task_id,  # task_id
-            task_type,  # task_type
-            shard,  # shard
-            self.seq,  # seq
-            _ENQUEUING,  # state
-            0,  # retry_count
-            max_retries,  # max_retries
-            hours,  # retry_after_hours
-            0,  # ready_at_us: at once (see `_enqueue_fields`)
-            0.0,  # urgency
-            "default",  # pool (`_pool_of(None)`)
-            None,  # group
-            None,  # max_per_minute
-            None,  # payload_hash
-            None,  # cron
-            None,  # webhook_url
-            None,  # max_execution_seconds
-            (),  # trigger_after_ids
-            None,  # loc
-            1,  # attempt
-        )
-        self.stats["total_enqueued"] += 1
-        self._append_run(shard, info, _new_record(fields), task_id, "enqueues")
-        return True
 
     def _enqueue_fields(
         self, cmd: proto.Enqueue, payload_hash: str | None
@@ -2130,23 +2189,51 @@ class Node:
     def _enqueues_committed(
         self, ids: list[str], shard: int, offsets: tuple[int, ...], lengths: tuple[int, ...]
     ) -> None:
-        """A run of plain enqueues (`_enqueue_plain`) is in the log: each is acked and
+        """A run of plain enqueues (`_lines`) is in the log: each is acked and
         scheduled in turn, as an "enqueue" part would be (`_schedule`, for a task with no
-        parents, no webhook, due at once and not dispatched with its record)."""
+        parents, no webhook, due at once and not dispatched with its record): ready, or
+        parked when no handler here takes its type (`_park_by_type`). Consecutive ones bound
+        for the same queue are pushed there in one call (`ReadyQueue.push_run`)."""
         tasks = self.tasks
         registered = self.registered
         acked: list[str] = []
+        queue: ReadyQueue[str] | None = None
+        urgency = 0.0
+        keys: list[str] = []
+        seqs: list[int] = []
         for i, task_id in enumerate(ids):
             task = tasks.get(task_id)
             if task is None:
                 continue
             task.loc = _new_location(shard, offsets[i], lengths[i])
             acked.append(task_id)
-            self._move(task, _READY)
+            if task.state is not _ENQUEUING:
+                # (Never so: it is ENQUEUING until now. The long way, with `_move`'s check.)
+                self._move(task, _READY)
+                if task.task_type in registered:
+                    self._push_ready(task)
+                else:
+                    self._park_by_type(task)
+                continue
+            # ENQUEUING -> READY (-> PARKED): the moves `_move` allows, made directly.
             if task.task_type in registered:
-                self._push_ready(task)
+                task.state = _READY
+                target = self.ready.get(task.pool)
+                if target is None:
+                    target = self.ready[task.pool] = ReadyQueue()
             else:
-                self._park_by_type(task)
+                task.state = _PARKED
+                target = self.parked_by_type.get(task.task_type)
+                if target is None:
+                    target = self.parked_by_type[task.task_type] = ReadyQueue()
+            if target is not queue or task.urgency != urgency:
+                if queue is not None and keys:
+                    queue.push_run(keys, seqs, urgency)
+                queue, urgency, keys, seqs = target, task.urgency, [], []
+            keys.append(task_id)
+            seqs.append(task.seq)
+        if queue is not None and keys:
+            queue.push_run(keys, seqs, urgency)
         if acked:
             self._emit(_new_ack_enqueued(acked, shard))
 
@@ -2868,6 +2955,7 @@ _new_send = slot_constructor(fx.Send, "message")
 _new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
 _NOT_JSON = object()
+_LINES_RECEIVED = ev.LinesReceived
 _new_append = slot_constructor(fx.Append, "token", "shard", "records")
 _new_record = slot_constructor(fx.NewRecord, "fields")
 _new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
@@ -2881,6 +2969,7 @@ _HANDLERS: dict[type[Any], Any] = {
     ev.Started: Node._on_started,
     ev.Tick: Node._on_tick,
     ev.LineReceived: Node._on_line,
+    ev.LinesReceived: Node._on_lines,
     ev.DrainRequested: Node._on_drain,
     ev.MembershipRead: Node._on_membership_read,
     ev.MembershipWritten: Node._on_membership_written,

@@ -37,7 +37,7 @@ Decisions where upstream had no rule:
   hanging: a non-string `error_msg` is kept as its JSON text. `status` wins over `success` when a
   line carries both.
 - Blank lines are skipped by upstream; `is_blank_line` says so, and the caller should skip them
-  before `parse_line` (which would answer `Invalid JSON: empty line`).
+  before `parse_line` (which would answer `Invalid JSON: empty line`); the node does.
 """
 
 from __future__ import annotations

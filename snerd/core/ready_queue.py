@@ -128,6 +128,51 @@ class ReadyQueue(Generic[K]):
             heapq.heappush(level.side, (seq, counter, key))
         self._entries += 1
 
+    def push_run(self, keys: list[K], seqs: list[int], urgency: float) -> None:
+        """`push(key, urgency, seq)` for each key and seq in turn, in one call (the committed
+        run of plain enqueues, `Node._enqueues_committed`). On an error the keys before the
+        offending one are pushed, as with the calls one by one.
+
+        Raises:
+            ValueError: a key is already queued, or `urgency` is NaN.
+        """
+        if urgency != urgency:
+            raise ValueError("urgency must not be NaN")
+        if not keys:
+            return
+        live = self._live
+        level_key = -(urgency + 0.0)
+        level = self._levels.get(level_key)
+        created = level is None
+        if level is None:
+            level = self._levels[level_key] = _Level()
+            heapq.heappush(self._urgencies, level_key)
+        fifo = level.fifo
+        counter = self._counter
+        last_seq = level.last_seq
+        pushed = 0
+        try:
+            for key, seq in zip(keys, seqs, strict=True):
+                if key in live:
+                    raise ValueError(f"{key!r} is already in the ready queue")
+                counter += 1
+                live[key] = counter
+                if seq >= last_seq:
+                    fifo.append((seq, counter, key))
+                    last_seq = seq
+                else:
+                    heapq.heappush(level.side, (seq, counter, key))
+                pushed += 1
+        finally:
+            self._counter = counter
+            level.last_seq = last_seq
+            self._entries += pushed
+            if created and not pushed:
+                # (Nothing went in: a new level must not stay empty in `_levels`.)
+                del self._levels[level_key]
+                self._urgencies.remove(level_key)
+                heapq.heapify(self._urgencies)
+
     def pop(self) -> K:
         """Remove and return the most urgent key (the earliest pushed among equals).
 

@@ -345,9 +345,9 @@ class Runtime:
         self._processing = True
         try:
             while events and self._exit_code is None:
-                # Up to _EVENT_BURST events per clock reading and per dispatch pass
+                # Up to EVENT_BURST events per clock reading and per dispatch pass
                 # (`Node.handle_burst`); their effects are carried out in order after them.
-                for effect in handle_burst(events, now(), _EVENT_BURST):
+                for effect in handle_burst(events, now(), EVENT_BURST):
                     table[type(effect)](self, effect)
                 if self._outbox_records >= _OUTBOX_BURST:
                     self._submit_appends()  # keep the writer busy during a long burst
@@ -900,8 +900,9 @@ def _describe(exc: OSError) -> str:
 
 #: Records handed to the log writer at once while a long burst is still being handled.
 _OUTBOX_BURST = 256
-#: Events handed to the node at once (one clock reading, one `_on_time` pass for all).
-_EVENT_BURST = 64
+#: Events handed to the node at once (one clock reading, one `_on_time` pass for all); a
+#: `LinesReceived` counts one per line (`Node.handle_burst`), and stdin's carry at most this many.
+EVENT_BURST = 64
 #: A burst that ends with at most this many records to append commits them in the trio thread
 #: when the log writer is idle (`GroupCommitLog.submit_many(inline=True)`).
 _INLINE_RECORDS = 16

@@ -24,7 +24,7 @@ from snerd.config import Settings
 from snerd.core import events as ev
 from snerd.io.fscheck import LOCAL_FILESYSTEMS, check_data_directory
 from snerd.io.layout import adopt_legacy_layout
-from snerd.io.runtime import Runtime
+from snerd.io.runtime import EVENT_BURST, Runtime
 
 __all__ = ["StdioPeer", "run_daemon", "write_stderr"]
 
@@ -147,7 +147,6 @@ async def _read_stdin(
     had to wait for input is handled at once; only a read that found input without waiting
     (a busy pipe) yields first, so other tasks still get their turn."""
     buffer = bytearray()
-    new_line = _line_received_factory()
     fd = stream.fileno()
     read = os.read
     wait_readable = trio.lowlevel.wait_readable
@@ -207,13 +206,20 @@ async def _read_stdin(
             else:
                 lines = chunk.split(b"\n")
             rest = lines.pop()  # an unfinished line (or b"")
-            for line in lines:
-                if len(line) > max_line:
-                    batch.append(
-                        ev.LineReceived(line=line[:_OVERSIZE_PREFIX], oversize=len(line))
-                    )
-                elif line and not line.isspace():
-                    batch.append(new_line(line))
+            if len(chunk) <= max_line and (not lines or len(lines[0]) <= max_line):
+                _add_lines(batch, lines)  # (none of them can be too long)
+            else:
+                run: list[bytes] = []
+                for line in lines:
+                    if len(line) > max_line:
+                        _add_lines(batch, run)
+                        run = []
+                        batch.append(
+                            ev.LineReceived(line=line[:_OVERSIZE_PREFIX], oversize=len(line))
+                        )
+                    else:
+                        run.append(line)
+                _add_lines(batch, run)
             if len(rest) > max_line:
                 skipping = (len(rest), rest[:_OVERSIZE_PREFIX])
             elif rest:
@@ -222,24 +228,16 @@ async def _read_stdin(
             runtime.feed(batch)
 
 
-def _line_received_factory() -> Any:
-    """`ev.LineReceived(line=...)` without the frozen dataclass's `__init__` (one
-    `object.__setattr__` per field, a visible share of a small enqueue here). If the event ever
-    changes shape, the class is used as it is."""
-    names = list(getattr(ev.LineReceived, "__dataclass_fields__", {}))
-    if names != ["line", "oversize"] or "__slots__" not in vars(ev.LineReceived):
-        return lambda line: ev.LineReceived(line=line)
-    new = object.__new__
-    set_line = vars(ev.LineReceived)["line"].__set__
-    set_oversize = vars(ev.LineReceived)["oversize"].__set__
-
-    def make(line: bytes) -> ev.LineReceived:
-        event: ev.LineReceived = new(ev.LineReceived)
-        set_line(event, line)
-        set_oversize(event, 0)
-        return event
-
-    return make
+def _add_lines(batch: list[ev.Event], lines: list[bytes]) -> None:
+    """`lines` (none too long) as `LinesReceived` events of up to `EVENT_BURST` lines, so a
+    burst of the node (`Node.handle_burst`) takes one whole (blank lines are the node's to
+    skip)."""
+    if len(lines) <= EVENT_BURST:
+        if lines:
+            batch.append(ev.LinesReceived(lines=lines))
+        return
+    for start in range(0, len(lines), EVENT_BURST):
+        batch.append(ev.LinesReceived(lines=lines[start : start + EVENT_BURST]))
 
 
 async def _watch_signals(runtime: Runtime) -> None:
