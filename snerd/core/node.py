@@ -2610,7 +2610,7 @@ class Node:
         `_live_offsets` of this moment, when the caller has them)."""
         if offsets is None:
             offsets = self._live_offsets(shard, info)
-        return [fx.KeepRange(offset=o, length=offsets[o]) for o in sorted(offsets)]
+        return [_new_keep_range(o, offsets[o]) for o in sorted(offsets)]
 
     def _live_offsets(self, shard: int, info: ShardInfo) -> dict[int, int]:
         """Offset -> length of every record the shard's state still needs (unordered; the
@@ -2677,22 +2677,26 @@ class Node:
             self._compaction_over(event.shard, info)
             return
         keep: list[fx.KeepRange] = p.extra["keep"]
+        shard = event.shard
+        # (`event.offsets` lists the kept ranges, then any new lines.)
         moved = {
-            r.offset: fx.Location(event.shard, event.offsets[i], event.lengths[i])
-            for i, r in enumerate(keep)
+            r.offset: _new_location(shard, offset, length)
+            for r, offset, length in zip(keep, event.offsets, event.lengths, strict=False)
         }
-
-        def remap(loc: fx.Location | None) -> fx.Location | None:
-            if loc is None:
-                return None
-            return moved.get(loc.offset, loc)
-
-        info.claim_loc = remap(info.claim_loc)
+        # (A kept range is one record: its new place is where its record now is. Each live
+        # task is re-pointed here, so this loop is kept lean: it runs once per live task.)
+        if info.claim_loc is not None:
+            info.claim_loc = moved.get(info.claim_loc.offset, info.claim_loc)
         info.inbox_locs = {node: moved.get(loc.offset, loc) for node, loc in info.inbox_locs.items()}
+        get = moved.get
         for task in self.tasks.values():
-            if task.shard == event.shard:
-                task.loc = remap(task.loc)
-                task.dispatch_loc = remap(task.dispatch_loc)
+            if task.shard == shard:
+                loc = task.loc
+                if loc is not None:
+                    task.loc = get(loc.offset, loc)
+                loc = task.dispatch_loc
+                if loc is not None:
+                    task.dispatch_loc = get(loc.offset, loc)
         info.history = deque((t, moved.get(loc.offset, loc)) for t, loc in info.history)
         info.window_records = deque(
             (t, moved.get(loc.offset, loc)) for t, loc in info.window_records
@@ -2960,6 +2964,7 @@ _new_append = slot_constructor(fx.Append, "token", "shard", "records")
 _new_record = slot_constructor(fx.NewRecord, "fields")
 _new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
 _new_location = slot_constructor(fx.Location, "shard", "offset", "length")
+_new_keep_range = slot_constructor(fx.KeepRange, "offset", "length")
 _new_execute = slot_constructor(
     fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
 )
