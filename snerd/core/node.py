@@ -1897,21 +1897,29 @@ class Node:
     def _dispatch(self) -> None:
         """Fill free worker slots, best task first (highest urgency, then enqueue order)."""
         now = self._now
+        ready = self.ready
         while len(self.inflight) < self.config.max_workers:
-            best: tuple[float, int, str] | None = None
-            for pool, queue in self.ready.items():
+            if len(ready) == 1:
+                # One pool (the usual case): its head is the best task, nothing to compare.
+                ((pool, queue),) = ready.items()
                 if not queue or self.pool_busy.get(pool, 0) >= self._pool_limit(pool):
-                    continue
-                head = queue.peek()
-                assert head is not None
-                t = self.tasks[head]
-                key = (-t.urgency, t.seq, pool)
-                if best is None or key < best:
-                    best = key
-            if best is None:
-                return
-            pool = best[2]
-            task = self.tasks[self.ready[pool].pop()]
+                    return
+            else:
+                best: tuple[float, int, str] | None = None
+                for pool, queue in ready.items():
+                    if not queue or self.pool_busy.get(pool, 0) >= self._pool_limit(pool):
+                        continue
+                    head = queue.peek()
+                    assert head is not None
+                    t = self.tasks[head]
+                    key = (-t.urgency, t.seq, pool)
+                    if best is None or key < best:
+                        best = key
+                if best is None:
+                    return
+                pool = best[2]
+                queue = ready[pool]
+            task = self.tasks[queue.pop()]
             info = self.shards[task.shard]
             if info.giving_back or info.hold_dispatch_until_mono is not None:
                 self._move(task, _PARKED)
@@ -1959,7 +1967,9 @@ class Node:
         }
         if task.group is not None:
             fields["group"] = task.group
-        fields.update(self._meta(task.shard))
+        # (`_meta`, set key by key: one dispatch record per attempt.)
+        fields["snerdNode"] = self.config.node_id
+        fields["snerdEpoch"] = self.shards[task.shard].epoch
         return fields
 
     def _begin_execution(self, task: Task) -> None:
@@ -2066,7 +2076,8 @@ class Node:
             "retryCount": task.attempt if outcome == OUTCOME_DEAD else task.retry_count,
             "deletedAt": self._wall_text(),
             "snerdOutcome": outcome,
-            **self._meta(task.shard),
+            "snerdNode": self.config.node_id,  # (`_meta`, key by key: one per task)
+            "snerdEpoch": self.shards[task.shard].epoch,
         }
         remove: tuple[str, ...] = ()
         if outcome == OUTCOME_COMPLETED:
