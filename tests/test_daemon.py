@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import trio
 
 from snerd.core.records import decode_record
@@ -119,6 +120,49 @@ async def test_a_50_mb_line_is_refused_without_buffering_it(
     assert err["task_id"] == "big" and "exceeds" in err["message"]
     await d.enqueue("small")
     assert (await d.wait_for(is_ack("small")))["action"] == "ack"
+    await d.close_stdin()
+    assert await d.wait() == 0
+
+
+@pytest.mark.parametrize("max_line", [1024, 64 * 1024 * 1024])
+async def test_lines_written_at_once_are_each_answered_in_order(
+    tmp_path: Path, nursery: trio.Nursery, max_line: int
+) -> None:
+    # 250 enqueues, blank lines and (under the small limit) an over-long line in one write:
+    # the reader hands the node up to 64 lines an event, splitting around a line that is too
+    # long; every enqueue is acked once, in log order, blank lines get no answer.
+    d = await Daemon.start(nursery, tmp_path / "q", env={"SNERD_MAX_LINE_BYTES": str(max_line)})
+    await d.recv()
+
+    def line(task_id: str, data: str = "{}") -> bytes:
+        message = {
+            "action": "enqueue",
+            "task_id": task_id,
+            "task_type": "nobody",
+            "task_data": data,
+            "max_retries": 0,
+            "retry_after_hours": 0,
+        }
+        return orjson.dumps(message) + b"\n"
+
+    ids = [f"b{i}" for i in range(250)]
+    data = b"".join(map(line, ids[:100])) + b"\n  \n" + line("big", "x" * 2000)
+    data += b"".join(map(line, ids[100:]))
+    await d.send_raw(data)
+    await d.wait_for(is_ack(ids[-1]))
+    await d.send({"action": "stats"})
+    stats = await d.wait_for(lambda m: m["action"] == "stats")
+    answers = [m for m in d.received if m["action"] in ("ack", "error")]
+    acks = [m["task_id"] for m in answers if m["action"] == "ack"]
+    errors = [m for m in answers if m["action"] == "error"]
+    if max_line == 1024:
+        assert [e["task_id"] for e in errors] == ["big"] and "exceeds" in errors[0]["message"]
+        assert acks == ids
+    else:
+        assert not errors and acks == [*ids[:100], "big", *ids[100:]]
+    assert stats["queue_depth"] == len(acks)
+    logged = [r["taskId"] for r in log_records(tmp_path / "q") if "taskId" in r]
+    assert logged == acks
     await d.close_stdin()
     assert await d.wait() == 0
 
