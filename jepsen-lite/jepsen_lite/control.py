@@ -1072,15 +1072,29 @@ class Run:
         node = self.victim(owning=True)
         if node is None or not node.believed or node.daemon_pid is None:
             return
-        shard = self.rng.choice(sorted(node.believed))
         other_dir = next((d for d in self.dirs if d != node.directory), node.directory)
+        # A shard whose lock is held now: what a node last announced can be a moment old (a
+        # give-back or a takeover under way releases the lock before the next announcement),
+        # and clearing a lock nobody holds proves nothing. None held: no fault this round.
+        shards = sorted(node.believed)
+        self.rng.shuffle(shards)
+        shard, before = shards[0], ""
+        for shard in shards:
+            before = await asyncio.to_thread(nem.probe_lock, other_dir / f"shard-{shard}" / ".lock")
+            if before == "BLOCKED":
+                break
+        else:
+            self.log(
+                f"nemesis: clear-locks on {node.name} skipped: no lock of its shards "
+                f"{sorted(node.believed)} held (last probe: {before})"
+            )
+            return
         # the lock file's path from the volume's root (dirs[0] is the queue seen through A)
         volume_path = "/" + str((self.dirs[0] / f"shard-{shard}" / ".lock").relative_to(g.mount_a))
         probe_path = other_dir / f"shard-{shard}" / ".lock"
         pid = node.daemon_pid
         hold = self.c.ttl_s * 1.5 + self.c.margin_s + 1.0
         seen = self.log_marks([node])
-        before = await asyncio.to_thread(nem.probe_lock, probe_path)
         f = self.fault_start(
             "clear-locks", node, shard=shard, path=volume_path, probe=str(probe_path), hold_s=hold
         )
