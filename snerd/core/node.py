@@ -1347,9 +1347,8 @@ class Node:
                         runs_free = len(self.inflight) < self.config.max_workers and not any(
                             self.ready.values()
                         )
-                    if task_type in registered and runs_free:
-                        pass  # it might run at once (`_runs_at_once`): the long way
-                    else:
+                    # (One that might run at once, `_runs_at_once`, goes the long way.)
+                    if not (task_type in registered and runs_free):
                         if not shards:
                             shards = self._shard_count()
                             now_text = self._wall_text()
