@@ -77,6 +77,7 @@ _BELIEF = 9  # (proc index, incarnation, None): a lease deadline passed
 _PHASE = 10
 _CHECK = 11
 _APPEND_ISSUE = 12  # (proc index, incarnation, (effect, built, lines, done_at, queued)): the writer thread writes
+_FLUSH_LINES = 13  # (proc index, incarnation, None): the SDK client writes its held lines
 
 _dumps = orjson.dumps
 _SORT_KEYS = orjson.OPT_SORT_KEYS
@@ -173,6 +174,10 @@ class Settings:
     #: closed ones once their owner's `.read` hint says they are ingested in full
     #: (`NodeConfig.inbox_segment_bytes`; small values exercise that clean-up).
     inbox_segment_bytes: int = 16 * 1024 * 1024
+    #: When set, the SDK client holds an enqueue line up to this long and writes it with the
+    #: ones that follow meanwhile: the daemon reads them together, as one `LinesReceived` (the
+    #: node's batch path for runs of plain enqueues). 0: each line on its own.
+    line_burst_us: int = 0
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -240,6 +245,7 @@ class Settings:
             "inbox_poll_us": 100_000 if on(0.3) else int(pick(0.1, 2.0) * SECOND),
             "inbox_read_bytes": int(pick(200, 4_000)) if on(0.3) else 4 * 1024 * 1024,
             "inbox_segment_bytes": int(pick(300, 8_000)) if on() else 16 * 1024 * 1024,
+            "line_burst_us": int(pick(1, 400) * 1000) if on(0.3) else 0,
         }
         drawn.update(given)
         settings = cls(seed=seed, **drawn)
@@ -371,6 +377,7 @@ class _Proc:
         "node",
         "outstanding",
         "paused_until",
+        "pending_lines",
         "pid",
         "state",
         "unreachable_until",
@@ -407,6 +414,8 @@ class _Proc:
         self.beliefs: list[int] = []
         #: Enqueues sent and not answered: task id -> None.
         self.outstanding: dict[str, None] = {}
+        #: Enqueue lines the SDK client holds to write together (`Settings.line_burst_us`).
+        self.pending_lines: list[bytes] = []
         #: When each of this process's I/O lanes is next free: calls on one lane complete in
         #: order ("log": the group-commit writer thread; "meta": membership, locks, reads).
         self.lanes = {"log": 0, "meta": 0}
@@ -471,6 +480,8 @@ class World:
             "executions": 0,
             "node_errors": 0,
             "inbox_reads": 0,
+            #: Enqueue lines delivered two or more at once (`Settings.line_burst_us`).
+            "burst_lines": 0,
         }
         self.next_task = 0
         #: The largest wall-clock error any host had: a claim written by a host whose clock
@@ -1387,7 +1398,12 @@ class World:
             }
         )
         target.outstanding[task] = None
-        self._deliver(target, _line_received(orjson.dumps(msg)))
+        if not s.line_burst_us:
+            self._deliver(target, _line_received(orjson.dumps(msg)))
+            return
+        if not target.pending_lines:
+            self._at(self.t + s.line_burst_us, _FLUSH_LINES, target.index, target.inc)
+        target.pending_lines.append(orjson.dumps(msg))
 
     def _owners(self) -> dict[int, str]:
         """Each shard's owner per membership.json (parsed once per version of the file)."""
@@ -1512,6 +1528,14 @@ class World:
         )
 
     def _step(self, kind: int, a: Any, b: Any, c: Any) -> None:
+        if kind == _FLUSH_LINES:
+            proc = self.procs[a]
+            if self._alive(proc, b) and proc.pending_lines:
+                lines, proc.pending_lines = proc.pending_lines, []
+                if len(lines) > 1:
+                    self.counters["burst_lines"] += len(lines)
+                self._deliver(proc, ev.LinesReceived(lines=lines))
+            return
         if kind == _DELIVER:
             proc = self.procs[a]
             if not self._alive(proc, b):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.world import Settings, World
+from sim.world import Settings, World, run
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Seeds every CI run checks (the issue asks for at least 500), plus the regression seeds.
@@ -87,6 +87,16 @@ def test_the_first_line_names_the_seed_and_every_setting() -> None:
     for name in ("ttl_us=", "drift_max_ppm=", "crash_rate=", "fs_mode=", "unsafe_no_fence="):
         assert name in first
     assert "ok;" in text.splitlines()[1]
+
+
+def test_some_seeds_write_enqueue_lines_in_bursts() -> None:
+    # The daemon reads the lines of one write as one `LinesReceived` and takes a run of plain
+    # enqueues in one loop; seeds with `line_burst_us` deliver lines that way, and they pass.
+    seeds = [seed for seed in range(40) if Settings.draw(seed).line_burst_us][:6]
+    assert len(seeds) >= 3, seeds
+    outcomes = [run(Settings.draw(seed)) for seed in seeds]
+    assert all(o.report.ok and not o.world_violations for o in outcomes), seeds
+    assert sum(o.counters["burst_lines"] for o in outcomes) > 0
 
 
 def test_a_campaign_of_seeds_and_the_regression_seeds_pass() -> None:
