@@ -1779,17 +1779,11 @@ class Node:
         it now, in the same queue with the same order keys (`_on_register` makes it ready
         again)."""
         self._move(task, _PARKED)
-        parked = self.parked_by_type.get(task.task_type)
-        if parked is None:
-            parked = self.parked_by_type[task.task_type] = ReadyQueue()
-        parked.push(task.task_id, task.urgency, task.seq)
+        _queue_in(self.parked_by_type, task.task_type).push(task.task_id, task.urgency, task.seq)
 
     def _push_ready(self, task: Task) -> None:
         assert task.state is _READY
-        ready = self.ready.get(task.pool)
-        if ready is None:
-            ready = self.ready[task.pool] = ReadyQueue()
-        ready.push(task.task_id, task.urgency, task.seq)
+        _queue_in(self.ready, task.pool).push(task.task_id, task.urgency, task.seq)
 
     def _check_blocked(self, task: Task) -> None:
         if any(p in self.tasks for p in task.trigger_after_ids):
@@ -1922,20 +1916,17 @@ class Node:
             info = self.shards[task.shard]
             if info.giving_back or info.hold_dispatch_until_mono is not None:
                 self._move(task, _PARKED)
-                self.parked_by_shard.setdefault(task.shard, ReadyQueue()).push(
+                _queue_in(self.parked_by_shard, task.shard).push(
                     task.task_id, task.urgency, task.seq
                 )
                 continue
             if task.webhook_url is None and task.task_type not in self.registered:
-                self._move(task, _PARKED)
-                self.parked_by_type.setdefault(task.task_type, ReadyQueue()).push(
-                    task.task_id, task.urgency, task.seq
-                )
+                self._park_by_type(task)
                 continue
             if task.group is not None and task.max_per_minute is not None:
                 if not self.windows.allows(task.group, task.max_per_minute, now.wall):
                     self._move(task, _PARKED)
-                    self.parked_by_group.setdefault(task.group, ReadyQueue()).push(
+                    _queue_in(self.parked_by_group, task.group).push(
                         task.task_id, task.urgency, task.seq
                     )
                     wake = self.windows.next_allowed_us(task.group, task.max_per_minute, now.wall)
@@ -2218,24 +2209,14 @@ class Node:
             task.loc = _new_location(shard, offsets[i], lengths[i])
             acked.append(task_id)
             if task.state is not _ENQUEUING:
-                # (Never so: it is ENQUEUING until now. The long way, with `_move`'s check.)
-                self._move(task, _READY)
-                if task.task_type in registered:
-                    self._push_ready(task)
-                else:
-                    self._park_by_type(task)
-                continue
+                self._move(task, _READY)  # (its check: a task is ENQUEUING until now)
             # ENQUEUING -> READY (-> PARKED): the moves `_move` allows, made directly.
             if task.task_type in registered:
                 task.state = _READY
-                target = self.ready.get(task.pool)
-                if target is None:
-                    target = self.ready[task.pool] = ReadyQueue()
+                target = _queue_in(self.ready, task.pool)
             else:
                 task.state = _PARKED
-                target = self.parked_by_type.get(task.task_type)
-                if target is None:
-                    target = self.parked_by_type[task.task_type] = ReadyQueue()
+                target = _queue_in(self.parked_by_type, task.task_type)
             if target is not queue or task.urgency != urgency:
                 if queue is not None and keys:
                     queue.push_run(keys, seqs, urgency)
@@ -2963,6 +2944,7 @@ def _parse_time(value: Any, default: int) -> int:
 
 
 _T = TypeVar("_T")
+_K = TypeVar("_K")
 
 
 _new_send = slot_constructor(fx.Send, "message")
@@ -2978,6 +2960,14 @@ _new_keep_range = slot_constructor(fx.KeepRange, "offset", "length")
 _new_execute = slot_constructor(
     fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
 )
+
+
+def _queue_in(queues: dict[_K, ReadyQueue[str]], key: _K) -> ReadyQueue[str]:
+    """`queues[key]`, made (empty) the first time it is asked for."""
+    queue = queues.get(key)
+    if queue is None:
+        queue = queues[key] = ReadyQueue()
+    return queue
 
 
 _HANDLERS: dict[type[Any], Any] = {
