@@ -383,18 +383,28 @@ class LogReader:
         self._lock = threading.Lock()
         self._max_open = max_open
 
+    def _fd(self, key: str) -> int:
+        """The read descriptor for `key`, opened if need be (call with the lock held)."""
+        fd = self._fds.get(key)
+        if fd is None:
+            if len(self._fds) >= self._max_open:
+                # Drop the oldest descriptor (dicts keep insertion order).
+                with contextlib.suppress(OSError):
+                    os.close(self._fds.pop(next(iter(self._fds))))
+            fd = os.open(key, os.O_RDONLY | _O_CLOEXEC)
+            self._fds[key] = fd
+        return fd
+
     def read_record(self, path: str | os.PathLike[str], offset: int, length: int) -> dict[str, Any]:
         key = os.fspath(path)
         with self._lock:
-            fd = self._fds.get(key)
-            if fd is None:
-                if len(self._fds) >= self._max_open:
-                    # Drop the oldest descriptor (dicts keep insertion order).
-                    with contextlib.suppress(OSError):
-                        os.close(self._fds.pop(next(iter(self._fds))))
-                fd = os.open(key, os.O_RDONLY | _O_CLOEXEC)
-                self._fds[key] = fd
-            return _pread_record(fd, offset, length, key)
+            return _pread_record(self._fd(key), offset, length, key)
+
+    def read_block(self, path: str | os.PathLike[str], offset: int, size: int) -> bytes:
+        """Up to `size` bytes of the file from `offset` (fewer at its end), one pread."""
+        key = os.fspath(path)
+        with self._lock:
+            return os.pread(self._fd(key), size, offset)
 
     def invalidate(self, path: str | os.PathLike[str]) -> None:
         """Forget the descriptor for `path` (the file was replaced or removed)."""

@@ -31,6 +31,7 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
+from snerd.core.records import CorruptRecord, decode_record
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
 from snerd.io.inbox import (
@@ -764,6 +765,10 @@ class _Outgoing:
     def done(self, result: logio.AppendOutcome) -> None:
         runtime = self.runtime
         if isinstance(result, OSError):
+            if not self.inbox:
+                recent = runtime._recent
+                assert recent is not None
+                recent.append_failed(self.path)
             error = _describe(result)
             for token, _ in self.tokens:
                 runtime.submit(ev.AppendFailed(token=token, error=error))
@@ -805,9 +810,18 @@ class _RecentRecords:
     lines it becomes the old one and the previous old one is dropped whole (no per-entry
     eviction, no key order to keep: a plain dict drops its first key slowly once many were
     dropped before, about 13 us at 30,000 entries here).
+
+    A queue deeper than the cache reads its records back from the file, in log order as its
+    tasks run: a miss reads a block of the file (`read_ahead` bytes) from the record on and
+    keeps it, so the records after it are cut from that block instead of one pread each. A
+    block is only ever asked for records already committed, whose bytes never change; it is
+    dropped when the file is compacted or read afresh, and when an append to the file fails
+    (its lines are cut, and the next append writes other bytes at their offsets).
     """
 
-    def __init__(self, reader: logio.LogReader, limit: int = 8 << 20) -> None:
+    def __init__(
+        self, reader: logio.LogReader, limit: int = 8 << 20, read_ahead: int = 32 << 10
+    ) -> None:
         self._reader = reader
         self._half = limit >> 1
         self._big = limit >> 3  # a huge record would push out everything else
@@ -816,6 +830,10 @@ class _RecentRecords:
         self._young: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
         self._old: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
         self._size = 0
+        #: Bytes read at a miss: the records after the one asked for come with it.
+        self._read_ahead = read_ahead
+        #: path -> (offset, bytes from there): the block read at the last miss in the file.
+        self._blocks: dict[str, tuple[int, bytes]] = {}
 
     def remember(
         self,
@@ -850,7 +868,7 @@ class _RecentRecords:
             hit = old.get(offset) if old is not None else None
         if hit is not None and hit[0] == length:
             return hit[1]
-        fields = self._reader.read_record(path, offset, length)
+        fields = self._read_missed(path, name, offset, length)
         if hit is None and "taskData" in fields and length <= self._big:
             # Read through: a task's record is read twice, for its `execute` and as the base of
             # its outcome record. A task that waited long in the queue has left the cache by
@@ -861,11 +879,38 @@ class _RecentRecords:
             self._size += length
         return fields
 
-    def moved(
-        self, path: str, keep: Sequence[fx.KeepRange], offsets: Sequence[int]
-    ) -> None:
+    def _read_missed(
+        self, path: str | os.PathLike[str], name: str, offset: int, length: int
+    ) -> dict[str, Any]:
+        """A record not remembered: from the block read at the file's last miss when that
+        holds its whole line, else from a new block read from its offset on. Queued tasks
+        run, and are read back, mostly in log order, so one pread serves the records that
+        follow (a deep queue outgrows what is remembered); the records in a block are decoded
+        only when asked for."""
+        block = self._blocks.get(name)
+        if block is not None:
+            fields = _line_in(block[1], offset - block[0], length)
+            if fields is not None:
+                return fields
+        if 2 <= length <= self._read_ahead and offset >= 0:
+            data = self._reader.read_block(path, offset, self._read_ahead)
+            self._blocks[name] = (offset, data)
+            fields = _line_in(data, 0, length)
+            if fields is not None:
+                return fields
+        # Not a whole valid line in a block (past the end of the file when read, a huge
+        # record, or damaged): read it alone, which says what is wrong.
+        return self._reader.read_record(path, offset, length)
+
+    def append_failed(self, path: str) -> None:
+        """An append to `path` failed: the lines it wrote are cut (their offsets are used
+        again), so a block read meanwhile may hold bytes that are not the log's."""
+        self._blocks.pop(path, None)
+
+    def moved(self, path: str, keep: Sequence[fx.KeepRange], offsets: Sequence[int]) -> None:
         """The file was compacted: the byte range `keep[i]` is now at `offsets[i]`. Entries
         inside a kept range move with it; the others are dropped."""
+        self._blocks.pop(path, None)
         starts = [r.offset for r in keep]
         if any(a >= b for a, b in itertools.pairwise(starts)):  # (the core sorts them)
             self.forget(path)
@@ -884,10 +929,23 @@ class _RecentRecords:
             generation[path] = kept
 
     def forget(self, path: str) -> None:
+        self._blocks.pop(path, None)
         young = self._young.pop(path, None)
         if young:
             self._size -= sum(length for length, _ in young.values())
         self._old.pop(path, None)
+
+
+def _line_in(data: bytes, at: int, length: int) -> dict[str, Any] | None:
+    """The fields of the valid record line of `length` bytes at `data[at:]`, or None when
+    `data` does not hold one there whole."""
+    end = at + length
+    if at < 0 or end > len(data) or data[end - 1] != 0x0A:
+        return None
+    try:
+        return decode_record(data[at : end - 1])
+    except CorruptRecord:
+        return None
 
 
 def _describe(exc: OSError) -> str:
