@@ -538,6 +538,7 @@ class World:
             ownership=self._ownership,
             retry_io_us=max(100_000, self.s.ttl_us // 10),
             compact_min_bytes=64 * 1024,
+            compact_dead_ratio=1,  # (often: compaction meets more of the faults)
             history_limit=50,
             fence=not self.s.unsafe_no_fence,
             inbox_poll_us=self.s.inbox_poll_us,

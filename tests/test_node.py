@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -337,7 +338,9 @@ def test_commands_sent_during_startup_are_kept_in_order() -> None:
 
 
 def test_compaction_keeps_live_state() -> None:
-    cfg = NodeConfig(node_id="n@pid-1-x", compact_min_bytes=4096, history_limit=5)
+    cfg = NodeConfig(
+        node_id="n@pid-1-x", compact_min_bytes=4096, history_limit=5, compact_dead_ratio=1
+    )
     sh = started(cfg)
     sh.register("t")
     for i in range(60):
@@ -357,6 +360,34 @@ def test_compaction_keeps_live_state() -> None:
     sh2.advance(41)
     assert sh2.node.owned_shards == [0]
     assert set(sh2.node.tasks) == {"live"}
+
+
+@pytest.mark.parametrize("ratio", [1, 3])
+def test_a_log_is_compacted_once_it_holds_ratio_dead_bytes_per_live_one(ratio: int) -> None:
+    cfg = NodeConfig(
+        node_id="n@pid-1-x", compact_min_bytes=4096, history_limit=5, compact_dead_ratio=ratio
+    )
+    sh = started(cfg)
+    sh.register("t")
+    for i in range(20):
+        sh.enqueue(f"parked{i}", task_type="nobody")  # live all along
+    for i in range(400):
+        sh.enqueue(f"d{i}")
+        sh.result(f"d{i}")
+    sizes = [
+        tuple(int(n) for n in re.findall(r"from (\d+) to (\d+) bytes", message)[0])
+        for _, message in sh.logs_out
+        if "compacted tasks.log" in message
+    ]
+    assert len(sizes) >= 2
+    for before, after in sizes:
+        # Kept: the live records alone (nothing was held back); dead: the rest.
+        assert before - after >= ratio * after
+        assert before >= cfg.compact_min_bytes
+    if ratio == 1:
+        # Not later than needed: the check runs as the log grows by an eighth at most.
+        assert any(before < 3 * after for before, after in sizes)
+    assert set(sh.node.tasks) == {f"parked{i}" for i in range(20)}
 
 
 def _enqueue_lines(*ids: str, **extra: Any) -> list[ev.Event]:
