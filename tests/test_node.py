@@ -1007,6 +1007,61 @@ def test_a_damaged_base_in_a_merged_append_fails_only_its_own_task() -> None:
     assert "could not rebuild" in dead["LastErrorObj"]
 
 
+def test_tasks_completed_together_share_one_pending_and_each_is_finished_once() -> None:
+    sh = started()
+    sh.register("t")
+    ids = [f"f{i}" for i in range(6)]
+    sh.burst(_enqueue_lines(*ids, task_type="t"))
+    effects = sh.burst(_result_lines(*ids))
+    (append,) = [e for e in effects if isinstance(e, fx.Append)]
+    assert [r.base is not None for r in append.records] == [True] * 6
+    assert not sh.node.tasks
+    tombs = [r for r in sh.log_records() if r.get("deletedAt")]
+    assert [r["taskId"] for r in tombs] == ids
+    assert {r["snerdOutcome"] for r in tombs} == {"completed"}
+    assert sh.node.stats["total_executed"] == 6
+    assert len(sh.node.shards[0].history) == 6
+
+
+def test_a_full_disk_under_tombstones_of_tasks_completed_together_retries_them_all() -> None:
+    sh = started()
+    sh.register("t")
+    ids = [f"f{i}" for i in range(4)]
+    sh.burst(_enqueue_lines(*ids, task_type="t"))
+    sh.disk_full = True
+    sh.burst(_result_lines(*ids))
+    assert set(sh.node.tasks) == set(ids)  # finishing, nothing written
+    assert not [r for r in sh.log_records() if r.get("deletedAt")]
+    sh.disk_full = False
+    sh.advance(2)
+    assert not sh.node.tasks
+    tombs = [r["taskId"] for r in sh.log_records() if r.get("deletedAt")]
+    assert tombs == ids  # each once, in order
+    assert not sh.messages("error")
+
+
+def test_a_damaged_base_among_tasks_completed_together_dead_letters_it_alone() -> None:
+    sh = started()
+    sh.register("t")
+    ids = [f"f{i}" for i in range(5)]
+    sh.burst(_enqueue_lines(*ids, task_type="t"))
+    loc = sh.node.tasks["f2"].loc
+    assert loc is not None
+    sh.disk["logs"][0][loc.offset + 5] ^= 0x01  # a flipped bit on disk
+    sh.fail_bases = True
+    sh.burst(_result_lines(*ids))
+    assert not sh.node.tasks
+    outcomes = {r["taskId"]: r["snerdOutcome"] for r in sh.log_records() if r.get("deletedAt")}
+    assert outcomes == {
+        "f0": "completed",
+        "f1": "completed",
+        "f2": "dead_letter",
+        "f3": "completed",
+        "f4": "completed",
+    }
+    assert sh.node.stats["total_dlq"] == 1
+
+
 def test_a_failed_dispatch_pass_uses_no_attempt_and_runs_each_task_after_the_pause() -> None:
     sh = started()
     sh.burst(_enqueue_lines("d1", "d2", "d3", task_type="t"))  # no handler yet: parked

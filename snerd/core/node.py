@@ -693,9 +693,10 @@ class Node:
     ) -> None:
         """`_append` for one record of a task whose append would mean the same for every
         task (kind "enqueues": a plain enqueue, `_lines`; "dispatches": a dispatch
-        record): consecutive ones to a shard within a call are one part, listing their task
-        ids (one pending for a burst of them, not one each), committed or failed one by one,
-        in order, as if each were an "enqueue" or a "dispatch" of its own."""
+        record; "finishes": a success tombstone): consecutive ones to a shard within a call
+        are one part, listing their task ids (one pending for a burst of them, not one each),
+        committed or failed one by one, in order, as if each were an "enqueue", a "dispatch"
+        or a "finish" of its own."""
         merged = self._open_appends.get(shard)
         if merged is not None and merged.tenure == info.tenure and not info.compacting:
             run = merged.last
@@ -2074,19 +2075,23 @@ class Node:
             "snerdNode": self.config.node_id,  # (`_meta`, key by key: one per task)
             "snerdEpoch": self.shards[task.shard].epoch,
         }
-        remove: tuple[str, ...] = ()
+        shard = task.shard
         if outcome == OUTCOME_COMPLETED:
-            # Success clears the error (upstream kept it, so dashboards showed "failed").
-            remove = ("LastErrorObj", "LastJobError")
-        elif error is not None:
+            # Success clears the error (upstream kept it, so dashboards showed "failed"). The
+            # tombstones of tasks completed together are one run ("finishes": one pending for
+            # them all, each committed as a "finish" of its own would be).
+            record = _new_based_record(fields, task.loc, _CLEARED_ON_SUCCESS)
+            self._append_run(shard, self.shards[shard], record, task.task_id, "finishes")
+            return
+        if error is not None:
             fields["LastErrorObj"] = error
             fields["LastJobError"] = {"error": error, "retry_worthy": False}
         self._append(
-            task.shard,
-            [_new_based_record(fields, task.loc, remove)],
+            shard,
+            [_new_based_record(fields, task.loc, ())],
             # kind, shard, task_id, dedupe_waiters, effect, extra
             PendingAppend(
-                "finish", task.shard, task.task_id, [], None, {"outcome": outcome, "error": error}
+                "finish", shard, task.task_id, [], None, {"outcome": outcome, "error": error}
             ),
         )
 
@@ -2135,6 +2140,14 @@ class Node:
                 if task is not None:
                     loc = _new_location(p.shard, offsets[i], lengths[i])
                     self._dispatch_committed(task, info, loc)
+            return
+        if p.kind == "finishes":
+            tasks = self.tasks
+            for i, task_id in enumerate(p.extra["ids"]):
+                task = tasks.get(task_id)
+                if task is not None:
+                    loc = _new_location(p.shard, offsets[i], lengths[i])
+                    self._finished(task, OUTCOME_COMPLETED, None, loc)
             return
         loc = _new_location(p.shard, offsets[0], lengths[0])
         if p.kind == "ingest":
@@ -2446,6 +2459,25 @@ class Node:
                     if info.hold_dispatch_until_mono is None:
                         info.hold_dispatch_until_mono = self._now.mono + self.config.retry_io_us
                     self._end_flight_unsent(task)
+            return
+        if p.kind == "finishes" and permanent:
+            # One tombstone's base could not be read back (the shell wrote none of them): each
+            # goes again as a "finish" of its own, so that one fails alone (and is
+            # dead-lettered, below) and the others land.
+            del self.pending[token]
+            assert p.effect is not None
+            for task_id, record in zip(p.extra["ids"], p.effect.records, strict=True):
+                if task_id in self.tasks:
+                    self._append(
+                        p.shard,
+                        (record,),
+                        PendingAppend(
+                            "finish",
+                            p.shard,
+                            task_id,
+                            extra={"outcome": OUTCOME_COMPLETED, "error": None},
+                        ),
+                    )
             return
         task = self.tasks.get(p.task_id or "")
         if permanent and task is not None and p.kind in ("retry", "rearm", "finish"):
@@ -2962,6 +2994,8 @@ _new_record = slot_constructor(fx.NewRecord, "fields")
 _new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
 _new_location = slot_constructor(fx.Location, "shard", "offset", "length")
 _new_keep_range = slot_constructor(fx.KeepRange, "offset", "length")
+#: What a success tombstone drops from its base record.
+_CLEARED_ON_SUCCESS = ("LastErrorObj", "LastJobError")
 _new_execute = slot_constructor(
     fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
 )
