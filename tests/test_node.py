@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.core.node import NodeConfig, NodePhase
+from snerd.core.node import NodeConfig, NodePhase, TaskState
 from snerd.core.ownership import OwnershipConfig
-from snerd.core.records import encode_record
+from snerd.core.records import decode_record, encode_record
 from snerd.core.timefmt import format_rfc3339
 from tests.fakeshell import SECOND, FakeShell
 
@@ -902,14 +902,24 @@ _OTHER_LINE = st.one_of(
     ),
     st.builds(lambda i: {"action": "result", "task_id": f"k{i}", "status": "success"},
               st.integers(0, 12)),
+    st.builds(lambda i, a: {"action": "result", "task_id": f"k{i}", "status": "success",
+                            "attempt": a}, st.integers(0, 12), st.integers(1, 2)),
     st.builds(lambda i: {"action": "result", "task_id": f"k{i}", "status": "error",
                          "error_msg": "no"}, st.integers(0, 12)),
     st.just({"action": "register", "task_type": "t"}),
     st.just({"action": "enqueue", "task_id": "k1"}),
     st.sampled_from([b"", b" \t", b"not json", b"[1]"]),
 )
+#: A result for the j-th task in flight at the time (success, with or without the attempt it
+#: was given, with a wrong attempt; or a failure).
+_RESULT_MARK = st.tuples(
+    st.just("result"), st.integers(0, 7), st.sampled_from(["ok", "ok@", "ok@wrong", "fail"])
+)
 _STEP = st.one_of(
     st.lists(st.one_of(_PLAIN_LINE, _OTHER_LINE), min_size=1, max_size=8).map(
+        lambda lines: ("burst", lines)
+    ),
+    st.lists(st.one_of(_PLAIN_LINE, _RESULT_MARK), min_size=1, max_size=10).map(
         lambda lines: ("burst", lines)
     ),
     st.sampled_from([("disk_full", True), ("disk_full", False), ("hold", True), ("hold", False),
@@ -919,7 +929,7 @@ _STEP = st.one_of(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_STEP, max_size=14), st.integers(1, 3))
-def test_the_batch_path_of_plain_enqueues_decides_what_the_long_way_decides(
+def test_the_batch_path_of_plain_enqueues_and_results_decides_what_the_long_way_decides(
     steps: list[tuple[str, Any]], workers: int
 ) -> None:
     # The same traffic through a node with the batch path and one without it: the same
@@ -934,11 +944,30 @@ def test_the_batch_path_of_plain_enqueues_decides_what_the_long_way_decides(
             if not proto.is_blank_line(line):
                 slow.node._line(line)
 
+    def line_of(m: Any) -> bytes:
+        if isinstance(m, bytes):
+            return m
+        if isinstance(m, tuple):  # a `_RESULT_MARK`: the two nodes have the same in flight
+            flying = sorted(fast.node.inflight.items())
+            if not flying:
+                return b""
+            task_id, flight = flying[m[1] % len(flying)]
+            doc: dict[str, Any] = {"action": "result", "task_id": task_id, "status": "success"}
+            if m[2] == "ok@":
+                doc["attempt"] = flight.attempt
+            elif m[2] == "ok@wrong":
+                doc["attempt"] = flight.attempt + 1
+            elif m[2] == "fail":
+                doc.update(status="error", error_msg="no")
+            return orjson.dumps(doc)
+        return orjson.dumps(m)
+
     slow.node._lines = the_long_way  # type: ignore[method-assign]
     for kind, arg in steps:
+        lines = [line_of(m) for m in arg] if kind == "burst" else []
         for sh in (fast, slow):
             if kind == "burst":
-                raw = [m if isinstance(m, bytes) else orjson.dumps(m) for m in arg]
+                raw = lines
                 if sh is fast:
                     sh.burst([ev.LinesReceived(lines=raw)])
                 else:
@@ -955,10 +984,69 @@ def test_the_batch_path_of_plain_enqueues_decides_what_the_long_way_decides(
                 sh.advance(2)
         assert fast.sent == slow.sent
         assert bytes(fast.disk["logs"].get(0, b"")) == bytes(slow.disk["logs"].get(0, b""))
-        assert {k: t.state for k, t in fast.node.tasks.items()} == {
-            k: t.state for k, t in slow.node.tasks.items()
+        assert {k: (t.state, t.loc, t.dispatch_loc) for k, t in fast.node.tasks.items()} == {
+            k: (t.state, t.loc, t.dispatch_loc) for k, t in slow.node.tasks.items()
         }
-    assert fast.executed_ids() == slow.executed_ids()
+        assert fast.node.shards[0].history == slow.node.shards[0].history
+    assert fast.executed == slow.executed
+
+
+def _same_burst(*items: tuple[str, str]) -> list[bytes]:
+    """Lines of one burst: ("enqueue", "id:type") or ("result", "id")."""
+    out = []
+    for kind, arg in items:
+        if kind == "enqueue":
+            task_id, task_type = arg.split(":")
+            (line,) = _enqueue_lines(task_id, task_type=task_type)
+            assert isinstance(line, ev.LineReceived)
+            out.append(line.line)
+        else:
+            out.append(orjson.dumps({"action": "result", "task_id": arg, "status": "success"}))
+    return out
+
+
+def test_a_result_between_enqueues_of_one_burst_leaves_each_record_its_own_place() -> None:
+    sh = started(NodeConfig(node_id="n@pid-1-x", max_workers=1))
+    sh.register("t")
+    sh.burst(_enqueue_lines("a", task_type="t"))
+    assert sh.node.tasks["a"].state is TaskState.RUNNING
+    lines = _same_burst(
+        ("enqueue", "p1:nobody"),
+        ("enqueue", "p2:nobody"),
+        ("result", "a"),
+        ("enqueue", "p3:nobody"),
+    )
+    sh.burst([ev.LinesReceived(lines=lines)])
+    log = bytes(sh.disk["logs"][0])
+
+    def at(loc: fx.Location | None) -> dict[str, Any]:
+        assert loc is not None
+        return decode_record(log[loc.offset : loc.offset + loc.length].rstrip(b"\n"))
+
+    for task_id in ("p1", "p2", "p3"):
+        assert at(sh.node.tasks[task_id].loc)["taskId"] == task_id
+    ((done, loc),) = list(sh.node.shards[0].history)
+    assert done == "a"
+    assert at(loc)["taskId"] == "a"
+    assert "deletedAt" in at(loc)
+
+
+def test_a_slot_freed_by_a_result_in_a_burst_is_seen_by_the_enqueues_after_it() -> None:
+    # As line by line: c, enqueued once a's slot is free and nothing is ready, runs at once
+    # (its dispatch record in its enqueue's append); b, enqueued while the slot was taken,
+    # waits for its commit.
+    def run(burst: bool) -> list[str]:
+        sh = started(NodeConfig(node_id="n@pid-1-x", max_workers=1))
+        sh.register("t")
+        sh.burst(_enqueue_lines("a", task_type="t"))
+        lines = _same_burst(("enqueue", "b:t"), ("result", "a"), ("enqueue", "c:t"))
+        if burst:
+            sh.burst([ev.LinesReceived(lines=lines)])
+        else:
+            sh.burst([ev.LineReceived(line=line) for line in lines])
+        return sh.executed_ids()
+
+    assert run(burst=True) == run(burst=False) == ["a", "c"]
 
 
 def _result_lines(*ids: str, ok: bool = True) -> list[ev.Event]:

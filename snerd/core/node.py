@@ -1315,12 +1315,16 @@ class Node:
         absent or null), decided here in one loop while running: what `_on_enqueue` does for
         it, without building the `Enqueue`, its record joining the run of plain enqueues to
         its shard (`_append_run`, a list extended in place while no other line comes
-        between). A plain enqueue this loop cannot decide alone (its id pending, its shard not
-        ours: the inbox, or a task that might run at once) and every other line go to `_line`
-        (after which nothing this loop holds is trusted). Blank lines are skipped."""
+        between). A plain success result (`proto.plain_result`) of a running attempt is
+        decided here too, as `_on_result` would. A plain enqueue or a result this loop cannot
+        decide alone (its id pending, its shard not ours: the inbox, or a task that might run
+        at once; a failure, an unknown attempt) and every other line go to `_line` (after
+        which nothing this loop holds is trusted). Blank lines are skipped."""
         loads = orjson.loads
         decode_error = orjson.JSONDecodeError
         plain_of = proto.plain_enqueue
+        result_of = proto.plain_result
+        inflight = self.inflight
         max_line = proto.DEFAULT_MAX_LINE_BYTES
         tasks = self.tasks
         registered = self.registered
@@ -1340,12 +1344,26 @@ class Node:
                 if proto.is_blank_line(line):
                     continue  # skipped without an answer, as upstream does
                 doc = _NOT_JSON
-            if (
-                type(doc) is dict
-                and doc.get("action") == "enqueue"
-                and self.phase is _NODE_RUNNING
-                and len(line) <= max_line
-            ):
+            action = doc.get("action") if type(doc) is dict else None
+            if action == "result" and self.phase is _NODE_RUNNING and len(line) <= max_line:
+                result = result_of(doc)
+                if result is not None and result[1]:
+                    task_id = result[0]
+                    flight = inflight.get(task_id)
+                    task = tasks.get(task_id)
+                    if (
+                        flight is not None
+                        and task is not None
+                        and task.state is _RUNNING
+                        and (result[3] is None or result[3] == flight.attempt)
+                    ):
+                        # What `_on_result` does for it. Its outcome record joins its shard's
+                        # append (that shard's run of enqueues ends there); its slot is free.
+                        self._attempt_ended(task, True, "")
+                        runs.pop(task.shard, None)
+                        runs_free = None
+                        continue
+            elif action == "enqueue" and self.phase is _NODE_RUNNING and len(line) <= max_line:
                 plain = plain_of(doc)
                 if plain is not None and plain[0] not in tasks:
                     task_id, task_type, task_data, max_retries, hours = plain
