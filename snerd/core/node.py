@@ -391,6 +391,9 @@ class Node:
         self.config = config
         self.phase = _STARTING
         self.doc: dict[str, Any] | None = None
+        #: Whether `doc` names another node as a shard's owner (`live_foreign`): worked out
+        #: once per document, not on every `wake_in`.
+        self.doc_names_others = False
         self.shards: dict[int, ShardInfo] = {}
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
@@ -564,8 +567,7 @@ class Node:
         if (
             self.probe_at_mono is not None
             and self.phase is _NODE_RUNNING
-            and self.doc is not None
-            and live_foreign(self.doc, node_id=self.config.node_id)
+            and self.doc_names_others
         ):
             candidates.append(self.probe_at_mono - now.mono)
         if self.lease_deadline_mono is not None:
@@ -873,6 +875,7 @@ class Node:
     def _on_membership_written(self, event: ev.MembershipWritten) -> None:
         self.membership_busy = False
         self.doc = event.doc
+        self.doc_names_others = bool(live_foreign(event.doc, node_id=self.config.node_id))
         now = self._now
         if self.releasing:
             self._finish_release()
