@@ -378,6 +378,7 @@ class _Proc:
         "outstanding",
         "paused_until",
         "pending_lines",
+        "pending_results",
         "pid",
         "state",
         "unreachable_until",
@@ -414,8 +415,10 @@ class _Proc:
         self.beliefs: list[int] = []
         #: Enqueues sent and not answered: task id -> None.
         self.outstanding: dict[str, None] = {}
-        #: Enqueue lines the SDK client holds to write together (`Settings.line_burst_us`).
+        #: Lines the SDK client holds to write together (`Settings.line_burst_us`), and how
+        #: many of them are results.
         self.pending_lines: list[bytes] = []
+        self.pending_results = 0
         #: When each of this process's I/O lanes is next free: calls on one lane complete in
         #: order ("log": the group-commit writer thread; "meta": membership, locks, reads).
         self.lanes = {"log": 0, "meta": 0}
@@ -480,8 +483,10 @@ class World:
             "executions": 0,
             "node_errors": 0,
             "inbox_reads": 0,
-            #: Enqueue lines delivered two or more at once (`Settings.line_burst_us`).
+            #: Lines delivered two or more at once (`Settings.line_burst_us`), and how many
+            #: of them were results.
             "burst_lines": 0,
+            "burst_results": 0,
         }
         self.next_task = 0
         #: The largest wall-clock error any host had: a claim written by a host whose clock
@@ -1399,12 +1404,20 @@ class World:
             }
         )
         target.outstanding[task] = None
-        if not s.line_burst_us:
-            self._deliver(target, _line_received(orjson.dumps(msg)))
+        self._write_line(target, orjson.dumps(msg))
+
+    def _write_line(self, proc: _Proc, line: bytes, *, result: bool = False) -> None:
+        """The SDK client writes `line` to `proc`'s stdin: at once, or, with line bursts, held
+        (`Settings.line_burst_us`) and written with the lines that follow meanwhile."""
+        burst_us = self.s.line_burst_us
+        if not burst_us:
+            self._deliver(proc, _line_received(line))
             return
-        if not target.pending_lines:
-            self._at(self.t + s.line_burst_us, _FLUSH_LINES, target.index, target.inc)
-        target.pending_lines.append(orjson.dumps(msg))
+        if not proc.pending_lines:
+            self._at(self.t + burst_us, _FLUSH_LINES, proc.index, proc.inc)
+        proc.pending_lines.append(line)
+        if result:
+            proc.pending_results += 1
 
     def _owners(self) -> dict[int, str]:
         """Each shard's owner per membership.json (parsed once per version of the file)."""
@@ -1535,6 +1548,8 @@ class World:
                 lines, proc.pending_lines = proc.pending_lines, []
                 if len(lines) > 1:
                     self.counters["burst_lines"] += len(lines)
+                    self.counters["burst_results"] += proc.pending_results
+                proc.pending_results = 0
                 self._deliver(proc, ev.LinesReceived(lines=lines))
             return
         if kind == _DELIVER:
@@ -1587,7 +1602,7 @@ class World:
                 result["status"] = "success" if ok else "error"
                 if not ok:
                     result["error_msg"] = "simulated failure"
-                self._deliver(proc, _line_received(orjson.dumps(result)))
+                self._write_line(proc, orjson.dumps(result), result=True)
         elif kind == _PRODUCE:
             self._produce()
         elif kind == _FAULT:

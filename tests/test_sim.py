@@ -89,14 +89,16 @@ def test_the_first_line_names_the_seed_and_every_setting() -> None:
     assert "ok;" in text.splitlines()[1]
 
 
-def test_some_seeds_write_enqueue_lines_in_bursts() -> None:
-    # The daemon reads the lines of one write as one `LinesReceived` and takes a run of plain
-    # enqueues in one loop; seeds with `line_burst_us` deliver lines that way, and they pass.
+def test_some_seeds_write_enqueue_and_result_lines_in_bursts() -> None:
+    # The daemon reads the lines of one write as one `LinesReceived` and takes runs of plain
+    # enqueues and results in one loop; seeds with `line_burst_us` deliver lines that way
+    # (enqueues and the handlers' results mixed), and they pass.
     seeds = [seed for seed in range(40) if Settings.draw(seed).line_burst_us][:6]
     assert len(seeds) >= 3, seeds
     outcomes = [run(Settings.draw(seed)) for seed in seeds]
     assert all(o.report.ok and not o.world_violations for o in outcomes), seeds
     assert sum(o.counters["burst_lines"] for o in outcomes) > 0
+    assert sum(o.counters["burst_results"] for o in outcomes) > 0
 
 
 def test_a_campaign_of_seeds_and_the_regression_seeds_pass() -> None:
