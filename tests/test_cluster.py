@@ -132,7 +132,7 @@ def epoch_report(directory: Path) -> list[str]:
 
 
 async def run_scenario(
-    c: Cluster, a: Daemon, b: Daemon, d3: Daemon, stopped: set[str]
+    c: Cluster, a: Daemon, b: Daemon, d3: Daemon, stopped: set[str], within: float = 60
 ) -> None:
     async def produce() -> None:
         async with trio.open_nursery() as inner:
@@ -156,7 +156,7 @@ async def run_scenario(
         await c.start("d")
         await c.start("e")
 
-    with trio.fail_after(60):
+    with trio.fail_after(within):
         async with trio.open_nursery() as work:
             work.start_soon(produce)
             work.start_soon(faults)
@@ -171,9 +171,13 @@ async def run_scenario(
             await c.changed.wait()
 
 
-async def run_chaos(nursery: trio.Nursery, directories: Path | Sequence[Path]) -> None:
+async def run_chaos(
+    nursery: trio.Nursery, directories: Path | Sequence[Path], within: float = 60
+) -> None:
     """Three daemons, then `run_scenario`'s faults and joins, then a drain of the survivors and
-    the epoch check of the shard logs. `directories` as for Cluster."""
+    the epoch check of the shard logs. `directories` as for Cluster. `within`: seconds the
+    scenario may take until every acked task ran and the shards are spread (a bound against
+    hanging, not a measure of speed)."""
     c = Cluster(nursery, directories)
     a = await c.start("a")
     b = await c.start("b")
@@ -184,7 +188,7 @@ async def run_chaos(nursery: trio.Nursery, directories: Path | Sequence[Path]) -
             await c.changed.wait()
 
     try:
-        await run_scenario(c, a, b, d3, stopped)
+        await run_scenario(c, a, b, d3, stopped, within)
     except trio.TooSlowError:
         missing = sorted(c.acked - set(c.executed))
         raise AssertionError(
