@@ -2154,21 +2154,18 @@ class Node:
         if p.kind == "enqueues":
             self._enqueues_committed(p.extra["ids"], p.shard, offsets, lengths)
             return
-        if p.kind == "dispatches":
+        if p.kind == "dispatches" or p.kind == "finishes":
+            # A run: each task's record committed as its own "dispatch" or "finish" would be.
             tasks = self.tasks
+            dispatches = p.kind == "dispatches"
             for i, task_id in enumerate(p.extra["ids"]):
                 task = tasks.get(task_id)
                 if task is not None:
                     loc = _new_location(p.shard, offsets[i], lengths[i])
-                    self._dispatch_committed(task, info, loc)
-            return
-        if p.kind == "finishes":
-            tasks = self.tasks
-            for i, task_id in enumerate(p.extra["ids"]):
-                task = tasks.get(task_id)
-                if task is not None:
-                    loc = _new_location(p.shard, offsets[i], lengths[i])
-                    self._finished(task, OUTCOME_COMPLETED, None, loc)
+                    if dispatches:
+                        self._dispatch_committed(task, info, loc)
+                    else:
+                        self._finished(task, OUTCOME_COMPLETED, None, loc)
             return
         loc = _new_location(p.shard, offsets[0], lengths[0])
         if p.kind == "ingest":
