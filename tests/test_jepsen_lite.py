@@ -475,7 +475,8 @@ def test_negative_control_no_fence_with_lock_faults(tmp_path: Path) -> None:
         nemesis=("lock-fault",),
         out=tmp_path / "out",
         unsafe_no_fence=True,
-        rate=30.0,
+        # (enough traffic that the old owner writes during the overlap, however short)
+        rate=90.0,
         gap_s=1.0,
         # without fencing a task may be lost for good: not worth the default 120 s wait
         drain_timeout=15.0,
