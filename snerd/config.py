@@ -40,6 +40,9 @@ class Settings:
     force_filesystem: bool = False
     #: Test hook: the mount table the startup check reads (SNERD_TEST_MOUNTINFO).
     mountinfo_path: str = MOUNTINFO
+    #: Test hook: bytes of lines the cache of recent records keeps (SNERD_TEST_RECENT_BYTES),
+    #: small to make a short queue deeper than the cache.
+    recent_bytes: int = 8 * 1024 * 1024
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -140,6 +143,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
     # owners (no fencing), so a double ownership corrupts the log's state.
     unsafe_no_fence = _flag(env, "SNERD_TEST_UNSAFE_NO_FENCE")
+    # Test hooks: a small cache and early compaction, so that a short test meets both.
+    recent_bytes = _int(env, "SNERD_TEST_RECENT_BYTES", 8 * 1024 * 1024, minimum=1024)
+    compact_min = _int(env, "SNERD_TEST_COMPACT_MIN_BYTES", 8 * 1024 * 1024, minimum=4096)
     node = NodeConfig(
         node_id=make_node_id(env),
         new_queue_shards=shards,
@@ -153,6 +159,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         jitter_seed=secrets.randbits(32),
         inbox_poll_us=inbox_poll_ms * 1000,
         fence=not unsafe_no_fence,
+        compact_min_bytes=compact_min,
     )
     return Settings(
         node=node,
@@ -162,4 +169,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_line_bytes=max_line,
         force_filesystem=force_filesystem,
         mountinfo_path=mountinfo,
+        recent_bytes=recent_bytes,
     )

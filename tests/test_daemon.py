@@ -167,6 +167,72 @@ async def test_lines_written_at_once_are_each_answered_in_order(
     assert await d.wait() == 0
 
 
+async def test_a_queue_deeper_than_the_cache_runs_each_task_with_its_own_payload(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    # 2,000 tasks queued behind a 16 KiB cache of recent records, in a log compacted from
+    # 64 KiB on; each fails twice and then succeeds. Their records are read back from the
+    # file as they run (blocks read ahead, cut per record), moved by compactions meanwhile,
+    # and each retry record and tombstone is built on the task's latest record: every
+    # `execute` carries its own task's payload, and so does every tombstone.
+    d = await Daemon.start(
+        nursery,
+        tmp_path / "q",
+        env={"SNERD_TEST_RECENT_BYTES": "16384", "SNERD_TEST_COMPACT_MIN_BYTES": "65536"},
+    )
+    await d.recv()
+    ids = [f"deep{i}" for i in range(2000)]
+    payload = {
+        task_id: orjson.dumps({"n": task_id, "pad": "x" * (i % 97)}).decode()
+        for i, task_id in enumerate(ids)
+    }
+
+    def line(task_id: str) -> bytes:
+        message = {
+            "action": "enqueue",
+            "task_id": task_id,
+            "task_type": "t",
+            "task_data": payload[task_id],
+            "max_retries": 2,
+            "retry_after_hours": 0,
+        }
+        return orjson.dumps(message) + b"\n"
+
+    await d.send_raw(b"".join(map(line, ids)))
+    await d.wait_for(is_ack(ids[-1]), timeout=60)
+    await d.send({"action": "register", "task_type": "t"})
+    runs: dict[str, list[int]] = {task_id: [] for task_id in ids}
+    done = 0
+    with trio.fail_after(120):
+        while done < len(ids):
+            m = await d.recv(60)
+            assert m["action"] != "error", m
+            if m["action"] != "execute":
+                continue
+            task_id, attempt = m["task_id"], m["attempt"]
+            assert m["task_data"] == payload[task_id], m
+            runs[task_id].append(attempt)
+            ok = attempt == 3
+            done += ok
+            await d.send(
+                {"action": "result", "task_id": task_id, "status": "success"}
+                if ok
+                else {"action": "result", "task_id": task_id, "status": "error", "error_msg": "no"}
+            )
+    assert all(attempts == [1, 2, 3] for attempts in runs.values())
+    await d.send({"action": "stats"})
+    while (await d.wait_for(lambda m: m["action"] == "stats"))["queue_depth"]:
+        await trio.sleep(0.05)
+        await d.send({"action": "stats"})
+    assert b"compacted tasks.log" in d.stderr
+    tombs = {r["taskId"]: r for r in log_records(tmp_path / "q") if r.get("deletedAt")}
+    # (compaction keeps the last 10,000 tombstones: all of them here)
+    assert {task_id: r["taskData"] for task_id, r in tombs.items()} == payload
+    assert all(r["snerdOutcome"] == "completed" for r in tombs.values())
+    await d.close_stdin()
+    assert await d.wait() == 0
+
+
 async def test_sigterm_drains_and_keeps_reading_results(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:

@@ -296,7 +296,7 @@ class Runtime:
         ) as log:
             self._nursery = nursery
             self._log = log
-            self._recent = _RecentRecords(log.reader)
+            self._recent = _RecentRecords(log.reader, self.settings.recent_bytes)
             self._webhooks = WebhookCaller()
             nursery.start_soon(self._timer)
             task_status.started()
