@@ -181,8 +181,8 @@ class NodeConfig:
     compact_min_bytes: int = 8 * 1024 * 1024
     #: ... and holds at least this many dead bytes per live one. A compaction copies (and
     #: re-points) every live record, so each is copied about once per this many times its
-    #: size in dead records: 1 compacts a half-dead log, twice as often as 3 (the default),
-    #: which lets a log grow to about 4 times what it keeps.
+    #: size in dead records: 1 compacts a half-dead log, three times as often as 3 (the
+    #: default), which lets a log grow to about 4 times what it keeps.
     compact_dead_ratio: int = 3
     #: Finished and dead-lettered tasks kept in each log by compaction.
     history_limit: int = 10_000
@@ -273,12 +273,12 @@ class ShardInfo:
     #: Appends in flight to this shard (compaction waits for zero).
     appends_in_flight: int = 0
     #: The log size from which the next compaction check runs (0: at once). Finding the live
-    #: records walks every task this node holds, so after a check that found the log mostly
-    #: live the next waits until the log has grown by an eighth, and by at least
+    #: records walks every task this node holds, so after a check that found the log not dead
+    #: enough the next waits until the log has grown by an eighth, and by at least
     #: `_COMPACT_CHECK_BYTES_PER_TASK` for each task walked: O(1) amortised per appended byte
     #: however many tasks are queued (a queue of 300,000 parked tasks used to spend ~8% of an
-    #: enqueue's CPU re-walking them). A log that is mostly dead is compacted at worst once it
-    #: is about 1.5x the size the eighth alone would allow.
+    #: enqueue's CPU re-walking them). A log dead enough is compacted at worst once it is
+    #: about 1.5x the size the eighth alone would allow.
     compact_check_at: int = 0
     compacting: bool = False
     #: Appends held back while a compaction of this shard runs (the shell must not append to a
