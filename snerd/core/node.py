@@ -1318,16 +1318,12 @@ class Node:
         absent or null), decided here in one loop while running: what `_on_enqueue` does for
         it, without building the `Enqueue`, its record joining the run of plain enqueues to
         its shard (`_append_run`, a list extended in place while no other line comes
-        between). A plain success result (`proto.plain_result`) of a running attempt is
-        decided here too, as `_on_result` would. A plain enqueue or a result this loop cannot
-        decide alone (its id pending, its shard not ours: the inbox, or a task that might run
-        at once; a failure, an unknown attempt) and every other line go to `_line` (after
-        which nothing this loop holds is trusted). Blank lines are skipped."""
+        between). A plain enqueue this loop cannot decide alone (its id pending, its shard not
+        ours: the inbox, or a task that might run at once) and every other line go to `_line`
+        (after which nothing this loop holds is trusted). Blank lines are skipped."""
         loads = orjson.loads
         decode_error = orjson.JSONDecodeError
         plain_of = proto.plain_enqueue
-        result_of = proto.plain_result
-        inflight = self.inflight
         max_line = proto.DEFAULT_MAX_LINE_BYTES
         tasks = self.tasks
         registered = self.registered
@@ -1347,26 +1343,12 @@ class Node:
                 if proto.is_blank_line(line):
                     continue  # skipped without an answer, as upstream does
                 doc = _NOT_JSON
-            action = doc.get("action") if type(doc) is dict else None
-            if action == "result" and self.phase is _NODE_RUNNING and len(line) <= max_line:
-                result = result_of(doc)
-                if result is not None and result[1]:
-                    task_id = result[0]
-                    flight = inflight.get(task_id)
-                    task = tasks.get(task_id)
-                    if (
-                        flight is not None
-                        and task is not None
-                        and task.state is _RUNNING
-                        and (result[3] is None or result[3] == flight.attempt)
-                    ):
-                        # What `_on_result` does for it. Its outcome record joins its shard's
-                        # append (that shard's run of enqueues ends there); its slot is free.
-                        self._attempt_ended(task, True, "")
-                        runs.pop(task.shard, None)
-                        runs_free = None
-                        continue
-            elif action == "enqueue" and self.phase is _NODE_RUNNING and len(line) <= max_line:
+            if (
+                type(doc) is dict
+                and doc.get("action") == "enqueue"
+                and self.phase is _NODE_RUNNING
+                and len(line) <= max_line
+            ):
                 plain = plain_of(doc)
                 if plain is not None and plain[0] not in tasks:
                     task_id, task_type, task_data, max_retries, hours = plain
@@ -2110,10 +2092,7 @@ class Node:
         self._append(
             shard,
             [_new_based_record(fields, task.loc, ())],
-            # kind, shard, task_id, dedupe_waiters, effect, extra
-            PendingAppend(
-                "finish", shard, task.task_id, [], None, {"outcome": outcome, "error": error}
-            ),
+            _finish_pending(shard, task.task_id, outcome, error),
         )
 
     # ------------------------------------------------------------------ append outcomes
@@ -2489,12 +2468,7 @@ class Node:
                     self._append(
                         p.shard,
                         (record,),
-                        PendingAppend(
-                            "finish",
-                            p.shard,
-                            task_id,
-                            extra={"outcome": OUTCOME_COMPLETED, "error": None},
-                        ),
+                        _finish_pending(p.shard, task_id, OUTCOME_COMPLETED, None),
                     )
             return
         task = self.tasks.get(p.task_id or "")
@@ -2519,12 +2493,7 @@ class Node:
             self._append(
                 task.shard,
                 [fx.NewRecord(fields=fields)],
-                PendingAppend(
-                    kind="finish",
-                    shard=task.shard,
-                    task_id=task.task_id,
-                    extra={"outcome": OUTCOME_DEAD, "error": error},
-                ),
+                _finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
             )
             return
         # Outcome and claim records must land: retry the same append later.
@@ -3017,6 +2986,14 @@ _CLEARED_ON_SUCCESS = ("LastErrorObj", "LastJobError")
 _new_execute = slot_constructor(
     fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
 )
+
+
+def _finish_pending(shard: int, task_id: str, outcome: str, error: str | None) -> PendingAppend:
+    """What a tombstone of `task_id` means once it lands: the task finished with `outcome`."""
+    # kind, shard, task_id, dedupe_waiters, effect, extra
+    return PendingAppend(
+        "finish", shard, task_id, [], None, {"outcome": outcome, "error": error}
+    )
 
 
 def _queue_in(queues: dict[_K, ReadyQueue[str]], key: _K) -> ReadyQueue[str]:

@@ -66,7 +66,6 @@ __all__ = [
     "Command",
     "Enqueue",
     "PlainEnqueue",
-    "PlainResult",
     "Progress",
     "ProtocolError",
     "Register",
@@ -85,7 +84,6 @@ __all__ = [
     "parse_document",
     "parse_line",
     "plain_enqueue",
-    "plain_result",
     "progress",
     "sniff_task_id",
     "stats",
@@ -430,18 +428,6 @@ def _plain_result(doc: dict[str, Any]) -> Result | None:
     """The `Result` of a plainly valid result object (string id and status, `error_msg` a
     string or absent, `attempt` a positive integer or absent), or None: `_parse_result`
     decides."""
-    plain = plain_result(doc)
-    return None if plain is None else _new_result(*plain)
-
-
-#: What `plain_result` gives: task_id, success, error_msg, attempt.
-PlainResult: TypeAlias = tuple[str, bool, str | None, int | None]
-
-
-def plain_result(doc: dict[str, Any]) -> PlainResult | None:
-    """The fields of a plainly valid result object (see `_plain_result`), or None: exactly
-    those of the `Result` that `parse_line` gives for the same object (the node's batch path
-    takes them without building it)."""
     task_id = doc.get("task_id")
     status = doc.get("status")
     error_msg = doc.get("error_msg")
@@ -454,7 +440,7 @@ def plain_result(doc: dict[str, Any]) -> PlainResult | None:
         or (attempt is not None and (type(attempt) is not int or attempt < 1))
     ):
         return None
-    return task_id, status == "success", error_msg, attempt
+    return _new_result(task_id, status == "success", error_msg, attempt)
 
 
 def _parse_enqueue(f: _Fields) -> Enqueue:
