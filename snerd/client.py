@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -41,6 +40,7 @@ from snerd.handlers import (
     _drain_timeout,
     _env_overrides,
     _QueueFace,
+    _Signal,
 )
 
 __all__ = ["SnerdQueue", "default_binary"]
@@ -143,7 +143,7 @@ class SnerdQueue(_QueueFace):
         self._drain_timeout_s = _drain_timeout(self.env)
         self._process: anyio.abc.Process | None = None
         self._outbox = bytearray()
-        self._outbox_wake: anyio.Event | None = None
+        self._outbox_wake: _Signal | None = None
         self._pipe_broken = False
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self._log_observers: list[Callable[[str], object]] = []
@@ -200,8 +200,8 @@ class SnerdQueue(_QueueFace):
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        self._loop_thread = threading.get_ident()
-        self._outbox_wake = anyio.Event()
+        self._bind_loop()
+        self._outbox_wake = self._new_signal()
         args = [self.binary_path] + ([self.storage_path] if self.storage_path else [])
         process = await anyio.open_process(
             args,
@@ -274,7 +274,7 @@ class SnerdQueue(_QueueFace):
         assert self._outbox_wake is not None
         while True:
             await self._outbox_wake.wait()
-            self._outbox_wake = anyio.Event()
+            self._outbox_wake = self._new_signal()
             while self._outbox:
                 chunk = bytes(self._outbox)
                 self._outbox.clear()

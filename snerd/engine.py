@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -290,7 +289,7 @@ class Engine(_QueueFace):
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        self._loop_thread = threading.get_ident()
+        self._bind_loop()
         self._exited = anyio.Event()
         try:
             message = await anyio.to_thread.run_sync(self._prepare_directory)

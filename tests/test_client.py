@@ -94,6 +94,38 @@ async def _register_after_enqueue(tmp_path: Path) -> None:
 def test_register_after_enqueue(run: Runner, tmp_path: Path) -> None:
     run(_register_after_enqueue, tmp_path)
 
+async def _calls_cancelled_while_waiting(tmp_path: Path) -> None:
+    """An enqueue and a stats request cancelled while they wait for the daemon's answer: the
+    answers still come (a stats reply is taken by the request that gave up, the enqueue was
+    sent and runs), and the queue goes on serving the calls after them."""
+    calls = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("job")
+        async def job(data: Any) -> None:
+            calls.add(data)
+
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await q.enqueue("gave-up", "job", 1)
+        assert scope.cancelled_caught
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await q.stats()
+        assert scope.cancelled_caught
+        assert (await q.enqueue("after", "job", 2)).task_id == "after"
+        stats = await q.stats()  # the reply of its own request, not the abandoned one's
+        assert stats["total_enqueued"] == 2
+        assert sorted(await calls.wait(2)) == [1, 2]
+    assert q.exit_code == 0
+
+
+def test_calls_cancelled_while_waiting_leave_the_queue_serving(
+    run: Runner, tmp_path: Path
+) -> None:
+    run(_calls_cancelled_while_waiting, tmp_path)
+
+
 
 async def _sync_handler_runs_in_a_thread(tmp_path: Path) -> None:
     calls = Calls()
