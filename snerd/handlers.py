@@ -30,6 +30,11 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
+from json.encoder import (  # type: ignore[attr-defined]
+    JSONEncoder,
+    c_make_encoder,
+    encode_basestring_ascii,
+)
 from types import FunctionType, TracebackType
 from typing import Any, Protocol, Self, TypeAlias, TypeVar
 
@@ -142,11 +147,32 @@ class TaskInfo:
     max_execution_seconds: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class _Running:
-    info: TaskInfo
-    face: _QueueFace
-    loop_thread: int
+    """The attempt a handler runs, as `current_task()` and `yield_progress` find it. Its
+    `TaskInfo` is made only when asked for (a frozen dataclass costs a call per field, on
+    every `execute`)."""
+
+    __slots__ = ("attempt", "face", "limit", "loop_thread", "task_id", "task_type")
+
+    def __init__(
+        self,
+        task_id: str,
+        task_type: str,
+        attempt: int | None,
+        limit: int | None,
+        face: _QueueFace,
+        loop_thread: int,
+    ) -> None:
+        self.task_id = task_id
+        self.task_type = task_type
+        self.attempt = attempt
+        self.limit = limit
+        self.face = face
+        self.loop_thread = loop_thread
+
+    @property
+    def info(self) -> TaskInfo:
+        return TaskInfo(self.task_id, self.task_type, self.attempt, self.limit)
 
 
 _CURRENT: contextvars.ContextVar[_Running | None] = contextvars.ContextVar(
@@ -178,7 +204,7 @@ def yield_progress(data: Any) -> None:
     running = _CURRENT.get()
     if running is None:
         raise RuntimeError("[Snerd] yield_progress must be called within a task handler context.")
-    message = {"action": "progress", "task_id": running.info.task_id, "data": data}
+    message = {"action": "progress", "task_id": running.task_id, "data": data}
     if threading.get_ident() == running.loop_thread:
         running.face._post(message)
     else:
@@ -213,6 +239,28 @@ def parse_task_data(raw: Any) -> Any:
     return raw
 
 
+#: `json.dumps`'s own C encoder with its default arguments, made once: `json.dumps` makes a
+#: new one on every call, which is most of its cost for a small value. No cycle check; a
+#: value it cannot encode goes to `json.dumps`, which says what is wrong.
+_C_ENCODER = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(
+        None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True
+    )
+)
+
+
+def _json_text(data: Any) -> str:
+    """`json.dumps(data)`, exactly (default separators, ASCII only, NaN allowed), faster."""
+    if _C_ENCODER is not None:
+        try:
+            return "".join(_C_ENCODER(data, 0))
+        except (TypeError, ValueError, RecursionError):
+            pass  # (a cycle ends in RecursionError without the check)
+    return json.dumps(data)
+
+
 def _format_execute_at(value: str | dt.datetime | dt.timedelta) -> str:
     if isinstance(value, str):
         return value
@@ -244,7 +292,7 @@ def build_enqueue_message(
         "action": "enqueue",
         "task_id": task_id,
         "task_type": task_type,
-        "task_data": json.dumps(data),
+        "task_data": _json_text(data),
         "max_retries": max_retries,
         "retry_after_hours": retry_after_hours,
     }
@@ -892,12 +940,6 @@ class _QueueFace:
         attempt = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
         limit = message.get("max_execution_seconds")
         limit = limit if isinstance(limit, int | float) and not isinstance(limit, bool) else None
-        info = TaskInfo(
-            task_id=task_id,
-            task_type=task_type,
-            attempt=attempt,
-            max_execution_seconds=int(limit) if limit is not None else None,
-        )
         error: str | None = None
         handler = self._registry.handlers.get(task_type)
         if handler is None:
@@ -905,7 +947,15 @@ class _QueueFace:
         else:
             data = parse_task_data(message.get("task_data"))
             assert self._loop_thread is not None
-            token = _CURRENT.set(_Running(info, self, self._loop_thread))
+            running = _Running(
+                task_id,
+                task_type,
+                attempt,
+                None if limit is None else int(limit),
+                self,
+                self._loop_thread,
+            )
+            token = _CURRENT.set(running)
             try:
                 if limit is None:
                     await self._call(handler, data)
@@ -913,7 +963,7 @@ class _QueueFace:
                     with anyio.move_on_after(limit) as scope:
                         await self._call(handler, data)
                     if scope.cancelled_caught:
-                        error = TIMED_OUT.format(seconds=info.max_execution_seconds)
+                        error = TIMED_OUT.format(seconds=running.limit)
             except Exception as exc:
                 error = _describe(exc)
             finally:

@@ -36,7 +36,7 @@ from snerd import (
     current_task,
     yield_progress,
 )
-from snerd.handlers import parse_task_data
+from snerd.handlers import _json_text, parse_task_data
 from tests.sdkhelpers import Calls, Runner, wait_for_stats
 from tests.sdkhelpers import run as run  # the fixture
 
@@ -704,3 +704,52 @@ def test_task_data_round_trips_as_json_loads_reads_it(value: Any) -> None:
 @given(st.text(alphabet='[]{}",:0123456789.eE-+ \\truefalsnu\x01\t\n'))
 def test_task_data_of_any_text_is_what_json_loads_gives(text: str) -> None:
     assert _same(parse_task_data(text), _as_json_loads(text))
+
+
+# --- task data out ------------------------------------------------------------------------------
+
+
+class _Point:
+    """Not JSON-serializable."""
+
+
+def _dumps_outcome(encode: Any, value: Any) -> tuple[str, Any]:
+    try:
+        return "ok", encode(value)
+    except Exception as exc:  # noqa: BLE001 - the kind and text of the error are compared
+        return type(exc).__name__, str(exc)
+
+
+_ANY_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()  # NaN and the infinities too: json.dumps writes them
+    | st.text(),
+    lambda inner: st.lists(inner)
+    | st.tuples(inner, inner)
+    | st.dictionaries(st.text() | st.integers() | st.floats() | st.booleans() | st.none(), inner),
+)
+
+
+@given(_ANY_JSON)
+def test_task_data_is_sent_as_json_dumps_writes_it(value: Any) -> None:
+    # auto_dedupe hashes the text: it must be byte for byte what the upstream SDK sends.
+    assert _json_text(value) == json.dumps(value)
+
+
+def _cycle() -> list[Any]:
+    loop: list[Any] = [1]
+    loop.append({"back": loop})
+    return loop
+
+
+@pytest.mark.parametrize(
+    "value",
+    [_cycle(), {"p": _Point()}, [1, {2, 3}], {(1, 2): "tuple key"}, "é\ud800", [[[[]]]] * 3],
+    ids=["cycle", "object", "set", "tuple-key", "lone-surrogate", "shared"],
+)
+def test_task_data_json_dumps_refuses_is_refused_alike(value: Any) -> None:
+    assert _dumps_outcome(_json_text, value) == _dumps_outcome(json.dumps, value)
+    # And the fast path is not left broken by a failure: the next value encodes.
+    assert _json_text({"after": [1, 2]}) == '{"after": [1, 2]}'
