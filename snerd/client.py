@@ -265,9 +265,11 @@ class SnerdQueue(_QueueFace):
     def _post(self, message: dict[str, Any]) -> None:
         if self._pipe_broken or self._outbox_wake is None or self.exit_code is not None:
             return
+        if not self._outbox:
+            # The writer waits only with the outbox empty: lines already in it have woken it.
+            self._outbox_wake.set()
         self._outbox += orjson.dumps(message)
         self._outbox += b"\n"
-        self._outbox_wake.set()
 
     async def _write_loop(self, stdin: anyio.abc.ByteSendStream) -> None:
         """One writer: everything posted since the last write goes out in one write."""
@@ -287,12 +289,11 @@ class SnerdQueue(_QueueFace):
                     return
 
     def _on_line(self, line: bytes) -> None:
-        if not line.strip():
-            return
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError:
-            self._log(f"ignored a line from the daemon that is not JSON: {line[:200]!r}")
+            if line.strip():
+                self._log(f"ignored a line from the daemon that is not JSON: {line[:200]!r}")
             return
         if isinstance(message, dict):
             self._on_message(message)
@@ -328,17 +329,24 @@ async def _read_lines(
 ) -> None:
     """Call `on_line` with each line of `stream` (without its newline; an unterminated last
     line too) until the stream ends or breaks."""
-    buffer = bytearray()
+    unfinished: list[bytes] = []  # the pieces of a line not ended yet (a long one: many)
     while True:
         try:
             chunk = await stream.receive(1 << 16)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
             break
-        buffer += chunk
-        start = 0
-        while (nl := buffer.find(b"\n", start)) >= 0:
-            on_line(bytes(buffer[start:nl]))
-            start = nl + 1
-        del buffer[:start]
-    if buffer:
-        on_line(bytes(buffer))
+        if b"\n" not in chunk:
+            unfinished.append(chunk)
+            continue
+        if unfinished:
+            unfinished.append(chunk)
+            chunk = b"".join(unfinished)
+            unfinished.clear()
+        lines = chunk.split(b"\n")
+        last = lines.pop()
+        if last:
+            unfinished.append(last)
+        for line in lines:
+            on_line(line)
+    if rest := b"".join(unfinished):
+        on_line(rest)

@@ -881,12 +881,15 @@ class _QueueFace:
         finally:
             self._progress_draining = False
 
-    async def _call(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run `fn(*args)`: async on the loop, sync in a worker thread (abandoned on cancel,
-        so a stuck sync handler never holds up a shutdown)."""
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        """What to await to run `fn(*args)`: an async one on the loop (its own coroutine, no
+        frame around it), a sync one in a worker thread (abandoned on cancel, so a stuck sync
+        handler never holds up a shutdown)."""
         if _is_async(fn):
-            await fn(*args)
-            return
+            return fn(*args)  # type: ignore[no-any-return]
+        return self._call_in_thread(fn, *args)
+
+    async def _call_in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self._thread_limit)
         context = contextvars.copy_context()
@@ -937,9 +940,9 @@ class _QueueFace:
             self._log(f"ignored a malformed execute message: {message!r}")
             return
         attempt = message.get("attempt")
-        attempt = attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
+        attempt = attempt if type(attempt) is int else None  # (JSON numbers: int or float)
         limit = message.get("max_execution_seconds")
-        limit = limit if isinstance(limit, int | float) and not isinstance(limit, bool) else None
+        limit = limit if type(limit) is int or type(limit) is float else None
         error: str | None = None
         handler = self._registry.handlers.get(task_type)
         if handler is None:

@@ -36,6 +36,7 @@ from snerd import (
     current_task,
     yield_progress,
 )
+from snerd.client import _read_lines
 from snerd.handlers import _json_text, parse_task_data
 from tests.sdkhelpers import Calls, Runner, wait_for_stats
 from tests.sdkhelpers import run as run  # the fixture
@@ -716,7 +717,7 @@ class _Point:
 def _dumps_outcome(encode: Any, value: Any) -> tuple[str, Any]:
     try:
         return "ok", encode(value)
-    except Exception as exc:  # noqa: BLE001 - the kind and text of the error are compared
+    except Exception as exc:  # the kind and text of the error are compared
         return type(exc).__name__, str(exc)
 
 
@@ -753,3 +754,39 @@ def test_task_data_json_dumps_refuses_is_refused_alike(value: Any) -> None:
     assert _dumps_outcome(_json_text, value) == _dumps_outcome(json.dumps, value)
     # And the fast path is not left broken by a failure: the next value encodes.
     assert _json_text({"after": [1, 2]}) == '{"after": [1, 2]}'
+
+
+# --- reading the daemon's lines -------------------------------------------------------------------
+
+
+class _Chunks:
+    """A byte stream that gives the chunks it was made with, then ends."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if not self.chunks:
+            raise anyio.EndOfStream
+        return self.chunks.pop(0)
+
+
+def _lines_read(chunks: list[bytes]) -> list[bytes]:
+    got: list[bytes] = []
+    anyio.run(_read_lines, _Chunks(chunks), got.append)  # type: ignore[arg-type]
+    return got
+
+
+@given(st.lists(st.binary(max_size=12) | st.sampled_from([b"\n", b"\n\n", b"a\nb", b"x" * 40])))
+def test_lines_are_read_whole_however_the_stream_cuts_them(chunks: list[bytes]) -> None:
+    whole = b"".join(chunks)
+    expected = whole.split(b"\n")
+    if expected[-1] == b"":
+        expected.pop()  # a last line is one only when it holds something
+    assert _lines_read(chunks) == expected
+
+
+def test_a_line_longer_than_many_chunks_is_read_whole() -> None:
+    big = [b"y" * 65536] * 40
+    got = _lines_read([b"first\nsec", *big, b"ond\n", b"last"])
+    assert got == [b"first", b"sec" + b"y" * 65536 * 40 + b"ond", b"last"]
