@@ -45,6 +45,8 @@ import anyio.to_thread
 import orjson
 import sniffio
 
+from snerd.core.slots import slot_constructor
+
 __all__ = [
     "DaemonExited",
     "DeadLetterHandler",
@@ -134,6 +136,10 @@ class Enqueued:
     shard: str | None = None
     #: True when `auto_dedupe` dropped it because an identical task is still pending.
     deduplicated: bool = False
+
+
+#: `Enqueued(task_id, shard, deduplicated)`, built without the frozen `__init__`'s calls.
+_new_enqueued = slot_constructor(Enqueued, "task_id", "shard", "deduplicated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +265,21 @@ def _json_text(data: Any) -> str:
         except (TypeError, ValueError, RecursionError):
             pass  # (a cycle ends in RecursionError without the check)
     return json.dumps(data)
+
+
+#: The options of `_QueueFace.enqueue` after `retry_after_hours`, in its order.
+_OPTIONS = (
+    "rate_limit_group",
+    "max_per_minute",
+    "auto_dedupe",
+    "urgency_score",
+    "execute_at",
+    "cron",
+    "webhook_url",
+    "max_execution_seconds",
+    "pool",
+    "trigger_after_ids",
+)
 
 
 def _format_execute_at(value: str | dt.datetime | dt.timedelta) -> str:
@@ -748,18 +769,20 @@ class _QueueFace:
             raise TypeError("enqueue() needs a task_type")
         if task_id is None:
             task_id = uuid.uuid4().hex
-        options = {
-            "rate_limit_group": rate_limit_group,
-            "max_per_minute": max_per_minute,
-            "auto_dedupe": auto_dedupe,
-            "urgency_score": urgency_score,
-            "execute_at": execute_at,
-            "cron": cron,
-            "webhook_url": webhook_url,
-            "max_execution_seconds": max_execution_seconds,
-            "pool": pool,
-            "trigger_after_ids": trigger_after_ids,
-        }
+        given = (
+            rate_limit_group,
+            max_per_minute,
+            auto_dedupe,
+            urgency_score,
+            execute_at,
+            cron,
+            webhook_url,
+            max_execution_seconds,
+            pool,
+            trigger_after_ids,
+        )
+        # (Most enqueues set none of them: no dict to build and walk then.)
+        options = {} if given.count(None) == len(given) else dict(zip(_OPTIONS, given, strict=True))
         message = build_enqueue_message(
             task_id, task_type, data, max_retries, retry_after_hours, options
         )
@@ -819,10 +842,10 @@ class _QueueFace:
             if waiter is not None:
                 shard = message.get("shard")
                 waiter.resolve(
-                    Enqueued(
-                        task_id=task_id,  # type: ignore[arg-type]
-                        shard=shard if isinstance(shard, str) else None,
-                        deduplicated=message.get("deduplicated") is True,
+                    _new_enqueued(
+                        task_id,
+                        shard if isinstance(shard, str) else None,
+                        message.get("deduplicated") is True,
                     )
                 )
         elif action == "error":
