@@ -423,13 +423,20 @@ class _Waiter:
 
 class _InContext:
     """Await `coro` with each of its steps run in `context`, as a task of its own would run it
-    (what a handler sets in context variables stays its own), without the cost of a task."""
+    (what a handler sets in context variables stays its own), without the cost of a task.
+    `on_suspend` is called each time `coro` waits (yields to the event loop)."""
 
-    __slots__ = ("context", "coro")
+    __slots__ = ("context", "coro", "on_suspend")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        context: contextvars.Context,
+        on_suspend: Callable[[], None],
+    ) -> None:
         self.coro = coro
         self.context = context
+        self.on_suspend = on_suspend
 
     def __await__(self) -> Generator[Any, Any, Any]:
         coro = self.coro
@@ -446,6 +453,7 @@ class _InContext:
             except StopIteration as stop:
                 return stop.value
             error = None
+            self.on_suspend()
             try:
                 value = yield signal
             except GeneratorExit:
@@ -454,16 +462,6 @@ class _InContext:
             except BaseException as exc:
                 value = None
                 error = exc
-
-
-class _Worker:
-    """An idle handler worker: the `execute` it is handed, and how it is woken."""
-
-    __slots__ = ("job", "wake")
-
-    def __init__(self) -> None:
-        self.job: tuple[dict[str, Any], contextvars.Context] | None = None
-        self.wake: _Signal | None = None
 
 
 # --- the shared face ---------------------------------------------------------------------------
@@ -519,7 +517,12 @@ class _QueueFace:
         #: The daemon's last `membership` message (which shards this daemon owns), if any.
         self.membership: dict[str, Any] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._idle_workers: list[_Worker] = []
+        #: `execute` messages not started yet, each with the context it runs in, oldest first.
+        self._jobs: deque[tuple[dict[str, Any], contextvars.Context]] = deque()
+        #: A worker has been woken (or spawned) and has not run yet: it takes the next job.
+        self._worker_coming = False
+        #: How each idle worker is woken, the last one to go idle last.
+        self._idle_workers: list[_Signal] = []
         self._outer: anyio.abc.TaskGroup | None = None
         self._background: _Background | None = None
         self._started = False
@@ -924,37 +927,50 @@ class _QueueFace:
 
     def _dispatch_execute(self, message: dict[str, Any]) -> None:
         """Start running an `execute` now, as a task of its own would: in a copy of the
-        current context, concurrently with every other one. An idle worker takes it, else a
-        new one is spawned (cheaper than a task per message). As many idle workers as
-        `max_workers` (default 100) are kept."""
-        job = (message, contextvars.copy_context())
-        idle = self._idle_workers
-        if idle:
-            worker = idle.pop()
-            worker.job = job
-            assert worker.wake is not None
-            worker.wake.set()
-        else:
-            self._spawn(self._execute_worker, job)
+        current context, concurrently with every other one.
 
-    async def _execute_worker(self, job: tuple[dict[str, Any], contextvars.Context]) -> None:
-        worker = _Worker()
+        Jobs wait in `_jobs` for a worker task. A worker runs them one after another while
+        they finish without waiting (a handler that does not await anything); when one waits,
+        another worker is called for the jobs behind it. So no job ever waits for another's
+        handler to finish, and a burst of quick handlers costs one task wake-up, not one
+        each. As many idle workers as `max_workers` (default 100) are kept."""
+        self._jobs.append((message, contextvars.copy_context()))
+        if not self._worker_coming:
+            self._call_worker()
+
+    def _call_worker(self) -> None:
+        """Make sure a worker will take the next job: wake an idle one, or start one."""
+        self._worker_coming = True
+        if self._idle_workers:
+            self._idle_workers.pop().set()
+        else:
+            self._spawn(self._execute_worker)
+
+    def _job_waits(self) -> None:
+        """The job a worker runs waits (its handler awaits): the jobs behind it need another
+        worker."""
+        if self._jobs and not self._worker_coming:
+            self._call_worker()
+
+    async def _execute_worker(self) -> None:
+        jobs = self._jobs
         idle = self._idle_workers
+        job_waits = self._job_waits
+        wake: _Signal | None = None
         try:
             while True:
-                message, context = job
-                await _InContext(self._execute(message), context)
+                self._worker_coming = False  # this is the worker that was coming
+                while jobs:
+                    message, context = jobs.popleft()
+                    await _InContext(self._execute(message), context, job_waits)
                 if len(idle) >= self._thread_limit:
                     return  # enough idle ones (the daemon runs at most max_workers at once)
-                worker.job = None
-                worker.wake = self._new_signal()
-                idle.append(worker)
-                await worker.wake.wait()
-                assert worker.job is not None
-                job = worker.job
+                wake = self._new_signal()
+                idle.append(wake)
+                await wake.wait()
         finally:
-            if worker in idle:
-                idle.remove(worker)
+            if wake is not None and wake in idle:
+                idle.remove(wake)
 
     async def _execute(self, message: dict[str, Any]) -> None:
         task_id = message.get("task_id")

@@ -611,6 +611,50 @@ def test_each_attempt_runs_concurrently_in_its_own_context(run: Runner, tmp_path
     run(_each_attempt_runs_concurrently_in_its_own_context, tmp_path)
 
 
+async def _a_waiting_handler_holds_up_no_other(tmp_path: Path) -> None:
+    """Executes that arrive together are run by one worker while their handlers return at
+    once; a handler that waits (async, or sync in its thread) hands the ones behind it to
+    another worker: here the first of a burst waits for the last, and a sync one for a later
+    async one."""
+    done = Calls()
+    last_ran = anyio.Event()
+    async with queue(tmp_path) as q:
+        token = anyio.lowlevel.current_token()
+
+        @q.handler("burst")
+        async def burst(n: int) -> None:
+            if n == 0:
+                await last_ran.wait()
+            elif n == 39:
+                last_ran.set()
+            done.add(n)
+
+        @q.handler("sync-waits")
+        def sync_waits(flag: str) -> None:
+            assert released.wait(10), "the async job behind it never ran"
+            anyio.from_thread.run_sync(done.add, flag, token=token)
+
+        @q.handler("release")
+        async def release(flag: str) -> None:
+            released.set()
+            done.add(flag)
+
+        released = threading.Event()
+        async with anyio.create_task_group() as tg:
+            for n in range(40):
+                tg.start_soon(q.enqueue, f"b{n}", "burst", n)
+        assert sorted(await done.wait(40)) == list(range(40))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(q.enqueue, "s", "sync-waits", "sync")
+            tg.start_soon(q.enqueue, "r", "release", "async")
+        await done.wait(42)
+    assert done.items[-2:] in (["async", "sync"], ["sync", "async"])
+
+
+def test_a_waiting_handler_holds_up_no_other(run: Runner, tmp_path: Path) -> None:
+    run(_a_waiting_handler_holds_up_no_other, tmp_path)
+
+
 # --- task data -------------------------------------------------------------------------------
 
 
