@@ -45,6 +45,7 @@ import anyio.to_thread
 import orjson
 import sniffio
 
+from snerd.core.protocol import ENQUEUE_OPTIONS
 from snerd.core.slots import slot_constructor
 
 __all__ = [
@@ -265,21 +266,6 @@ def _json_text(data: Any) -> str:
         except (TypeError, ValueError, RecursionError):
             pass  # (a cycle ends in RecursionError without the check)
     return json.dumps(data)
-
-
-#: The options of `_QueueFace.enqueue` after `retry_after_hours`, in its order.
-_OPTIONS = (
-    "rate_limit_group",
-    "max_per_minute",
-    "auto_dedupe",
-    "urgency_score",
-    "execute_at",
-    "cron",
-    "webhook_url",
-    "max_execution_seconds",
-    "pool",
-    "trigger_after_ids",
-)
 
 
 def _format_execute_at(value: str | dt.datetime | dt.timedelta) -> str:
@@ -785,7 +771,7 @@ class _QueueFace:
             trigger_after_ids,
         )
         # (Most enqueues set none of them: no dict to build and walk then.)
-        options = {} if given.count(None) == len(given) else dict(zip(_OPTIONS, given, strict=True))
+        options = {} if given.count(None) == len(given) else dict(zip(ENQUEUE_OPTIONS, given, strict=True))
         message = build_enqueue_message(
             task_id, task_type, data, max_retries, retry_after_hours, options
         )

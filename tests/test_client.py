@@ -11,6 +11,7 @@ something does *not* happen and say so.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import json
 import math
 import os
@@ -37,6 +38,7 @@ from snerd import (
     yield_progress,
 )
 from snerd.client import _read_lines
+from snerd.core.protocol import ENQUEUE_OPTIONS
 from snerd.handlers import _json_text, parse_task_data
 from tests.sdkhelpers import Calls, Runner, wait_for_stats
 from tests.sdkhelpers import run as run  # the fixture
@@ -834,3 +836,10 @@ def test_a_line_longer_than_many_chunks_is_read_whole() -> None:
     big = [b"y" * 65536] * 40
     got = _lines_read([b"first\nsec", *big, b"ond\n", b"last"])
     assert got == [b"first", b"sec" + b"y" * 65536 * 40 + b"ond", b"last"]
+
+
+def test_enqueue_takes_the_protocols_options_in_the_upstream_order() -> None:
+    # `enqueue` hands its options to the message builder by position (`ENQUEUE_OPTIONS`).
+    names = list(inspect.signature(SnerdQueue.enqueue).parameters)
+    after = names[names.index("retry_after_hours") + 1 :]
+    assert tuple(after) == ENQUEUE_OPTIONS

@@ -690,3 +690,7 @@ def test_the_fast_path_for_a_plain_result_gives_what_the_full_parser_gives(
 def test_ack_lines_are_the_framed_acks_of_each_task(ids: list[str], shard: int) -> None:
     expected = b"".join(proto.encode_message(proto.ack_enqueued(i, shard)) for i in ids)
     assert proto.ack_lines(ids, shard) == expected
+
+
+def test_the_optional_enqueue_fields_are_the_upstream_sdks() -> None:
+    assert proto.ENQUEUE_OPTIONS == OPTIONAL_FIELDS

@@ -58,6 +58,7 @@ from snerd.core.timefmt import parse_rfc3339
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
+    "ENQUEUE_OPTIONS",
     "MAX_EXECUTION_SECONDS",
     "MAX_RETRY_AFTER_HOURS",
     "MAX_TASK_ID_BYTES",
@@ -355,21 +356,22 @@ def validate_enqueue(cmd: Enqueue) -> None:
         raise refuse("trigger_after_ids must not repeat an id")
 
 
-#: Optional `enqueue` fields; `_plain_enqueue` takes only lines where all are absent or null.
-_ENQUEUE_OPTIONAL = frozenset(
-    {
-        "rate_limit_group",
-        "max_per_minute",
-        "auto_dedupe",
-        "urgency_score",
-        "execute_at",
-        "cron",
-        "webhook_url",
-        "max_execution_seconds",
-        "pool",
-        "trigger_after_ids",
-    }
+#: The optional `enqueue` fields, in the upstream SDK's argument order (after
+#: `retry_after_hours`).
+ENQUEUE_OPTIONS = (
+    "rate_limit_group",
+    "max_per_minute",
+    "auto_dedupe",
+    "urgency_score",
+    "execute_at",
+    "cron",
+    "webhook_url",
+    "max_execution_seconds",
+    "pool",
+    "trigger_after_ids",
 )
+#: `_plain_enqueue` takes only lines where all of them are absent or null.
+_ENQUEUE_OPTIONAL = frozenset(ENQUEUE_OPTIONS)
 #: Ids of at most this many characters are within `MAX_TASK_ID_BYTES` in any encoding (UTF-8
 #: takes at most 4 bytes a character), so the fast path need not encode them to check.
 _PLAIN_ID_CHARS = MAX_TASK_ID_BYTES // 4
