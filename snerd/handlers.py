@@ -30,11 +30,13 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from json.encoder import (  # type: ignore[attr-defined]
     JSONEncoder,
     c_make_encoder,
     encode_basestring_ascii,
 )
+from operator import is_not
 from types import FunctionType, TracebackType
 from typing import Any, Protocol, Self, TypeAlias, TypeVar
 
@@ -770,8 +772,13 @@ class _QueueFace:
             pool,
             trigger_after_ids,
         )
-        # (Most enqueues set none of them: no dict to build and walk then.)
-        options = {} if given.count(None) == len(given) else dict(zip(ENQUEUE_OPTIONS, given, strict=True))
+        # (Most enqueues set none of them: no dict to build and walk then. By identity: a value
+        # such as an array may not compare with None.)
+        options = (
+            dict(zip(ENQUEUE_OPTIONS, given, strict=True))
+            if any(map(is_not, given, repeat(None)))
+            else {}
+        )
         message = build_enqueue_message(
             task_id, task_type, data, max_retries, retry_after_hours, options
         )

@@ -838,6 +838,38 @@ def test_a_line_longer_than_many_chunks_is_read_whole() -> None:
     assert got == [b"first", b"sec" + b"y" * 65536 * 40 + b"ond", b"last"]
 
 
+class _Ids(list[str]):
+    """Parent ids in a container that will not be compared with None (as an array would not)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("the truth value of this comparison is ambiguous")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+async def _options_are_taken_by_identity(tmp_path: Path) -> None:
+    calls = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("child")
+        async def child(data: Any) -> None:
+            calls.add(data)
+
+        @q.handler("parent")
+        async def parent(data: Any) -> None:
+            calls.add(data)
+
+        await q.enqueue("p", "parent", "parent")
+        await q.enqueue("c", "child", "child", trigger_after_ids=_Ids(["p"]))
+        assert sorted(await calls.wait(2)) == ["child", "parent"]
+
+
+def test_an_option_that_cannot_be_compared_with_none_is_still_sent(
+    run: Runner, tmp_path: Path
+) -> None:
+    run(_options_are_taken_by_identity, tmp_path)
+
+
 def test_enqueue_takes_the_protocols_options_in_the_upstream_order() -> None:
     # `enqueue` hands its options to the message builder by position (`ENQUEUE_OPTIONS`).
     names = list(inspect.signature(SnerdQueue.enqueue).parameters)
