@@ -352,8 +352,6 @@ class _Signal(Protocol):
 
     def set(self) -> None: ...
 
-    def is_set(self) -> bool: ...
-
     def wait(self) -> Awaitable[Any]: ...
 
 
@@ -370,9 +368,6 @@ class _FutureSignal:
     def set(self) -> None:
         if not self._future.done():  # (done too when its waiter was cancelled)
             self._future.set_result(None)
-
-    def is_set(self) -> bool:
-        return self._future.done()
 
     def wait(self) -> Awaitable[None]:
         return self._future
