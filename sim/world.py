@@ -51,7 +51,7 @@ from sim.fs import InboxKey, SimFS
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig, route_shard
-from snerd.core.ownership import OwnershipConfig
+from snerd.core.ownership import LockText, OwnershipConfig
 from snerd.core.records import CorruptRecord, decode_record, encode_record, scan
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339
@@ -85,6 +85,7 @@ _APPEND = fx.Append
 _APPEND_INBOX = fx.AppendInbox
 _COMPACTED = ev.Compacted
 _LOG_RECORDS_READ = ev.LogRecordsRead
+_MEMBERSHIP_WRITTEN = ev.MembershipWritten
 #: The event of every wake-up (frozen and empty: one instance serves them all).
 _TICK = ev.Tick()
 #: Constructors of the commonest events, without the frozen dataclasses' `__init__`.
@@ -178,6 +179,11 @@ class Settings:
     #: ones that follow meanwhile: the daemon reads them together, as one `LinesReceived` (the
     #: node's batch path for runs of plain enqueues). 0: each line on its own.
     line_burst_us: int = 0
+    #: Nodes told that a free shard lock proves its claimant gone (`lock_proves_liveness`,
+    #: what the daemon decides on a local filesystem): they try the locks of what others
+    #: claim and take a dead owner's shard without waiting for its lease. Only where locks
+    #: are never lost behind a live holder's back (POSIX, no lock-loss faults).
+    lock_probe: bool = False
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -246,6 +252,7 @@ class Settings:
             "inbox_read_bytes": int(pick(200, 4_000)) if on(0.3) else 4 * 1024 * 1024,
             "inbox_segment_bytes": int(pick(300, 8_000)) if on() else 16 * 1024 * 1024,
             "line_burst_us": int(pick(1, 400) * 1000) if on(0.3) else 0,
+            "lock_probe": on(),
         }
         drawn.update(given)
         settings = cls(seed=seed, **drawn)
@@ -317,6 +324,12 @@ class Settings:
         if self.step_rate:
             slack += 2 * self.step_max_us
         return min(slack, 60 * SECOND)
+
+    @property
+    def probes_locks(self) -> bool:
+        """Whether nodes take a free shard lock for proof that its claimant is gone: only
+        where locks are never lost behind a live holder's back."""
+        return self.lock_probe and self.fs_mode == "posix" and not self.lock_loss_rate
 
     def flags(self) -> str:
         """The command-line flags that reproduce the settings that were not drawn."""
@@ -472,6 +485,9 @@ class World:
         self.liveness = False
         self.finished = False
         self.world_violations: list[str] = []
+        #: What each `shard-N/.lock` file says: the node id of the process that took it last,
+        #: and the epoch of the claim it took it under.
+        self.lock_files: dict[int, tuple[str, int]] = {}
         self.counters: dict[str, int] = {
             "crashes": 0,
             "restarts": 0,
@@ -487,6 +503,9 @@ class World:
             #: of them were results.
             "burst_lines": 0,
             "burst_results": 0,
+            #: Owners found gone by a shard lock free under their claim (`Settings.lock_probe`),
+            #: counted when the claim taking the shard over lands (no lease lapse waited for).
+            "owners_found_gone": 0,
         }
         self.next_task = 0
         #: The largest wall-clock error any host had: a claim written by a host whose clock
@@ -549,6 +568,7 @@ class World:
             inbox_poll_us=self.s.inbox_poll_us,
             inbox_read_bytes=self.s.inbox_read_bytes,
             inbox_segment_bytes=self.s.inbox_segment_bytes,
+            lock_proves_liveness=self.s.probes_locks,
         )
 
     def _start(self, index: int, inc: int) -> None:
@@ -598,6 +618,8 @@ class World:
         etype = type(event)
         if etype is _COMPACTED or etype is _LOG_RECORDS_READ:
             self._check_locations(proc, event.shard)  # type: ignore[attr-defined]
+        elif etype is _MEMBERSHIP_WRITTEN and node.dead_nodes:
+            self._check_proven_dead(proc, now.mono)
         # What the shell does after every `handle`: ask when to wake the node.
         wait = node.wake_in(now)
         mono = now.mono
@@ -656,6 +678,27 @@ class World:
                         f"t={self.t}: {proc.name} holds shard-{shard}@{loc.offset}+{loc.length} "
                         f"as the {what} of {task.task_id}, but it reads {str(got)[:120]}"
                     )
+
+    def _check_proven_dead(self, proc: _Proc, mono: int) -> None:
+        """A node takes another for dead (its shard lock free under its claim) only when that
+        process is gone, or its lease has run out on its own clock (it stopped acting and gave
+        up its locks). Never while it lives, holding its lease: that is a false proof (a shard
+        handed over, say, whose lock went before its claim), and it drops the live node from
+        the fair shares and its heartbeat from membership.json."""
+        for name, since in proc.node.dead_nodes.items():
+            if since != mono:
+                continue  # proven earlier (and checked then)
+            self.counters["owners_found_gone"] += 1
+            index = name.partition("@pid-")[0]
+            other = self.procs[int(index.removeprefix("n"))]
+            if other.name != name or other.state == "down":
+                continue  # that incarnation is gone
+            deadline = other.node.lease_deadline_mono
+            if deadline is not None and other.clock.mono(self.t) < deadline:
+                self.world_violations.append(
+                    f"t={self.t}: {proc.name} takes {name} for dead (a shard lock free under "
+                    "its claim) while it lives and holds its lease"
+                )
 
     def _believed(self, proc: _Proc) -> list[int]:
         if proc.state == "down":
@@ -854,10 +897,18 @@ class World:
         self._deliver(proc, event)
 
     def _fx_try_lock(self, proc: _Proc, effect: fx.TryLock) -> None:
-        got = self.fs.try_lock(proc.pid, effect.shard)
-        event: ev.Event = (
-            ev.LockAcquired(shard=effect.shard) if got else ev.LockBusy(shard=effect.shard)
-        )
+        shard = effect.shard
+        event: ev.Event
+        if self.fs.try_lock(proc.pid, shard):
+            # The shell reads what the lock file says, then writes its own node id and epoch
+            # into it (a probe writes nothing).
+            previous, epoch = self.lock_files.get(shard, (None, None))
+            if not effect.probe:
+                self.lock_files[shard] = (effect.owner, effect.epoch)
+            text = LockText(owner=previous, epoch=epoch)
+            event = ev.LockAcquired(shard=shard, previous=text)
+        else:
+            event = ev.LockBusy(shard=shard)
         self._answer(proc, event, 100, 1_000)
 
     def _fx_unlock(self, proc: _Proc, effect: fx.Unlock) -> None:

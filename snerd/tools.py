@@ -51,7 +51,7 @@ from typing import Any, TypeVar
 import orjson
 
 from snerd.core.events import LogRecord
-from snerd.core.ownership import OwnershipConfig, fair_cap, shard_name
+from snerd.core.ownership import LockText, OwnershipConfig, fair_cap, shard_name
 from snerd.core.shardlog import (
     HISTORY_LIMIT,
     DeadLetter,
@@ -419,14 +419,12 @@ def probe_lock(path: Path) -> LockState:
 
 
 def _lock_text(path: Path) -> tuple[int | None, str | None]:
-    """What a lock file says: `<pid>\\n<owner>\\n` (snerd) or `<pid>` (upstream)."""
+    """The pid and owner a lock file names (`LockText`)."""
     try:
-        lines = path.read_text(errors="replace").split()
+        text = LockText.parse(path.read_text(errors="replace"))
     except OSError:
         return None, None
-    pid = int(lines[0]) if lines and lines[0].isdigit() else None
-    owner = lines[1] if len(lines) > 1 else None
-    return pid, owner
+    return text.pid, text.owner
 
 
 @contextlib.contextmanager

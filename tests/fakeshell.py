@@ -16,6 +16,7 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
+from snerd.core.ownership import LockText
 from snerd.core.records import decode_record, encode_record, scan
 
 SECOND = 1_000_000
@@ -30,6 +31,8 @@ class FakeShell:
         #: Inbox files: (shard, segment) -> bytes; their `.read` hints: (shard, segment) -> int.
         self.disk.setdefault("inboxes", {})
         self.disk.setdefault("inbox_hints", {})
+        #: What each shard's lock file says: the node that took the lock last, and its epoch.
+        self.disk.setdefault("lock_files", {})
         self.node = Node(self.config)
         self.wall = T0
         self.mono = 5 * SECOND
@@ -52,6 +55,9 @@ class FakeShell:
         #: Compactions held back (not yet run) when `hold_compaction` is on.
         self.hold_compaction = False
         self.held_compactions: deque[fx.Compact] = deque()
+        #: Membership writes held back (not yet carried out) when `hold_membership` is on.
+        self.hold_membership = False
+        self.held_membership: deque[fx.WriteMembership] = deque()
         self.queue: deque[ev.Event] = deque()
 
     # -------------------------------------------------------------- driving
@@ -105,6 +111,13 @@ class FakeShell:
         self.hold_compaction = False
         while self.held_compactions:
             self._do(self.held_compactions.popleft())
+        self._pump()
+
+    def release_membership(self) -> None:
+        """Carry out the held membership writes."""
+        self.hold_membership = False
+        while self.held_membership:
+            self._do(self.held_membership.popleft())
         self._pump()
 
     def release_held(self) -> None:
@@ -179,6 +192,8 @@ class FakeShell:
             self.queue.append(ev.MembershipWriteFailed(doc=None, error="No such file"))
         elif isinstance(effect, fx.ReadMembership):
             self.queue.append(ev.MembershipRead(doc=self.disk["membership"]))
+        elif isinstance(effect, fx.WriteMembership) and self.hold_membership:
+            self.held_membership.append(effect)
         elif isinstance(effect, fx.WriteMembership):
             current = self.disk["membership"]
             version = None if current is None else current.get("version")
@@ -190,8 +205,14 @@ class FakeShell:
         elif isinstance(effect, fx.TryLock):
             holder = self.disk["locks"].get(effect.shard)
             if holder is None or holder == effect.owner:
+                # The lock file names its last holder and the epoch of its claim (the shell
+                # writes them on taking the lock; a probe writes nothing).
+                previous, epoch = self.disk["lock_files"].get(effect.shard, (None, None))
                 self.disk["locks"][effect.shard] = effect.owner
-                self.queue.append(ev.LockAcquired(shard=effect.shard))
+                if not effect.probe:
+                    self.disk["lock_files"][effect.shard] = (effect.owner, effect.epoch)
+                text = LockText(owner=previous, epoch=epoch)
+                self.queue.append(ev.LockAcquired(shard=effect.shard, previous=text))
             else:
                 self.queue.append(ev.LockBusy(shard=effect.shard))
         elif isinstance(effect, fx.Unlock):

@@ -406,7 +406,8 @@ async def test_bad_environment_is_a_clear_startup_error(tmp_path: Path) -> None:
 async def test_upstream_sharded_directory_is_adopted(tmp_path: Path, nursery: trio.Nursery) -> None:
     q = tmp_path / "q"
     # What upstream v0.3 leaves behind: two shards, a claim whose daemon died a second ago
-    # (its lease is still live, but its lock is free), and a claim that lapsed long ago.
+    # (its lease is still live, but its lock is free), and a claim that lapsed long ago. Each
+    # lock file holds the pid of the upstream daemon that took it (and claimed the shard).
     membership = {
         "queue": "snerdmq-daemon",
         "shards": 2,
@@ -421,7 +422,7 @@ async def test_upstream_sharded_directory_is_adopted(tmp_path: Path, nursery: tr
     for shard in (0, 1):
         tasks = q / f"shard-{shard}" / "tasks"
         tasks.mkdir(parents=True)
-        (q / f"shard-{shard}" / ".lock").write_text("4242")
+        (q / f"shard-{shard}" / ".lock").write_text(str(4242 + shard))
         (tasks / "tasks.log").write_bytes(
             b'{"taskId":"up%d","retryCount":0,"maxRetries":3,"retryAfterHours":0.0,'
             b'"retryAfterTime":"2026-09-07T11:05:55.083436Z","taskData":"{\\"s\\":%d}",'

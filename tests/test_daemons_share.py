@@ -39,6 +39,10 @@ async def test_two_daemons_split_the_shards_and_one_takes_all_back_when_the_othe
     assert back["owned"] == first["owned"]
     await a.close_stdin()
     assert await a.wait() == 0
+    # A shard handed over (for the spread, or on drain) keeps its lock until its claim is
+    # gone: no daemon ever took the other, alive all along, for dead.
+    for d in (a, b):
+        assert "process is gone" not in d.stderr.decode()
 
 
 def nfs4_table(tmp_path: Path, directory: Path) -> Path:

@@ -128,3 +128,163 @@ def test_a_drain_removes_its_claims_even_after_its_lease_ran_out() -> None:
     doc = a.disk["membership"]
     assert doc["claims"] == {}  # handed over: nobody waits for a lapse
     assert "a@pid-1-x" not in doc.get("nodes", {})
+
+
+def prober(name: str, disk: dict | None = None, shards: int = 1) -> FakeShell:
+    """A node on a local filesystem: a claimant whose shard lock is free counts as dead."""
+    config = NodeConfig(
+        node_id=f"{name}@pid-1-x", new_queue_shards=shards, lock_proves_liveness=True
+    )
+    return FakeShell(config, disk=disk)
+
+
+def test_a_shard_handed_over_keeps_its_lock_until_the_claim_is_gone_so_no_prober_thinks_it_dead() -> None:
+    a = prober("a", shards=2)
+    a.start()
+    assert a.node.owned_shards == [0, 1]
+    b = prober("b", a.disk)
+    b.start()
+    # Hold a's membership writes one at a time until one hands a shard over to even out the
+    # shares: a stops acting for it at once, but that write has not landed yet.
+    handed: list[str] = []
+    for _ in range(60):
+        a.hold_membership = True
+        run([a, b], 1)
+        claims = a.disk["membership"]["claims"]
+        for effect in a.held_membership:
+            after = effect.doc["claims"]
+            handed += [
+                key
+                for key, claim in claims.items()
+                if claim["owner"] == "a@pid-1-x" and key not in after
+            ]
+        if handed:
+            break
+        a.release_membership()
+    assert handed == ["shard-1"]
+    assert a.node.owned_shards == [0]
+    # membership.json still names a for it, and its lock is still a's: b, reading the file
+    # meanwhile and trying the locks of what others claim, finds the lock busy.
+    assert a.disk["membership"]["claims"]["shard-1"]["owner"] == "a@pid-1-x"
+    assert a.disk["locks"][1] == "a@pid-1-x"
+    run([b], 3)
+    assert not [m for _, m in b.logs_out if "process is gone" in m]
+    assert b.node.dead_nodes == {}
+    assert "a@pid-1-x" in b.disk["membership"]["nodes"]  # b keeps a's heartbeat: a is live
+    # b wrote meanwhile, so a's write fails (the file changed) and the claim stays a's: a
+    # keeps the lock and takes the shard up again, until a later round hands it over for
+    # good; the lock goes with the claim, and b takes the shard over.
+    a.release_membership()
+    assert a.disk["membership"]["claims"]["shard-1"]["owner"] == "a@pid-1-x"
+    assert a.disk["locks"][1] == "a@pid-1-x"
+    run([a, b], 20)
+    assert sorted([*a.node.owned_shards, *b.node.owned_shards]) == [0, 1]
+    assert len(a.node.owned_shards) == len(b.node.owned_shards) == 1
+    assert a.disk["locks"] == {
+        **{s: "a@pid-1-x" for s in a.node.owned_shards},
+        **{s: "b@pid-1-x" for s in b.node.owned_shards},
+    }
+    assert set(a.disk["membership"]["nodes"]) == {"a@pid-1-x", "b@pid-1-x"}
+    assert b.node.dead_nodes == {}
+
+
+def test_a_drain_gives_its_locks_up_only_once_its_claims_are_removed() -> None:
+    a = prober("a", shards=2)
+    a.start()
+    b = prober("b", a.disk)
+    b.start()
+    run([a, b], 30)
+    assert sorted([*a.node.owned_shards, *b.node.owned_shards]) == [0, 1]
+    mine = {f"shard-{s}" for s in a.node.owned_shards}
+    a.hold_membership = True
+    a.feed(ev.DrainRequested(reason="test"))
+    run([a], 1)
+    assert a.held_membership  # the release is on its way
+    assert {k for k, c in a.disk["membership"]["claims"].items() if c["owner"] == "a@pid-1-x"} == mine
+    assert {f"shard-{s}" for s, owner in a.disk["locks"].items() if owner == "a@pid-1-x"} == mine
+    run([b], 2)
+    assert b.node.dead_nodes == {}
+    a.release_membership()
+    assert a.node.phase is NodePhase.STOPPED
+    assert "a@pid-1-x" not in a.disk["locks"].values()
+    run([b], 5)
+    assert b.node.owned_shards == [0, 1]
+
+
+def test_a_lock_still_held_after_stepping_down_proves_nothing_about_the_next_owner() -> None:
+    a = prober("a")
+    a.start()
+    a.register("t")
+    b = prober("b", a.disk)
+    b.start()
+    a.fail_membership = True  # a cannot renew: its lease runs out
+    a.hold_appends = True
+    run([a, b], 29)
+    a.enqueue("late")  # its record is on its way when a steps down
+    run([a, b], 2)
+    assert a.node.owned_shards == []
+    assert a.disk["locks"] == {0: "a@pid-1-x"}  # kept until the record lands
+    run([a, b], 10)  # b sees a's claim unchanged past ttl + margin and claims the shard
+    assert a.disk["membership"]["claims"]["shard-0"]["owner"] == "b@pid-1-x"
+    # a reads membership.json again and tries the locks of what others claim: the lock it
+    # still holds itself must not count as b's being gone.
+    a.fail_membership = False
+    run([a, b], 5)
+    assert a.node.dead_nodes == {}
+    assert not [m for _, m in a.logs_out if "process is gone" in m]
+    a.hold_appends = False
+    a.release_held()  # the record lands, the lock goes, and b takes the shard up
+    run([a, b], 5)
+    assert (a.node.owned_shards, b.node.owned_shards) == ([], [0])
+    assert "late" in b.node.tasks
+
+
+def test_a_shard_stepped_down_from_is_claimed_anew_under_a_new_epoch() -> None:
+    a = prober("a")
+    a.start()
+    a.register("t")
+    first = a.disk["membership"]["claims"]["shard-0"]["epoch"]
+    assert a.disk["lock_files"][0] == ("a@pid-1-x", first)  # the lock file names the claim
+    # A renewal stalls on a slow disk until the lease has run out: a stops acting for the
+    # shard and gives its lock up (a prober may take it now: a's process looks gone).
+    a.hold_membership = True
+    run([a], 35)
+    assert a.node.owned_shards == []
+    assert a.disk["locks"] == {}
+    # The renewal lands after all. It renews the tenure that ended: a does not take the lock
+    # up again under it, but claims the shard anew, under a new epoch, and only then locks it.
+    a.release_membership()
+    run([a], 2)
+    assert a.node.owned_shards == [0]
+    again = a.disk["membership"]["claims"]["shard-0"]["epoch"]
+    assert again == first + 1
+    assert a.disk["lock_files"][0] == ("a@pid-1-x", again)
+    a.enqueue("after")
+    assert a.executed_ids() == ["after"]
+
+
+def test_a_node_is_counted_dead_only_once_the_claim_taking_over_its_shard_lands() -> None:
+    a = prober("a", shards=2)
+    a.start()
+    b = prober("b", a.disk)
+    b.start()
+    run([a, b], 30)
+    owned_a = list(a.node.owned_shards)
+    assert len(owned_a) == 1
+    a.disk["locks"] = {s: o for s, o in a.disk["locks"].items() if o != "a@pid-1-x"}
+    a.node.phase = NodePhase.STOPPED  # a's process is gone (kill -9): its lock with it
+    # b's probe finds the lock free under a's claim, and writes its own claim; but another
+    # writer changed membership.json meanwhile: the version check refuses b's claim, so
+    # nothing is taken over yet and a is not counted dead.
+    b.hold_membership = True
+    run([b], 2)
+    assert b.held_membership
+    b.disk["membership"] = {**b.disk["membership"], "version": b.disk["membership"]["version"] + 1}
+    b.release_membership()
+    assert b.node.dead_nodes == {}
+    assert b.node.owned_shards != [0, 1]
+    # The next round finds a's claim still unwritten and its lock still free: now it lands.
+    run([b], 3)
+    assert sorted(b.node.owned_shards) == [0, 1]
+    assert list(b.node.dead_nodes) == ["a@pid-1-x"]
+    assert [m for _, m in b.logs_out if "process is gone" in m]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from snerd.core.ownership import (
     NODES_KEY,
+    LockText,
     Observer,
     OwnershipConfig,
     claim_epoch,
@@ -12,6 +13,7 @@ from snerd.core.ownership import (
     give_back,
     initial_doc,
     live_foreign,
+    lock_names_claim,
     owned_by,
     with_claims,
     with_heartbeat,
@@ -67,6 +69,44 @@ def test_claims_bump_the_epoch_renewals_keep_it_and_releases_remember_it() -> No
     assert claim_epoch(released, 0) == 4  # ...but the epoch is not forgotten
     again = with_claims(released, node_id="next", shards=[0], wall_us=T, config=CFG)
     assert again["claims"]["shard-0"]["epoch"] == 5
+
+
+def test_a_renewal_of_a_shard_stepped_down_from_is_a_new_claim_when_asked_anew() -> None:
+    doc = with_claims(doc_with("other", T - 60 * S), node_id="me", shards=[0], wall_us=T, config=CFG)
+    assert doc["claims"]["shard-0"]["epoch"] == 4
+    again = with_claims(doc, node_id="me", shards=[0, 1], wall_us=T, config=CFG, anew=[0])
+    assert again["claims"]["shard-0"]["epoch"] == 5  # a new tenure: fences the last one
+    assert again["claims"]["shard-0"]["renewals"] == 0
+    assert claim_epoch(again, 0) == 5
+    assert again["claims"]["shard-1"]["epoch"] == 1  # `anew` changes only what it names
+
+
+def test_a_lock_file_names_a_claim_only_if_taken_under_that_very_claim() -> None:
+    doc = doc_with("a@pid-7-x", T, epoch=3)
+    assert lock_names_claim(LockText(pid=7, owner="a@pid-7-x", epoch=3), doc, 0)
+    # Taken under an earlier claim of the same node (it claimed the shard anew since, and has
+    # not taken the lock yet), or by the owner before it, or by nobody: not this claim.
+    assert not lock_names_claim(LockText(pid=7, owner="a@pid-7-x", epoch=2), doc, 0)
+    assert not lock_names_claim(LockText(pid=6, owner="b@pid-6-y", epoch=3), doc, 0)
+    assert not lock_names_claim(LockText(pid=7), doc, 0)
+    assert not lock_names_claim(LockText(), doc, 0)
+    assert not lock_names_claim(LockText(pid=7, owner="a@pid-7-x", epoch=3), doc, 1)  # no claim
+    # Upstream's claim (no epoch) and lock file (its pid only): the pid in the owner's id.
+    upstream = initial_doc(queue="q", shards=1)
+    upstream["claims"] = {"shard-0": {"owner": "h@pid-4242", "lease_expiry": "2999-01-01T00:00:00Z"}}
+    assert lock_names_claim(LockText(pid=4242), upstream, 0)
+    assert not lock_names_claim(LockText(pid=4243), upstream, 0)  # another's pid: never held
+    assert not lock_names_claim(LockText(pid=4242, owner="h@pid-4242-ab", epoch=1), upstream, 0)
+    assert not lock_names_claim(LockText(), upstream, 0)
+
+
+def test_lock_text_reads_what_snerd_and_upstream_write() -> None:
+    text = LockText(pid=12, owner="h@pid-12-ab", epoch=5)
+    assert LockText.parse(text.render()) == text
+    assert LockText.parse("4242") == LockText(pid=4242)  # upstream
+    assert LockText.parse("12\nh@pid-12-ab\n") == LockText(pid=12, owner="h@pid-12-ab")
+    assert LockText.parse("") == LockText()
+    assert LockText.parse("x\ny\nz\n") == LockText(owner="y")  # garbage reads as unknown
 
 
 def test_a_lapse_also_needs_the_claim_seen_unchanged_for_ttl_plus_margin_on_our_own_clock() -> None:

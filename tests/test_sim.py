@@ -147,3 +147,18 @@ def test_a_failure_names_its_first_violation_and_its_command_reproduces_it(flag:
     [(again, replay)] = finish([sim(*command.split()[3:])])
     assert again == 1
     assert f"digest {digest}" in replay  # the very same run
+
+
+def test_some_seeds_take_dead_owners_over_by_their_free_locks() -> None:
+    # Where flock proves liveness (POSIX, no lock-loss faults), seeds with `lock_probe` run
+    # nodes that try the locks of what others claim; they take a crashed owner's shards
+    # without waiting for its lease, never a live owner's (a world violation), and pass.
+    seeds = [
+        seed
+        for seed in range(60)
+        if Settings.draw(seed).probes_locks and Settings.draw(seed).crash_rate
+    ][:6]
+    assert len(seeds) >= 3, seeds
+    outcomes = [run(Settings.draw(seed)) for seed in seeds]
+    assert all(o.report.ok and not o.world_violations for o in outcomes), seeds
+    assert sum(o.counters["owners_found_gone"] for o in outcomes) > 0

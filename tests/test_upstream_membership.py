@@ -288,6 +288,10 @@ async def test_two_sharing_daemons_write_a_file_upstream_validate_reads_as_healt
     verdict = validate_like_upstream(q, datetime.now(UTC), skew_like_upstream(None))
     assert verdict.healthy, verdict
     assert verdict.states == {f"shard-{i}": "free" for i in range(4)}
+    # Neither took the other for dead: a shard handed over keeps its lock until its claim is
+    # out of the file (a prober finding it free meanwhile once dropped the giver's heartbeat).
+    for d in (a, b):
+        assert "process is gone" not in d.stderr.decode()
     assert set(raw_end["epochs"]) == {f"shard-{i}" for i in range(4)}
 
 

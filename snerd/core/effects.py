@@ -180,11 +180,15 @@ class WriteMembership(Effect):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TryLock(Effect):
-    """Take `shard-N/.lock` with flock(LOCK_EX | LOCK_NB); answered by `LockAcquired` or
-    `LockBusy`. The shell writes `owner` into the lock file through the locked fd."""
+    """Take `shard-N/.lock` with flock(LOCK_EX | LOCK_NB); answered by `LockAcquired` (with
+    what the lock file said) or `LockBusy`. The shell then writes its pid, `owner` and `epoch`
+    (the claim's) into the lock file through the locked fd, unless this is a `probe` (another
+    node's claim: is its holder gone?), which leaves the file naming the holder before."""
 
     shard: int
     owner: str
+    epoch: int = 0
+    probe: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from snerd.core.ownership import LockText
+
+_NO_LOCK_TEXT = LockText()  # (frozen: one value shared by every event)
+
 __all__ = [
     "AppendCommitted",
     "AppendFailed",
@@ -136,6 +140,9 @@ class LockAcquired(Event):
     """`shard-N/.lock` is now held by this process."""
 
     shard: int
+    #: What the lock file said when the lock was taken: its holder before (this node when it
+    #: held the lock already), and the claim's epoch it held the lock under.
+    previous: LockText = _NO_LOCK_TEXT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

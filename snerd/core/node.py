@@ -61,11 +61,13 @@ from snerd.core.ownership import (
     ShardPhase,
     claim_epoch,
     claim_owner,
+    claim_signature,
     claimable,
     fair_cap,
     give_back,
     initial_doc,
     live_foreign,
+    lock_names_claim,
     owned_by,
     shard_name,
     with_claims,
@@ -262,6 +264,10 @@ class ShardInfo:
     phase: ShardPhase = ShardPhase.UNOWNED
     #: The epoch this node writes under (from its claim in membership.json).
     epoch: int = 0
+    #: The epoch of the claim in membership.json this node last took the lock under (what
+    #: the lock file names): once it steps down, a claim with that epoch is of a tenure that
+    #: ended, to be claimed anew rather than taken up again.
+    lock_epoch: int = 0
     #: The latest claim epoch read so far while replaying the log (fencing is judged in log
     #: order: a record is stale when a newer claim came before it).
     log_epoch: int = 0
@@ -303,6 +309,13 @@ class ShardInfo:
     reloading: bool = False
     #: Stepped down while appends were in flight: the lock is released once they have landed.
     unlock_when_drained: bool = False
+    #: Stepped down to hand the shard over (an even spread, a drain): the lock is released
+    #: only once the write that removes our claim has landed. A free lock under a claim that
+    #: still names us would tell a prober that this process is gone (`_probe`).
+    unlock_when_unclaimed: bool = False
+    #: `PROBING`: the membership document whose claim on the shard the probe tries the lock
+    #: of.
+    probed_doc: dict[str, Any] | None = None
     #: Counts this node's step-downs from the shard. An append issued in an earlier tenure
     #: means nothing once it ends (its task was forgotten, its enqueue answered): its outcome
     #: is ignored, even if the shard was taken up again and the record reloaded meanwhile.
@@ -383,6 +396,24 @@ class PendingAppend:
     count: int = 0
 
 
+@dataclass(slots=True)
+class _LockProof:
+    """A shard lock a probe took, free under `owner`'s claim and last held under that claim.
+
+    The probe's view of membership.json may be stale: a shard handed over has its claim
+    removed before its lock is given up, and an owner whose renewals come back after its
+    lease ran out claims its shards anew before it takes their locks again. So the free lock
+    proves `owner` gone only while its claim stays unwritten since the probe's read
+    (`signature`, from `claim_signature`): a membership read that still shows it `confirmed`
+    it, and the claim that replaces it is written only if nothing changed since that read
+    (the version check), so a takeover that lands rests on a proof that held.
+    """
+
+    owner: str
+    signature: tuple[Any, ...] | None
+    confirmed: bool = False
+
+
 class Node:
     """The decisions of one daemon. See the module docstring."""
 
@@ -429,9 +460,9 @@ class Node:
         self.membership_busy = False
         #: A renewal came due while a membership operation was out: do it when that ends.
         self.renew_after_busy = False
-        #: Shards whose lock this node took while another node's claim was live: that node's
-        #: process is gone. The lock stays held until the claim is rewritten as ours.
-        self.proven_dead: set[int] = set()
+        #: Shards whose lock a probe took while another node's claim named it (`_LockProof`).
+        #: The lock stays held until the claim is rewritten as ours, or the proof fails.
+        self.lock_proofs: dict[int, _LockProof] = {}
         #: Nodes whose process is gone, proven by their shard's lock (node id -> when, mono):
         #: no longer counted among the live nodes for fair shares, so their shards are not
         #: handed back to them while their heartbeat still looks fresh.
@@ -767,6 +798,8 @@ class Node:
             expected = int(doc.get("version", 0))
         now = self._now
         self.observer.observe(doc, now.mono)
+        self._unlock_handed_over(doc)
+        self._confirm_probes(doc)
         if self.phase is _DRAINING and self.released:
             self._release(doc, expected)
             return
@@ -801,11 +834,11 @@ class Node:
                 node_id=node_id,
                 wall_us=now.wall,
                 config=config,
-                proven_dead=frozenset(self.proven_dead),
+                proven_dead=self._proven_dead(),
                 observer=self.observer,
                 mono_us=now.mono,
             )
-            held = [s for s in candidates if s in mine or s in self.proven_dead]
+            held = [s for s in candidates if s in mine or s in self.lock_proofs]
             room = max(0, fair_cap(int(doc.get("shards", 0)), len(live), config) - len(held))
             wanted = sorted(held + [s for s in candidates if s not in held][:room])
             self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
@@ -814,7 +847,9 @@ class Node:
             # Stop acting for a shard before the write that frees it: once that write lands,
             # another node may claim it at once, before this node hears back.
             for shard in releases:
-                self._step_down(shard, "handed over to even out the shares", level="info")
+                self._step_down(
+                    shard, "handed over to even out the shares", level="info", handing_over=True
+                )
             if self.config.lock_proves_liveness:
                 self._probe(doc, wanted)
         if not wanted and self.phase is _STARTING:
@@ -823,7 +858,13 @@ class Node:
                 "every shard of this queue is claimed by a live daemon; this daemon waits "
                 "and claims shards as their leases lapse or as the others give shares back",
             )
-        new_doc = with_claims(doc, node_id=node_id, shards=wanted, wall_us=now.wall, config=config)
+        # A shard this node stepped down from is claimed anew (a new epoch), not renewed: its
+        # lock file still names the tenure that ended (`_LockProof`), and fencing keeps the
+        # two tenures apart.
+        anew = [s for s in wanted if s in mine and self._stepped_down(s)]
+        new_doc = with_claims(
+            doc, node_id=node_id, shards=wanted, wall_us=now.wall, config=config, anew=anew
+        )
         if releases:
             new_doc = without_claims(new_doc, node_id=node_id, shards=releases)
         new_doc = with_heartbeat(
@@ -865,18 +906,23 @@ class Node:
     def _probe(self, doc: dict[str, Any], wanted: list[int]) -> None:
         """Try the lock of each shard another node claims: getting it proves that node dead."""
         for shard in live_foreign(doc, node_id=self.config.node_id):
-            if shard in wanted or shard in self.proven_dead:
+            if shard in wanted or shard in self.lock_proofs:
                 continue
             info = self.shards.setdefault(shard, ShardInfo())
-            if info.phase is _UNOWNED:
+            # A lock this node still holds after stepping down proves nothing about another.
+            if info.phase is _UNOWNED and not (
+                info.unlock_when_drained or info.unlock_when_unclaimed
+            ):
                 info.phase = _PROBING
-                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id))
+                info.probed_doc = doc
+                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id, probe=True))
 
     def _on_membership_written(self, event: ev.MembershipWritten) -> None:
         self.membership_busy = False
         self.doc = event.doc
         self.doc_names_others = bool(live_foreign(event.doc, node_id=self.config.node_id))
         now = self._now
+        self._unlock_handed_over(event.doc)
         if self.releasing:
             self._finish_release()
             return
@@ -891,20 +937,60 @@ class Node:
             self.lease_deadline_mono = self.round_started_mono + self.config.ownership.ttl_us
         elif not ours:
             self.lease_deadline_mono = None
-        if self.proven_dead or self.renew_after_busy:
+        if self.lock_proofs or self.renew_after_busy:
             self.renew_at_mono = now.mono  # a takeover or a renewal is waiting
             self.renew_after_busy = False
         changed = False
         for shard in owned_by(event.doc, self.config.node_id):
             info = self.shards.setdefault(shard, ShardInfo())
-            self.proven_dead.discard(shard)
+            proof = self.lock_proofs.pop(shard, None)  # ours now: the lock is held for that
+            if proof is not None and proof.confirmed:
+                # Taken over: the claim we wrote replaced the one read unwritten since the
+                # lock came free (the write's version check says so).
+                self.dead_nodes[proof.owner] = now.mono
+                self._log(
+                    "info",
+                    f"{shard_name(shard)}: its owner's process is gone (its lock was free under "
+                    f"{proof.owner}'s claim); taken over without waiting for the lease",
+                )
             if info.phase is _UNOWNED:
-                info.epoch = claim_epoch(event.doc, shard)
+                epoch = claim_epoch(event.doc, shard)
+                if epoch == info.lock_epoch:
+                    # A renewal issued before this node stepped down from the shard: that
+                    # tenure is over; the next round claims the shard anew.
+                    self.renew_at_mono = now.mono
+                    continue
+                info.epoch = info.lock_epoch = epoch
                 info.phase = _LOCKING
-                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id))
+                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id, epoch=epoch))
                 changed = True
         if not changed:
             self._maybe_running()
+
+    def _stepped_down(self, shard: int) -> bool:
+        info = self.shards.get(shard)
+        return info is not None and info.phase is _UNOWNED
+
+    def _proven_dead(self) -> frozenset[int]:
+        return frozenset(s for s, proof in self.lock_proofs.items() if proof.confirmed)
+
+    def _confirm_probes(self, doc: dict[str, Any]) -> None:
+        """Check each lock proof against `doc`: the claim still there, unwritten since,
+        confirms it; anything else ends it."""
+        for shard, proof in list(self.lock_proofs.items()):
+            if claim_signature(doc, shard) == proof.signature:
+                proof.confirmed = True
+            else:
+                # Handed over, renewed or claimed anew since the probe's read: the free lock
+                # proves nothing. The shard is claimable like any other.
+                del self.lock_proofs[shard]
+                self._emit(fx.Unlock(shard=shard))
+
+    def _unlock_handed_over(self, doc: dict[str, Any]) -> None:
+        """Give up the locks of shards handed over whose claim `doc` no longer gives us."""
+        for shard, info in self.shards.items():
+            if info.unlock_when_unclaimed and claim_owner(doc, shard) != self.config.node_id:
+                self._lock_hold_over(shard, info, drained=False)
 
     def _on_membership_write_failed(self, event: ev.MembershipWriteFailed) -> None:
         self.membership_busy = False
@@ -920,25 +1006,31 @@ class Node:
     def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
         info = self.shards[event.shard]
         if info.phase is _PROBING:
-            # The claimant's process is gone (we hold its lock): claim the shard now.
+            # The claimant's process is gone (we hold the lock it held): claim the shard now.
             info.phase = _UNOWNED
-            self.proven_dead.add(event.shard)
-            dead = claim_owner(self.doc or {}, event.shard)
-            if dead is not None and dead != self.config.node_id:
-                self.dead_nodes[dead] = self._now.mono
-            self._log(
-                "info",
-                f"{shard_name(event.shard)}: its owner's process is gone (its lock was free); "
-                "taking it over without waiting for the lease",
+            doc, info.probed_doc = info.probed_doc, None
+            assert doc is not None
+            owner = claim_owner(doc, event.shard)
+            assert owner is not None
+            if not lock_names_claim(event.previous, doc, event.shard):
+                # The claimant never held this lock under this claim (it is about to take it,
+                # retries it while the owner before it finishes, or claimed the shard again
+                # after giving it up): a free lock says nothing of it.
+                self._emit(fx.Unlock(shard=event.shard))
+                self._maybe_running()
+                return
+            self.lock_proofs[event.shard] = _LockProof(
+                owner=owner, signature=claim_signature(doc, event.shard)
             )
-            self._renew(force=True)
+            self._renew(force=True)  # a read confirms it (`_confirm_probes`)
             return
         if info.phase not in (_LOCKING, _PAUSED):
             # Claim withdrawn meanwhile: give the lock straight back.
             self._emit(fx.Unlock(shard=event.shard))
             return
         info.retry_lock_at_mono = None
-        info.unlock_when_drained = False  # held again: the deferred Unlock is moot
+        # Held again: a deferred Unlock is moot.
+        info.unlock_when_drained = info.unlock_when_unclaimed = False
         self._load(event.shard, info)
 
     def _load(self, shard: int, info: ShardInfo) -> None:
@@ -959,6 +1051,7 @@ class Node:
         info = self.shards[event.shard]
         if info.phase is _PROBING:
             info.phase = _UNOWNED  # its owner is alive
+            info.probed_doc = None
             self._maybe_running()
             return
         if info.phase is not _PAUSED:
@@ -984,7 +1077,11 @@ class Node:
             if info.phase not in (_UNOWNED, _PROBING):
                 self._step_down(shard, "its lease ran out before a renewal committed")
 
-    def _step_down(self, shard: int, why: str, level: str = "error") -> None:
+    def _step_down(
+        self, shard: int, why: str, level: str = "error", *, handing_over: bool = False
+    ) -> None:
+        """Stop acting for `shard` now. `handing_over`: a write removing our claim follows, and
+        the lock is kept until it lands (`unlock_when_unclaimed`)."""
         info = self.shards.get(shard)
         if info is None or info.phase in (_UNOWNED, _PROBING):
             return
@@ -1022,13 +1119,26 @@ class Node:
             self.pending.pop(effect.token, None)
         info.backlog = []
         if was_locked:
-            if info.appends_in_flight:
-                # The shell may write them after an Unlock: keep the lock until they are in
-                # the log, so the next owner, who needs the lock, reads them before its claim.
-                info.unlock_when_drained = True
-            else:
+            # The shell may write appends in flight after an Unlock: keep the lock until they
+            # are in the log, so the next owner, who needs the lock, reads them before its
+            # claim.
+            info.unlock_when_drained = bool(info.appends_in_flight)
+            info.unlock_when_unclaimed = handing_over
+            if not (info.unlock_when_drained or info.unlock_when_unclaimed):
                 self._emit(fx.Unlock(shard=shard))
         self._announce_membership()
+
+    def _lock_hold_over(self, shard: int, info: ShardInfo, *, drained: bool) -> None:
+        """What a deferred Unlock waited for is over (`drained`: the appends in flight, else
+        the write removing our claim): unlock once nothing else holds it back."""
+        if not (info.unlock_when_drained or info.unlock_when_unclaimed):
+            return
+        if drained:
+            info.unlock_when_drained = False
+        else:
+            info.unlock_when_unclaimed = False
+        if not (info.unlock_when_drained or info.unlock_when_unclaimed):
+            self._emit(fx.Unlock(shard=shard))
 
     def _claimed(self, shard: int, info: ShardInfo, loc: fx.Location) -> None:
         """Our claim (at `loc`) fences the shard: it is ours to act for."""
@@ -1061,9 +1171,7 @@ class Node:
 
     def _appends_drained(self, shard: int, info: ShardInfo) -> None:
         """Every append issued to `shard` has landed or failed: do what waited for that."""
-        if info.unlock_when_drained:
-            info.unlock_when_drained = False
-            self._emit(fx.Unlock(shard=shard))
+        self._lock_hold_over(shard, info, drained=True)
         if info.read_when_drained:
             info.read_when_drained = False
             if info.phase is _LOADING:
@@ -1103,7 +1211,7 @@ class Node:
     def _maybe_running(self) -> None:
         if self.phase is not _STARTING:
             return
-        if self.membership_busy or self.proven_dead or any(
+        if self.membership_busy or self.lock_proofs or any(
             i.phase
             in (_LOCKING, _LOADING, _FENCING, _PROBING)
             for i in self.shards.values()
@@ -1849,7 +1957,9 @@ class Node:
             if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
                 info.retry_lock_at_mono = None
                 if info.phase is _PAUSED:
-                    self._emit(fx.TryLock(shard=shard, owner=self.config.node_id))
+                    self._emit(
+                        fx.TryLock(shard=shard, owner=self.config.node_id, epoch=info.lock_epoch)
+                    )
         # Leases.
         if self.renew_at_mono is not None and now.mono >= self.renew_at_mono:
             self._renew()
@@ -2570,7 +2680,7 @@ class Node:
     def _release(self, doc: dict[str, Any], expected: int | None) -> None:
         # Stop acting for every shard before the write that frees them (see `_mark_give_backs`).
         for shard in sorted(self.shards):
-            self._step_down(shard, "handed over on drain", level="info")
+            self._step_down(shard, "handed over on drain", level="info", handing_over=True)
         self.releasing = True
         self.membership_busy = True
         self._emit(
@@ -2581,13 +2691,14 @@ class Node:
 
     def _finish_release(self) -> None:
         for shard, info in self.shards.items():
+            self._lock_hold_over(shard, info, drained=False)  # released, or left to lapse
             if (
                 info.phase not in (_UNOWNED, _LOCKING, _PAUSED)
-                or shard in self.proven_dead  # locked, its claim never written
+                or shard in self.lock_proofs  # locked, its claim never written
             ):
                 self._emit(fx.Unlock(shard=shard))
             info.phase = _UNOWNED
-        self.proven_dead.clear()
+        self.lock_proofs.clear()
         self.phase = _STOPPED
         self.renew_at_mono = None
         self._log("info", "Shutdown complete.")

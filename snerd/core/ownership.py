@@ -38,7 +38,7 @@ first, so a cluster converges to counts that differ by at most one.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,16 +53,19 @@ __all__ = [
     "EPOCHS_KEY",
     "NODES_KEY",
     "ClaimView",
+    "LockText",
     "Observer",
     "OwnershipConfig",
     "ShardPhase",
     "claim_epoch",
     "claim_owner",
+    "claim_signature",
     "claimable",
     "fair_cap",
     "give_back",
     "initial_doc",
     "live_foreign",
+    "lock_names_claim",
     "owned_by",
     "shard_name",
     "with_claims",
@@ -152,6 +155,55 @@ def _claim_view(doc: dict[str, Any], shard: int) -> ClaimView:
         renewals=renewals if isinstance(renewals, int) and not isinstance(renewals, bool) else 0,
         raw=raw,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LockText:
+    """What a `shard-N/.lock` file says about the process that took the lock last:
+    `<pid>\n<owner>\n<epoch>\n` (snerd; the epoch of the claim it was taken under, 0 for
+    none), `<pid>\n<owner>\n` (snerd before epochs) or `<pid>` (upstream)."""
+
+    pid: int | None = None
+    owner: str | None = None
+    epoch: int | None = None
+
+    def render(self) -> str:
+        return f"{self.pid}\n{self.owner}\n{self.epoch}\n"
+
+    @classmethod
+    def parse(cls, text: str) -> LockText:
+        lines = text.split()
+        pid = int(lines[0]) if lines and lines[0].isdigit() else None
+        owner = lines[1] if len(lines) > 1 else None
+        epoch = int(lines[2]) if len(lines) > 2 and lines[2].isdigit() else None
+        return cls(pid=pid, owner=owner, epoch=epoch)
+
+
+def lock_names_claim(text: LockText, doc: dict[str, Any], shard: int) -> bool:
+    """Whether the lock file's `text`, as its last holder left it, says that holder took the
+    lock under the claim `doc` has for `shard`: then that lock found free means the claimant
+    let it go (its process gone, or it stepped down), not that it has yet to take it.
+
+    A snerd claim: the file names its owner and epoch. Upstream's claim (no epoch; upstream
+    writes only its pid into the lock file): the file holds just the pid in the owner's id
+    (`<host>@pid-<pid>`)."""
+    view = _claim_view(doc, shard)
+    if view.owner is None:
+        return False
+    if "epoch" in view.raw:
+        return text.owner == view.owner and text.epoch == claim_epoch(doc, shard)
+    _, _, pid = view.owner.rpartition("@pid-")
+    return text.owner is None and text.pid is not None and pid == str(text.pid)
+
+
+def claim_signature(doc: dict[str, Any], shard: int) -> tuple[Any, ...] | None:
+    """What changes whenever a shard's claim is written (owner, epoch, renewals, expiry):
+    equal signatures read at two moments mean nobody rewrote the claim between them (None:
+    no claim)."""
+    raw = (doc.get("claims") or {}).get(shard_name(shard))
+    if not isinstance(raw, dict):
+        return None
+    return (raw.get("owner"), raw.get("epoch"), raw.get("renewals"), raw.get("lease_expiry"))
 
 
 def claim_owner(doc: dict[str, Any], shard: int) -> str | None:
@@ -249,14 +301,8 @@ class Observer:
 
     def observe(self, doc: dict[str, Any], mono_us: int) -> None:
         """Note a fresh read of membership.json at `mono_us`."""
-        claims = doc.get("claims") or {}
         for shard in range(int(doc.get("shards", 0))):
-            raw = claims.get(shard_name(shard))
-            signature = (
-                (raw.get("owner"), raw.get("epoch"), raw.get("renewals"), raw.get("lease_expiry"))
-                if isinstance(raw, dict)
-                else None
-            )
+            signature = claim_signature(doc, shard)
             seen = self.claims.get(shard)
             if seen is None or seen[0] != signature:
                 self.claims[shard] = (signature, mono_us)
@@ -359,11 +405,14 @@ def with_claims(
     shards: Iterable[int],
     wall_us: int,
     config: OwnershipConfig,
+    anew: Collection[int] = (),
 ) -> dict[str, Any]:
     """A new document where `node_id` holds (claims or renews) each of `shards`.
 
     A renewal keeps the epoch and counts one more renewal; a claim of a shard owned by someone
-    else (or nobody) bumps the epoch, which fences every record the previous owner writes.
+    else (or nobody) bumps the epoch, which fences every record the previous owner writes. So
+    does a claim of a shard in `anew`, though the claim names `node_id` already: one it
+    stopped acting for (its lease ran out, say), whose next tenure is a new one.
     """
     new = dict(doc)
     claims = dict(doc.get("claims") or {})
@@ -371,7 +420,7 @@ def with_claims(
     expiry = format_rfc3339(wall_us + config.ttl_us)
     for shard in shards:
         view = _claim_view(doc, shard)
-        if view.owner == node_id:
+        if view.owner == node_id and shard not in anew:
             epoch, renewals = view.epoch, view.renewals + 1
         else:
             epoch, renewals = max(view.epoch, claim_epoch(doc, shard)) + 1, 0

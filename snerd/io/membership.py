@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 import portalocker
 
+from snerd.core.ownership import LockText
 from snerd.io.log import atomic_replace
 
 __all__ = [
@@ -146,24 +147,44 @@ class ShardLocks:
         #: done, so the number is never reused for another file under the writer's feet.
         self._touching: dict[int, int] = {}
         self._close_later: set[int] = set()
+        #: Per shard, what its lock file said when `try_lock` last took the lock, for the
+        #: `LockAcquired` event.
+        self.previous: dict[int, LockText] = {}
+        #: Per shard held, what this process wrote into its lock file (absent: a probe's
+        #: hold, which writes nothing, so the file still names the holder before).
+        self.written: dict[int, LockText] = {}
 
     def path(self, shard: int) -> Path:
         return self.directory / f"shard-{shard}" / ".lock"
 
-    def try_lock(self, shard: int, owner: str) -> bool:
-        """flock(LOCK_EX | LOCK_NB). True when held; False when another process holds it."""
-        if shard in self.fds:
-            return True
-        path = self.path(shard)
-        (path.parent / "tasks").mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    def try_lock(self, shard: int, owner: str, epoch: int = 0, *, probe: bool = False) -> bool:
+        """flock(LOCK_EX | LOCK_NB). True when held; False when another process holds it.
+
+        Taken (or already held), the lock file's text goes to `previous`, and the file then
+        names this process, `owner` and the claim's `epoch`, unless this is a `probe`: a probe
+        only asks whether the claimant still holds the lock and leaves the file as it is."""
+        fd = self.fds.get(shard)
+        if fd is None:
+            path = self.path(shard)
+            (path.parent / "tasks").mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
+            except portalocker.exceptions.LockException:
+                os.close(fd)
+                return False
+            self.fds[shard] = fd
+            self.written.pop(shard, None)
         try:
-            portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
-        except portalocker.exceptions.LockException:
-            os.close(fd)
-            return False
-        self.fds[shard] = fd
-        self.touch(shard, owner)
+            self.previous[shard] = self.written.get(shard) or LockText.parse(
+                os.pread(fd, 4096, 0).decode("utf-8", "replace")
+            )
+            if not probe:
+                self.written[shard] = LockText(pid=os.getpid(), owner=owner, epoch=epoch)
+                self.touch(shard, owner)
+        except OSError:
+            self.unlock(shard)
+            raise
         return True
 
     def touch(self, shard: int, owner: str) -> None:
@@ -173,26 +194,32 @@ class ShardLocks:
         fd = self.fds.get(shard)
         if fd is None:
             return
-        self._write_owner(fd, owner)
+        self._write_owner(fd, self._text(shard, owner))
+
+    def _text(self, shard: int, owner: str) -> LockText:
+        written = self.written.get(shard)
+        return LockText(pid=os.getpid(), owner=owner, epoch=written.epoch if written else 0)
 
     @staticmethod
-    def _write_owner(fd: int, owner: str) -> None:
-        text = f"{os.getpid()}\n{owner}\n".encode()
+    def _write_owner(fd: int, text: LockText) -> None:
+        data = text.render().encode()
         os.ftruncate(fd, 0)
-        os.pwrite(fd, text, 0)
+        os.pwrite(fd, data, 0)
         os.fsync(fd)
 
-    def begin_touch(self, shard: int) -> int | None:
+    def begin_touch(self, shard: int, owner: str) -> tuple[int, LockText] | None:
         """In the event loop: reserve the fd of `shard` for a `touch_reserved` in a worker
-        thread (None when the shard is not locked)."""
+        thread, with the text to write (None when the shard is not locked, or held by a
+        probe, which writes nothing)."""
         fd = self.fds.get(shard)
-        if fd is not None:
-            self._touching[shard] = fd
-        return fd
+        if fd is None or shard not in self.written:
+            return None
+        self._touching[shard] = fd
+        return fd, self._text(shard, owner)
 
-    def touch_reserved(self, fd: int, owner: str) -> None:
+    def touch_reserved(self, fd: int, text: LockText) -> None:
         """In a worker thread: the renewal write through an fd reserved by `begin_touch`."""
-        self._write_owner(fd, owner)
+        self._write_owner(fd, text)
 
     def end_touch(self, shard: int) -> None:
         """In the event loop, after `touch_reserved`: close the fd if it was unlocked meanwhile."""
@@ -205,6 +232,7 @@ class ShardLocks:
         """Release a shard lock. A lock already lost (its fd failing with EBADFD or ENOTCONN
         after a network filesystem dropped it) is released all the same: nothing to undo."""
         fd = self.fds.pop(shard, None)
+        self.written.pop(shard, None)
         if fd is None:
             return
         try:

@@ -31,6 +31,7 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
+from snerd.core.ownership import LockText
 from snerd.core.records import CorruptRecord, decode_record
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
@@ -649,13 +650,11 @@ class Runtime:
         for shard in list(self.locks.fds):
             # The Unlock of a shard given up meanwhile may run while the write is out: the fd
             # is reserved so that it is closed only after it (never reused under the write).
-            fd = self.locks.begin_touch(shard)
-            if fd is None:
+            reserved = self.locks.begin_touch(shard, self.node.config.node_id)
+            if reserved is None:
                 continue
             try:
-                await trio.to_thread.run_sync(
-                    self.locks.touch_reserved, fd, self.node.config.node_id
-                )
+                await trio.to_thread.run_sync(self.locks.touch_reserved, *reserved)
             except OSError as exc:
                 if exc.errno in LOST_LOCK_ERRNOS and shard in self.locks.fds:
                     lost.append(ev.LockLost(shard=shard, error=_describe(exc)))
@@ -690,13 +689,16 @@ class Runtime:
 
     def _try_lock(self, effect: fx.TryLock) -> None:
         try:
-            held = self.locks.try_lock(effect.shard, effect.owner)
+            held = self.locks.try_lock(
+                effect.shard, effect.owner, effect.epoch, probe=effect.probe
+            )
         except OSError as exc:
             self.peer.log("error", f"shard-{effect.shard}: cannot open its lock: {exc}")
             held = False
         if held:
             self._busy_holders.pop(effect.shard, None)
-            self.submit(ev.LockAcquired(shard=effect.shard))
+            previous = self.locks.previous.pop(effect.shard, LockText())
+            self.submit(ev.LockAcquired(shard=effect.shard, previous=previous))
         else:
             holder = self.locks.holder(effect.shard)
             if self._busy_holders.get(effect.shard) != holder:  # say it once per holder
