@@ -492,16 +492,20 @@ def exit_on_signals(
 
 def replace_lock_file(directory: Path, shard: int) -> int | None:
     """The lock fault: unlink `shard-N/.lock` (its holder keeps its flock on the old inode)
-    and create a fresh one, so the next locker locks a different inode under the same name.
-    Returns the new inode number, or None when there was no lock file."""
+    and create a fresh one with the same text (holder, claim epoch), so the next locker locks
+    a different inode under the same name and reads what the holder wrote: a lock that no
+    longer excludes anyone, as on a filesystem whose locks lie. Returns the new inode number,
+    or None when there was no lock file."""
     lock = directory / f"shard-{shard}" / ".lock"
     try:
         old = lock.stat().st_ino
+        text = lock.read_bytes()
         lock.unlink()
     except FileNotFoundError:
         return None
     fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
+        os.write(fd, text)
         new = os.fstat(fd).st_ino
     finally:
         os.close(fd)
