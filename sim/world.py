@@ -681,10 +681,10 @@ class World:
 
     def _check_proven_dead(self, proc: _Proc, mono: int) -> None:
         """A node takes another for dead (its shard lock free under its claim) only when that
-        process is gone, or its lease has run out on its own clock (it stopped acting and gave
-        up its locks). Never while it lives, holding its lease: that is a false proof (a shard
-        handed over, say, whose lock went before its claim), and it drops the live node from
-        the fair shares and its heartbeat from membership.json."""
+        process is gone, or owns nothing under a lease (its lease ran out on its own clock: it
+        stopped acting and gave up its locks). Never while it lives and owns shards: that is a
+        false proof (a shard handed over, say, whose lock went before its claim), and it drops
+        a working node from the fair shares and its heartbeat from membership.json."""
         for name, since in proc.node.dead_nodes.items():
             if since != mono:
                 continue  # proven earlier (and checked then)
@@ -693,11 +693,10 @@ class World:
             other = self.procs[int(index.removeprefix("n"))]
             if other.name != name or other.state == "down":
                 continue  # that incarnation is gone
-            deadline = other.node.lease_deadline_mono
-            if deadline is not None and other.clock.mono(self.t) < deadline:
+            if self._believed(other):
                 self.world_violations.append(
                     f"t={self.t}: {proc.name} takes {name} for dead (a shard lock free under "
-                    "its claim) while it lives and holds its lease"
+                    "its claim) while it lives and owns shards under its lease"
                 )
 
     def _believed(self, proc: _Proc) -> list[int]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from snerd.core.ownership import LockText
 from snerd.io.fscheck import (
     LOCK_PROBE,
     check_data_directory,
@@ -113,15 +114,18 @@ def test_a_shard_lock_taken_through_mount_a_excludes_mount_b_until_released(
     a, b = gluster_dirs
     on_a, on_b = ShardLocks(a), ShardLocks(b)
     try:
-        assert on_a.try_lock(3, "node-a")
+        assert on_a.try_lock(3, "node-a", 2)
         assert not on_b.try_lock(3, "node-b")
-        assert ShardLocks(b).holder(3) == f"{os.getpid()} node-a"  # its renewal write, via B
+        # Its write (pid, owner, the claim's epoch), read via B.
+        assert ShardLocks(b).holder(3) == f"{os.getpid()} node-a 2"
         on_a.touch(3, "node-a-renewed")
-        assert on_b.holder(3) == f"{os.getpid()} node-a-renewed"
+        assert on_b.holder(3) == f"{os.getpid()} node-a-renewed 2"
         on_a.unlock(3)
-        assert on_b.try_lock(3, "node-b")  # free at once through the other mount
+        assert on_b.try_lock(3, "node-b", 3)  # free at once through the other mount...
+        # ...and what its last holder wrote through A is what B reads on taking it.
+        assert on_b.previous[3] == LockText(pid=os.getpid(), owner="node-a-renewed", epoch=2)
         assert not on_a.try_lock(3, "node-a")
-        assert on_a.holder(3) == f"{os.getpid()} node-b"
+        assert on_a.holder(3) == f"{os.getpid()} node-b 3"
     finally:
         on_a.unlock_all()
         on_b.unlock_all()

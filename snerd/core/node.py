@@ -962,6 +962,9 @@ class Node:
                     continue
                 info.epoch = info.lock_epoch = epoch
                 info.phase = _LOCKING
+                # A lock still held from the last tenure is taken up as it is: a deferred
+                # Unlock must not fire between this TryLock and its answer.
+                info.unlock_when_drained = info.unlock_when_unclaimed = False
                 self._emit(fx.TryLock(shard=shard, owner=self.config.node_id, epoch=epoch))
                 changed = True
         if not changed:
