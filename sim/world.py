@@ -486,8 +486,8 @@ class World:
         self.finished = False
         self.world_violations: list[str] = []
         #: What each `shard-N/.lock` file says: the node id of the process that took it last,
-        #: and the epoch of the claim it took it under.
-        self.lock_files: dict[int, tuple[str, int]] = {}
+        #: the epoch of the claim it took it under, and whether it let it go itself.
+        self.lock_files: dict[int, tuple[str, int, bool]] = {}
         self.counters: dict[str, int] = {
             "crashes": 0,
             "restarts": 0,
@@ -901,17 +901,22 @@ class World:
         if self.fs.try_lock(proc.pid, shard):
             # The shell reads what the lock file says, then writes its own node id and epoch
             # into it (a probe writes nothing).
-            previous, epoch = self.lock_files.get(shard, (None, None))
+            previous, epoch, released = self.lock_files.get(shard, (None, None, False))
             if not effect.probe:
-                self.lock_files[shard] = (effect.owner, effect.epoch)
-            text = LockText(owner=previous, epoch=epoch)
+                self.lock_files[shard] = (effect.owner, effect.epoch, False)
+            text = LockText(owner=previous, epoch=epoch, released=released)
             event = ev.LockAcquired(shard=shard, previous=text)
         else:
             event = ev.LockBusy(shard=shard)
         self._answer(proc, event, 100, 1_000)
 
     def _fx_unlock(self, proc: _Proc, effect: fx.Unlock) -> None:
-        self.fs.unlock(proc.pid, effect.shard)
+        shard = effect.shard
+        text = self.lock_files.get(shard)
+        if text is not None and text[0] == proc.name and proc.pid in self.fs.holders(shard):
+            # The shell marks the lock file released before it unlocks (a crash does not).
+            self.lock_files[shard] = (text[0], text[1], True)
+        self.fs.unlock(proc.pid, shard)
 
     def _fx_read_log(self, proc: _Proc, effect: fx.ReadLog) -> None:
         shard = effect.shard

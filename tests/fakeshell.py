@@ -31,7 +31,8 @@ class FakeShell:
         #: Inbox files: (shard, segment) -> bytes; their `.read` hints: (shard, segment) -> int.
         self.disk.setdefault("inboxes", {})
         self.disk.setdefault("inbox_hints", {})
-        #: What each shard's lock file says: the node that took the lock last, and its epoch.
+        #: What each shard's lock file says: the node that took the lock last, its epoch, and
+        #: whether it let the lock go itself.
         self.disk.setdefault("lock_files", {})
         self.node = Node(self.config)
         self.wall = T0
@@ -207,17 +208,23 @@ class FakeShell:
             if holder is None or holder == effect.owner:
                 # The lock file names its last holder and the epoch of its claim (the shell
                 # writes them on taking the lock; a probe writes nothing).
-                previous, epoch = self.disk["lock_files"].get(effect.shard, (None, None))
+                previous, epoch, released = self.disk["lock_files"].get(
+                    effect.shard, (None, None, False)
+                )
                 self.disk["locks"][effect.shard] = effect.owner
                 if not effect.probe:
-                    self.disk["lock_files"][effect.shard] = (effect.owner, effect.epoch)
-                text = LockText(owner=previous, epoch=epoch)
+                    self.disk["lock_files"][effect.shard] = (effect.owner, effect.epoch, False)
+                text = LockText(owner=previous, epoch=epoch, released=released)
                 self.queue.append(ev.LockAcquired(shard=effect.shard, previous=text))
             else:
                 self.queue.append(ev.LockBusy(shard=effect.shard))
         elif isinstance(effect, fx.Unlock):
             if self.disk["locks"].get(effect.shard) == self.config.node_id:
                 del self.disk["locks"][effect.shard]
+                text = self.disk["lock_files"].get(effect.shard)
+                if text is not None and text[0] == self.config.node_id:
+                    # The shell marks the file released before it unlocks (a crash does not).
+                    self.disk["lock_files"][effect.shard] = (text[0], text[1], True)
         elif isinstance(effect, fx.ReadLog):
             data = bytes(self.disk["logs"].get(effect.shard, b""))
             result = scan(data)

@@ -196,6 +196,8 @@ def test_a_drain_gives_its_locks_up_only_once_its_claims_are_removed() -> None:
     run([a, b], 30)
     assert sorted([*a.node.owned_shards, *b.node.owned_shards]) == [0, 1]
     mine = {f"shard-{s}" for s in a.node.owned_shards}
+    [mine_shard] = a.node.owned_shards
+    mine_epoch = a.disk["membership"]["claims"][f"shard-{mine_shard}"]["epoch"]
     a.hold_membership = True
     a.feed(ev.DrainRequested(reason="test"))
     run([a], 1)
@@ -207,8 +209,10 @@ def test_a_drain_gives_its_locks_up_only_once_its_claims_are_removed() -> None:
     a.release_membership()
     assert a.node.phase is NodePhase.STOPPED
     assert "a@pid-1-x" not in a.disk["locks"].values()
-    run([b], 5)
+    assert a.disk["lock_files"][mine_shard] == ("a@pid-1-x", mine_epoch, True)  # let go alive
+    run([b], 12)  # b's next round claims the freed shard
     assert b.node.owned_shards == [0, 1]
+    assert b.node.dead_nodes == {}
 
 
 def test_a_lock_still_held_after_stepping_down_proves_nothing_about_the_next_owner() -> None:
@@ -244,7 +248,7 @@ def test_a_shard_stepped_down_from_is_claimed_anew_under_a_new_epoch() -> None:
     a.start()
     a.register("t")
     first = a.disk["membership"]["claims"]["shard-0"]["epoch"]
-    assert a.disk["lock_files"][0] == ("a@pid-1-x", first)  # the lock file names the claim
+    assert a.disk["lock_files"][0] == ("a@pid-1-x", first, False)  # names the claim
     # A renewal stalls on a slow disk until the lease has run out: a stops acting for the
     # shard and gives its lock up (a prober may take it now: a's process looks gone).
     a.hold_membership = True
@@ -258,7 +262,7 @@ def test_a_shard_stepped_down_from_is_claimed_anew_under_a_new_epoch() -> None:
     assert a.node.owned_shards == [0]
     again = a.disk["membership"]["claims"]["shard-0"]["epoch"]
     assert again == first + 1
-    assert a.disk["lock_files"][0] == ("a@pid-1-x", again)
+    assert a.disk["lock_files"][0] == ("a@pid-1-x", again, False)
     a.enqueue("after")
     assert a.executed_ids() == ["after"]
 
@@ -288,3 +292,18 @@ def test_a_node_is_counted_dead_only_once_the_claim_taking_over_its_shard_lands(
     assert sorted(b.node.owned_shards) == [0, 1]
     assert list(b.node.dead_nodes) == ["a@pid-1-x"]
     assert [m for _, m in b.logs_out if "process is gone" in m]
+
+
+def test_a_late_lock_busy_does_not_take_up_a_shard_stepped_down_from() -> None:
+    a = node("a")
+    a.start()
+    a.fail_membership = True
+    run([a], 31)  # the lease runs out: a steps down and gives its lock up
+    assert a.node.owned_shards == [] and a.disk["locks"] == {}
+    # The answer to a TryLock sent before the step-down comes now: busy. The shard is not
+    # ours any more; nothing is retried, and a does not take the shard up without a lease.
+    a.feed(ev.LockBusy(shard=0))
+    run([a], 5)
+    assert a.node.owned_shards == []
+    assert a.disk["locks"] == {}
+    assert not [m for _, m in a.logs_out if "stays paused" in m]

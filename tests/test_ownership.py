@@ -91,6 +91,8 @@ def test_a_lock_file_names_a_claim_only_if_taken_under_that_very_claim() -> None
     assert not lock_names_claim(LockText(pid=7), doc, 0)
     assert not lock_names_claim(LockText(), doc, 0)
     assert not lock_names_claim(LockText(pid=7, owner="a@pid-7-x", epoch=3), doc, 1)  # no claim
+    # Let go by its holder, alive (stepped down, handed over, drained): proves nothing.
+    assert not lock_names_claim(LockText(pid=7, owner="a@pid-7-x", epoch=3, released=True), doc, 0)
     # Upstream's claim (no epoch) and lock file (its pid only): the pid in the owner's id.
     upstream = initial_doc(queue="q", shards=1)
     upstream["claims"] = {"shard-0": {"owner": "h@pid-4242", "lease_expiry": "2999-01-01T00:00:00Z"}}
@@ -107,6 +109,9 @@ def test_lock_text_reads_what_snerd_and_upstream_write() -> None:
     assert LockText.parse("12\nh@pid-12-ab\n") == LockText(pid=12, owner="h@pid-12-ab")
     assert LockText.parse("") == LockText()
     assert LockText.parse("x\ny\nz\n") == LockText(owner="y")  # garbage reads as unknown
+    released = LockText(pid=12, owner="h@pid-12-ab", epoch=5, released=True)
+    assert released.render() == "12\nh@pid-12-ab\n5\nreleased\n"
+    assert LockText.parse(released.render()) == released
 
 
 def test_a_lapse_also_needs_the_claim_seen_unchanged_for_ttl_plus_margin_on_our_own_clock() -> None:

@@ -84,14 +84,26 @@ def test_taking_a_lock_tells_whom_its_file_named_before(tmp_path: Path) -> None:
     assert first.try_lock(2, "a@pid-1-x", 4)  # held already: its holder is this node
     assert first.previous[2] == LockText(pid=os.getpid(), owner="a@pid-1-x", epoch=3)
     assert locks_text(first, 2) == [str(os.getpid()), "a@pid-1-x", "4", ""]
-    first.unlock(2)
+    first.unlock(2)  # let go alive: the file says so
+    assert locks_text(first, 2) == [str(os.getpid()), "a@pid-1-x", "4", "released", ""]
     prober = ShardLocks(tmp_path)
     assert prober.try_lock(2, "b@pid-2-y", probe=True)
-    assert prober.previous[2] == LockText(pid=os.getpid(), owner="a@pid-1-x", epoch=4)
-    assert locks_text(prober, 2)[1:3] == ["a@pid-1-x", "4"]  # unchanged by the probe
+    assert prober.previous[2] == LockText(
+        pid=os.getpid(), owner="a@pid-1-x", epoch=4, released=True
+    )
+    assert locks_text(prober, 2)[1:4] == ["a@pid-1-x", "4", "released"]  # unchanged by it
+    prober.unlock(2)  # a probe's hold writes nothing, on unlock either
+    assert locks_text(prober, 2)[1:4] == ["a@pid-1-x", "4", "released"]
+    # A holder that dies (its fd closed behind the lock table's back, as the kernel does on
+    # exit) leaves the file as it was: not released.
+    dying = ShardLocks(tmp_path)
+    assert dying.try_lock(2, "d@pid-4-w", 6)
+    os.close(dying.fds.pop(2))
+    assert prober.try_lock(2, "b@pid-2-y", probe=True)
+    assert prober.previous[2] == LockText(pid=os.getpid(), owner="d@pid-4-w", epoch=6)
     assert prober.begin_touch(2, "b@pid-2-y") is None  # nor by a renewal while it holds it
     assert prober.try_lock(2, "b@pid-2-y", 5)  # it claims the shard: now the file is its own
-    assert prober.previous[2].owner == "a@pid-1-x"
+    assert prober.previous[2].owner == "d@pid-4-w"
     assert locks_text(prober, 2)[1:3] == ["b@pid-2-y", "5"]
     prober.unlock(2)
     locks = ShardLocks(tmp_path)

@@ -1009,7 +1009,8 @@ class Node:
     def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
         info = self.shards[event.shard]
         if info.phase is _PROBING:
-            # The claimant's process is gone (we hold the lock it held): claim the shard now.
+            # The lock was free: evidence that the claimant's process is gone, if the claimant
+            # held it under this claim and the claim stays unwritten (`_LockProof`).
             info.phase = _UNOWNED
             doc, info.probed_doc = info.probed_doc, None
             assert doc is not None
@@ -1057,7 +1058,9 @@ class Node:
             info.probed_doc = None
             self._maybe_running()
             return
-        if info.phase is not _PAUSED:
+        if info.phase not in (_LOCKING, _PAUSED):
+            return  # stepped down while the TryLock was out: nothing to retry
+        if info.phase is _LOCKING:
             self._log(
                 "warning",
                 f"{shard_name(event.shard)} is claimed by this daemon but its lock is held by "

@@ -161,14 +161,18 @@ def _claim_view(doc: dict[str, Any], shard: int) -> ClaimView:
 class LockText:
     """What a `shard-N/.lock` file says about the process that took the lock last:
     `<pid>\n<owner>\n<epoch>\n` (snerd; the epoch of the claim it was taken under, 0 for
-    none), `<pid>\n<owner>\n` (snerd before epochs) or `<pid>` (upstream)."""
+    none), followed by `released\n` once that process let the lock go itself (a process that
+    dies holding the lock never writes it), `<pid>\n<owner>\n` (snerd before epochs) or
+    `<pid>` (upstream)."""
 
     pid: int | None = None
     owner: str | None = None
     epoch: int | None = None
+    released: bool = False
 
     def render(self) -> str:
-        return f"{self.pid}\n{self.owner}\n{self.epoch}\n"
+        tail = "released\n" if self.released else ""
+        return f"{self.pid}\n{self.owner}\n{self.epoch}\n{tail}"
 
     @classmethod
     def parse(cls, text: str) -> LockText:
@@ -176,19 +180,23 @@ class LockText:
         pid = int(lines[0]) if lines and lines[0].isdigit() else None
         owner = lines[1] if len(lines) > 1 else None
         epoch = int(lines[2]) if len(lines) > 2 and lines[2].isdigit() else None
-        return cls(pid=pid, owner=owner, epoch=epoch)
+        released = len(lines) > 3 and lines[3] == "released"
+        return cls(pid=pid, owner=owner, epoch=epoch, released=released)
 
 
 def lock_names_claim(text: LockText, doc: dict[str, Any], shard: int) -> bool:
     """Whether the lock file's `text`, as its last holder left it, says that holder took the
-    lock under the claim `doc` has for `shard`: then that lock found free means the claimant
-    let it go (its process gone, or it stepped down), not that it has yet to take it.
+    lock under the claim `doc` has for `shard` and did not let it go itself: then that lock
+    found free means the claimant's process died holding it (not that it has yet to take it,
+    nor that it stepped down, alive: a holder that unlocks marks the file `released`).
 
     A snerd claim: the file names its owner and epoch. Upstream's claim (no epoch; upstream
     writes only its pid into the lock file): the file holds just the pid in the owner's id
     (`<host>@pid-<pid>`)."""
     view = _claim_view(doc, shard)
     if view.owner is None:
+        return False
+    if text.released:
         return False
     if "epoch" in view.raw:
         return text.owner == view.owner and text.epoch == claim_epoch(doc, shard)

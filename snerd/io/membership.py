@@ -10,6 +10,7 @@ LOCK_NB and polled, never with a blocking flock.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import time
@@ -146,7 +147,9 @@ class ShardLocks:
         #: unlock meanwhile releases the lock at once but closes the fd only when the write is
         #: done, so the number is never reused for another file under the writer's feet.
         self._touching: dict[int, int] = {}
-        self._close_later: set[int] = set()
+        #: fds unlocked during a renewal write, to close after it, with the `released` text
+        #: to write again then (the renewal's write may have replaced it).
+        self._close_later: dict[int, LockText | None] = {}
         #: Per shard, what its lock file said when `try_lock` last took the lock, for the
         #: `LockAcquired` event.
         self.previous: dict[int, LockText] = {}
@@ -200,12 +203,16 @@ class ShardLocks:
         written = self.written.get(shard)
         return LockText(pid=os.getpid(), owner=owner, epoch=written.epoch if written else 0)
 
+    @classmethod
+    def _write_owner(cls, fd: int, text: LockText) -> None:
+        cls._write_text(fd, text)
+        os.fsync(fd)
+
     @staticmethod
-    def _write_owner(fd: int, text: LockText) -> None:
+    def _write_text(fd: int, text: LockText) -> None:
         data = text.render().encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
-        os.fsync(fd)
 
     def begin_touch(self, shard: int, owner: str) -> tuple[int, LockText] | None:
         """In the event loop: reserve the fd of `shard` for a `touch_reserved` in a worker
@@ -225,23 +232,32 @@ class ShardLocks:
         """In the event loop, after `touch_reserved`: close the fd if it was unlocked meanwhile."""
         fd = self._touching.pop(shard, None)
         if fd is not None and fd in self._close_later:
-            self._close_later.discard(fd)
+            released = self._close_later.pop(fd)
+            if released is not None:
+                with contextlib.suppress(OSError):
+                    self._write_text(fd, released)
             _close_quietly(fd)
 
     def unlock(self, shard: int) -> None:
         """Release a shard lock. A lock already lost (its fd failing with EBADFD or ENOTCONN
         after a network filesystem dropped it) is released all the same: nothing to undo."""
         fd = self.fds.pop(shard, None)
-        self.written.pop(shard, None)
+        written = self.written.pop(shard, None)
         if fd is None:
             return
+        released = None if written is None else dataclasses.replace(written, released=True)
         try:
+            if released is not None:
+                # Let go alive: say so in the file, so that a prober finding the lock free
+                # does not take this process for dead (`LockText.released`). Page cache is
+                # enough: it outlives this process; a crash before it leaves the lock held.
+                self._write_text(fd, released)
             portalocker.unlock(fd)
         except (OSError, portalocker.exceptions.LockException):
             pass
         finally:
             if self._touching.get(shard) == fd:
-                self._close_later.add(fd)  # closed by `end_touch`
+                self._close_later[fd] = released  # closed by `end_touch`
             else:
                 _close_quietly(fd)
 
