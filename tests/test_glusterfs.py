@@ -123,7 +123,10 @@ def test_a_shard_lock_taken_through_mount_a_excludes_mount_b_until_released(
         on_a.unlock(3)
         assert on_b.try_lock(3, "node-b", 3)  # free at once through the other mount...
         # ...and what its last holder wrote through A is what B reads on taking it.
-        assert on_b.previous[3] == LockText(pid=os.getpid(), owner="node-a-renewed", epoch=2)
+        # (it let the lock go alive: the file says so)
+        assert on_b.previous[3] == LockText(
+            pid=os.getpid(), owner="node-a-renewed", epoch=2, released=True
+        )
         assert not on_a.try_lock(3, "node-a")
         assert on_a.holder(3) == f"{os.getpid()} node-b 3"
     finally:

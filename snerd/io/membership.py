@@ -200,8 +200,12 @@ class ShardLocks:
         self._write_owner(fd, self._text(shard, owner))
 
     def _text(self, shard: int, owner: str) -> LockText:
+        """The text a renewal writes (and what `unlock` marks released after it)."""
         written = self.written.get(shard)
-        return LockText(pid=os.getpid(), owner=owner, epoch=written.epoch if written else 0)
+        text = LockText(pid=os.getpid(), owner=owner, epoch=written.epoch if written else 0)
+        if written is not None:
+            self.written[shard] = text
+        return text
 
     @classmethod
     def _write_owner(cls, fd: int, text: LockText) -> None:
