@@ -102,6 +102,8 @@ def test_taking_a_lock_tells_whom_its_file_named_before(tmp_path: Path) -> None:
     assert prober.try_lock(2, "b@pid-2-y", probe=True)
     assert prober.previous[2] == LockText(pid=os.getpid(), owner="d@pid-4-w", epoch=6)
     assert prober.begin_touch(2, "b@pid-2-y") is None  # nor by a renewal while it holds it
+    prober.touch(2, "b@pid-2-y")
+    assert locks_text(prober, 2)[1:3] == ["d@pid-4-w", "6"]
     assert prober.try_lock(2, "b@pid-2-y", 5)  # it claims the shard: now the file is its own
     assert prober.previous[2].owner == "d@pid-4-w"
     assert locks_text(prober, 2)[1:3] == ["b@pid-2-y", "5"]

@@ -195,8 +195,8 @@ class ShardLocks:
         is not locked). Raises OSError when the lock may be lost (EIO, EBADF, ENOTCONN,
         ENOLCK)."""
         fd = self.fds.get(shard)
-        if fd is None:
-            return
+        if fd is None or shard not in self.written:
+            return  # not locked, or held by a probe, which writes nothing
         self._write_owner(fd, self._text(shard, owner))
 
     def _text(self, shard: int, owner: str) -> LockText:
