@@ -307,3 +307,32 @@ def test_a_late_lock_busy_does_not_take_up_a_shard_stepped_down_from() -> None:
     assert a.node.owned_shards == []
     assert a.disk["locks"] == {}
     assert not [m for _, m in a.logs_out if "stays paused" in m]
+
+
+def test_a_dead_owners_free_lock_is_no_reason_to_take_a_claim_written_since() -> None:
+    a = prober("a")
+    a.start()
+    p = prober("p", a.disk)
+    p.start()
+    a.disk["locks"].clear()  # a's process dies holding its lock (kill -9): the lock goes
+    a.node.phase = NodePhase.STOPPED
+    # p's probe finds the lock free, its file naming a's claim, not released: a is gone. p's
+    # claim of the shard is on its way...
+    p.hold_membership = True
+    run([p], 2)
+    assert p.held_membership and p.disk["locks"] == {0: "p@pid-1-x"}
+    # ...when another daemon's claim lands first (a lapse judged on its own clock, say).
+    doc = p.disk["membership"]
+    doc = {
+        **doc,
+        "claims": {"shard-0": {**doc["claims"]["shard-0"], "owner": "c@pid-3-z", "epoch": 2}},
+        "epochs": {"shard-0": 2},
+        "version": doc["version"] + 1,
+    }
+    p.disk["membership"] = doc
+    p.release_membership()  # refused: the file changed
+    run([p], 3)
+    # The claim p's proof rested on is gone: p lets the lock go and leaves c's claim alone.
+    assert p.disk["membership"]["claims"]["shard-0"]["owner"] == "c@pid-3-z"
+    assert p.node.owned_shards == [] and p.disk["locks"] == {}
+    assert p.node.dead_nodes == {}
