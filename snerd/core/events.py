@@ -141,7 +141,8 @@ class LockAcquired(Event):
 
     shard: int
     #: What the lock file said when the lock was taken: its holder before (this node when it
-    #: held the lock already), and the claim's epoch it held the lock under.
+    #: held the lock already), the claim's epoch it held the lock under, and whether it let
+    #: the lock go itself (`LockText`; the core judges what that proves, `lock_names_claim`).
     previous: LockText = _NO_LOCK_TEXT
 
 
