@@ -395,7 +395,7 @@ def machine(scratch: Scratch) -> str:
         pass
     return (
         f"{os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, Python "
-        f"{platform.python_version()}; scratch {scratch.root} on {scratch.device()}"
+        f"{platform.python_version()} ({sys.executable}); scratch {scratch.root} on {scratch.device()}"
     )
 
 
