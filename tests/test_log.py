@@ -151,6 +151,10 @@ async def test_submit_rejects_malformed_lines(tmp_path: Path) -> None:
             log.submit(tmp_path / "x.log", [b'{"a":1}\n{"b":2}\n'], lambda r: None)
         with pytest.raises(ValueError):
             log.submit(tmp_path / "x.log", [], lambda r: None)
+        # An empty line, one good line beside a bad one, a newline first and not last.
+        for bad in ([b""], [line(1), b'{"a":1}'], [b'\n{"a":1}'], [line(1), b"\n\n"]):
+            with pytest.raises(ValueError):
+                log.submit(tmp_path / "x.log", bad, lambda r: None)
     assert not (tmp_path / "x.log").exists()
     with pytest.raises(RuntimeError):
         log.submit(tmp_path / "x.log", [line(1)], lambda r: None)
