@@ -37,7 +37,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from heapq import heappop, heappush
 from itertools import accumulate
 from typing import Any
@@ -88,6 +88,8 @@ _LOG_RECORDS_READ = ev.LogRecordsRead
 _MEMBERSHIP_WRITTEN = ev.MembershipWritten
 #: The event of every wake-up (frozen and empty: one instance serves them all).
 _TICK = ev.Tick()
+#: What a lock file that was never written says: nobody.
+_NO_LOCK_TEXT = LockText()
 #: Constructors of the commonest events, without the frozen dataclasses' `__init__`.
 _line_received = slot_constructor(ev.LineReceived, "line")
 _inbox_read = slot_constructor(ev.InboxRead, "chunks", "present")
@@ -487,7 +489,7 @@ class World:
         self.world_violations: list[str] = []
         #: What each `shard-N/.lock` file says: the node id of the process that took it last,
         #: the epoch of the claim it took it under, and whether it let it go itself.
-        self.lock_files: dict[int, tuple[str, int, bool]] = {}
+        self.lock_files: dict[int, LockText] = {}
         self.counters: dict[str, int] = {
             "crashes": 0,
             "restarts": 0,
@@ -901,10 +903,9 @@ class World:
         if self.fs.try_lock(proc.pid, shard):
             # The shell reads what the lock file says, then writes its own node id and epoch
             # into it (a probe writes nothing).
-            previous, epoch, released = self.lock_files.get(shard, (None, None, False))
+            text = self.lock_files.get(shard, _NO_LOCK_TEXT)
             if not effect.probe:
-                self.lock_files[shard] = (effect.owner, effect.epoch, False)
-            text = LockText(owner=previous, epoch=epoch, released=released)
+                self.lock_files[shard] = LockText(owner=effect.owner, epoch=effect.epoch)
             event = ev.LockAcquired(shard=shard, previous=text)
         else:
             event = ev.LockBusy(shard=shard)
@@ -913,9 +914,9 @@ class World:
     def _fx_unlock(self, proc: _Proc, effect: fx.Unlock) -> None:
         shard = effect.shard
         text = self.lock_files.get(shard)
-        if text is not None and text[0] == proc.name and proc.pid in self.fs.holders(shard):
+        if text is not None and text.owner == proc.name and proc.pid in self.fs.holders(shard):
             # The shell marks the lock file released before it unlocks (a crash does not).
-            self.lock_files[shard] = (text[0], text[1], True)
+            self.lock_files[shard] = replace(text, released=True)
         self.fs.unlock(proc.pid, shard)
 
     def _fx_read_log(self, proc: _Proc, effect: fx.ReadLog) -> None:

@@ -8,6 +8,7 @@ so tests go through the node's public API only. Time is a number the test moves.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -208,13 +209,12 @@ class FakeShell:
             if holder is None or holder == effect.owner:
                 # The lock file names its last holder and the epoch of its claim (the shell
                 # writes them on taking the lock; a probe writes nothing).
-                previous, epoch, released = self.disk["lock_files"].get(
-                    effect.shard, (None, None, False)
-                )
+                text = self.disk["lock_files"].get(effect.shard, LockText())
                 self.disk["locks"][effect.shard] = effect.owner
                 if not effect.probe:
-                    self.disk["lock_files"][effect.shard] = (effect.owner, effect.epoch, False)
-                text = LockText(owner=previous, epoch=epoch, released=released)
+                    self.disk["lock_files"][effect.shard] = LockText(
+                        owner=effect.owner, epoch=effect.epoch
+                    )
                 self.queue.append(ev.LockAcquired(shard=effect.shard, previous=text))
             else:
                 self.queue.append(ev.LockBusy(shard=effect.shard))
@@ -222,9 +222,9 @@ class FakeShell:
             if self.disk["locks"].get(effect.shard) == self.config.node_id:
                 del self.disk["locks"][effect.shard]
                 text = self.disk["lock_files"].get(effect.shard)
-                if text is not None and text[0] == self.config.node_id:
+                if text is not None and text.owner == self.config.node_id:
                     # The shell marks the file released before it unlocks (a crash does not).
-                    self.disk["lock_files"][effect.shard] = (text[0], text[1], True)
+                    self.disk["lock_files"][effect.shard] = replace(text, released=True)
         elif isinstance(effect, fx.ReadLog):
             data = bytes(self.disk["logs"].get(effect.shard, b""))
             result = scan(data)

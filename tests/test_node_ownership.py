@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from snerd.core import events as ev
 from snerd.core.node import NodeConfig, NodePhase
-from snerd.core.ownership import OwnershipConfig
+from snerd.core.ownership import LockText, OwnershipConfig
 from tests.fakeshell import SECOND, FakeShell
 
 
@@ -209,7 +209,10 @@ def test_a_drain_gives_its_locks_up_only_once_its_claims_are_removed() -> None:
     a.release_membership()
     assert a.node.phase is NodePhase.STOPPED
     assert "a@pid-1-x" not in a.disk["locks"].values()
-    assert a.disk["lock_files"][mine_shard] == ("a@pid-1-x", mine_epoch, True)  # let go alive
+    # Let go alive: marked released.
+    assert a.disk["lock_files"][mine_shard] == LockText(
+        owner="a@pid-1-x", epoch=mine_epoch, released=True
+    )
     run([b], 12)  # b's next round claims the freed shard
     assert b.node.owned_shards == [0, 1]
     assert b.node.dead_nodes == {}
@@ -248,7 +251,7 @@ def test_a_shard_stepped_down_from_is_claimed_anew_under_a_new_epoch() -> None:
     a.start()
     a.register("t")
     first = a.disk["membership"]["claims"]["shard-0"]["epoch"]
-    assert a.disk["lock_files"][0] == ("a@pid-1-x", first, False)  # names the claim
+    assert a.disk["lock_files"][0] == LockText(owner="a@pid-1-x", epoch=first)  # names the claim
     # A renewal stalls on a slow disk until the lease has run out: a stops acting for the
     # shard and gives its lock up (a prober may take it now: a's process looks gone).
     a.hold_membership = True
@@ -262,7 +265,7 @@ def test_a_shard_stepped_down_from_is_claimed_anew_under_a_new_epoch() -> None:
     assert a.node.owned_shards == [0]
     again = a.disk["membership"]["claims"]["shard-0"]["epoch"]
     assert again == first + 1
-    assert a.disk["lock_files"][0] == ("a@pid-1-x", again, False)
+    assert a.disk["lock_files"][0] == LockText(owner="a@pid-1-x", epoch=again)
     a.enqueue("after")
     assert a.executed_ids() == ["after"]
 
