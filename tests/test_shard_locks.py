@@ -20,21 +20,25 @@ def fd_open(fd: int) -> bool:
     return True
 
 
-def test_an_unlock_during_a_renewal_write_releases_at_once_and_closes_after_it(
+def test_an_unlock_during_a_renewal_write_lets_go_only_after_it_marked_released(
     tmp_path: Path,
 ) -> None:
     locks = ShardLocks(tmp_path)
-    assert locks.try_lock(3, "me")
+    assert locks.try_lock(3, "me", 4)
     reserved = locks.begin_touch(3, "me")
     assert reserved is not None
     fd, text = reserved
     locks.unlock(3)  # the Unlock arrives while the write is out
     assert fd_open(fd)  # not closed under the writer: its number cannot be reused yet
     other = ShardLocks(tmp_path)
-    assert other.try_lock(3, "next")  # ...but the lock is free already
-    locks.touch_reserved(fd, text)
+    assert not other.try_lock(3, "next")  # and still held: the write may replace `released`
+    locks.touch_reserved(fd, text)  # ...which it does
+    assert not LockText.parse(locks.path(3).read_text()).released
+    assert not other.try_lock(3, "next", probe=True)  # a prober cannot find it free now
     locks.end_touch(3)
     assert not fd_open(fd)
+    assert other.try_lock(3, "next", probe=True)  # free once the file says released again
+    assert other.previous[3] == LockText(pid=os.getpid(), owner="me", epoch=4, released=True)
     other.unlock(3)
 
 

@@ -144,11 +144,12 @@ class ShardLocks:
         self.directory = directory
         self.fds: dict[int, int] = {}
         #: fds a renewal is writing through in a worker thread right now (`touching`): an
-        #: unlock meanwhile releases the lock at once but closes the fd only when the write is
-        #: done, so the number is never reused for another file under the writer's feet.
+        #: unlock meanwhile keeps the lock and the fd until the write is done (`end_touch`),
+        #: so the fd's number is never reused for another file under the writer's feet, and
+        #: the lock is never free while the renewal's text, not `released`, is in the file.
         self._touching: dict[int, int] = {}
-        #: fds unlocked during a renewal write, to close after it, with the `released` text
-        #: to write again then (the renewal's write may have replaced it).
+        #: fds unlocked during a renewal write, to let go after it, with the `released` text
+        #: to write then (the renewal's write may have replaced the one written at unlock).
         self._close_later: dict[int, LockText | None] = {}
         #: Per shard, what its lock file said when `try_lock` last took the lock, for the
         #: `LockAcquired` event.
@@ -233,14 +234,12 @@ class ShardLocks:
         self._write_owner(fd, text)
 
     def end_touch(self, shard: int) -> None:
-        """In the event loop, after `touch_reserved`: close the fd if it was unlocked meanwhile."""
+        """In the event loop, after `touch_reserved`: if the shard was unlocked meanwhile,
+        mark the file released again (over the renewal's text) and only then let the lock
+        go and close the fd."""
         fd = self._touching.pop(shard, None)
         if fd is not None and fd in self._close_later:
-            released = self._close_later.pop(fd)
-            if released is not None:
-                with contextlib.suppress(OSError):
-                    self._write_text(fd, released)
-            _close_quietly(fd)
+            self._let_go(fd, self._close_later.pop(fd))
 
     def unlock(self, shard: int) -> None:
         """Release a shard lock. A lock already lost (its fd failing with EBADFD or ENOTCONN
@@ -250,20 +249,26 @@ class ShardLocks:
         if fd is None:
             return
         released = None if written is None else dataclasses.replace(written, released=True)
-        try:
-            if released is not None:
-                # Let go alive: say so in the file, so that a prober finding the lock free
-                # does not take this process for dead (`LockText.released`). Page cache is
-                # enough: it outlives this process; a crash before it leaves the lock held.
-                self._write_text(fd, released)
+        if self._touching.get(shard) == fd:
+            # A renewal is writing through this fd: its text may land after `released` and
+            # replace it. The lock is let go once that write is done (`end_touch`), after
+            # `released` is written again: a prober never finds it free under a live text.
+            self._close_later[fd] = released
+            return
+        self._let_go(fd, released)
+
+    @classmethod
+    def _let_go(cls, fd: int, released: LockText | None) -> None:
+        """Mark the lock file released (None: this process wrote nothing into it, a probe's
+        hold), unlock and close. Let go alive, the file says so, and a prober finding the
+        lock free does not take this process for dead (`LockText.released`); page cache is
+        enough, it outlives this process, and a crash before it leaves the lock held."""
+        if released is not None:
+            with contextlib.suppress(OSError):
+                cls._write_text(fd, released)
+        with contextlib.suppress(OSError, portalocker.exceptions.LockException):
             portalocker.unlock(fd)
-        except (OSError, portalocker.exceptions.LockException):
-            pass
-        finally:
-            if self._touching.get(shard) == fd:
-                self._close_later[fd] = released  # closed by `end_touch`
-            else:
-                _close_quietly(fd)
+        _close_quietly(fd)
 
     def unlock_all(self) -> None:
         for shard in list(self.fds):
