@@ -88,8 +88,6 @@ _LOG_RECORDS_READ = ev.LogRecordsRead
 _MEMBERSHIP_WRITTEN = ev.MembershipWritten
 #: The event of every wake-up (frozen and empty: one instance serves them all).
 _TICK = ev.Tick()
-#: What a lock file that was never written says: nobody.
-_NO_LOCK_TEXT = LockText()
 #: Constructors of the commonest events, without the frozen dataclasses' `__init__`.
 _line_received = slot_constructor(ev.LineReceived, "line")
 _inbox_read = slot_constructor(ev.InboxRead, "chunks", "present")
@@ -903,7 +901,7 @@ class World:
         if self.fs.try_lock(proc.pid, shard):
             # The shell reads what the lock file says, then writes its own node id and epoch
             # into it (a probe writes nothing).
-            text = self.lock_files.get(shard, _NO_LOCK_TEXT)
+            text = self.lock_files.get(shard, LockText())
             if not effect.probe:
                 self.lock_files[shard] = LockText(owner=effect.owner, epoch=effect.epoch)
             event = ev.LockAcquired(shard=shard, previous=text)

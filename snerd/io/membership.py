@@ -201,11 +201,9 @@ class ShardLocks:
         self._write_owner(fd, self._text(shard, owner))
 
     def _text(self, shard: int, owner: str) -> LockText:
-        """The text a renewal writes (and what `unlock` marks released after it)."""
-        written = self.written.get(shard)
-        text = LockText(pid=os.getpid(), owner=owner, epoch=written.epoch if written else 0)
-        if written is not None:
-            self.written[shard] = text
+        """The text a renewal of a lock this process wrote writes (and what `unlock` marks
+        released after it): the one written on taking the lock, naming `owner`."""
+        text = self.written[shard] = dataclasses.replace(self.written[shard], owner=owner)
         return text
 
     @classmethod
