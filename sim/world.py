@@ -729,7 +729,7 @@ class World:
             proc.waiting.append((_EFFECTS, effects))
             return
         shell = self._shell
-        for effect in effects:
+        for effect in fx.lazy_last(effects):
             handler = shell.get(type(effect))
             if handler is None:
                 raise AssertionError(f"the simulated shell has no handler for {effect!r}")

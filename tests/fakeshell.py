@@ -74,7 +74,7 @@ class FakeShell:
     def _pump(self) -> None:
         while self.queue:
             e = self.queue.popleft()
-            for effect in self.node.handle(e, self.now()):
+            for effect in fx.lazy_last(self.node.handle(e, self.now())):
                 self._do(effect)
 
     def start(self) -> None:
@@ -88,7 +88,7 @@ class FakeShell:
         """Feed `events` as one burst (`Node.handle_burst`, as the daemon feeds what arrived
         together), carry out its effects and what follows; returns the burst's effects."""
         effects = self.node.handle_burst(deque(events), self.now(), len(events))
-        for effect in effects:
+        for effect in fx.lazy_last(effects):
             self._do(effect)
         self._pump()
         return effects

@@ -1066,6 +1066,7 @@ def test_the_tombstones_of_a_burst_of_results_are_one_append() -> None:
     assert sorted(sh.executed_ids()) == ["r1", "r2", "r3"]
     effects = sh.burst(_result_lines("r1", "r2", "r3"))
     (append,) = [e for e in effects if isinstance(e, fx.Append)]
+    assert append.lazy
     assert [r.base is not None for r in append.records] == [True, True, True]
     assert [r.fields["snerdOutcome"] for r in append.records] == ["completed"] * 3
     assert sh.node.tasks == {}
@@ -1073,9 +1074,79 @@ def test_the_tombstones_of_a_burst_of_results_are_one_append() -> None:
     assert [r["taskId"] for r in tombs] == ["r1", "r2", "r3"]
 
 
+def test_the_next_tasks_execute_once_their_dispatch_records_land_before_the_tombstones() -> None:
+    # Every slot busy, a queue behind them: a burst of results frees the slots and gives them
+    # to the next tasks. Their dispatch records go in an append of their own, ahead of the
+    # results' tombstones (a lazy append, carried out last): their `execute`s are sent once
+    # those records are durable, whether or not the tombstones are; the finished tasks are
+    # removed when theirs are.
+    sh = started(NodeConfig(node_id="n@pid-1-x", max_workers=2))
+    sh.register("t")
+    sh.burst(_enqueue_lines("a", "b", "c", "d", task_type="t"))
+    assert sh.executed_ids() == ["a", "b"]
+    sh.hold_appends = True
+    effects = fx.lazy_last(sh.burst(_result_lines("a", "b")))
+    appends = [e for e in effects if isinstance(e, fx.Append)]
+    assert [e.lazy for e in appends] == [False, True]
+    assert [r.fields["task"] for r in appends[0].records] == ["c", "d"]
+    assert [r.fields["snerdOutcome"] for r in appends[1].records] == ["completed"] * 2
+    assert list(sh.held) == appends  # handed over in this order: dispatch records first
+    sh._commit(sh.held.popleft())  # the dispatch records land; the tombstones not yet
+    sh._pump()
+    assert sh.executed_ids() == ["a", "b", "c", "d"]
+    assert set(sh.node.tasks) == {"a", "b", "c", "d"}  # a and b until their tombstones land
+    sh.result("c")  # c's tombstone waits behind the held one
+    sh.hold_appends = False
+    sh.release_held()
+    sh.result("d")
+    assert sh.node.tasks == {}
+    records = sh.log_records()
+    kinds = [
+        (r.get("snerdKind") or r["snerdOutcome"], r.get("task") or r["taskId"])
+        for r in records
+        if r.get("snerdKind") == "dispatch" or r.get("deletedAt")
+    ]
+    assert kinds == [
+        ("dispatch", "a"),
+        ("dispatch", "b"),
+        ("dispatch", "c"),
+        ("dispatch", "d"),
+        ("completed", "a"),
+        ("completed", "b"),
+        ("completed", "c"),
+        ("completed", "d"),
+    ]
+
+
 def test_a_damaged_base_in_a_merged_append_fails_only_its_own_task() -> None:
-    # The shell names the record it could not build; the enqueue and the other tombstones
+    # The shell names the record it could not build; the enqueue and the other retry record
     # in the same append are written without it, and the damaged task is dead-lettered.
+    sh = started()
+    sh.register("t")
+    sh.burst(_enqueue_lines("good", "bad", task_type="t", max_retries=1, retry_after_hours=1))
+    loc = sh.node.tasks["bad"].loc
+    assert loc is not None
+    sh.disk["logs"][0][loc.offset + 5] ^= 0x01  # a flipped bit on disk
+    sh.fail_bases = True
+    effects = sh.burst([*_result_lines("bad", "good", ok=False), *_enqueue_lines("fresh")])
+    appends = [len(e.records) for e in effects if isinstance(e, fx.Append)]
+    assert appends == [3]  # one append: two retry records and an enqueue record
+    assert [m.get("task_id") for m in sh.messages("ack")][-1] == "fresh"
+    assert not sh.messages("error")
+    assert set(sh.node.tasks) == {"good", "fresh"}
+    retries = [
+        r["taskId"] for r in sh.log_records() if r.get("retryCount") == 1 and "deletedAt" not in r
+    ]
+    assert retries == ["good"]
+    (dead,) = [r for r in sh.log_records() if r.get("deletedAt")]
+    assert dead["taskId"] == "bad" and dead["snerdOutcome"] == "dead_letter"
+    assert "could not rebuild" in dead["LastErrorObj"]
+
+
+def test_a_damaged_base_among_the_tombstones_of_a_burst_fails_only_its_own_task() -> None:
+    # Success tombstones go in a lazy append of their own, after the burst's enqueue record:
+    # the one whose base is damaged is dead-lettered, the other completes, and the enqueue
+    # is not held back by them.
     sh = started()
     sh.register("t")
     sh.burst(_enqueue_lines("good", "bad", task_type="t"))
@@ -1084,8 +1155,8 @@ def test_a_damaged_base_in_a_merged_append_fails_only_its_own_task() -> None:
     sh.disk["logs"][0][loc.offset + 5] ^= 0x01  # a flipped bit on disk
     sh.fail_bases = True
     effects = sh.burst([*_result_lines("bad", "good"), *_enqueue_lines("fresh")])
-    appends = [len(e.records) for e in effects if isinstance(e, fx.Append)]
-    assert appends == [3]  # one append: two tombstones and an enqueue record
+    appends = [(len(e.records), e.lazy) for e in fx.lazy_last(effects) if isinstance(e, fx.Append)]
+    assert appends == [(1, False), (2, True)]
     assert [m.get("task_id") for m in sh.messages("ack")][-1] == "fresh"
     assert not sh.messages("error")
     assert set(sh.node.tasks) == {"fresh"}

@@ -34,6 +34,7 @@ __all__ = [
     "TryLock",
     "Unlock",
     "WriteMembership",
+    "lazy_last",
 ]
 
 
@@ -72,11 +73,19 @@ class NewRecord:
 class Append(Effect):
     """Append records to `shard-N/tasks/tasks.log` and make them durable. Appends waiting at the
     same moment share one write and one fsync (group commit). Answered by `AppendCommitted` or
-    `AppendFailed` with the same token."""
+    `AppendFailed` with the same token.
+
+    `lazy`: the records are success tombstones, which nothing the SDK waits for depends on. The
+    shell carries out a lazy append after the other effects of the same call, so the appends
+    that do gate a message (dispatch records: `execute`; enqueue records: `ack`) reach the
+    writer first and are not held back by building and writing the tombstones; the tombstones
+    land after them in the log (no record needs to follow a success tombstone of another
+    task, and a task has no record after its own)."""
 
     token: int
     shard: int
     records: tuple[NewRecord, ...]
+    lazy: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -267,3 +276,12 @@ class Exit(Effect):
     """The drain finished and every lock is released: the process may exit with `code`."""
 
     code: int = 0
+
+
+def lazy_last(effects: list[Effect]) -> list[Effect]:
+    """The order a shell carries out the effects of one call in: as given, except that the lazy
+    appends (`Append.lazy`) come after all the others, in their own order."""
+    lazy = [e for e in effects if type(e) is Append and e.lazy]
+    if not lazy:
+        return effects
+    return [e for e in effects if not (type(e) is Append and e.lazy)] + lazy

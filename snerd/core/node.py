@@ -372,6 +372,8 @@ class _OpenAppend:
     #: Every record once a second append has joined (the effect is rebuilt at the end of the
     #: call); None while it is the first alone.
     records: list[fx.NewRecord] | None = None
+    #: An `Append` with `lazy` set (success tombstones; `Node._open_lazy`).
+    lazy: bool = False
     #: Its last part: a run of plain enqueues there takes more of them (`_append_run`).
     last: PendingAppend | None = None
 
@@ -447,6 +449,9 @@ class Node:
         #: Appends of this call open to later appends to their shard, by shard; and those a
         #: second one joined, to rebuild at the end of the call (`_append`, `_end`).
         self._open_appends: dict[int, _OpenAppend] = {}
+        #: The same for the success tombstones of the call, which go in a lazy `Append` of
+        #: their own (`fx.Append.lazy`): the shell writes them after the call's other appends.
+        self._open_lazy: dict[int, _OpenAppend] = {}
         self._merged_appends: list[_OpenAppend] = []
         #: `format_rfc3339` of the wall time `_now_text_wall` (`_wall_text`).
         self._now_text_wall = -1
@@ -565,10 +570,14 @@ class Node:
         out, self._out = self._out, []
         if self._open_appends:
             self._open_appends.clear()
+        if self._open_lazy:
+            self._open_lazy.clear()
         if self._merged_appends:
             for merged in self._merged_appends:
                 assert merged.records is not None
-                effect = _new_append(merged.token, merged.shard, tuple(merged.records))
+                effect = _new_append(
+                    merged.token, merged.shard, tuple(merged.records), merged.lazy
+                )
                 out[merged.index] = effect
                 # (Its outcome, the only thing that removes the group, comes in a later call.)
                 self.pending[merged.token].effect = effect
@@ -668,7 +677,14 @@ class Node:
             raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
         task.state = new
 
-    def _append(self, shard: int, records: Iterable[fx.NewRecord], pending: PendingAppend) -> None:
+    def _append(
+        self,
+        shard: int,
+        records: Iterable[fx.NewRecord],
+        pending: PendingAppend,
+        *,
+        lazy: bool = False,
+    ) -> None:
         """Write `records` to the shard's log; `pending` says what they mean once they land.
 
         Appends to one shard within one call of `handle` / `handle_burst` are merged into one
@@ -680,12 +696,17 @@ class Node:
         whose base the shell cannot read fails its own part only: the shell names it
         (`AppendFailed.record`) and writes nothing, and the other parts are issued again
         (`_on_append_failed`).
+
+        `lazy` (success tombstones only, `_append_run`): the records join the call's lazy
+        append to the shard instead (`fx.Append.lazy`), which the shell writes after the
+        others, so a burst's dispatch records are not held back behind its tombstones.
         """
         info = self.shards[shard]
         pending.tenure = info.tenure
         part = tuple(records)
         pending.count = len(part)
-        merged = self._open_appends.get(shard)
+        opened = self._open_lazy if lazy else self._open_appends
+        merged = opened.get(shard)
         if merged is not None and merged.tenure == info.tenure and not info.compacting:
             if merged.records is None:
                 self._group(merged, info)
@@ -696,15 +717,15 @@ class Node:
             merged.last = pending
             return
         token = self._next_token()
-        effect = _new_append(token, shard, part)
+        effect = _new_append(token, shard, part, lazy)
         pending.effect = effect
         self.pending[token] = pending
         if info.compacting:
             info.backlog.append(effect)
             return
         info.appends_in_flight += 1
-        self._open_appends[shard] = _OpenAppend(
-            token, shard, len(self._out), info.tenure, last=pending
+        opened[shard] = _OpenAppend(
+            token, shard, len(self._out), info.tenure, last=pending, lazy=lazy
         )
         self._emit(effect)
 
@@ -729,8 +750,9 @@ class Node:
         record; "finishes": a success tombstone): consecutive ones to a shard within a call
         are one part, listing their task ids (one pending for a burst of them, not one each),
         committed or failed one by one, in order, as if each were an "enqueue", a "dispatch"
-        or a "finish" of its own."""
-        merged = self._open_appends.get(shard)
+        or a "finish" of its own. Finishes go in the call's lazy append (`fx.Append.lazy`)."""
+        lazy = kind == "finishes"
+        merged = (self._open_lazy if lazy else self._open_appends).get(shard)
         if merged is not None and merged.tenure == info.tenure and not info.compacting:
             run = merged.last
             if run is not None and run.kind == kind:
@@ -741,12 +763,15 @@ class Node:
                 run.extra["ids"].append(task_id)
                 run.count += 1
                 return
-        self._append(shard, (record,), PendingAppend(kind, shard, extra={"ids": [task_id]}))
+        self._append(
+            shard, (record,), PendingAppend(kind, shard, extra={"ids": [task_id]}), lazy=lazy
+        )
 
     def _emit_append(self, info: ShardInfo, effect: fx.Append) -> None:
         """Emit an append decided earlier (held back, or to retry): after it, later appends
         to the shard start a new effect (they must follow it in the log)."""
         self._open_appends.pop(effect.shard, None)
+        self._open_lazy.pop(effect.shard, None)
         info.appends_in_flight += 1
         self._emit(effect)
 
@@ -2469,7 +2494,7 @@ class Node:
             if part.tenure == info.tenure:  # (an earlier part may have stepped the node down)
                 if bad is None or at <= bad < end:
                     token = self._next_token()
-                    part.effect = _new_append(token, p.shard, records[at:end])
+                    part.effect = _new_append(token, p.shard, records[at:end], p.effect.lazy)
                     self.pending[token] = part
                     self._part_failed(token, part, info, event.error, event.permanent)
                 else:
@@ -2478,19 +2503,21 @@ class Node:
         # A failed part handled after them may have stepped the node down from the shard.
         again = [(part, recs) for part, recs in again if part.tenure == info.tenure]
         if again:
-            self._reissue(info, p.shard, again)
+            self._reissue(info, p.shard, again, lazy=p.effect.lazy)
 
     def _reissue(
         self,
         info: ShardInfo,
         shard: int,
         parts: list[tuple[PendingAppend, tuple[fx.NewRecord, ...]]],
+        *,
+        lazy: bool,
     ) -> None:
         """Append again, as one new `Append`, the parts of a merged append that failed for
         another part's record (nothing of it was written)."""
         token = self._next_token()
         records = tuple(r for _, recs in parts for r in recs)
-        effect = _new_append(token, shard, records)
+        effect = _new_append(token, shard, records, lazy)
         if len(parts) == 1:
             pending = parts[0][0]
         else:
@@ -3093,7 +3120,7 @@ _new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
 _NOT_JSON = object()
 _LINES_RECEIVED = ev.LinesReceived
-_new_append = slot_constructor(fx.Append, "token", "shard", "records")
+_new_append = slot_constructor(fx.Append, "token", "shard", "records", "lazy")
 _new_record = slot_constructor(fx.NewRecord, "fields")
 _new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
 _new_location = slot_constructor(fx.Location, "shard", "offset", "length")

@@ -616,11 +616,11 @@ class GroupCommitLog:
     use (O_RDWR | O_APPEND | O_CREAT, kept open; a new file, and missing parent directories,
     are made durable with directory fsyncs before their first ack).
 
-    GIL note: after its fsync the writer thread needs the GIL to hand results back. While the
-    trio thread is busy (parsing a burst of input), CPython makes the writer wait up to
-    `sys.getswitchinterval()` (5 ms by default) for it. A daemon wants a shorter interval
-    (e.g. `sys.setswitchinterval(0.0005)`); this class does not change the process-wide
-    setting itself.
+    GIL note: after each of its system calls (the wake-up, write, lseek, fsync) the writer
+    thread needs the GIL to go on. While the trio thread is busy (parsing a burst of input,
+    building records), CPython makes the writer wait up to `sys.getswitchinterval()` (5 ms by
+    default) each time. A daemon wants a much shorter interval (`snerdmq` sets 50 µs); this
+    class does not change the process-wide setting itself.
     """
 
     def __init__(

@@ -348,9 +348,24 @@ class Runtime:
         try:
             while events and self._exit_code is None:
                 # Up to EVENT_BURST events per clock reading and per dispatch pass
-                # (`Node.handle_burst`); their effects are carried out in order after them.
+                # (`Node.handle_burst`); their effects are carried out in order after them,
+                # the lazy appends (success tombstones) last.
+                lazy: list[fx.Append] | None = None
                 for effect in handle_burst(events, now(), EVENT_BURST):
+                    if type(effect) is fx.Append and effect.lazy:
+                        if lazy is None:
+                            lazy = []
+                        lazy.append(effect)
+                        continue
                     table[type(effect)](self, effect)
+                if lazy is not None:
+                    # What gates a message (dispatch records: `execute`s) goes to the writer
+                    # now, before the tombstones are built: its fsync overlaps that work, and
+                    # the `execute`s do not wait for the tombstones' bytes to be synced too.
+                    if self._outbox:
+                        self._submit_appends()
+                    for effect in lazy:
+                        self._append(effect)
                 if self._outbox_records >= _OUTBOX_BURST:
                     self._submit_appends()  # keep the writer busy during a long burst
                 if (

@@ -31,7 +31,7 @@ __all__ = ["StdioPeer", "run_daemon", "write_stderr"]
 #: Bytes of an over-long line kept to find its task id for the error message.
 _OVERSIZE_PREFIX = 4096
 #: `sys.setswitchinterval` for the daemon process (CPython's default is 5 ms).
-_SWITCH_INTERVAL_S = 0.0005
+_SWITCH_INTERVAL_S = 0.00005
 #: `gc.set_threshold` for the daemon process (CPython's default is 700, 10, 10).
 _GC_THRESHOLDS = (20_000, 20, 20)
 
@@ -292,10 +292,13 @@ def run_daemon(directory: Path, settings: Settings) -> int:
         )
     # SIGPIPE would kill us on a closed stdout; we want EPIPE and a drain instead.
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    # The log writer thread needs the GIL right after each fsync to hand the acks back; while
-    # the trio thread is busy, CPython makes it wait up to the switch interval (5 ms by
-    # default) for it. A short interval keeps that wait off the ack latency (see the
-    # GroupCommitLog docstring). The daemon owns its process, so it may set this.
+    # The log writer thread needs the GIL after each of its system calls (woken up, write,
+    # lseek, fsync) before it can go on; while the trio thread is busy, CPython makes it wait
+    # up to the switch interval (5 ms by default) each time. With a deep queue the trio
+    # thread is busy while a batch is written (it builds the tombstones meanwhile), so each
+    # wait lands on the path from a dispatch record to its `execute`: at 0.5 ms they cost the
+    # end-to-end rate what the overlap gains (docs/performance.md). 50 µs keeps them short;
+    # a forced switch costs some µs of CPU. The daemon owns its process, so it may set this.
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     # The cyclic GC: everything imported so far lives as long as the process, so it is moved
     # out of the collector's sight (gc.freeze), and young collections run every 20,000 net
