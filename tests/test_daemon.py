@@ -233,33 +233,38 @@ async def test_a_queue_deeper_than_the_cache_runs_each_task_with_its_own_payload
     assert await d.wait() == 0
 
 
+@pytest.mark.parametrize("slots", [2, 40])
 async def test_results_read_together_free_slots_whose_dispatch_records_precede_the_tombstones(
-    tmp_path: Path, nursery: trio.Nursery
+    tmp_path: Path, nursery: trio.Nursery, slots: int
 ) -> None:
-    # Both slots busy, two tasks waiting; both results arrive in one write. The daemon hands
-    # the log writer the next tasks' dispatch records before it builds the results' success
-    # tombstones (a lazy append), so those records, which gate the `execute`s, are not held
-    # back by the tombstones: in the log they come first.
-    d = await Daemon.start(nursery, tmp_path / "q", env={"SNERD_MAX_WORKERS": "2"})
+    # Every slot busy, as many tasks waiting; all the results arrive in one write. The
+    # daemon hands the log writer the next tasks' dispatch records before it builds the
+    # results' success tombstones (a lazy append): many of them at once (40), a few (2) in
+    # the same batch as the tombstones, committed in the trio thread. Either way those
+    # records, which gate the `execute`s, come first in the log.
+    d = await Daemon.start(nursery, tmp_path / "q", env={"SNERD_MAX_WORKERS": str(slots)})
     await d.recv()
     await d.send({"action": "register", "task_type": "t"})
-    for task_id in ("a", "b", "c", "d"):
+    first, second = [f"a{i}" for i in range(slots)], [f"b{i}" for i in range(slots)]
+    for task_id in first + second:
         await d.enqueue(task_id)
-        await d.wait_for(is_ack(task_id))
+    await d.wait_for(is_ack(second[-1]))
 
     async def executed(count: int) -> list[str]:
         while len(ids := [m["task_id"] for m in d.received if m["action"] == "execute"]) < count:
             await d.recv()
         return ids
 
-    assert sorted(await executed(2)) == ["a", "b"]
-    done = b"".join(
-        orjson.dumps({"action": "result", "task_id": t, "status": "success"}) + b"\n"
-        for t in ("a", "b")
-    )
-    await d.send_raw(done)
-    assert sorted((await executed(4))[2:]) == ["c", "d"]
-    await d.send_raw(done.replace(b'"a"', b'"c"').replace(b'"b"', b'"d"'))
+    def results(ids: list[str]) -> bytes:
+        return b"".join(
+            orjson.dumps({"action": "result", "task_id": t, "status": "success"}) + b"\n"
+            for t in ids
+        )
+
+    assert sorted(await executed(slots)) == sorted(first)
+    await d.send_raw(results(first))  # one write: one burst
+    assert sorted((await executed(2 * slots))[slots:]) == sorted(second)
+    await d.send_raw(results(second))
     await d.send({"action": "stats"})
     while (await d.wait_for(lambda m: m["action"] == "stats"))["queue_depth"]:
         await trio.sleep(0.02)
@@ -269,9 +274,9 @@ async def test_results_read_together_free_slots_whose_dispatch_records_precede_t
         for r in log_records(tmp_path / "q")
         if r.get("snerdKind") == "dispatch" or r.get("deletedAt")
     ]
-    burst = order[order.index(("dispatch", "c")) :][:4]
-    assert sorted(burst[:2]) == [("dispatch", "c"), ("dispatch", "d")]
-    assert sorted(burst[2:]) == [("tomb", "a"), ("tomb", "b")]
+    at = order.index(("dispatch", second[0]))
+    assert sorted(order[at : at + slots]) == sorted(("dispatch", t) for t in second)
+    assert sorted(order[at + slots : at + 2 * slots]) == sorted(("tomb", t) for t in first)
     await d.close_stdin()
     assert await d.wait() == 0
 
