@@ -38,8 +38,12 @@ import contextlib
 import errno
 import operator
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
@@ -513,7 +517,16 @@ CompactOutcome = CompactResult | OSError
 
 
 class _FileState:
-    __slots__ = ("fd", "last_sync", "needs_newline", "path", "size", "truncate_to", "unsynced")
+    __slots__ = (
+        "fd",
+        "helper_id",
+        "last_sync",
+        "needs_newline",
+        "path",
+        "size",
+        "truncate_to",
+        "unsynced",
+    )
 
     def __init__(self, path: str, fd: int, size: int, needs_newline: bool) -> None:
         self.path = path
@@ -525,6 +538,8 @@ class _FileState:
         self.needs_newline = needs_newline
         #: Writes not yet fsynced (interval policy).
         self.unsynced = False
+        #: The number the sync helper knows this descriptor by (0: not handed to it yet).
+        self.helper_id = 0
         self.last_sync = time.monotonic()
         #: A failed batch could not be cut off (ftruncate failed too): cut the file back to
         #: this size before anything else is written to it.
@@ -569,6 +584,129 @@ def _checked_append(
     if min(firsts) < 0 or set(map(operator.sub, map(len, checked), firsts)) != {1}:
         raise ValueError("each line must end with its only newline")
     return _Append(os.fspath(path), checked, b"".join(checked), on_done)
+
+
+#: Whether a `GroupCommitLog` made with `sync_helper=None` uses a sync helper process.
+DEFAULT_SYNC_HELPER = False
+
+#: The sync helper: fsyncs the descriptors handed to it (`F` + id, with the descriptor), when
+#: asked (`S` + id, then `D`), and answers each `D` with `R` + errno (0: all synced) + the id
+#: of the first file that failed. `C` + id closes one. Commands are 8 bytes, answers 12.
+#: `SNERD_TEST_SYNC_FAIL_AT=n` makes its n-th fsync fail with EIO (tests).
+_HELPER_SOURCE = """
+import os, socket, sys
+s = socket.socket(fileno=int(sys.argv[1]))
+fail_at = int(os.environ.get("SNERD_TEST_SYNC_FAIL_AT", "0"))
+fds, spare, buf, failed, count = {}, [], b"", None, 0
+while True:
+    data, got, _, _ = socket.recv_fds(s, 65536, 64)
+    if not data:
+        break
+    buf += data
+    spare.extend(got)
+    while len(buf) >= 8:
+        op, n, buf = buf[:1], int(buf[1:8]), buf[8:]
+        if op == b"F":
+            fds[n] = spare.pop(0)
+        elif op == b"C":
+            fd = fds.pop(n, None)
+            if fd is not None:
+                os.close(fd)
+        elif op == b"S":
+            count += 1
+            try:
+                if count == fail_at:
+                    raise OSError(5, "injected")
+                os.fsync(fds[n])
+            except OSError as exc:
+                if failed is None:
+                    failed = (exc.errno or 5, n)
+        elif op == b"D":
+            s.sendall(b"R%04d%07d" % failed if failed else b"R00000000000")
+            failed = None
+"""
+
+
+class _SyncHelper:
+    """A child process that fsyncs the log's files for the trio thread (`sync_helper`): the
+    trio thread writes a batch itself, and no thread of this process needs the GIL between a
+    batch's write and its acks. Talks over a Unix socket pair (descriptors passed with
+    SCM_RIGHTS, so it fsyncs the very open file the trio thread wrote through)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.proc = proc
+        self.sock = sock
+        self._buf = b""
+
+    @classmethod
+    def start(cls) -> _SyncHelper:
+        parent, child = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _HELPER_SOURCE, str(child.fileno())],
+                pass_fds=[child.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        return cls(proc, parent)
+
+    def adopt(self, helper_id: int, fd: int) -> None:
+        socket.send_fds(self.sock, [b"F%07d" % helper_id], [fd])
+
+    def forget(self, helper_id: int) -> None:
+        self.sock.sendall(b"C%07d" % helper_id)
+
+    def sync(self, helper_ids: list[int]) -> None:
+        self.sock.sendall(b"".join(b"S%07d" % i for i in helper_ids) + b"D0000000")
+
+    async def reply(self) -> tuple[int, int] | None:
+        """The next answer: None (all synced) or (id of the file that failed, errno)."""
+        while len(self._buf) < 12:
+            await trio.lowlevel.wait_readable(self.sock)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("the sync helper exited")
+            self._buf += chunk
+        msg, self._buf = self._buf[:12], self._buf[12:]
+        err, helper_id = int(msg[1:5]), int(msg[5:12])
+        return None if err == 0 else (helper_id, err)
+
+    def close(self) -> None:
+        """(trio thread) The helper exits at the end of its socket; wait for it."""
+        if self.sock.fileno() >= 0:
+            trio.lowlevel.notify_closing(self.sock)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _HEntry:
+    """A file's share of a batch the trio thread wrote, waiting for the helper's fsync (or
+    failed: `error`)."""
+
+    __slots__ = ("before", "error", "jobs", "offsets", "state")
+
+    def __init__(
+        self,
+        state: _FileState,
+        before: int,
+        jobs: list[_Append],
+        offsets: list[tuple[int, ...]],
+        error: OSError | None,
+    ) -> None:
+        self.state = state
+        self.before = before
+        self.jobs = jobs
+        self.offsets = offsets
+        self.error = error
 
 
 class _Control:
@@ -631,6 +769,7 @@ class GroupCommitLog:
         on_background_error: Callable[[str, OSError], None] | None = None,
         after_deliver: Callable[[], None] | None = None,
         never_cut: Callable[[str], bool] | None = None,
+        sync_helper: bool | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -646,6 +785,12 @@ class GroupCommitLog:
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Append | _Control] = []
         self._idle = False
+        #: The writer thread is handling a round (from taking the queue until it comes back
+        #: for the next): while it is, only it touches the files.
+        self._working = True
+        #: Rounds of the writer thread whose results trio has not handled yet: the trio
+        #: thread writes for the helper only after them, so results come in submission order.
+        self._rounds_out = 0
         self._closing = False
         # Writer thread only.
         self._files: dict[str, _FileState] = {}
@@ -661,6 +806,23 @@ class GroupCommitLog:
         # Compactions between submit and outcome (trio thread only).
         self._compacting = 0
         self._compactions_done: trio.Event | None = None
+        # The sync helper (`sync_helper`, policy "always"): appends written in the trio thread,
+        # fsynced by a helper process. `_hq`: what was written and not answered yet, in
+        # submission order (changed under `_cond`); its first `_hsent` entries are covered
+        # by the sync request in flight. `_held`: jobs that arrived while `_hq` was not
+        # empty and cannot be written here; they go to the writer thread, in order, once it
+        # is (so no file is written by both threads at once, and order is kept).
+        self._use_helper = (
+            fsync == "always" and (DEFAULT_SYNC_HELPER if sync_helper is None else sync_helper)
+        )
+        self._helper: _SyncHelper | None = None
+        self._hq: deque[_HEntry] = deque()
+        self._hsent = 0
+        self._held: list[_Append | _Control] = []
+        #: Helper ids of descriptors the writer thread closed, for the helper to close too.
+        self._helper_closed: deque[int] = deque()
+        self._helper_next_id = 0
+        self._helper_drained: trio.Event | None = None
         # Counters (written by the writer thread; `appends` by the trio thread).
         self._appends = 0
         self._committed = 0
@@ -683,6 +845,13 @@ class GroupCommitLog:
         self._stopped = trio.Event()
         self._thread = threading.Thread(target=self._run, name="snerd-log-writer", daemon=True)
         self._thread.start()
+        if self._use_helper:
+            try:
+                self._helper = _SyncHelper.start()
+            except OSError:
+                self._helper = None  # the writer thread fsyncs, as without the helper
+            else:
+                trio.lowlevel.spawn_system_task(self._helper_replies, self._helper)
         return self
 
     async def __aexit__(
@@ -698,11 +867,17 @@ class GroupCommitLog:
             while self._compacting:
                 self._compactions_done = trio.Event()
                 await self._compactions_done.wait()
+            while self._hq or self._held:
+                self._helper_drained = trio.Event()
+                await self._helper_drained.wait()
             with self._cond:
                 self._closing = True
                 self._cond.notify()
             await self._stopped.wait()
         self._thread.join()
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.close()
         self.reader.close()
         if self._crash is not None:
             raise RuntimeError("log writer thread crashed") from self._crash
@@ -723,14 +898,7 @@ class GroupCommitLog:
         that failed them (then none of them is in the file). Lines of one call are contiguous
         and in order; calls are committed in submission order per file. `on_done` must not
         raise (an exception is re-raised from `__aexit__`)."""
-        job = _checked_append(path, lines, on_done)
-        with self._cond:
-            if self._closing or self._token is None:
-                raise RuntimeError("log is not open")
-            self._queue.append(job)
-            self._appends += 1
-            if self._idle:
-                self._cond.notify()
+        self.submit_many([(path, lines, on_done)])
 
     def submit_many(
         self,
@@ -761,9 +929,16 @@ class GroupCommitLog:
             if self._closing or self._token is None:
                 raise RuntimeError("log is not open")
             self._appends += len(jobs)
-            if inline and self._idle and not self._queue:
+            writer_free = (
+                not self._working and not self._rounds_out and not self._queue and not self._held
+            )
+            if inline and writer_free and not self._hq:
                 # The writer sleeps in `_cond.wait` and needs this lock to wake up.
                 self._process(list(jobs), done)
+            elif writer_free and self._helper is not None and self._helper_ready(jobs):
+                self._helper_write(jobs, done)
+            elif self._hq:
+                self._held.extend(jobs)  # behind what the helper syncs, in order
             else:
                 self._queue.extend(jobs)
                 if self._idle:
@@ -933,6 +1108,9 @@ class GroupCommitLog:
         """Queue a control job (any thread; the log stays open until compactions are done)."""
         with self._cond:
             if self._crash is None:
+                if self._hq or self._held:
+                    self._held.append(job)  # after the appends the helper syncs
+                    return
                 self._queue.append(job)
                 if self._idle:
                     self._cond.notify()
@@ -940,6 +1118,12 @@ class GroupCommitLog:
         assert self._token is not None
         failed: outcome.Outcome[object] = outcome.Error(RuntimeError("log writer crashed"))
         self._token.run_sync_soon(job.on_done, failed)
+
+    def _deliver_round(self, done: _Done) -> None:
+        """`_deliver` for a round of the writer thread."""
+        with self._cond:
+            self._rounds_out -= 1
+        self._deliver(done)
 
     def _deliver(self, done: _Done) -> None:
         """Runs in the trio thread (via run_sync_soon): hand each result to its callback, then
@@ -955,6 +1139,179 @@ class GroupCommitLog:
             except BaseException as exc:
                 self._callback_errors.append(exc)
 
+    # -- the sync helper (trio thread) -----------------------------------------------------
+
+    def _helper_ready(self, jobs: list[_Append]) -> bool:
+        """Every file of `jobs` is open and settled (no cut to retry, its directory entry
+        durable): the trio thread may write to it. A file's first append, and the one after
+        a failure, go through the writer thread, which opens and repairs files."""
+        files = self._files
+        for job in jobs:
+            state = files.get(job.path)
+            if state is None or state.truncate_to is not None or job.path in self._dir_unsynced:
+                return False
+        return True
+
+    def _helper_write(self, jobs: list[_Append], done: _Done) -> None:
+        """Under `_cond`, the writer thread idle: write each file's share of `jobs` (one
+        `write`, as `_commit` does) and queue it for the helper's next fsync. A write that
+        fails is cut off and fails its appends, answered in order with the rest."""
+        assert self._helper is not None
+        self._batches += 1
+        batch: dict[str, list[_Append]] = {}
+        for job in jobs:
+            per_file = batch.get(job.path)
+            if per_file is None:
+                batch[job.path] = [job]
+            else:
+                per_file.append(job)
+        for path, per_file in batch.items():
+            state = self._files[path]
+            before = state.size
+            parts: list[bytes] = [b"\n"] if state.needs_newline else []
+            pos = before + len(parts)
+            offsets: list[tuple[int, ...]] = []
+            for job in per_file:
+                starts = list(accumulate(map(len, job.lines), initial=pos))
+                pos = starts.pop()
+                offsets.append(tuple(starts))
+                parts.append(job.data)
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+            try:
+                self._writes += _write_all(state.fd, data)
+                end = os.lseek(state.fd, 0, os.SEEK_CUR)
+            except OSError as exc:
+                self._writes += 1
+                self._rollback(state, before)
+                self._hq.append(_HEntry(state, before, per_file, offsets, exc))
+                continue
+            if end != pos:
+                self._size_mismatches += 1
+                shift = end - pos
+                before += shift
+                offsets = [tuple(o + shift for o in starts) for starts in offsets]
+            state.size = end
+            state.needs_newline = False
+            self._hq.append(_HEntry(state, before, per_file, offsets, None))
+        if not self._hsent:
+            self._helper_send(done)
+
+    def _helper_send(self, done: _Done) -> None:
+        """Under `_cond`, no request in flight: ask the helper to fsync every file written
+        since the last request; answer at once the failed appends at the head of the queue."""
+        helper = self._helper
+        assert helper is not None and not self._hsent
+        self._answer_head(done)
+        files: dict[int, _FileState] = {}
+        try:
+            while self._helper_closed:
+                helper.forget(self._helper_closed.popleft())
+            for entry in self._hq:
+                if entry.error is None:
+                    state = entry.state
+                    if not state.helper_id:
+                        self._helper_next_id += 1
+                        state.helper_id = self._helper_next_id
+                        helper.adopt(state.helper_id, state.fd)
+                    files[state.helper_id] = state
+            if not files:
+                return
+            self._hsent = len(self._hq)
+            self._fsyncs += len(files)
+            helper.sync(list(files))
+        except OSError:
+            # The helper is gone: its reader sees the end of the socket and fails all this
+            # (`_helper_lost`), as it does what was sent before.
+            self._hsent = len(self._hq)
+
+    def _answer_head(self, done: _Done) -> None:
+        """Move the answered entries at the head of `_hq` into `done`, in order."""
+        hq = self._hq
+        while hq and self._hsent == 0 and (error := hq[0].error) is not None:
+            self._fail(hq.popleft().jobs, error, done)
+        if not hq and not self._hsent:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """Under `_cond`, `_hq` empty: what waited behind it goes to the writer thread."""
+        if self._held:
+            self._queue.extend(self._held)
+            self._held = []
+            if self._idle:
+                self._cond.notify()
+        if self._helper_drained is not None:
+            self._helper_drained.set()
+
+    async def _helper_replies(self, helper: _SyncHelper) -> None:
+        """The helper's answers, one per request: the entries it covered are durable (or the
+        file it names failed its fsync: its entries fail and are cut off, and so are the ones
+        written to it since, which the cut takes too)."""
+        while True:
+            try:
+                failed = await helper.reply()
+            except (OSError, EOFError, trio.ClosedResourceError) as exc:
+                self._helper_lost(helper, exc)
+                return
+            done: _Done = []
+            with self._cond:
+                covered = [self._hq.popleft() for _ in range(self._hsent)]
+                self._hsent = 0
+                if failed is not None:
+                    bad_id, err = failed
+                    error = OSError(err, os.strerror(err))
+                    cut: dict[int, int] = {}
+                    for entry in covered:
+                        if entry.error is None and entry.state.helper_id == bad_id:
+                            entry.error = error
+                            cut[id(entry.state)] = min(cut.get(id(entry.state), entry.before), entry.before)
+                    for entry in self._hq:
+                        if entry.error is None and id(entry.state) in cut:
+                            entry.error = error
+                    for entry in covered:
+                        if id(entry.state) in cut:
+                            self._rollback(entry.state, cut.pop(id(entry.state)))
+                for entry in covered:
+                    if entry.error is not None:
+                        self._fail(entry.jobs, entry.error, done)
+                        continue
+                    for job, job_offsets in zip(entry.jobs, entry.offsets, strict=True):
+                        job.answered = True
+                        self._committed += 1
+                        self._lines += len(job_offsets)
+                        self._bytes += len(job.data)
+                        done.append((job.on_done, job_offsets))
+                if self._hq:
+                    self._helper_send(done)
+                else:
+                    self._release_held()
+            if done:
+                self._deliver(done)
+
+    def _helper_lost(self, helper: _SyncHelper, exc: BaseException) -> None:
+        """The helper died or its socket broke: whatever it had not answered fails (cut off),
+        and from now on the writer thread fsyncs, as without a helper."""
+        done: _Done = []
+        with self._cond:
+            if self._helper is helper:
+                self._helper = None
+            error = OSError(errno.EIO, f"the log's sync helper is gone ({exc!r})")
+            cut: dict[int, tuple[_FileState, int]] = {}
+            while self._hq:
+                entry = self._hq.popleft()
+                if entry.error is None:
+                    first = cut.get(id(entry.state))
+                    if first is None or entry.before < first[1]:
+                        cut[id(entry.state)] = (entry.state, entry.before)
+                    entry.error = error
+                self._fail(entry.jobs, entry.error, done)
+            for state, before in cut.values():
+                self._rollback(state, before)
+            self._hsent = 0
+            self._release_held()
+        helper.close()
+        if done:
+            self._deliver(done)
+
     # -- writer thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -965,6 +1322,7 @@ class GroupCommitLog:
         try:
             while True:
                 with self._cond:
+                    self._working = False  # (the last round's results are on their way)
                     while not self._queue and not self._closing:
                         timeout = self._next_sync_due()
                         if timeout is not None and timeout <= 0:
@@ -973,6 +1331,7 @@ class GroupCommitLog:
                         self._cond.wait(timeout)
                         self._idle = False
                     jobs, self._queue = self._queue, []
+                    self._working = True
                     closing = self._closing
                 done = []
                 if jobs:
@@ -980,7 +1339,9 @@ class GroupCommitLog:
                 if self._policy == "interval":
                     self._background_sync(done, force=closing and not jobs)
                 if done:
-                    token.run_sync_soon(self._deliver, done)
+                    with self._cond:
+                        self._rounds_out += 1
+                    token.run_sync_soon(self._deliver_round, done)
                     done = []
                 if closing and not jobs:
                     break
@@ -1190,6 +1551,8 @@ class GroupCommitLog:
         state = self._files.pop(path, None)
         if state is None:
             return
+        if state.helper_id:
+            self._helper_closed.append(state.helper_id)  # (a deque: any thread)
         if state.unsynced and self._policy == "interval":
             with contextlib.suppress(OSError):
                 self._fsyncs += 1

@@ -294,6 +294,7 @@ class Runtime:
             on_background_error=self._background_error,
             after_deliver=self.pump,
             never_cut=self._never_cut.__contains__,
+            sync_helper=True,
         ) as log:
             self._nursery = nursery
             self._log = log

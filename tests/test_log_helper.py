@@ -1,0 +1,62 @@
+"""The log's sync helper process (`GroupCommitLog(sync_helper=True)`, the daemon's way): its
+own failures. Everything else the log does is tested in both ways by test_log.py."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import trio
+
+from snerd.io.log import GroupCommitLog
+from tests.test_log import ids, line, read_all
+
+
+async def test_sync_helper_failure_cuts_every_batch_written_after_the_failed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Through the sync helper: batches written while an fsync is out wait for the next one.
+    # When that fsync fails, the cut takes every batch written since the last good fsync;
+    # each fails, in submission order, and the log then goes on from the cut.
+    monkeypatch.setenv("SNERD_TEST_SYNC_FAIL_AT", "2")
+    path = tmp_path / "tasks.log"
+    outcomes: list[tuple[int, object]] = []
+    async with GroupCommitLog(sync_helper=True) as log:
+        await log.append(path, [line(1)])  # the writer thread opens the file
+        await log.append(path, [line(2)])  # the helper's fsync 1
+        for k in (3, 4, 5):
+            log.submit(path, [line(k)], lambda r, k=k: outcomes.append((k, r)))
+        with trio.fail_after(10):
+            while len(outcomes) < 3:
+                await trio.sleep(0.001)
+        (off,) = await log.append(path, [line(6)])
+    # 3 went alone in fsync 2, which failed; 4 and 5 were written behind it and cut with it.
+    assert [k for k, _ in outcomes] == [3, 4, 5]
+    assert all(isinstance(r, OSError) and r.errno == errno.EIO for _, r in outcomes)
+    assert off == len(line(1)) + len(line(2))
+    assert ids(read_all(path)[0]) == ["t1", "t2", "t6"]
+
+
+async def test_a_dead_sync_helper_fails_what_it_held_and_the_writer_thread_takes_over(
+    tmp_path: Path
+) -> None:
+    path = tmp_path / "tasks.log"
+    async with GroupCommitLog(sync_helper=True) as log:
+        await log.append(path, [line(1)])
+        await log.append(path, [line(2)])
+        helper = log._helper
+        assert helper is not None
+        helper.proc.kill()
+        helper.proc.wait()
+        outcome: list[object] = []
+        log.submit(path, [line(3)], outcome.append)
+        with trio.fail_after(10):
+            while not outcome:
+                await trio.sleep(0.001)
+        assert isinstance(outcome[0], OSError) and outcome[0].errno == errno.EIO
+        assert log._helper is None
+        (off,) = await log.append(path, [line(4)])  # the writer thread, as without a helper
+        assert log.statistics().failed == 1
+    assert off == len(line(1)) + len(line(2))
+    assert ids(read_all(path)[0]) == ["t1", "t2", "t4"]
