@@ -4,11 +4,13 @@ own failures. Everything else the log does is tested in both ways by test_log.py
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
 import trio
 
+from snerd.core.effects import KeepRange
 from snerd.io.log import GroupCommitLog
 from tests.test_log import ids, line, read_all
 
@@ -60,3 +62,27 @@ async def test_a_dead_sync_helper_fails_what_it_held_and_the_writer_thread_takes
         assert log.statistics().failed == 1
     assert off == len(line(1)) + len(line(2))
     assert ids(read_all(path)[0]) == ["t1", "t2", "t4"]
+
+
+async def test_the_helper_lets_go_of_a_compacted_log_s_old_file(tmp_path: Path) -> None:
+    # The helper fsyncs through its own copy of the log's descriptor; when a compaction
+    # replaces the file, it closes that copy, so the old file's space is freed.
+    path = tmp_path / "tasks.log"
+
+    def helper_files(pid: int) -> list[str]:
+        fds = Path(f"/proc/{pid}/fd")
+        return [os.readlink(fds / fd) for fd in os.listdir(fds)]
+
+    async with GroupCommitLog(sync_helper=True) as log:
+        await log.append(path, [line(1)])
+        offsets = await log.append(path, [line(2), line(3)])  # through the helper
+        helper = log._helper
+        assert helper is not None
+        assert str(path) in helper_files(helper.proc.pid)
+        await log.compact(path, [KeepRange(offset=offsets[1], length=len(line(3)))])
+        await log.append(path, [line(4)])  # the writer thread opens the new file
+        await log.append(path, [line(5)])  # through the helper again: it has read all before
+        held = [name for name in helper_files(helper.proc.pid) if "tasks.log" in name]
+        assert held == [str(path)]  # the new file only, not the old one "(deleted)"
+        assert log._helper is helper
+    assert ids(read_all(path)[0]) == ["t3", "t4", "t5"]

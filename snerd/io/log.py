@@ -646,6 +646,7 @@ class _SyncHelper:
                 [sys.executable, "-c", _HELPER_SOURCE, str(child.fileno())],
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
             )
         except BaseException:
             parent.close()
@@ -1120,9 +1121,17 @@ class GroupCommitLog:
         self._token.run_sync_soon(job.on_done, failed)
 
     def _deliver_round(self, done: _Done) -> None:
-        """`_deliver` for a round of the writer thread."""
+        """`_deliver` for a round of the writer thread (and the helper lets go of the
+        descriptors the round closed: a compacted log's old file is freed then)."""
         with self._cond:
             self._rounds_out -= 1
+            helper = self._helper
+            if helper is not None:
+                try:
+                    while self._helper_closed:
+                        helper.forget(self._helper_closed.popleft())
+                except OSError:
+                    pass  # the helper is gone: its reader handles that
         self._deliver(done)
 
     def _deliver(self, done: _Done) -> None:

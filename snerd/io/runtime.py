@@ -181,10 +181,14 @@ class Runtime:
         peer: Peer,
         *,
         clock: Clock | None = None,
+        sync_helper: bool = False,
     ) -> None:
         self.directory = directory
         self.settings = settings
         self.peer = peer
+        #: fsync the logs in a helper process (`GroupCommitLog(sync_helper=)`): the daemon
+        #: does; an engine embedded in an application does not start processes of its own.
+        self._sync_helper = sync_helper
         self.clock = clock or Clock(settings.clock_offset_s)
         self.node = Node(settings.node)
         self.locks = ShardLocks(directory)
@@ -294,7 +298,7 @@ class Runtime:
             on_background_error=self._background_error,
             after_deliver=self.pump,
             never_cut=self._never_cut.__contains__,
-            sync_helper=True,
+            sync_helper=self._sync_helper,
         ) as log:
             self._nursery = nursery
             self._log = log

@@ -248,7 +248,7 @@ async def _watch_signals(runtime: Runtime) -> None:
 
 async def _serve(directory: Path, settings: Settings) -> int:
     peer = StdioPeer()
-    runtime = Runtime(directory, settings, peer)
+    runtime = Runtime(directory, settings, peer, sync_helper=True)
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     async with trio.open_nursery() as nursery:
