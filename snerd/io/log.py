@@ -1331,7 +1331,6 @@ class GroupCommitLog:
         try:
             while True:
                 with self._cond:
-                    self._working = False  # (the last round's results are on their way)
                     while not self._queue and not self._closing:
                         timeout = self._next_sync_due()
                         if timeout is not None and timeout <= 0:
@@ -1347,9 +1346,13 @@ class GroupCommitLog:
                     self._process(jobs, done)
                 if self._policy == "interval":
                     self._background_sync(done, force=closing and not jobs)
-                if done:
-                    with self._cond:
+                with self._cond:
+                    # Done with the files; until trio has handled this round's results, it
+                    # still leaves the appends to this thread (`_rounds_out`).
+                    self._working = False
+                    if done:
                         self._rounds_out += 1
+                if done:
                     token.run_sync_soon(self._deliver_round, done)
                     done = []
                 if closing and not jobs:

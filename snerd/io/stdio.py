@@ -294,11 +294,11 @@ def run_daemon(directory: Path, settings: Settings) -> int:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     # The log writer thread needs the GIL after each of its system calls (woken up, write,
     # lseek, fsync) before it can go on; while the trio thread is busy, CPython makes it wait
-    # up to the switch interval (5 ms by default) each time. With a deep queue the trio
-    # thread is busy while a batch is written (it builds the tombstones meanwhile), so each
-    # wait lands on the path from a dispatch record to its `execute`: at 0.5 ms they cost the
-    # end-to-end rate what the overlap gains (docs/performance.md). 50 µs keeps them short;
-    # a forced switch costs some µs of CPU. The daemon owns its process, so it may set this.
+    # up to the switch interval (5 ms by default) each time. The sync helper (a process)
+    # keeps appends off that thread, but it still runs what the helper does not (a file's
+    # first append, compaction, all appends should the helper die), and then each wait would
+    # land on the path from a record to its message. 50 µs keeps them short; a forced switch
+    # costs some µs of CPU. The daemon owns its process, so it may set this.
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     # The cyclic GC: everything imported so far lives as long as the process, so it is moved
     # out of the collector's sight (gc.freeze), and young collections run every 20,000 net
