@@ -1176,31 +1176,11 @@ class GroupCommitLog:
                 per_file.append(job)
         for path, per_file in batch.items():
             state = self._files[path]
-            before = state.size
-            parts: list[bytes] = [b"\n"] if state.needs_newline else []
-            pos = before + len(parts)
-            offsets: list[tuple[int, ...]] = []
-            for job in per_file:
-                starts = list(accumulate(map(len, job.lines), initial=pos))
-                pos = starts.pop()
-                offsets.append(tuple(starts))
-                parts.append(job.data)
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
             try:
-                self._writes += _write_all(state.fd, data)
-                end = os.lseek(state.fd, 0, os.SEEK_CUR)
+                before, offsets = self._write_share(state, per_file)
             except OSError as exc:
-                self._writes += 1
-                self._rollback(state, before)
-                self._hq.append(_HEntry(state, before, per_file, offsets, exc))
+                self._hq.append(_HEntry(state, state.size, per_file, [], exc))
                 continue
-            if end != pos:
-                self._size_mismatches += 1
-                shift = end - pos
-                before += shift
-                offsets = [tuple(o + shift for o in starts) for starts in offsets]
-            state.size = end
-            state.needs_newline = False
             self._hq.append(_HEntry(state, before, per_file, offsets, None))
         if not self._hsent:
             self._helper_send(done)
@@ -1423,34 +1403,11 @@ class GroupCommitLog:
             except OSError as exc:
                 self._fail(jobs, exc, done)
                 continue
-            before = state.size
-            parts: list[bytes] = [b"\n"] if state.needs_newline else []
-            pos = before + len(parts)
-            offsets: list[tuple[int, ...]] = []
-            for job in jobs:
-                starts = list(accumulate(map(len, job.lines), initial=pos))
-                pos = starts.pop()
-                offsets.append(tuple(starts))
-                parts.append(job.data)
-            data = parts[0] if len(parts) == 1 else b"".join(parts)
             try:
-                self._writes += _write_all(state.fd, data)
-                end = os.lseek(state.fd, 0, os.SEEK_CUR)
+                before, offsets = self._write_share(state, jobs)
             except OSError as exc:
-                self._writes += 1
-                self._rollback(state, before)
                 self._fail(jobs, exc, done)
                 continue
-            if end != pos:
-                # O_APPEND put the data at the real end of file, which is not where we thought:
-                # someone else wrote to the file. Our lines are the last len(data) bytes.
-                self._size_mismatches += 1
-                shift = end - pos
-                before += shift
-                offsets = [tuple(o + shift for o in starts) for starts in offsets]
-            state.size = end
-            state.needs_newline = False
-            state.unsynced = True
             written.append((state, before, jobs, offsets))
         for state, before, jobs, offsets in written:
             if self._policy == "always":
@@ -1474,6 +1431,40 @@ class GroupCommitLog:
                 self._lines += len(job_offsets)
                 self._bytes += len(job.data)
                 done.append((job.on_done, job_offsets))
+
+    def _write_share(
+        self, state: _FileState, jobs: list[_Append]
+    ) -> tuple[int, list[tuple[int, ...]]]:
+        """Write a file's share of a batch in one `write(2)`; return where it starts and the
+        offset of each job's lines. A failed write is cut back off and re-raised."""
+        before = state.size
+        parts: list[bytes] = [b"\n"] if state.needs_newline else []
+        pos = before + len(parts)
+        offsets: list[tuple[int, ...]] = []
+        for job in jobs:
+            starts = list(accumulate(map(len, job.lines), initial=pos))
+            pos = starts.pop()
+            offsets.append(tuple(starts))
+            parts.append(job.data)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        try:
+            self._writes += _write_all(state.fd, data)
+            end = os.lseek(state.fd, 0, os.SEEK_CUR)
+        except OSError:
+            self._writes += 1
+            self._rollback(state, before)
+            raise
+        if end != pos:
+            # O_APPEND put the data at the real end of file, which is not where we thought:
+            # someone else wrote to the file. Our lines are the last len(data) bytes.
+            self._size_mismatches += 1
+            shift = end - pos
+            before += shift
+            offsets = [tuple(o + shift for o in starts) for starts in offsets]
+        state.size = end
+        state.needs_newline = False
+        state.unsynced = True
+        return before, offsets
 
     def _fail(self, jobs: list[_Append], exc: OSError, done: _Done) -> None:
         for job in jobs:
