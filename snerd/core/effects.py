@@ -35,6 +35,7 @@ __all__ = [
     "Unlock",
     "WriteMembership",
     "lazy_last",
+    "split_lazy",
 ]
 
 
@@ -278,10 +279,20 @@ class Exit(Effect):
     code: int = 0
 
 
+def split_lazy(effects: list[Effect]) -> tuple[list[Effect], list[Append]]:
+    """The effects of one call as a shell carries them out: the others in their order, then
+    the lazy appends (`Append.lazy`) in theirs."""
+    others: list[Effect] = []
+    lazy: list[Append] = []
+    for effect in effects:
+        if type(effect) is Append and effect.lazy:
+            lazy.append(effect)
+        else:
+            others.append(effect)
+    return others, lazy
+
+
 def lazy_last(effects: list[Effect]) -> list[Effect]:
-    """The order a shell carries out the effects of one call in: as given, except that the lazy
-    appends (`Append.lazy`) come after all the others, in their own order."""
-    lazy = [e for e in effects if type(e) is Append and e.lazy]
-    if not lazy:
-        return effects
-    return [e for e in effects if not (type(e) is Append and e.lazy)] + lazy
+    """`split_lazy`'s two lists as one (for a shell that has nothing to do between them)."""
+    others, lazy = split_lazy(effects)
+    return [*others, *lazy]

@@ -1247,34 +1247,32 @@ class GroupCommitLog:
                 self._hsent = 0
                 if failed is not None:
                     bad_id, err = failed
-                    error = OSError(err, os.strerror(err))
-                    cut: dict[int, int] = {}
-                    for entry in covered:
-                        if entry.error is None and entry.state.helper_id == bad_id:
-                            entry.error = error
-                            cut[id(entry.state)] = min(cut.get(id(entry.state), entry.before), entry.before)
-                    for entry in self._hq:
-                        if entry.error is None and id(entry.state) in cut:
-                            entry.error = error
-                    for entry in covered:
-                        if id(entry.state) in cut:
-                            self._rollback(entry.state, cut.pop(id(entry.state)))
+                    self._cut_written(
+                        [e for e in (*covered, *self._hq) if e.state.helper_id == bad_id],
+                        OSError(err, os.strerror(err)),
+                    )
                 for entry in covered:
                     if entry.error is not None:
                         self._fail(entry.jobs, entry.error, done)
-                        continue
-                    for job, job_offsets in zip(entry.jobs, entry.offsets, strict=True):
-                        job.answered = True
-                        self._committed += 1
-                        self._lines += len(job_offsets)
-                        self._bytes += len(job.data)
-                        done.append((job.on_done, job_offsets))
+                    else:
+                        self._succeed(entry.jobs, entry.offsets, done)
                 if self._hq:
                     self._helper_send(done)
                 else:
                     self._release_held()
             if done:
                 self._deliver(done)
+
+    def _cut_written(self, entries: list[_HEntry], error: OSError) -> None:
+        """Under `_cond`: `entries`, written and not known durable, fail with `error`; each
+        file is cut back to before the first of them (which takes any written after it)."""
+        cut: dict[_FileState, int] = {}
+        for entry in entries:
+            if entry.error is None:
+                entry.error = error
+                cut[entry.state] = min(cut.get(entry.state, entry.before), entry.before)
+        for state, before in cut.items():
+            self._rollback(state, before)
 
     def _helper_lost(self, helper: _SyncHelper, exc: BaseException) -> None:
         """The helper died or its socket broke: whatever it had not answered fails (cut off),
@@ -1283,18 +1281,13 @@ class GroupCommitLog:
         with self._cond:
             if self._helper is helper:
                 self._helper = None
-            error = OSError(errno.EIO, f"the log's sync helper is gone ({exc!r})")
-            cut: dict[int, tuple[_FileState, int]] = {}
+            self._cut_written(
+                list(self._hq), OSError(errno.EIO, f"the log's sync helper is gone ({exc!r})")
+            )
             while self._hq:
                 entry = self._hq.popleft()
-                if entry.error is None:
-                    first = cut.get(id(entry.state))
-                    if first is None or entry.before < first[1]:
-                        cut[id(entry.state)] = (entry.state, entry.before)
-                    entry.error = error
+                assert entry.error is not None
                 self._fail(entry.jobs, entry.error, done)
-            for state, before in cut.values():
-                self._rollback(state, before)
             self._hsent = 0
             self._release_held()
         helper.close()
@@ -1425,12 +1418,18 @@ class GroupCommitLog:
                     continue
                 state.unsynced = False
                 state.last_sync = time.monotonic()
-            for job, job_offsets in zip(jobs, offsets, strict=True):
-                job.answered = True
-                self._committed += 1
-                self._lines += len(job_offsets)
-                self._bytes += len(job.data)
-                done.append((job.on_done, job_offsets))
+            self._succeed(jobs, offsets, done)
+
+    def _succeed(
+        self, jobs: list[_Append], offsets: list[tuple[int, ...]], done: _Done
+    ) -> None:
+        """The appends `jobs` are durable, their lines at `offsets`: answer each."""
+        for job, job_offsets in zip(jobs, offsets, strict=True):
+            job.answered = True
+            self._committed += 1
+            self._lines += len(job_offsets)
+            self._bytes += len(job.data)
+            done.append((job.on_done, job_offsets))
 
     def _write_share(
         self, state: _FileState, jobs: list[_Append]

@@ -355,15 +355,10 @@ class Runtime:
                 # Up to EVENT_BURST events per clock reading and per dispatch pass
                 # (`Node.handle_burst`); their effects are carried out in order after them,
                 # the lazy appends (success tombstones) last.
-                lazy: list[fx.Append] | None = None
-                for effect in handle_burst(events, now(), EVENT_BURST):
-                    if type(effect) is fx.Append and effect.lazy:
-                        if lazy is None:
-                            lazy = []
-                        lazy.append(effect)
-                        continue
+                others, lazy = fx.split_lazy(handle_burst(events, now(), EVENT_BURST))
+                for effect in others:
                     table[type(effect)](self, effect)
-                if lazy is not None:
+                if lazy:
                     # What gates a message (dispatch records: `execute`s) goes to the writer
                     # now, before the tombstones are built: its fsync overlaps that work, and
                     # the `execute`s do not wait for the tombstones' bytes to be synced too.
