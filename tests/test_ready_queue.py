@@ -150,6 +150,7 @@ _OPS = st.lists(
         # or repeated (a retry keeps its old seq): ties then go to the earlier push.
         st.tuples(st.just("push"), st.tuples(_URGENCIES, st.none() | st.integers(0, 30))),
         st.tuples(st.just("pop"), st.none()),
+        st.tuples(st.just("pop_many"), st.integers(min_value=0, max_value=12)),
         st.tuples(st.just("discard"), st.integers(min_value=0, max_value=80)),
         st.tuples(st.just("peek"), st.none()),
     ),
@@ -190,6 +191,13 @@ def test_interleaved_operations_match_reference_model(ops: list[tuple[str, objec
             else:
                 assert q.pop() == expected
                 del model[expected]
+        elif op == "pop_many":
+            # What as many pops would give, all of the queue when it holds fewer.
+            assert isinstance(arg, int)
+            expected_keys = sorted(model, key=lambda k: model[k])[:arg]
+            assert q.pop_many(arg) == expected_keys
+            for k in expected_keys:
+                del model[k]
         elif op == "discard":
             assert isinstance(arg, int)
             assert q.discard(arg) is (arg in model)
@@ -251,6 +259,62 @@ def test_push_run_is_push_of_each_in_turn(ops: list[tuple[str, object]]) -> None
         assert run_q.peek() == one_q.peek()
         assert sorted(run_q._levels) == sorted(one_q._levels)
     assert [run_q.pop() for _ in range(len(run_q))] == [one_q.pop() for _ in range(len(one_q))]
+
+
+_MANY_OPS = st.lists(
+    st.one_of(
+        # Mostly in seq order (the usual enqueues: one level's deque), sometimes not (a retry:
+        # its heap), in two urgencies.
+        st.tuples(
+            st.just("push"),
+            st.tuples(st.sampled_from([0.0, 1.0]), st.none() | st.integers(0, 30), st.booleans()),
+        ),
+        st.tuples(st.just("pop_many"), st.integers(0, 12)),
+        st.tuples(st.just("discard"), st.integers(0, 40)),
+    ),
+    max_size=80,
+)
+
+
+@given(_MANY_OPS)
+def test_pop_many_is_pop_in_turn(ops: list[tuple[str, object]]) -> None:
+    # Two queues, the same operations; `pop_many(n)` on one, `pop` n times (or until empty)
+    # on the other.
+    many_q: ReadyQueue[int] = ReadyQueue()
+    one_q: ReadyQueue[int] = ReadyQueue()
+    pushes = 0
+    for op, arg in ops:
+        if op == "push":
+            assert isinstance(arg, tuple)
+            urgency, given_seq, in_order = arg
+            pushes += 1
+            key = pushes % 40
+            if key in one_q:
+                continue
+            seq = 1000 + pushes if in_order or given_seq is None else given_seq
+            one_q.push(key, urgency, seq)
+            many_q.push(key, urgency, seq)
+        elif op == "pop_many":
+            assert isinstance(arg, int)
+            expected = [one_q.pop() for _ in range(min(arg, len(one_q)))]
+            assert many_q.pop_many(arg) == expected
+        else:
+            assert isinstance(arg, int)
+            assert many_q.discard(arg) is one_q.discard(arg)
+        assert len(many_q) == len(one_q)
+        held = sum(len(level.fifo) + len(level.side) for level in many_q._levels.values())
+        assert held == many_q._entries
+    assert many_q.pop_many(len(one_q) + 1) == [one_q.pop() for _ in range(len(one_q))]
+
+
+def test_pop_many_takes_a_run_past_dead_entries() -> None:
+    q: ReadyQueue[str] = ReadyQueue()
+    q.push_run(["a", "b", "c", "d", "e"], [1, 2, 3, 4, 5], 0.0)
+    q.push("u", 1.0, 9)
+    q.discard("c")
+    assert q.pop_many(4) == ["u", "a", "b", "d"]
+    assert q.pop_many(5) == ["e"]
+    assert q.pop_many(1) == [] and len(q) == 0 and q._entries == 0
 
 
 def test_push_run_refuses_nan_and_leaves_no_empty_level() -> None:

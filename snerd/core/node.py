@@ -1463,6 +1463,7 @@ class Node:
         loads = orjson.loads
         decode_error = orjson.JSONDecodeError
         plain_of = proto.plain_enqueue
+        result_of = proto.plain_result
         max_line = proto.DEFAULT_MAX_LINE_BYTES
         tasks = self.tasks
         registered = self.registered
@@ -1482,13 +1483,14 @@ class Node:
                 if proto.is_blank_line(line):
                     continue  # skipped without an answer, as upstream does
                 doc = _NOT_JSON
-            if (
-                type(doc) is dict
-                and doc.get("action") == "enqueue"
-                and self.phase is _NODE_RUNNING
-                and len(line) <= max_line
-            ):
-                plain = plain_of(doc)
+            if type(doc) is dict and self.phase is _NODE_RUNNING and len(line) <= max_line:
+                action = doc.get("action")
+                if action == "result":
+                    result = result_of(doc)
+                    if result is not None and result[1] and self._plain_success(result):
+                        runs_free = None  # (a worker slot came free)
+                        continue
+                plain = plain_of(doc) if action == "enqueue" else None
                 if plain is not None and plain[0] not in tasks:
                     task_id, task_type, task_data, max_retries, hours = plain
                     if task_type in registered and runs_free is None:
@@ -1839,6 +1841,26 @@ class Node:
             return
         self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
 
+    def _plain_success(self, result: proto.PlainResult) -> bool:
+        """`_on_result` for the commonest result, a success of a running attempt of a task
+        that is not a cron task, without building the `Result` (`_lines`); False, having done
+        nothing, for any other result: `_on_result` takes it."""
+        task_id, _, _, attempt = result
+        flight = self.inflight.get(task_id)
+        task = self.tasks.get(task_id)
+        if (
+            flight is None
+            or task is None
+            or task.state is not _RUNNING
+            or (attempt is not None and attempt != flight.attempt)
+            or task.cron is not None
+        ):
+            return False
+        self.stats["total_executed"] += 1
+        self._end_flight(task)
+        self._complete(task)
+        return True
+
     def _on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
         flight = self.inflight.get(event.task_id)
         task = self.tasks.get(event.task_id)
@@ -2039,52 +2061,62 @@ class Node:
 
     def _dispatch(self) -> None:
         """Fill free worker slots, best task first (highest urgency, then enqueue order)."""
-        now = self._now
         ready = self.ready
-        while len(self.inflight) < self.config.max_workers:
+        tasks = self.tasks
+        while True:
+            free = self.config.max_workers - len(self.inflight)
+            if free <= 0:
+                return
             if len(ready) == 1:
-                # One pool (the usual case): its head is the best task, nothing to compare.
+                # One pool (the usual case): its head is the best task, nothing to compare;
+                # as many as it has room for are taken at once.
                 ((pool, queue),) = ready.items()
+                free = min(free, self._pool_limit(pool) - self.pool_busy.get(pool, 0))
+                if not queue or free <= 0:
+                    return
+                for task_id in queue.pop_many(free):
+                    self._offer(tasks[task_id], pool)
+                continue
+            best: tuple[float, int, str] | None = None
+            for pool, queue in ready.items():
                 if not queue or self.pool_busy.get(pool, 0) >= self._pool_limit(pool):
-                    return
-            else:
-                best: tuple[float, int, str] | None = None
-                for pool, queue in ready.items():
-                    if not queue or self.pool_busy.get(pool, 0) >= self._pool_limit(pool):
-                        continue
-                    head = queue.peek()
-                    assert head is not None
-                    t = self.tasks[head]
-                    key = (-t.urgency, t.seq, pool)
-                    if best is None or key < best:
-                        best = key
-                if best is None:
-                    return
-                pool = best[2]
-                queue = ready[pool]
-            task = self.tasks[queue.pop()]
-            info = self.shards[task.shard]
-            if info.giving_back or info.hold_dispatch_until_mono is not None:
+                    continue
+                head = queue.peek()
+                assert head is not None
+                t = tasks[head]
+                key = (-t.urgency, t.seq, pool)
+                if best is None or key < best:
+                    best = key
+            if best is None:
+                return
+            pool = best[2]
+            self._offer(tasks[ready[pool].pop()], pool)
+
+    def _offer(self, task: Task, pool: str) -> None:
+        """A task taken from the ready queue of `pool`, which has a free slot: its attempt
+        starts, or it is parked (its shard holds dispatch or is being given back, no handler
+        here takes its type, its rate window is full)."""
+        info = self.shards[task.shard]
+        if info.giving_back or info.hold_dispatch_until_mono is not None:
+            self._move(task, _PARKED)
+            _queue_in(self.parked_by_shard, task.shard).push(task.task_id, task.urgency, task.seq)
+            return
+        if task.webhook_url is None and task.task_type not in self.registered:
+            self._park_by_type(task)
+            return
+        if task.group is not None and task.max_per_minute is not None:
+            now = self._now
+            if not self.windows.allows(task.group, task.max_per_minute, now.wall):
                 self._move(task, _PARKED)
-                _queue_in(self.parked_by_shard, task.shard).push(
+                _queue_in(self.parked_by_group, task.group).push(
                     task.task_id, task.urgency, task.seq
                 )
-                continue
-            if task.webhook_url is None and task.task_type not in self.registered:
-                self._park_by_type(task)
-                continue
-            if task.group is not None and task.max_per_minute is not None:
-                if not self.windows.allows(task.group, task.max_per_minute, now.wall):
-                    self._move(task, _PARKED)
-                    _queue_in(self.parked_by_group, task.group).push(
-                        task.task_id, task.urgency, task.seq
-                    )
-                    wake = self.windows.next_allowed_us(task.group, task.max_per_minute, now.wall)
-                    if task.group not in self.group_wake:
-                        self.group_wake.push(task.group, wake, 0)
-                    continue
-                self.windows.record(task.group, now.wall)
-            self._start_attempt(task, pool)
+                wake = self.windows.next_allowed_us(task.group, task.max_per_minute, now.wall)
+                if task.group not in self.group_wake:
+                    self.group_wake.push(task.group, wake, 0)
+                return
+            self.windows.record(task.group, now.wall)
+        self._start_attempt(task, pool)
 
     def _start_attempt(self, task: Task, pool: str) -> None:
         fields = self._begin_attempt(task, pool)
@@ -2176,7 +2208,7 @@ class Node:
                 ),
             )
             return
-        self._finish(task, OUTCOME_COMPLETED, None)
+        self._complete(task)
 
     def _failed(self, task: Task, error: str) -> None:
         now = self._now
@@ -2212,21 +2244,11 @@ class Node:
 
     def _finish(self, task: Task, outcome: str, error: str | None) -> None:
         """Write the tombstone that ends a task (completed or dead-lettered)."""
-        fields: dict[str, Any] = {
-            "retryCount": task.attempt if outcome == OUTCOME_DEAD else task.retry_count,
-            "deletedAt": self._wall_text(),
-            "snerdOutcome": outcome,
-            "snerdNode": self.config.node_id,  # (`_meta`, key by key: one per task)
-            "snerdEpoch": self.shards[task.shard].epoch,
-        }
-        shard = task.shard
         if outcome == OUTCOME_COMPLETED:
-            # Success clears the error (upstream kept it, so dashboards showed "failed"). The
-            # tombstones of tasks completed together are one run ("finishes": one pending for
-            # them all, each committed as a "finish" of its own would be).
-            record = _new_based_record(fields, task.loc, _CLEARED_ON_SUCCESS)
-            self._append_run(shard, self.shards[shard], record, task.task_id, "finishes")
+            self._complete(task)
             return
+        shard = task.shard
+        fields = self._tombstone_fields(task, task.attempt, outcome)
         if error is not None:
             fields["LastErrorObj"] = error
             fields["LastJobError"] = {"error": error, "retry_worthy": False}
@@ -2235,6 +2257,26 @@ class Node:
             [_new_based_record(fields, task.loc, ())],
             _finish_pending(shard, task.task_id, outcome, error),
         )
+
+    def _complete(self, task: Task) -> None:
+        """Write the tombstone of a task that succeeded. Success clears the error (upstream
+        kept it, so dashboards showed "failed"). The tombstones of tasks completed together
+        are one run ("finishes": one pending for them all, each committed as a "finish" of its
+        own would be)."""
+        shard = task.shard
+        info = self.shards[shard]
+        fields = self._tombstone_fields(task, task.retry_count, OUTCOME_COMPLETED)
+        record = _new_based_record(fields, task.loc, _CLEARED_ON_SUCCESS)
+        self._append_run(shard, info, record, task.task_id, "finishes")
+
+    def _tombstone_fields(self, task: Task, retry_count: int, outcome: str) -> dict[str, Any]:
+        return {
+            "retryCount": retry_count,
+            "deletedAt": self._wall_text(),
+            "snerdOutcome": outcome,
+            "snerdNode": self.config.node_id,  # (`_meta`, key by key: one per task)
+            "snerdEpoch": self.shards[task.shard].epoch,
+        }
 
     # ------------------------------------------------------------------ append outcomes
 

@@ -85,6 +85,7 @@ __all__ = [
     "parse_document",
     "parse_line",
     "plain_enqueue",
+    "plain_result",
     "progress",
     "sniff_task_id",
     "stats",
@@ -427,9 +428,23 @@ def plain_enqueue(doc: dict[str, Any]) -> PlainEnqueue | None:
 
 
 def _plain_result(doc: dict[str, Any]) -> Result | None:
-    """The `Result` of a plainly valid result object (string id and status, `error_msg` a
-    string or absent, `attempt` a positive integer or absent), or None: `_parse_result`
-    decides."""
+    """The `Result` of a plainly valid result object (see `plain_result`), or None:
+    `_parse_result` decides."""
+    plain = plain_result(doc)
+    return None if plain is None else _new_result(*plain)
+
+
+#: What `plain_result` gives: task_id, success, error_msg, attempt.
+PlainResult: TypeAlias = tuple[str, bool, str | None, int | None]
+
+
+def plain_result(doc: dict[str, Any]) -> PlainResult | None:
+    """The four fields of a plainly valid result object (string id and status, `error_msg` a
+    string or absent, `attempt` a positive integer or absent), or None.
+
+    The node's batch path for the commonest result, a success, takes them without building a
+    `Result`; they are exactly the fields of the `Result` that `parse_line` gives for the same
+    object."""
     task_id = doc.get("task_id")
     status = doc.get("status")
     error_msg = doc.get("error_msg")
@@ -442,7 +457,7 @@ def _plain_result(doc: dict[str, Any]) -> Result | None:
         or (attempt is not None and (type(attempt) is not int or attempt < 1))
     ):
         return None
-    return _new_result(task_id, status == "success", error_msg, attempt)
+    return task_id, status == "success", error_msg, attempt
 
 
 def _parse_enqueue(f: _Fields) -> Enqueue:

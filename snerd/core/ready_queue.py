@@ -189,6 +189,36 @@ class ReadyQueue(Generic[K]):
         del self._live[key]
         return key
 
+    def pop_many(self, n: int) -> list[K]:
+        """Remove and return up to `n` keys, most urgent first: what `n` calls of `pop` would
+        return (all of them when fewer are queued), in one call (`Node._dispatch` filling
+        free worker slots). Runs of entries pushed in `seq` order are taken from the front of
+        their level's deque without a look at the heaps."""
+        keys: list[K] = []
+        live = self._live
+        while len(keys) < n:
+            found = self._top()
+            if found is None:
+                break
+            level, entry = found
+            level.take(entry)
+            self._entries -= 1
+            key = entry[2]
+            del live[key]
+            keys.append(key)
+            if level.side:
+                continue  # (the next may be in either: `_top` compares)
+            # The top level stays the top while nothing is pushed; with its heap empty, its
+            # next live entry is the next live one in its deque.
+            fifo = level.fifo
+            while fifo and len(keys) < n:
+                _, counter, key = fifo.popleft()
+                self._entries -= 1
+                if live.get(key) == counter:
+                    del live[key]
+                    keys.append(key)
+        return keys
+
     def peek(self) -> K | None:
         """The key `pop` would return, or None when empty."""
         found = self._top()
