@@ -111,9 +111,13 @@ class TaskState(enum.Enum):
     RUNNING = "running"
     FINISHING = "finishing"
 
+    #: By identity (members are singletons, and equal only to themselves): `Enum.__hash__`
+    #: is Python code, and `Node._move` looks up a pair of states for every state change.
+    __hash__ = object.__hash__
+
 
 S = TaskState
-#: Every allowed task state change. `Node._move` refuses anything else (see `_TRANSITION_IDS`).
+#: Every allowed task state change. `Node._move` refuses anything else.
 TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
     {
         (S.ENQUEUING, S.WAITING),
@@ -135,8 +139,6 @@ TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
         (S.FINISHING, S.READY),
     }
 )
-#: `TRANSITIONS` by the members' identities (members are singletons), for `Node._move`.
-_TRANSITION_IDS: frozenset[tuple[int, int]] = frozenset((id(a), id(b)) for a, b in TRANSITIONS)
 
 # The members of the state enums as module globals, which the node reads instead of
 # `TaskState.READY` and the like: on CPython 3.11 every attribute read on an Enum class goes
@@ -672,8 +674,7 @@ class Node:
         return self.token
 
     def _move(self, task: Task, new: TaskState) -> None:
-        # By identity: an enum member's hash is computed in Python (`Enum.__hash__`).
-        if (id(task.state), id(new)) not in _TRANSITION_IDS:
+        if (task.state, new) not in TRANSITIONS:
             raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
         task.state = new
 
@@ -2483,7 +2484,8 @@ class Node:
                     )
                 )
         # Children waiting on this task.
-        for child_id in sorted(self.children.pop(task.task_id, set())):
+        children = self.children.pop(task.task_id, None)
+        for child_id in sorted(children) if children else ():
             child = self.tasks.get(child_id)
             if child is None or child.state is not _BLOCKED:
                 continue

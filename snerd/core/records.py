@@ -111,7 +111,7 @@ def encode_record(fields: Mapping[str, Any]) -> bytes:
     # orjson output for a mapping always starts with `{` and ends with `}`, with no whitespace.
     covered = body[:-1]
     if len(body) > 2:
-        line = covered + b',"snerdCrc":"' + _xxh3_hex(covered).encode() + b'"}\n'
+        line = b'%b,"snerdCrc":"%b"}\n' % (covered, _xxh3_hex(covered).encode())
     else:
         line = b'{"snerdCrc":"' + _xxh3_hex(covered).encode() + b'"}\n'
     if len(line) > LINE_LIMIT:
