@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,26 @@ async def test_the_helper_lets_go_of_a_compacted_log_s_old_file(tmp_path: Path) 
         assert held == [str(path)]  # the new file only, not the old one "(deleted)"
         assert log._helper is helper
     assert ids(read_all(path)[0]) == ["t3", "t4", "t5"]
+
+
+async def test_poll_helper_answers_what_the_helper_synced_without_waiting(tmp_path: Path) -> None:
+    # A caller busy in the trio thread takes the helper's answer itself (`poll_helper`), and
+    # the log's own reader of the answers goes on with the next one as before.
+    path = tmp_path / "tasks.log"
+    async with GroupCommitLog(sync_helper=True) as log:
+        await log.append(path, [line(1)])  # the writer thread opens the file
+        outcome: list[object] = []
+        log.poll_helper()  # nothing asked yet: nothing to take, nothing waited for
+        log.submit(path, [line(2)], outcome.append)
+        helper = log._helper
+        assert helper is not None and log._hsent
+        # Block this thread (no trio task runs) until the answer is there to read.
+        readable, _, _ = select.select([helper.sock], [], [], 10)
+        assert readable and outcome == []
+        log.poll_helper()
+        assert outcome == [(len(line(1)),)]
+        log.poll_helper()
+        with trio.fail_after(10):
+            assert await log.append(path, [line(3)]) == (len(line(1)) + len(line(2)),)
+        assert log._helper is helper
+    assert ids(read_all(path)[0]) == ["t1", "t2", "t3"]

@@ -35,6 +35,7 @@ through `run_sync_soon`. `LogReader` takes a lock and can be used from any threa
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import operator
 import os
@@ -627,6 +628,13 @@ while True:
 """
 
 
+class _NoReply(enum.Enum):
+    NO_REPLY = "no reply yet"
+
+
+_NO_REPLY = _NoReply.NO_REPLY
+
+
 class _SyncHelper:
     """A child process that fsyncs the log's files for the trio thread (`sync_helper`): the
     trio thread writes a batch itself, and no thread of this process needs the GIL between a
@@ -666,9 +674,20 @@ class _SyncHelper:
 
     async def reply(self) -> tuple[int, int] | None:
         """The next answer: None (all synced) or (id of the file that failed, errno)."""
-        while len(self._buf) < 12:
+        while True:
+            answer = self.reply_nowait()
+            if answer is not _NO_REPLY:
+                return answer
             await trio.lowlevel.wait_readable(self.sock)
-            chunk = self.sock.recv(65536)
+
+    def reply_nowait(self) -> tuple[int, int] | _NoReply | None:
+        """The next answer if it has come (see `reply`), else `_NO_REPLY`. Reads without
+        blocking: `GroupCommitLog.poll_helper` may have taken what woke `reply`."""
+        while len(self._buf) < 12:
+            try:
+                chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return _NO_REPLY
             if not chunk:
                 raise EOFError("the sync helper exited")
             self._buf += chunk
@@ -1241,27 +1260,47 @@ class GroupCommitLog:
             except (OSError, EOFError, trio.ClosedResourceError) as exc:
                 self._helper_lost(helper, exc)
                 return
-            done: _Done = []
-            with self._cond:
-                covered = [self._hq.popleft() for _ in range(self._hsent)]
-                self._hsent = 0
-                if failed is not None:
-                    bad_id, err = failed
-                    self._cut_written(
-                        [e for e in (*covered, *self._hq) if e.state.helper_id == bad_id],
-                        OSError(err, os.strerror(err)),
-                    )
-                for entry in covered:
-                    if entry.error is not None:
-                        self._fail(entry.jobs, entry.error, done)
-                    else:
-                        self._succeed(entry.jobs, entry.offsets, done)
-                if self._hq:
-                    self._helper_send(done)
+            self._helper_answered(failed)
+
+    def poll_helper(self) -> None:
+        """(trio thread) Take the sync helper's answers that have come, without waiting:
+        what they cover is answered now (callbacks, `after_deliver`). A caller busy for a
+        while (a long burst of lines) calls this between its steps, so that acks and
+        `execute`s whose records are durable need not wait until it is done."""
+        helper = self._helper
+        while helper is not None and self._hsent and self._helper is helper:
+            try:
+                failed = helper.reply_nowait()
+            except (OSError, EOFError) as exc:
+                self._helper_lost(helper, exc)
+                return
+            if failed is _NO_REPLY:
+                return
+            self._helper_answered(failed)
+
+    def _helper_answered(self, failed: tuple[int, int] | None) -> None:
+        """The helper's answer to the request out (`_hsent` entries): see `_helper_replies`."""
+        done: _Done = []
+        with self._cond:
+            covered = [self._hq.popleft() for _ in range(self._hsent)]
+            self._hsent = 0
+            if failed is not None:
+                bad_id, err = failed
+                self._cut_written(
+                    [e for e in (*covered, *self._hq) if e.state.helper_id == bad_id],
+                    OSError(err, os.strerror(err)),
+                )
+            for entry in covered:
+                if entry.error is not None:
+                    self._fail(entry.jobs, entry.error, done)
                 else:
-                    self._release_held()
-            if done:
-                self._deliver(done)
+                    self._succeed(entry.jobs, entry.offsets, done)
+            if self._hq:
+                self._helper_send(done)
+            else:
+                self._release_held()
+        if done:
+            self._deliver(done)
 
     def _cut_written(self, entries: list[_HEntry], error: OSError) -> None:
         """Under `_cond`: `entries`, written and not known durable, fail with `error`; each

@@ -349,6 +349,8 @@ class Runtime:
         now = self.clock.now
         handle_burst = node.handle_burst
         table = _EFFECTS
+        log = self._log
+        flush = self._flush_nowait
         self._processing = True
         try:
             while events and self._exit_code is None:
@@ -371,6 +373,17 @@ class Runtime:
                         self._append(effect)
                 if self._outbox_records >= _OUTBOX_BURST:
                     self._submit_appends()  # keep the writer busy during a long burst
+                if events and log is not None:
+                    # More to handle: first the commits that came meanwhile, and out with
+                    # what is ready, so acks and `execute`s whose records are durable do not
+                    # wait for the end of a long run of lines. Their events go before the
+                    # lines still queued, as if they had been read before them.
+                    queued = len(events)
+                    log.poll_helper()
+                    if len(events) > queued:
+                        events.rotate(len(events) - queued)
+                    if flush is not None:
+                        flush()
                 if (
                     not events
                     and 0 < self._outbox_records <= _INLINE_RECORDS
@@ -976,8 +989,11 @@ def _describe(exc: OSError) -> str:
     return f"{text} ({name})" if name else text
 
 
-#: Records handed to the log writer at once while a long burst is still being handled.
-_OUTBOX_BURST = 256
+#: Records handed to the log at once while a long run of events is still being handled: a
+#: burst's worth (`EVENT_BURST` lines make as many records or more), so the first burst's
+#: fsync runs while the next ones are handled, and their acks go out between bursts
+#: (`GroupCommitLog.poll_helper`) instead of after the whole run.
+_OUTBOX_BURST = 64
 #: Events handed to the node at once (one clock reading, one `_on_time` pass for all); a
 #: `LinesReceived` counts one per line (`Node.handle_burst`), and stdin's carry at most this many.
 EVENT_BURST = 64

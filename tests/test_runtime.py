@@ -1,0 +1,113 @@
+"""The daemon's runtime in-process, on real files with the real sync helper: when its
+messages go out relative to the work it is doing."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from snerd.config import load_settings
+from snerd.core import events as ev
+from snerd.io.log import GroupCommitLog
+from snerd.io.runtime import EVENT_BURST, Runtime
+
+
+class _Peer:
+    """Takes the runtime's messages in order (what `StdioPeer` would write to stdout)."""
+
+    def __init__(self) -> None:
+        self.out: list[dict[str, Any]] = []
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        self.out.append(message)
+
+    def deliver_lines(self, data: bytes) -> None:
+        self.out.extend(orjson.loads(line) for line in data.splitlines())
+
+    def flush_nowait(self) -> None:
+        pass
+
+    async def flush(self) -> None:
+        pass
+
+    def log(self, level: str, message: str) -> None:
+        pass
+
+
+def _enqueue(task_id: str) -> bytes:
+    return orjson.dumps(
+        {
+            "action": "enqueue",
+            "task_id": task_id,
+            "task_type": "noop",
+            "task_data": "{}",
+            "max_retries": 0,
+            "retry_after_hours": 0,
+        }
+    )
+
+
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Path) -> AsyncIterator[tuple[Runtime, _Peer, GroupCommitLog]]:
+    """A runtime on `tmp_path` whose log is open, with the sync helper (as the daemon's), and
+    a first task acked: the log's first append opens the file (the writer thread); the
+    helper syncs the appends after it."""
+    peer = _Peer()
+    runtime = Runtime(tmp_path, load_settings({}), peer, sync_helper=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run)
+        with trio.fail_after(10):
+            await runtime.ready.wait()
+            runtime.feed([ev.LinesReceived(lines=[_enqueue("first")])])
+            while not any(m.get("task_id") == "first" for m in peer.out):
+                await trio.sleep(0.001)
+        peer.out.clear()
+        assert runtime._log is not None
+        yield runtime, peer, runtime._log
+        runtime.submit(ev.DrainRequested(reason="test"))
+
+
+def _bursts(lines: list[bytes]) -> list[ev.Event]:
+    """`lines` as stdin's reader hands them over: `LinesReceived` of `EVENT_BURST` lines."""
+    return [
+        ev.LinesReceived(lines=lines[i : i + EVENT_BURST]) for i in range(0, len(lines), EVENT_BURST)
+    ]
+
+
+async def test_acks_made_durable_during_a_long_run_of_lines_go_out_before_its_end(
+    tmp_path: Path,
+) -> None:
+    # Twenty enqueues (more than are committed inline) are being fsynced by the helper when a
+    # long run of lines (three bursts) comes in. Their acks must not wait until every line of
+    # it is handled: the runtime takes the helper's answer between two bursts, so the SDK
+    # gets the acks after the first one.
+    async with _running(tmp_path) as (runtime, peer, log):
+        runtime.feed([ev.LinesReceived(lines=[_enqueue(f"t{i}") for i in range(20)])])
+        assert log._helper is not None and log._hsent
+        # Block this thread (no trio task runs, so nothing takes the answer) until the
+        # helper's answer is there to read.
+        readable, _, _ = select.select([log._helper.sock], [], [], 10)
+        assert readable
+        runtime.feed(_bursts([b'{"action":"stats"}'] * (3 * EVENT_BURST)))
+        actions = [m["action"] for m in peer.out]
+        assert actions == ["stats"] * EVENT_BURST + ["ack"] * 20 + ["stats"] * 2 * EVENT_BURST
+
+
+async def test_a_long_run_of_enqueues_goes_to_the_log_a_burst_at_a_time(tmp_path: Path) -> None:
+    # Three bursts of enqueues read at once: each burst's records are handed to the log as
+    # soon as they are built (their fsync overlaps the handling of the next burst), not all
+    # at the end of the run.
+    async with _running(tmp_path) as (runtime, peer, log):
+        before = log.statistics().appends
+        runtime.feed(_bursts([_enqueue(f"t{i}") for i in range(3 * EVENT_BURST)]))
+        assert log.statistics().appends - before == 3
+        with trio.fail_after(10):
+            while len(peer.out) < 3 * EVENT_BURST:
+                await trio.sleep(0.001)
+        assert [m["task_id"] for m in peer.out] == [f"t{i}" for i in range(3 * EVENT_BURST)]
