@@ -111,3 +111,17 @@ async def test_a_long_run_of_enqueues_goes_to_the_log_a_burst_at_a_time(tmp_path
             while len(peer.out) < 3 * EVENT_BURST:
                 await trio.sleep(0.001)
         assert [m["task_id"] for m in peer.out] == [f"t{i}" for i in range(3 * EVENT_BURST)]
+
+
+async def test_commits_taken_between_bursts_jump_lines_only(tmp_path: Path) -> None:
+    # The helper's answer taken between two bursts goes ahead of the lines still queued, not
+    # of other events (the log's own outcomes among them keep the order it gave them).
+    async with _running(tmp_path) as (runtime, peer, log):
+        runtime.feed([ev.LinesReceived(lines=[_enqueue(f"t{i}") for i in range(20)])])
+        assert log._helper is not None and log._hsent
+        readable, _, _ = select.select([log._helper.sock], [], [], 10)
+        assert readable
+        stats = [b'{"action":"stats"}'] * EVENT_BURST
+        runtime.feed([ev.LinesReceived(lines=stats), ev.Tick(), ev.LinesReceived(lines=stats)])
+        actions = [m["action"] for m in peer.out]
+        assert actions == ["stats"] * 2 * EVENT_BURST + ["ack"] * 20

@@ -169,6 +169,7 @@ _new_now = _now_factory()
 
 
 _new_committed = slot_constructor(ev.AppendCommitted, "token", "offsets", "lengths")
+_LINES_RECEIVED = ev.LinesReceived
 
 
 class Runtime:
@@ -377,10 +378,13 @@ class Runtime:
                     # More to handle: first the commits that came meanwhile, and out with
                     # what is ready, so acks and `execute`s whose records are durable do not
                     # wait for the end of a long run of lines. Their events go before the
-                    # lines still queued, as if they had been read before them.
+                    # lines still queued, as if they had been read before them (only lines:
+                    # outcomes of the log stay in the order it gave them).
                     queued = len(events)
                     log.poll_helper()
-                    if len(events) > queued:
+                    if len(events) > queued and all(
+                        type(e) is _LINES_RECEIVED for e in itertools.islice(events, queued)
+                    ):
                         events.rotate(len(events) - queued)
                     if flush is not None:
                         flush()
