@@ -1830,23 +1830,15 @@ class Node:
     def _on_result(self, cmd: proto.Result) -> None:
         if self._hold_or(cmd):
             return
-        flight = self.inflight.get(cmd.task_id)
-        task = self.tasks.get(cmd.task_id)
-        if (
-            flight is None
-            or task is None
-            or task.state is not _RUNNING
-            or (cmd.attempt is not None and cmd.attempt != flight.attempt)
-        ):
+        task = self._result_task(cmd.task_id, cmd.attempt)
+        if task is None:
             self._send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
             return
         self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
 
-    def _plain_success(self, result: proto.PlainResult) -> bool:
-        """`_on_result` for the commonest result, a success of a running attempt of a task
-        that is not a cron task, without building the `Result` (`_lines`); False, having done
-        nothing, for any other result: `_on_result` takes it."""
-        task_id, _, _, attempt = result
+    def _result_task(self, task_id: str, attempt: int | None) -> Task | None:
+        """The task a result is for: running, in the attempt named (if one is); None when
+        there is none (unknown, finished, or that attempt timed out)."""
         flight = self.inflight.get(task_id)
         task = self.tasks.get(task_id)
         if (
@@ -1854,9 +1846,18 @@ class Node:
             or task is None
             or task.state is not _RUNNING
             or (attempt is not None and attempt != flight.attempt)
-            or task.cron is not None
         ):
+            return None
+        return task
+
+    def _plain_success(self, result: proto.PlainResult) -> bool:
+        """`_on_result` for the commonest result, a success of a running attempt of a task
+        that is not a cron task, without building the `Result` (`_lines`); False, having done
+        nothing, for any other result: `_on_result` takes it."""
+        task = self._result_task(result[0], result[3])
+        if task is None or task.cron is not None:
             return False
+        # `_attempt_ended` and `_succeeded` for it.
         self.stats["total_executed"] += 1
         self._end_flight(task)
         self._complete(task)
