@@ -34,6 +34,8 @@ _OVERSIZE_PREFIX = 4096
 _SWITCH_INTERVAL_S = 0.00005
 #: `gc.set_threshold` for the daemon process (CPython's default is 700, 10, 10).
 _GC_THRESHOLDS = (20_000, 20, 20)
+#: Seconds between two full collections of the daemon process (`collect_all`).
+_FULL_GC_INTERVAL_S = 600.0
 
 
 def write_stderr(text: str) -> None:
@@ -258,6 +260,7 @@ async def _serve(directory: Path, settings: Settings) -> int:
             lambda: runtime.submit(ev.DrainRequested(reason="stdout closed by the parent")),
         )
         nursery.start_soon(_watch_signals, runtime)
+        nursery.start_soon(_collect_periodically, _FULL_GC_INTERVAL_S)
         nursery.start_soon(_read_stdin, runtime, stdin, settings.max_line_bytes)
         code = await runtime.run()
         # Let the last messages out before leaving (bounded: a parent that stopped reading
@@ -300,12 +303,41 @@ def run_daemon(directory: Path, settings: Settings) -> int:
     # land on the path from a record to its message. 50 µs keeps them short; a forced switch
     # costs some µs of CPU. The daemon owns its process, so it may set this.
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
-    # The cyclic GC: everything imported so far lives as long as the process, so it is moved
-    # out of the collector's sight (gc.freeze), and young collections run every 20,000 net
-    # allocations instead of 700. A daemon with many queued tasks holds many long-lived
-    # objects; with the defaults, collections cost 15-20% of the CPU of a pipelined enqueue.
-    # Task state is freed by reference counting; only rare cycles wait a little longer.
+    tune_gc()
+    return trio.run(_serve, directory, settings)
+
+
+def tune_gc() -> None:
+    """The cyclic GC of the daemon process. A daemon with many queued tasks holds many
+    long-lived objects (each task's state), freed by reference counting when the task ends;
+    the collector finds no garbage among them, yet scanned them again and again: young
+    collections every 700 allocations cost 15-20 % of the CPU of a pipelined enqueue, and
+    with a deep queue each scan of the older generations stalled the daemon for tens of ms.
+    So: everything imported so far is moved out of the collector's sight (`gc.freeze`);
+    young collections run every 20,000 net allocations; and what survives one is frozen
+    too (scanned once, never again). A cycle that becomes garbage after it was frozen waits
+    for `collect_all`, which `_serve` runs every `_FULL_GC_INTERVAL_S`."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
-    return trio.run(_serve, directory, settings)
+    if _freeze_survivors not in gc.callbacks:
+        gc.callbacks.append(_freeze_survivors)
+
+
+def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
+    if phase == "stop" and info["generation"] == 0:
+        gc.freeze()
+
+
+def collect_all() -> None:
+    """A full collection, frozen objects included (cycles that became garbage since they
+    were frozen); what is left is frozen again."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+async def _collect_periodically(interval_s: float) -> None:
+    while True:
+        await trio.sleep(interval_s)
+        collect_all()
