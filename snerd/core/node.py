@@ -1488,7 +1488,7 @@ class Node:
                 action = doc.get("action")
                 if action == "result":
                     result = result_of(doc)
-                    if result is not None and result[1] and self._plain_success(result):
+                    if result is not None and self._plain_success(result):
                         runs_free = None  # (a worker slot came free)
                         continue
                 plain = plain_of(doc) if action == "enqueue" else None
@@ -1854,7 +1854,8 @@ class Node:
         """`_on_result` for the commonest result, a success of a running attempt of a task
         that is not a cron task, without building the `Result` (`_lines`); False, having done
         nothing, for any other result: `_on_result` takes it."""
-        task = self._result_task(result[0], result[3])
+        task_id, success, _, attempt = result
+        task = self._result_task(task_id, attempt) if success else None
         if task is None or task.cron is not None:
             return False
         # `_attempt_ended` and `_succeeded` for it.
