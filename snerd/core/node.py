@@ -1484,13 +1484,17 @@ class Node:
                 if proto.is_blank_line(line):
                     continue  # skipped without an answer, as upstream does
                 doc = _NOT_JSON
+            #: A line plainly valid but not decided here: its command, for the long way.
+            command: proto.Enqueue | proto.Result | None = None
             if type(doc) is dict and self.phase is _NODE_RUNNING and len(line) <= max_line:
                 action = doc.get("action")
                 if action == "result":
                     result = result_of(doc)
-                    if result is not None and self._plain_success(result):
-                        runs_free = None  # (a worker slot came free)
-                        continue
+                    if result is not None:
+                        if self._plain_success(result):
+                            runs_free = None  # (a worker slot came free)
+                            continue
+                        command = proto.result_command(result)
                 plain = plain_of(doc) if action == "enqueue" else None
                 if plain is not None and plain[0] not in tasks:
                     task_id, task_type, task_data, max_retries, hours = plain
@@ -1563,7 +1567,13 @@ class Node:
                                         if ids[-1] is task_id:
                                             runs[shard] = (merged.records, ids, last)
                             continue
-            self._line(line, doc)
+                if plain is not None:
+                    command = proto.enqueue_command(plain)
+            if command is not None:
+                # The long way without parsing the line again (`_line` would get the same).
+                _HANDLERS[type(command)](self, command)
+            else:
+                self._line(line, doc)
             shards, runs_free = 0, None
             runs.clear()
             if self.phase is _STOPPED:

@@ -76,6 +76,7 @@ __all__ = [
     "ack_lines",
     "ack_registered",
     "encode_message",
+    "enqueue_command",
     "error",
     "execute",
     "failed_to_enqueue",
@@ -87,6 +88,7 @@ __all__ = [
     "plain_enqueue",
     "plain_result",
     "progress",
+    "result_command",
     "sniff_task_id",
     "stats",
     "timed_out",
@@ -383,7 +385,17 @@ def _plain_enqueue(doc: dict[str, Any]) -> Enqueue | None:
     range, every optional one absent or null — or None: then `_parse_enqueue` decides (and
     words the error). The result is what `_parse_enqueue` returns for such an object."""
     plain = plain_enqueue(doc)
-    return None if plain is None else _new_plain_enqueue(*plain)
+    return None if plain is None else enqueue_command(plain)
+
+
+def enqueue_command(plain: PlainEnqueue) -> Enqueue:
+    """The `Enqueue` that `parse_line` gives for the object `plain_enqueue` took `plain` from."""
+    return _new_plain_enqueue(*plain)
+
+
+def result_command(plain: PlainResult) -> Result:
+    """The `Result` that `parse_line` gives for the object `plain_result` took `plain` from."""
+    return _new_result(*plain)
 
 
 #: What `plain_enqueue` gives: task_id, task_type, task_data, max_retries, retry_after_hours.
@@ -431,7 +443,7 @@ def _plain_result(doc: dict[str, Any]) -> Result | None:
     """The `Result` of a plainly valid result object (see `plain_result`), or None:
     `_parse_result` decides."""
     plain = plain_result(doc)
-    return None if plain is None else _new_result(*plain)
+    return None if plain is None else result_command(plain)
 
 
 #: What `plain_result` gives: task_id, success, error_msg, attempt.
