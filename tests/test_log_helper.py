@@ -110,3 +110,28 @@ async def test_poll_helper_answers_what_the_helper_synced_without_waiting(tmp_pa
             assert await log.append(path, [line(3)]) == (len(line(1)) + len(line(2)),)
         assert log._helper is helper
     assert ids(read_all(path)[0]) == ["t1", "t2", "t3"]
+
+
+async def test_poll_helper_leaves_a_dead_helper_to_the_log_s_reader(tmp_path: Path) -> None:
+    # A poll that finds the helper gone neither raises nor answers anything: the log's
+    # reader of the answers sees the end of the socket too and fails what was held, once.
+    path = tmp_path / "tasks.log"
+    async with GroupCommitLog(sync_helper=True) as log:
+        await log.append(path, [line(1)])
+        helper = log._helper
+        assert helper is not None
+        helper.proc.kill()
+        helper.proc.wait()
+        outcome: list[object] = []
+        log.submit(path, [line(2)], outcome.append)
+        log.poll_helper()
+        log.poll_helper()
+        assert outcome == []
+        with trio.fail_after(10):
+            while not outcome:
+                await trio.sleep(0.001)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], OSError) and outcome[0].errno == errno.EIO
+        assert log._helper is None
+        assert await log.append(path, [line(3)]) == (len(line(1)),)
+    assert ids(read_all(path)[0]) == ["t1", "t3"]

@@ -1458,9 +1458,12 @@ class Node:
         absent or null), decided here in one loop while running: what `_on_enqueue` does for
         it, without building the `Enqueue`, its record joining the run of plain enqueues to
         its shard (`_append_run`, a list extended in place while no other line comes
-        between). A plain enqueue this loop cannot decide alone (its id pending, its shard not
-        ours: the inbox, or a task that might run at once) and every other line go to `_line`
-        (after which nothing this loop holds is trusted). Blank lines are skipped."""
+        between). The commonest result, a success of a running attempt, is decided here too
+        (`_plain_success`). A plain enqueue or result this loop cannot decide alone (an
+        enqueue's id pending, its shard not ours: the inbox, or a task that might run at once;
+        a failure) goes to its handler with the command built from the fields already taken;
+        every other line goes to `_line`. After either, nothing this loop holds is trusted.
+        Blank lines are skipped."""
         loads = orjson.loads
         decode_error = orjson.JSONDecodeError
         plain_of = proto.plain_enqueue
@@ -1484,7 +1487,7 @@ class Node:
                 if proto.is_blank_line(line):
                     continue  # skipped without an answer, as upstream does
                 doc = _NOT_JSON
-            #: A line plainly valid but not decided here: its command, for the long way.
+            # A line plainly valid but not decided here: its command, for the long way.
             command: proto.Enqueue | proto.Result | None = None
             if type(doc) is dict and self.phase is _NODE_RUNNING and len(line) <= max_line:
                 action = doc.get("action")

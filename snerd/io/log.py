@@ -1271,9 +1271,8 @@ class GroupCommitLog:
         while helper is not None and self._hsent and self._helper is helper:
             try:
                 failed = helper.reply_nowait()
-            except (OSError, EOFError) as exc:
-                self._helper_lost(helper, exc)
-                return
+            except (OSError, EOFError):
+                return  # the helper is gone: its reader (`_helper_replies`) sees it too
             if failed is _NO_REPLY:
                 return
             self._helper_answered(failed)
