@@ -44,6 +44,8 @@ async def test_sync_helper_failure_cuts_every_batch_written_after_the_failed_one
 async def test_a_dead_sync_helper_fails_what_it_held_and_the_writer_thread_takes_over(
     tmp_path: Path
 ) -> None:
+    # A poll that finds the helper gone neither raises nor answers: the log's reader of the
+    # answers sees the end of the socket and fails what the helper held, once.
     path = tmp_path / "tasks.log"
     async with GroupCommitLog(sync_helper=True) as log:
         await log.append(path, [line(1)])
@@ -54,9 +56,12 @@ async def test_a_dead_sync_helper_fails_what_it_held_and_the_writer_thread_takes
         helper.proc.wait()
         outcome: list[object] = []
         log.submit(path, [line(3)], outcome.append)
+        log.poll_helper()
+        assert outcome == []
         with trio.fail_after(10):
             while not outcome:
                 await trio.sleep(0.001)
+        assert len(outcome) == 1
         assert isinstance(outcome[0], OSError) and outcome[0].errno == errno.EIO
         assert log._helper is None
         (off,) = await log.append(path, [line(4)])  # the writer thread, as without a helper
@@ -111,27 +116,3 @@ async def test_poll_helper_answers_what_the_helper_synced_without_waiting(tmp_pa
         assert log._helper is helper
     assert ids(read_all(path)[0]) == ["t1", "t2", "t3"]
 
-
-async def test_poll_helper_leaves_a_dead_helper_to_the_log_s_reader(tmp_path: Path) -> None:
-    # A poll that finds the helper gone neither raises nor answers anything: the log's
-    # reader of the answers sees the end of the socket too and fails what was held, once.
-    path = tmp_path / "tasks.log"
-    async with GroupCommitLog(sync_helper=True) as log:
-        await log.append(path, [line(1)])
-        helper = log._helper
-        assert helper is not None
-        helper.proc.kill()
-        helper.proc.wait()
-        outcome: list[object] = []
-        log.submit(path, [line(2)], outcome.append)
-        log.poll_helper()
-        log.poll_helper()
-        assert outcome == []
-        with trio.fail_after(10):
-            while not outcome:
-                await trio.sleep(0.001)
-        assert len(outcome) == 1
-        assert isinstance(outcome[0], OSError) and outcome[0].errno == errno.EIO
-        assert log._helper is None
-        assert await log.append(path, [line(3)]) == (len(line(1)),)
-    assert ids(read_all(path)[0]) == ["t1", "t3"]
