@@ -38,6 +38,8 @@ class Bench:
 
 BENCHES = [
     Bench("raw1", raw.raw_fsync1, 50_000, 2.0, "raw append + fsync per record"),
+    Bench("raw1-paced", raw.raw_fsync1_paced, 20_000, 2.0,
+          "raw append + fsync per record, after an idle pause each"),
     Bench("raw64", raw.raw_fsync64, 2_000_000, 2.0, "raw appends, one fsync per 64"),
     Bench("huey-enqueue", huey_bench.huey_enqueue, 50_000, 2.0, "Huey SqliteHuey enqueue"),
     Bench("huey-e2e", huey_bench.huey_e2e, 50_000, 4.0, "Huey enqueue + in-process drain"),
@@ -59,7 +61,7 @@ BENCHES = [
           "enqueues through the shard's owner vs through a daemon owning no shard"),
 ]
 GROUPS = {
-    "raw": ["raw1", "raw64"],
+    "raw": ["raw1", "raw1-paced", "raw64"],
     "huey": ["huey-enqueue", "huey-e2e"],
     "snerd": ["pipelined", "seq", "e2e", "sdk", "exec"],
     "protocol": ["pipelined", "seq", "e2e", "exec"],
@@ -176,6 +178,12 @@ def build_rows(r: Results) -> list[Row]:
     # Baselines.
     rows.append(Row("raw append+fsync, 1 fsync/record", rate_text("raw_fsync1", "rec/s")))
     rows.append(Row("raw append+fsync, 1 fsync/record: latency", lat_text("raw_fsync1")))
+    rows.append(
+        Row(
+            f"raw append+fsync, paced ({raw.PACED_GAP_S * 1e6:.0f} µs idle before each): latency",
+            lat_text("raw_fsync1_paced"),
+        )
+    )
     rows.append(Row("raw append, 1 fsync/64 records", rate_text("raw_fsync64", "rec/s")))
     rows.append(Row("Huey SqliteHuey(fsync=True): enqueue", rate_text("huey_enqueue", "jobs/s")))
     rows.append(Row("Huey SqliteHuey(fsync=True): enqueue+drain", rate_text("huey_e2e", "jobs/s")))

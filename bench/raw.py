@@ -6,6 +6,11 @@ Two shapes, both one `write(2)` per record on an `O_APPEND` file, as a log write
   means "durable"; its rate is what any one-at-a-time durable queue can reach.
 - `raw_fsync64`: 64 writes, then one fsync. The rate a group-committing writer could reach if
   every batch held 64 records and nothing else cost anything.
+- `raw_fsync1_paced`: write + fsync per record, each after an idle pause since the last one
+  returned (`PACED_GAP_S`, about what a daemon answering one request at a time spends between
+  two of its fsyncs: its own work and the peer's turn). No target: it shows what the same disk
+  gives a writer that is not back to back, which on a virtual disk is slower, most of all at the
+  tail (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import time
 
 from bench.common import Budget, Latency, Measurement, Rate, Scratch, json_line
 
-__all__ = ["raw_fsync1", "raw_fsync64"]
+__all__ = ["PACED_GAP_S", "raw_fsync1", "raw_fsync1_paced", "raw_fsync64"]
+
+#: The idle pause before each write of `raw_fsync1_paced` (seconds).
+PACED_GAP_S = 250e-6
 
 
 def _open(directory: str) -> int:
@@ -49,6 +57,33 @@ def raw_fsync1(scratch: Scratch, count: int, seconds: float) -> list[Measurement
         finally:
             os.close(fd)
     return [Rate("raw_fsync1", n, elapsed), Latency("raw_fsync1", tuple(samples))]
+
+
+def raw_fsync1_paced(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
+    """One fsync per record, each write `PACED_GAP_S` after the last fsync returned (slept,
+    not spun): the latency of each write+fsync."""
+    lines = [json_line(i) for i in range(min(count, 100_000))]
+    with scratch.directory("raw1-paced") as d:
+        fd = _open(d)
+        try:
+            for line in lines[:50]:
+                os.write(fd, line)
+                os.fsync(fd)
+            samples: list[float] = []
+            budget = Budget(count, seconds)
+            perf, sleep = time.perf_counter, time.sleep
+            write, fsync = os.write, os.fsync
+            n = 0
+            while budget.more(n):
+                sleep(PACED_GAP_S)
+                t = perf()
+                write(fd, lines[n % len(lines)])
+                fsync(fd)
+                samples.append(perf() - t)
+                n += 1
+        finally:
+            os.close(fd)
+    return [Latency("raw_fsync1_paced", tuple(samples))]
 
 
 def raw_fsync64(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
