@@ -32,10 +32,13 @@ def _open(directory: str) -> int:
     )
 
 
-def raw_fsync1(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
-    """One fsync per record: records/s and the latency of each write+fsync."""
+def _fsync_each(
+    scratch: Scratch, name: str, count: int, seconds: float, gap_s: float
+) -> tuple[list[float], float]:
+    """write + fsync per record (each after `gap_s` of sleep when not 0): the latency of each,
+    and the time the loop took."""
     lines = [json_line(i) for i in range(min(count, 100_000))]
-    with scratch.directory("raw1") as d:
+    with scratch.directory(name) as d:
         fd = _open(d)
         try:
             for line in lines[:50]:  # warm-up: allocate the first blocks
@@ -43,11 +46,13 @@ def raw_fsync1(scratch: Scratch, count: int, seconds: float) -> list[Measurement
                 os.fsync(fd)
             samples: list[float] = []
             budget = Budget(count, seconds)
-            perf = time.perf_counter
+            perf, sleep = time.perf_counter, time.sleep
             write, fsync = os.write, os.fsync
             n = 0
             start = perf()
             while budget.more(n):
+                if gap_s:
+                    sleep(gap_s)
                 t = perf()
                 write(fd, lines[n % len(lines)])
                 fsync(fd)
@@ -56,33 +61,19 @@ def raw_fsync1(scratch: Scratch, count: int, seconds: float) -> list[Measurement
             elapsed = perf() - start
         finally:
             os.close(fd)
-    return [Rate("raw_fsync1", n, elapsed), Latency("raw_fsync1", tuple(samples))]
+    return samples, elapsed
+
+
+def raw_fsync1(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
+    """One fsync per record: records/s and the latency of each write+fsync."""
+    samples, elapsed = _fsync_each(scratch, "raw1", count, seconds, 0.0)
+    return [Rate("raw_fsync1", len(samples), elapsed), Latency("raw_fsync1", tuple(samples))]
 
 
 def raw_fsync1_paced(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
     """One fsync per record, each write `PACED_GAP_S` after the last fsync returned (slept,
     not spun): the latency of each write+fsync."""
-    lines = [json_line(i) for i in range(min(count, 100_000))]
-    with scratch.directory("raw1-paced") as d:
-        fd = _open(d)
-        try:
-            for line in lines[:50]:
-                os.write(fd, line)
-                os.fsync(fd)
-            samples: list[float] = []
-            budget = Budget(count, seconds)
-            perf, sleep = time.perf_counter, time.sleep
-            write, fsync = os.write, os.fsync
-            n = 0
-            while budget.more(n):
-                sleep(PACED_GAP_S)
-                t = perf()
-                write(fd, lines[n % len(lines)])
-                fsync(fd)
-                samples.append(perf() - t)
-                n += 1
-        finally:
-            os.close(fd)
+    samples, _ = _fsync_each(scratch, "raw1-paced", count, seconds, PACED_GAP_S)
     return [Latency("raw_fsync1_paced", tuple(samples))]
 
 
