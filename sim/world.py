@@ -170,6 +170,7 @@ class Settings:
     #: of one inbox file one read takes (`NodeConfig.inbox_read_bytes`; small values make the
     #: owner ingest a file in several chunks).
     inbox_poll_us: int = 100_000
+    inbox_idle_poll_us: int = 1_000_000
     inbox_read_bytes: int = 4 * 1024 * 1024
     #: A writer starts a new inbox file (segment) once one holds this much, and removes the
     #: closed ones once their owner's `.read` hint says they are ingested in full
@@ -253,6 +254,8 @@ class Settings:
             "inbox_segment_bytes": int(pick(300, 8_000)) if on() else 16 * 1024 * 1024,
             "line_burst_us": int(pick(1, 400) * 1000) if on(0.3) else 0,
             "lock_probe": on(),
+            # (Added later: drawn after the others, which stay as they were for each seed.)
+            "inbox_idle_poll_us": 1_000_000 if on(0.5) else int(pick(0.1, 5.0) * SECOND),
         }
         drawn.update(given)
         settings = cls(seed=seed, **drawn)
@@ -566,6 +569,7 @@ class World:
             history_limit=50,
             fence=not self.s.unsafe_no_fence,
             inbox_poll_us=self.s.inbox_poll_us,
+            inbox_idle_poll_us=self.s.inbox_idle_poll_us,
             inbox_read_bytes=self.s.inbox_read_bytes,
             inbox_segment_bytes=self.s.inbox_segment_bytes,
             lock_proves_liveness=self.s.probes_locks,

@@ -138,6 +138,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     offset = _seconds(env, "SNERD_TEST_CLOCK_OFFSET", 0.0, minimum=-math.inf)
     max_line = _int(env, "SNERD_MAX_LINE_BYTES", 64 * 1024 * 1024, minimum=1024)
     inbox_poll_ms = _int(env, "SNERD_INBOX_POLL_MS", 100, minimum=1)
+    inbox_idle_poll_ms = _int(env, "SNERD_INBOX_IDLE_POLL_MS", 1000, minimum=1)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
@@ -158,6 +159,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         backoff=backoff,
         jitter_seed=secrets.randbits(32),
         inbox_poll_us=inbox_poll_ms * 1000,
+        inbox_idle_poll_us=inbox_idle_poll_ms * 1000,
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,
     )

@@ -61,6 +61,8 @@ class FakeShell:
         self.hold_membership = False
         self.held_membership: deque[fx.WriteMembership] = deque()
         self.queue: deque[ev.Event] = deque()
+        #: `ReadInbox` effects carried out (looks at the inboxes).
+        self.inbox_reads = 0
 
     # -------------------------------------------------------------- driving
 
@@ -263,6 +265,7 @@ class FakeShell:
                 )
             self.queue.append(ev.InboxProgress(segments=tuple(found)))
         elif isinstance(effect, fx.ReadInbox):
+            self.inbox_reads += 1
             chunks = []
             present = tuple(
                 (shard, tuple(sorted(n for s, n in self.disk["inboxes"] if s == shard)))

@@ -14,14 +14,20 @@ from snerd.core.timefmt import format_rfc3339
 from tests.fakeshell import SECOND, FakeShell
 
 
-def pair() -> tuple[FakeShell, FakeShell]:
-    """An owner of the only shard, and a second node on the same disk that owns nothing."""
+def pair(other_config: NodeConfig | None = None) -> tuple[FakeShell, FakeShell]:
+    """An owner of the only shard, and a second node on the same disk that owns nothing; the
+    owner has seen it in membership.json (one round), so it looks at its inboxes every
+    `inbox_poll_us`."""
     owner = FakeShell(NodeConfig(node_id="owner@pid-1-a"))
     owner.start()
     assert owner.node.owned_shards == [0]
-    other = FakeShell(NodeConfig(node_id="other@pid-2-b"), disk=owner.disk)
+    other = FakeShell(other_config or NodeConfig(node_id="other@pid-2-b"), disk=owner.disk)
     other.start()
     assert other.node.phase is NodePhase.RUNNING and other.node.owned_shards == []
+    round_s = owner.node.config.ownership.renew_interval_us / SECOND
+    owner.advance(round_s)
+    other.advance(round_s)  # (the two clocks stay together)
+    assert owner.node.peers_live and owner.node.owned_shards == [0]
     return owner, other
 
 
@@ -223,12 +229,7 @@ def test_a_drain_does_not_wait_long_for_an_inbox_nobody_reads() -> None:
 
 
 def test_a_full_inbox_segment_is_closed_and_removed_once_ingested() -> None:
-    owner = FakeShell(NodeConfig(node_id="owner@pid-1-a"))
-    owner.start()
-    other = FakeShell(
-        NodeConfig(node_id="other@pid-2-b", inbox_segment_bytes=600), disk=owner.disk
-    )
-    other.start()
+    owner, other = pair(NodeConfig(node_id="other@pid-2-b", inbox_segment_bytes=600))
     owner.register("t")
     for i in range(6):
         other.enqueue(f"t{i}")
@@ -269,3 +270,39 @@ def test_a_plain_task_from_an_inbox_runs_at_once_though_the_owners_clock_is_behi
     assert owner.executed_ids() == ["plain"]
     owner.advance(1)
     assert owner.executed_ids() == ["plain", "timed"]
+
+
+def test_a_lone_owner_looks_at_its_inboxes_seldom_and_often_once_membership_names_another() -> None:
+    owner = FakeShell(NodeConfig(node_id="owner@pid-1-a"))
+    owner.start()
+    idle_s = owner.node.config.inbox_idle_poll_us / SECOND
+    poll_s = owner.node.config.inbox_poll_us / SECOND
+    assert idle_s >= 10 * poll_s
+    before = owner.inbox_reads
+    owner.advance(3 * idle_s)
+    assert owner.inbox_reads - before == 3  # nothing can write to them: once a second
+    other = FakeShell(NodeConfig(node_id="other@pid-2-b"), disk=owner.disk)
+    other.start()  # its heartbeat is in membership.json now; the owner reads it next round
+    owner.advance(owner.node.config.ownership.renew_interval_us / SECOND)
+    assert owner.node.peers_live
+    before = owner.inbox_reads
+    owner.advance(1.0)
+    assert owner.inbox_reads - before >= round(1.0 / poll_s) - 1
+
+
+def test_a_task_through_a_node_the_owner_has_not_seen_yet_waits_at_most_the_idle_poll() -> None:
+    owner = FakeShell(NodeConfig(node_id="owner@pid-1-a"))
+    owner.start()
+    owner.register("t")
+    other = FakeShell(NodeConfig(node_id="other@pid-2-b"), disk=owner.disk)
+    other.start()
+    assert not owner.node.peers_live  # (no membership read since the other started)
+    other.enqueue("a")
+    owner.advance(0.15)
+    assert owner.executed_ids() == []  # the owner still looks once a second
+    owner.advance(owner.node.config.inbox_idle_poll_us / SECOND)
+    assert owner.executed_ids() == ["a"]
+    # An inbox file is there now: the owner looks every `inbox_poll_us` again.
+    other.enqueue("b")
+    owner.advance(0.15)
+    assert owner.executed_ids() == ["a", "b"]

@@ -206,6 +206,10 @@ class NodeConfig:
     #: How often the owner of a shard looks for tasks other nodes put in its inbox files
     #: (SNERD_INBOX_POLL_MS), and how much of one inbox file it takes in one read.
     inbox_poll_us: int = 100_000
+    #: How often it looks while nothing can be writing to them (SNERD_INBOX_IDLE_POLL_MS):
+    #: membership names no other node and the last look found no inbox file in its shards'
+    #: folders (`Node._inbox_poll_interval`). At least `inbox_poll_us`.
+    inbox_idle_poll_us: int = SECOND
     inbox_read_bytes: int = 4 * 1024 * 1024
     #: This node's own inbox files: a new segment is started once one holds this much, and
     #: closed segments are removed once their owner has ingested them (checked this often).
@@ -429,6 +433,8 @@ class Node:
         #: Whether `doc` names another node as a shard's owner (`live_foreign`): worked out
         #: once per document, not on every `wake_in`.
         self.doc_names_others = False
+        #: The last membership read found a live heartbeat of another node.
+        self.peers_live = False
         self.shards: dict[int, ShardInfo] = {}
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
@@ -845,6 +851,9 @@ class Node:
                 if now.mono - since > forget:
                     del self.dead_nodes[dead]
             live = [n for n in live if n not in self.dead_nodes]
+        self.peers_live = len(live) > 1  # (`live` names this node too)
+        if self.peers_live:
+            self._inbox_poll_soon()  # one may be writing to our inboxes now
         releases: list[int] = []
         if self.phase is _DRAINING:
             # Renewals go on during a drain (upstream let leases lapse), but nothing new is
@@ -1176,6 +1185,8 @@ class Node:
         """Our claim (at `loc`) fences the shard: it is ours to act for."""
         info.claim_loc = loc
         info.phase = _ACTIVE
+        # Its inbox may hold tasks (written while it was another's, or loading): look soon.
+        self._inbox_poll_soon()
         if self.phase is _STARTING:
             self._maybe_running()
         else:
@@ -2968,9 +2979,30 @@ class Node:
         self.inbox_busy = True
         self._emit(fx.ReadInbox(offsets=offsets, max_bytes=self.config.inbox_read_bytes))
 
+    def _inbox_poll_interval(self, found: bool) -> int:
+        """How long until the next look at the inboxes, `found` saying whether this one found
+        any inbox file. Every `inbox_poll_us` while another node may be writing to them: one
+        is named in membership.json (a claim, or a heartbeat of the last `ttl`), or a file is
+        there (another node's, or this node's own from while a shard was loading).
+        Otherwise every `inbox_idle_poll_us`: a lone daemon does not list its folders ten
+        times a second (each look is a thread hop, and on a distributed filesystem a
+        directory listing per shard). A node that joins is named at the next membership
+        read (`_on_membership_read` then looks sooner), so its first inbox tasks wait at
+        most `inbox_idle_poll_us` for ingestion."""
+        if found or self.peers_live or self.doc_names_others:
+            return self.config.inbox_poll_us
+        return max(self.config.inbox_poll_us, self.config.inbox_idle_poll_us)
+
+    def _inbox_poll_soon(self) -> None:
+        """Bring the next look at the inboxes to `inbox_poll_us` from now at the latest."""
+        at = self._now.mono + self.config.inbox_poll_us
+        if self.inbox_poll_at_mono is not None and self.inbox_poll_at_mono > at:
+            self.inbox_poll_at_mono = at
+
     def _on_inbox_read(self, event: ev.InboxRead) -> None:
         self.inbox_busy = False
-        self.inbox_poll_at_mono = self._now.mono + self.config.inbox_poll_us
+        found = bool(event.chunks) or any(names for _, names in event.present)
+        self.inbox_poll_at_mono = self._now.mono + self._inbox_poll_interval(found)
         for shard, error in event.errors:
             self._log("warning", f"{shard_name(shard)}: cannot read its inbox: {error}")
         for shard, names in event.present:
