@@ -306,3 +306,33 @@ def test_a_task_through_a_node_the_owner_has_not_seen_yet_waits_at_most_the_idle
     other.enqueue("b")
     owner.advance(0.15)
     assert owner.executed_ids() == ["a", "b"]
+
+
+def test_a_shard_taken_over_later_has_its_inbox_looked_at_within_the_poll() -> None:
+    # a and b share a 2-shard queue; b drains and a claims b's shard, whose inbox holds a
+    # task another node wrote: a reads it within `inbox_poll_us` of the claim.
+    def shell(name: str, disk: dict[str, Any] | None = None) -> FakeShell:
+        return FakeShell(NodeConfig(node_id=f"{name}@pid-1-x", new_queue_shards=2), disk=disk)
+
+    a = shell("a")
+    a.start()
+    b = shell("b", a.disk)
+    b.start()
+    for _ in range(60):
+        for sh in (a, b):
+            sh.advance(1)
+    assert len(a.node.owned_shards) == 1 and len(b.node.owned_shards) == 1
+    (taken,) = b.node.owned_shards
+    a.register("t")
+    inbox = a.disk["inboxes"].setdefault((taken, "writer@pid-7-w"), bytearray())
+    inbox += encode_record({"taskId": "w1", "taskType": "t", "taskData": "", "maxRetries": 0})
+    b.feed(ev.DrainRequested(reason="test"))
+    for _ in range(400):
+        for sh in (a, b):
+            sh.advance(0.05)
+        if taken in a.node.owned_shards:
+            break
+    assert taken in a.node.owned_shards and not a.node.peers_live
+    assert a.executed_ids() == []
+    a.advance(a.node.config.inbox_poll_us / SECOND + 0.01)
+    assert a.executed_ids() == ["w1"]

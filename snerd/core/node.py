@@ -1185,8 +1185,6 @@ class Node:
         """Our claim (at `loc`) fences the shard: it is ours to act for."""
         info.claim_loc = loc
         info.phase = _ACTIVE
-        # Its inbox may hold tasks (written while it was another's, or loading): look soon.
-        self._inbox_poll_soon()
         if self.phase is _STARTING:
             self._maybe_running()
         else:
@@ -2981,15 +2979,15 @@ class Node:
 
     def _inbox_poll_interval(self, found: bool) -> int:
         """How long until the next look at the inboxes, `found` saying whether this one found
-        any inbox file. Every `inbox_poll_us` while another node may be writing to them: one
-        is named in membership.json (a claim, or a heartbeat of the last `ttl`), or a file is
-        there (another node's, or this node's own from while a shard was loading).
-        Otherwise every `inbox_idle_poll_us`: a lone daemon does not list its folders ten
-        times a second (each look is a thread hop, and on a distributed filesystem a
-        directory listing per shard). A node that joins is named at the next membership
-        read (`_on_membership_read` then looks sooner), so its first inbox tasks wait at
-        most `inbox_idle_poll_us` for ingestion."""
-        if found or self.peers_live or self.doc_names_others:
+        any inbox file. Every `inbox_poll_us` while another node may be writing to them: the
+        last membership read found another node's heartbeat live (`peers_live`), or a file
+        is there (another node's, a dead one's not yet ingested, or this node's own from
+        while a shard was loading). Otherwise every `inbox_idle_poll_us`: a lone daemon does
+        not list its folders ten times a second (each look is a thread hop, and on a
+        distributed filesystem a directory listing per shard). A node that joins is seen at
+        the next membership read (`_on_membership_read` then looks sooner), so its first
+        inbox tasks wait at most `inbox_idle_poll_us` for ingestion."""
+        if found or self.peers_live:
             return self.config.inbox_poll_us
         return max(self.config.inbox_poll_us, self.config.inbox_idle_poll_us)
 
