@@ -207,8 +207,9 @@ class NodeConfig:
     #: (SNERD_INBOX_POLL_MS), and how much of one inbox file it takes in one read.
     inbox_poll_us: int = 100_000
     #: How often it looks while nothing can be writing to them (SNERD_INBOX_IDLE_POLL_MS):
-    #: membership names no other node and the last look found no inbox file in its shards'
-    #: folders (`Node._inbox_poll_interval`). At least `inbox_poll_us`.
+    #: no other node's heartbeat was live at the last membership read and the last look found
+    #: no inbox file in its shards' folders (`Node._inbox_poll_interval`). At least
+    #: `inbox_poll_us`.
     inbox_idle_poll_us: int = SECOND
     inbox_read_bytes: int = 4 * 1024 * 1024
     #: This node's own inbox files: a new segment is started once one holds this much, and
