@@ -1059,6 +1059,29 @@ def _result_lines(*ids: str, ok: bool = True) -> list[ev.Event]:
     ]
 
 
+def test_a_cron_tasks_success_amid_plain_enqueues_leaves_each_record_to_its_task() -> None:
+    # One stdin chunk: plain enqueues (a run the line loop extends in place), the success of
+    # a running cron task (re-armed: a record of its own, not a tombstone), another plain
+    # enqueue. Each task's location must hold its own record, the re-armed task's included.
+    sh = started()
+    sh.register("t")
+    sh.enqueue("tick", task_type="t", cron="10s")
+    sh.advance(10.5)
+    assert sh.executed_ids() == ["tick"]
+    lines = [e.line for e in _enqueue_lines("x", "a")]
+    lines += [orjson.dumps({"action": "result", "task_id": "tick", "status": "success"})]
+    lines += [e.line for e in _enqueue_lines("b")]
+    sh.burst([ev.LinesReceived(lines=lines)])
+    assert [m.get("task_id") for m in sh.messages("ack")][-3:] == ["x", "a", "b"]
+    log = bytes(sh.disk["logs"][0])
+    for task_id in ("x", "a", "tick", "b"):
+        loc = sh.node.tasks[task_id].loc
+        assert loc is not None
+        assert orjson.loads(log[loc.offset : loc.offset + loc.length])["taskId"] == task_id
+    sh.advance(10)
+    assert sh.executed_ids() == ["tick", "tick"]
+
+
 def test_the_tombstones_of_a_burst_of_results_are_one_append() -> None:
     sh = started()
     sh.register("t")

@@ -1876,15 +1876,14 @@ class Node:
     def _plain_success(self, result: proto.PlainResult) -> bool:
         """`_on_result` for the commonest result, a success of a running attempt of a task
         that is not a cron task, without building the `Result` (`_lines`); False, having done
-        nothing, for any other result: `_on_result` takes it."""
+        nothing, for any other result: `_on_result` takes it. A success writes only a
+        tombstone, which goes to the call's lazy append, so the line loop's open run of plain
+        enqueues stays whole; a cron task's re-arm record would land inside that run."""
         task_id, success, _, attempt = result
         task = self._result_task(task_id, attempt) if success else None
         if task is None or task.cron is not None:
             return False
-        # `_attempt_ended` and `_succeeded` for it.
-        self.stats["total_executed"] += 1
-        self._end_flight(task)
-        self._complete(task)
+        self._attempt_ended(task, True, "")
         return True
 
     def _on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
