@@ -92,6 +92,7 @@ _TICK = ev.Tick()
 _line_received = slot_constructor(ev.LineReceived, "line")
 _inbox_read = slot_constructor(ev.InboxRead, "chunks", "present")
 _append_committed = slot_constructor(ev.AppendCommitted, "token", "offsets", "lengths")
+_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 _membership_read = slot_constructor(ev.MembershipRead, "doc")
 
 
@@ -1086,7 +1087,13 @@ class World:
         status = fs.status(handle)
         if status == "durable" or status == "replaced":
             # fsync returned: the shell reports success even for a replaced file (it cannot
-            # know); the checkers see whether the record is in the log.
+            # know); the checkers see whether the record is in the log. First the acks the
+            # node lets go at once (a paused shell sends them when it resumes, through the
+            # burst that handles the commit).
+            if proc.state == "running" and not pending.inbox:
+                acked = proc.node.acks_on_commit(pending.token, proc.clock.now(self.t))
+                if acked:
+                    self._fx_ack_enqueued(proc, _ack_enqueued(acked, pending.shard))
             self._deliver(proc, _append_committed(pending.token, pending.offsets, pending.lengths))
 
     def _record_inbox(self, pending: _Append, name: str) -> None:

@@ -52,6 +52,12 @@ class FakeShell:
         #: Appends held back (not yet committed) when `hold_appends` is on.
         self.hold_appends = False
         self.held: deque[fx.Append | fx.AppendInbox] = deque()
+        #: Send the acks the node lets go as an append commits (`Node.acks_on_commit`), as
+        #: the daemon does; off: every ack comes from the burst that handles the commit.
+        self.early_acks = True
+        #: Appends committed while carrying out a call's effects, whose acks the node may let
+        #: go once they are all carried out (as the daemon commits at the end of a burst).
+        self.committing: list[tuple[int, int]] = []
         #: Inbox appends held back too (`hold_appends` is for tasks.log).
         self.hold_inbox = False
         #: Compactions held back (not yet run) when `hold_compaction` is on.
@@ -78,6 +84,14 @@ class FakeShell:
             e = self.queue.popleft()
             for effect in fx.lazy_last(self.node.handle(e, self.now())):
                 self._do(effect)
+            self._ack_committed()
+
+    def _ack_committed(self) -> None:
+        """Send the acks the node lets go for the appends just committed."""
+        committing, self.committing = self.committing, []
+        for token, shard in committing:
+            acked = self.node.acks_on_commit(token, self.now())
+            self.sent += [proto.ack_enqueued(t, shard) for t in acked]
 
     def start(self) -> None:
         self.feed(ev.Started())
@@ -92,6 +106,7 @@ class FakeShell:
         effects = self.node.handle_burst(deque(events), self.now(), len(events))
         for effect in fx.lazy_last(effects):
             self._do(effect)
+        self._ack_committed()
         self._pump()
         return effects
 
@@ -134,6 +149,7 @@ class FakeShell:
                 self._commit_inbox(effect)
             else:
                 self._commit(effect)
+        self._ack_committed()
         self._pump()
 
     # -------------------------------------------------------------- shortcuts
@@ -343,6 +359,8 @@ class FakeShell:
             offsets.append(len(log))
             lengths.append(len(line))
             log += line
+        if self.early_acks:
+            self.committing.append((effect.token, effect.shard))
         self.queue.append(
             ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
         )

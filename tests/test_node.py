@@ -874,6 +874,75 @@ def test_a_step_down_answers_each_plain_enqueue_of_a_burst_still_in_flight() -> 
     assert not sh.messages("ack")  # answered once, never acked after the error
 
 
+def test_plain_enqueues_are_acked_as_their_append_commits_and_not_again() -> None:
+    # The shell asks as the fsync returns (`acks_on_commit`): the acks leave then, and the
+    # burst that handles the commit schedules the tasks without acking them twice.
+    sh = started()
+    sh.hold_appends = True
+    sh.burst(_enqueue_lines("s1", "s2"))
+    (append,) = sh.held
+    assert sh.node.acks_on_commit(append.token, sh.now()) == ["s1", "s2"]
+    assert sh.node.acks_on_commit(append.token, sh.now()) == []  # answered once
+    sh.early_acks = False  # (asked above already)
+    sh.release_held()
+    assert not sh.messages("ack")  # the burst left them to the shell
+    assert {sh.node.tasks[i].state.value for i in ("s1", "s2")} == {"parked"}
+    assert all(sh.node.tasks[i].loc is not None for i in ("s1", "s2"))
+
+
+def test_an_append_that_commits_after_the_lease_ran_out_is_not_acked_early() -> None:
+    # The fsync returned after the lease's end (a hung write): the record may have landed
+    # after another node took the shard over, so no ack; the burst that handles the commit
+    # steps down first and tells the SDK, once.
+    sh = started()
+    sh.hold_appends = True
+    sh.burst(_enqueue_lines("s1", "s2"))
+    deadline = sh.node.lease_deadline_mono
+    assert deadline is not None
+    sh.mono = deadline
+    sh.hold_appends = False
+    sh.release_held()
+    assert not sh.messages("ack")
+    errors = sh.messages("error")
+    assert [m["task_id"] for m in errors] == ["s1", "s2"]
+    assert all("changed owner before the enqueue was confirmed" in m["message"] for m in errors)
+
+
+def test_an_enqueue_acked_early_is_not_refused_when_the_lease_runs_out_before_its_burst() -> (
+    None
+):
+    # Acked as the append committed, within the lease; the lease runs out before the burst
+    # that handles the commit. The step-down must not tell the SDK the enqueue may have been
+    # lost (its record landed in time), and the commit acks nothing again.
+    sh = started()
+    sh.hold_appends = True
+    sh.burst(_enqueue_lines("s1", "s2"))
+    (append,) = sh.held
+    sh.held.clear()
+    sh._commit(append)  # the fsync returns, within the lease
+    sh._ack_committed()
+    assert [m["task_id"] for m in sh.messages("ack")] == ["s1", "s2"]
+    deadline = sh.node.lease_deadline_mono
+    assert deadline is not None
+    sh.mono = deadline  # ... and the burst handling the commit comes after its end
+    sh._pump()
+    assert not sh.messages("error")
+    assert [m["task_id"] for m in sh.messages("ack")] == ["s1", "s2"]
+    assert any("lease ran out" in message for _, message in sh.logs_out)  # it did step down
+
+
+def test_an_append_issued_before_a_step_down_is_not_acked_early_after_it() -> None:
+    # The node stepped down from the shard (its lock failed) while the append was in
+    # flight: it told the SDK then; the append's commit must not ack it as well.
+    sh = started()
+    sh.hold_appends = True
+    sh.burst(_enqueue_lines("s1"))
+    (append,) = sh.held
+    sh.feed(ev.LockLost(shard=0, error="Input/output error (EIO)"))
+    assert [m["task_id"] for m in sh.messages("error")] == ["s1"]
+    assert sh.node.acks_on_commit(append.token, sh.now()) == []
+
+
 _PLAIN_LINE = st.builds(
     lambda i, kind: {
         "action": "enqueue",

@@ -40,7 +40,7 @@ class _Peer:
         pass
 
 
-def _enqueue(task_id: str) -> bytes:
+def _enqueue(task_id: str, **options: Any) -> bytes:
     return orjson.dumps(
         {
             "action": "enqueue",
@@ -49,6 +49,7 @@ def _enqueue(task_id: str) -> bytes:
             "task_data": "{}",
             "max_retries": 0,
             "retry_after_hours": 0,
+            **options,
         }
     )
 
@@ -115,7 +116,26 @@ async def test_a_long_run_of_enqueues_goes_to_the_log_a_burst_at_a_time(tmp_path
 
 async def test_commits_taken_between_bursts_jump_lines_only(tmp_path: Path) -> None:
     # The helper's answer taken between two bursts goes ahead of the lines still queued, not
-    # of other events (the log's own outcomes among them keep the order it gave them).
+    # of other events (the log's own outcomes among them keep the order it gave them). Seen
+    # through enqueues with an option, which the node acks as it handles the commit.
+    async with _running(tmp_path) as (runtime, peer, log):
+        lines = [_enqueue(f"t{i}", urgency_score=5) for i in range(20)]
+        runtime.feed([ev.LinesReceived(lines=lines)])
+        assert log._helper is not None and log._hsent
+        readable, _, _ = select.select([log._helper.sock], [], [], 10)
+        assert readable
+        stats = [b'{"action":"stats"}'] * EVENT_BURST
+        runtime.feed([ev.LinesReceived(lines=stats), ev.Tick(), ev.LinesReceived(lines=stats)])
+        actions = [m["action"] for m in peer.out]
+        assert actions == ["stats"] * 2 * EVENT_BURST + ["ack"] * 20
+
+
+async def test_plain_enqueues_are_acked_as_they_commit_before_the_node_handles_it(
+    tmp_path: Path,
+) -> None:
+    # The same run with plain enqueues: their acks leave as soon as the helper's answer is
+    # taken (`Node.acks_on_commit`), ahead of the tick still queued before the commit, and
+    # the burst that handles the commit later acks none of them again.
     async with _running(tmp_path) as (runtime, peer, log):
         runtime.feed([ev.LinesReceived(lines=[_enqueue(f"t{i}") for i in range(20)])])
         assert log._helper is not None and log._hsent
@@ -124,4 +144,9 @@ async def test_commits_taken_between_bursts_jump_lines_only(tmp_path: Path) -> N
         stats = [b'{"action":"stats"}'] * EVENT_BURST
         runtime.feed([ev.LinesReceived(lines=stats), ev.Tick(), ev.LinesReceived(lines=stats)])
         actions = [m["action"] for m in peer.out]
-        assert actions == ["stats"] * 2 * EVENT_BURST + ["ack"] * 20
+        assert actions == ["stats"] * EVENT_BURST + ["ack"] * 20 + ["stats"] * EVENT_BURST
+        assert [m["task_id"] for m in peer.out if m["action"] == "ack"] == [
+            f"t{i}" for i in range(20)
+        ]
+        # The commit was handled too: every task knows where its record is.
+        assert all(runtime.node.tasks[f"t{i}"].loc is not None for i in range(20))

@@ -397,7 +397,8 @@ class PendingAppend:
     #: For outcome appends: the effect to retry with if it fails.
     effect: fx.Append | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: The SDK was already answered (an enqueue whose shard changed owner before it committed).
+    #: The SDK was already answered: acked as the append committed (`Node.acks_on_commit`),
+    #: or told the shard changed owner before it did (`Node._step_down`).
     answered: bool = False
     #: The shard's tenure when the append was issued (`ShardInfo.tenure`).
     tenure: int = 0
@@ -2305,6 +2306,45 @@ class Node:
 
     # ------------------------------------------------------------------ append outcomes
 
+    def acks_on_commit(self, token: int, now: ev.Now) -> list[str]:
+        """The plain enqueues of the append `token`, which the shell has just found durable,
+        that may be acked at once, before the node handles its `AppendCommitted`: the shell
+        sends these acks straight after the fsync, so an enqueue's answer does not wait for
+        the burst that handles the commit. They are marked answered, and that burst acks
+        the rest (`_enqueues_committed`) or, if the node stepped down from the shard
+        meanwhile, tells the SDK of the rest only (`_step_down`).
+
+        The same test as that burst's: the lease still runs at `now` (read after the fsync
+        returned, so a record that landed after the lease ran out is never acked), and the
+        enqueue is not answered yet (a step-down from the shard answered every enqueue of it
+        in flight, and a reload forgot its tasks). Only an append made of plain enqueues,
+        dispatch records and tombstones answers early, so acks leave in the order of their
+        enqueues (another kind of part, an enqueue with options, say, is acked by the
+        burst). Pure: reads the node, marks the parts, emits nothing."""
+        p = self.pending.get(token)
+        if p is None:
+            return []
+        deadline = self.lease_deadline_mono
+        if deadline is not None and now.mono >= deadline:
+            return []
+        if p.kind == "group":
+            parts: list[PendingAppend] = p.extra["parts"]
+            runs = [part for part in parts if part.kind == "enqueues"]
+            if not runs or any(part.kind not in _EARLY_ACK_KINDS for part in parts):
+                return []
+        elif p.kind == "enqueues":
+            runs = [p]
+        else:
+            return []
+        tasks = self.tasks
+        acked: list[str] = []
+        for run in runs:
+            if run.answered:
+                continue
+            run.answered = True
+            acked += [task_id for task_id in run.extra["ids"] if task_id in tasks]
+        return acked
+
     def _on_append_committed(self, event: ev.AppendCommitted) -> None:
         p = self.pending.pop(event.token)
         if p.kind == "inbox":
@@ -2339,7 +2379,8 @@ class Node:
     ) -> None:
         """The records of one append (or of one part of merged ones) are in the log."""
         if p.kind == "enqueues":
-            self._enqueues_committed(p.extra["ids"], p.shard, offsets, lengths)
+            # (Answered already: acked by the shell as it committed, `acks_on_commit`.)
+            self._enqueues_committed(p.extra["ids"], p.shard, offsets, lengths, not p.answered)
             return
         if p.kind == "dispatches" or p.kind == "finishes":
             # A run: each task's record committed as its own "dispatch" or "finish" would be.
@@ -2411,10 +2452,15 @@ class Node:
         self._begin_execution(task)
 
     def _enqueues_committed(
-        self, ids: list[str], shard: int, offsets: tuple[int, ...], lengths: tuple[int, ...]
+        self,
+        ids: list[str],
+        shard: int,
+        offsets: tuple[int, ...],
+        lengths: tuple[int, ...],
+        ack: bool,
     ) -> None:
-        """A run of plain enqueues (`_lines`) is in the log: each is acked and
-        scheduled in turn, as an "enqueue" part would be (`_schedule`, for a task with no
+        """A run of plain enqueues (`_lines`) is in the log: each is acked (unless `ack` is
+        false: the shell acked them as they committed, `acks_on_commit`) and scheduled in turn, as an "enqueue" part would be (`_schedule`, for a task with no
         parents, no webhook, due at once and not dispatched with its record): ready, or
         parked when no handler here takes its type (`_park_by_type`). Consecutive ones bound
         for the same queue are pushed there in one call (`ReadyQueue.push_run`)."""
@@ -2448,7 +2494,7 @@ class Node:
             seqs.append(task.seq)
         if queue is not None and keys:
             queue.push_run(keys, seqs, urgency)
-        if acked:
+        if acked and ack:
             self._emit(_new_ack_enqueued(acked, shard))
 
     def _ingested(
@@ -3205,6 +3251,8 @@ _K = TypeVar("_K")
 
 
 _new_send = slot_constructor(fx.Send, "message")
+#: The kinds of part an append acked as it commits may hold (`Node.acks_on_commit`).
+_EARLY_ACK_KINDS = frozenset({"enqueues", "dispatches", "finishes"})
 _new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
 _NOT_JSON = object()
