@@ -1090,7 +1090,7 @@ class World:
             # know); the checkers see whether the record is in the log. First the acks the
             # node lets go at once (a paused shell sends them when it resumes, through the
             # burst that handles the commit).
-            if proc.state == "running" and not pending.inbox:
+            if proc.state == "running":
                 acked = proc.node.acks_on_commit(pending.token, proc.clock.now(self.t))
                 if acked:
                     self._fx_ack_enqueued(proc, _ack_enqueued(acked, pending.shard))

@@ -373,6 +373,8 @@ class FakeShell:
             offsets.append(len(inbox))
             lengths.append(len(line))
             inbox += line
+        if self.early_acks:
+            self.committing.append((effect.token, effect.shard))
         self.queue.append(
             ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
         )

@@ -2307,8 +2307,8 @@ class Node:
     # ------------------------------------------------------------------ append outcomes
 
     def acks_on_commit(self, token: int, now: ev.Now) -> list[str]:
-        """The plain enqueues of the append `token`, which the shell has just found durable,
-        that may be acked at once, before the node handles its `AppendCommitted`: the shell
+        """The plain enqueues of the append `token` (or the enqueue of an inbox append), which
+        the shell has just found durable, that may be acked at once, before the node handles its `AppendCommitted`: the shell
         sends these acks straight after the fsync, so an enqueue's answer does not wait for
         the burst that handles the commit. They are marked answered, and that burst acks
         the rest (`_enqueues_committed`) or, if the node stepped down from the shard
@@ -2324,6 +2324,13 @@ class Node:
         p = self.pending.get(token)
         if p is None:
             return []
+        if p.kind == "inbox":
+            # Durable in this node's own inbox file: acked whatever the lease (the shard's
+            # owner ingests it), as `_on_append_committed` would.
+            if p.answered:
+                return []
+            p.answered = True
+            return [p.task_id or ""]
         deadline = self.lease_deadline_mono
         if deadline is not None and now.mono >= deadline:
             return []
@@ -2351,7 +2358,8 @@ class Node:
             segment: InboxSegment = p.extra["segment"]
             segment.in_flight -= 1
             segment.end = max(segment.end, event.offsets[-1] + event.lengths[-1])
-            self._send(proto.ack_enqueued(p.task_id or "", p.shard))
+            if not p.answered:  # (else acked as it committed, `acks_on_commit`)
+                self._send(proto.ack_enqueued(p.task_id or "", p.shard))
             return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1

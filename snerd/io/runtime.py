@@ -810,22 +810,22 @@ class _Outgoing:
             for token, _ in self.tokens:
                 runtime.submit(ev.AppendFailed(token=token, error=error))
             return
+        flush = runtime._flush_nowait
+        if flush is not None and runtime._deliver_lines is not None:
+            # The acks the node lets go now (`Node.acks_on_commit`) leave before anything
+            # else is done: they do not wait for the burst that handles the commit.
+            node = runtime.node
+            now = runtime.clock.now()
+            sent = False
+            for token, _ in self.tokens:
+                acked = node.acks_on_commit(token, now)
+                if acked:
+                    runtime._deliver_lines(proto.ack_lines(acked, node.pending[token].shard))
+                    sent = True
+            if sent:
+                flush()
         lines = self.lines
         if not self.inbox:
-            flush = runtime._flush_nowait
-            if flush is not None and runtime._deliver_lines is not None:
-                # The acks the node lets go now (`Node.acks_on_commit`) leave before anything
-                # else is done: they do not wait for the burst that handles the commit.
-                node = runtime.node
-                now = runtime.clock.now()
-                sent = False
-                for token, _ in self.tokens:
-                    acked = node.acks_on_commit(token, now)
-                    if acked:
-                        runtime._deliver_lines(proto.ack_lines(acked, node.pending[token].shard))
-                        sent = True
-                if sent:
-                    flush()
             recent = runtime._recent
             assert recent is not None
             recent.remember(self.path, result, lines, self.records)
