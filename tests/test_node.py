@@ -890,6 +890,20 @@ def test_plain_enqueues_are_acked_as_their_append_commits_and_not_again() -> Non
     assert all(sh.node.tasks[i].loc is not None for i in ("s1", "s2"))
 
 
+def test_an_append_one_of_whose_tasks_was_forgotten_is_left_to_the_burst() -> None:
+    # A task of the run was forgotten while its append was in flight (what a reload of the
+    # shard does): the shell acks none of the run, and the burst acks what it always did.
+    sh = started()
+    sh.hold_appends = True
+    sh.burst(_enqueue_lines("s1", "s2"))
+    (append,) = sh.held
+    sh.node._forget("s1")
+    assert sh.node.acks_on_commit(append.token, sh.now()) == []
+    sh.hold_appends = False
+    sh.release_held()
+    assert [m["task_id"] for m in sh.messages("ack")] == ["s2"]
+
+
 def test_an_append_that_commits_after_the_lease_ran_out_is_not_acked_early() -> None:
     # The fsync returned after the lease's end (a hung write): the record may have landed
     # after another node took the shard over, so no ack; the burst that handles the commit

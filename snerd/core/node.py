@@ -2307,49 +2307,46 @@ class Node:
     # ------------------------------------------------------------------ append outcomes
 
     def acks_on_commit(self, token: int, now: ev.Now) -> list[str]:
-        """The plain enqueues of the append `token` (or the enqueue of an inbox append), which
-        the shell has just found durable, that may be acked at once, before the node handles its `AppendCommitted`: the shell
-        sends these acks straight after the fsync, so an enqueue's answer does not wait for
-        the burst that handles the commit. They are marked answered, and that burst acks
-        the rest (`_enqueues_committed`) or, if the node stepped down from the shard
-        meanwhile, tells the SDK of the rest only (`_step_down`).
+        """The enqueues of the append `token`, which the shell has just found durable, that
+        may be acked at once, before the node handles its `AppendCommitted`: the shell sends
+        these acks straight after the fsync, so an enqueue's answer does not wait for the
+        burst that handles the commit. They are marked answered; that burst schedules their
+        tasks without acking them again, and a step-down before it does not tell the SDK
+        they may be lost (`_step_down` skips answered enqueues).
 
-        The same test as that burst's: the lease still runs at `now` (read after the fsync
+        The test is that burst's own: the lease still runs at `now` (read after the fsync
         returned, so a record that landed after the lease ran out is never acked), and the
         enqueue is not answered yet (a step-down from the shard answered every enqueue of it
-        in flight, and a reload forgot its tasks). Only an append made of plain enqueues,
-        dispatch records and tombstones answers early, so acks leave in the order of their
-        enqueues (another kind of part, an enqueue with options, say, is acked by the
-        burst). Pure: reads the node, marks the parts, emits nothing."""
+        in flight). Only an append made of plain enqueues (`_lines`), dispatch records and
+        tombstones is acked here, so acks leave in the order of their enqueues (another kind
+        of part, an enqueue with options, say, is acked by the burst), and only when every
+        one of its tasks is still known (else the burst decides, as before). An enqueue to
+        this node's own inbox file is acked whatever the lease, as the burst would (the
+        shard's owner ingests it). No I/O: reads the node, marks the parts, emits nothing."""
         p = self.pending.get(token)
-        if p is None:
+        if p is None or p.answered:
             return []
         if p.kind == "inbox":
-            # Durable in this node's own inbox file: acked whatever the lease (the shard's
-            # owner ingests it), as `_on_append_committed` would.
-            if p.answered:
-                return []
             p.answered = True
             return [p.task_id or ""]
         deadline = self.lease_deadline_mono
         if deadline is not None and now.mono >= deadline:
             return []
-        if p.kind == "group":
-            parts: list[PendingAppend] = p.extra["parts"]
-            runs = [part for part in parts if part.kind == "enqueues"]
-            if not runs or any(part.kind not in _EARLY_ACK_KINDS for part in parts):
-                return []
-        elif p.kind == "enqueues":
+        if p.kind == "enqueues":
             runs = [p]
+        elif p.kind == "group":
+            parts: list[PendingAppend] = p.extra["parts"]
+            if any(part.kind not in _EARLY_ACK_KINDS for part in parts):
+                return []
+            runs = [part for part in parts if part.kind == "enqueues" and not part.answered]
         else:
             return []
         tasks = self.tasks
-        acked: list[str] = []
+        acked = [task_id for run in runs for task_id in run.extra["ids"]]
+        if not all(task_id in tasks for task_id in acked):
+            return []
         for run in runs:
-            if run.answered:
-                continue
             run.answered = True
-            acked += [task_id for task_id in run.extra["ids"] if task_id in tasks]
         return acked
 
     def _on_append_committed(self, event: ev.AppendCommitted) -> None:
@@ -2468,10 +2465,11 @@ class Node:
         ack: bool,
     ) -> None:
         """A run of plain enqueues (`_lines`) is in the log: each is acked (unless `ack` is
-        false: the shell acked them as they committed, `acks_on_commit`) and scheduled in turn, as an "enqueue" part would be (`_schedule`, for a task with no
-        parents, no webhook, due at once and not dispatched with its record): ready, or
-        parked when no handler here takes its type (`_park_by_type`). Consecutive ones bound
-        for the same queue are pushed there in one call (`ReadyQueue.push_run`)."""
+        false: the shell acked them as they committed, `acks_on_commit`) and scheduled in
+        turn, as an "enqueue" part would be (`_schedule`, for a task with no parents, no
+        webhook, due at once and not dispatched with its record): ready, or parked when no
+        handler here takes its type (`_park_by_type`). Consecutive ones bound for the same
+        queue are pushed there in one call (`ReadyQueue.push_run`)."""
         tasks = self.tasks
         registered = self.registered
         acked: list[str] = []
