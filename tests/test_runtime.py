@@ -81,6 +81,16 @@ def _bursts(lines: list[bytes]) -> list[ev.Event]:
     ]
 
 
+def _twenty_in_the_helper(runtime: Runtime, log: GroupCommitLog, **options: Any) -> None:
+    """Enqueue t0..t19 (more than are committed inline: the sync helper fsyncs them), then
+    block this thread (no trio task runs, so nothing takes the answer) until the helper's
+    answer is there to read."""
+    runtime.feed([ev.LinesReceived(lines=[_enqueue(f"t{i}", **options) for i in range(20)])])
+    assert log._helper is not None and log._hsent
+    readable, _, _ = select.select([log._helper.sock], [], [], 10)
+    assert readable
+
+
 async def test_acks_made_durable_during_a_long_run_of_lines_go_out_before_its_end(
     tmp_path: Path,
 ) -> None:
@@ -89,12 +99,7 @@ async def test_acks_made_durable_during_a_long_run_of_lines_go_out_before_its_en
     # it is handled: the runtime takes the helper's answer between two bursts, so the SDK
     # gets the acks after the first one.
     async with _running(tmp_path) as (runtime, peer, log):
-        runtime.feed([ev.LinesReceived(lines=[_enqueue(f"t{i}") for i in range(20)])])
-        assert log._helper is not None and log._hsent
-        # Block this thread (no trio task runs, so nothing takes the answer) until the
-        # helper's answer is there to read.
-        readable, _, _ = select.select([log._helper.sock], [], [], 10)
-        assert readable
+        _twenty_in_the_helper(runtime, log)
         runtime.feed(_bursts([b'{"action":"stats"}'] * (3 * EVENT_BURST)))
         actions = [m["action"] for m in peer.out]
         assert actions == ["stats"] * EVENT_BURST + ["ack"] * 20 + ["stats"] * 2 * EVENT_BURST
@@ -119,11 +124,7 @@ async def test_commits_taken_between_bursts_jump_lines_only(tmp_path: Path) -> N
     # of other events (the log's own outcomes among them keep the order it gave them). Seen
     # through enqueues with an option, which the node acks as it handles the commit.
     async with _running(tmp_path) as (runtime, peer, log):
-        lines = [_enqueue(f"t{i}", urgency_score=5) for i in range(20)]
-        runtime.feed([ev.LinesReceived(lines=lines)])
-        assert log._helper is not None and log._hsent
-        readable, _, _ = select.select([log._helper.sock], [], [], 10)
-        assert readable
+        _twenty_in_the_helper(runtime, log, urgency_score=5)
         stats = [b'{"action":"stats"}'] * EVENT_BURST
         runtime.feed([ev.LinesReceived(lines=stats), ev.Tick(), ev.LinesReceived(lines=stats)])
         actions = [m["action"] for m in peer.out]
@@ -137,10 +138,7 @@ async def test_plain_enqueues_are_acked_as_they_commit_before_the_node_handles_i
     # taken (`Node.acks_on_commit`), ahead of the tick still queued before the commit, and
     # the burst that handles the commit later acks none of them again.
     async with _running(tmp_path) as (runtime, peer, log):
-        runtime.feed([ev.LinesReceived(lines=[_enqueue(f"t{i}") for i in range(20)])])
-        assert log._helper is not None and log._hsent
-        readable, _, _ = select.select([log._helper.sock], [], [], 10)
-        assert readable
+        _twenty_in_the_helper(runtime, log)
         stats = [b'{"action":"stats"}'] * EVENT_BURST
         runtime.feed([ev.LinesReceived(lines=stats), ev.Tick(), ev.LinesReceived(lines=stats)])
         actions = [m["action"] for m in peer.out]
