@@ -548,7 +548,7 @@ class Runtime:
             return
         out = self._outbox.get(path)
         if out is None:
-            out = self._outbox[path] = _Outgoing(self, path, inbox)
+            out = self._outbox[path] = _Outgoing(self, path, effect.shard, inbox)
         out.add(effect.token, lines, records)
         self._outbox_records += len(lines)
 
@@ -782,11 +782,12 @@ class _Outgoing:
     error every append of it fails), so one job per file changes no outcome; the callback
     hands each append its own offsets as an `AppendCommitted`, in order, or fails each."""
 
-    __slots__ = ("inbox", "lines", "path", "records", "runtime", "tokens")
+    __slots__ = ("inbox", "lines", "path", "records", "runtime", "shard", "tokens")
 
-    def __init__(self, runtime: Runtime, path: str, inbox: bool) -> None:
+    def __init__(self, runtime: Runtime, path: str, shard: int, inbox: bool) -> None:
         self.runtime = runtime
         self.path = path
+        self.shard = shard
         #: Inbox records are never read back by location: not remembered.
         self.inbox = inbox
         self.lines: list[bytes] = []
@@ -820,7 +821,7 @@ class _Outgoing:
             for token, _ in self.tokens:
                 acked = node.acks_on_commit(token, now)
                 if acked:
-                    runtime._deliver_lines(proto.ack_lines(acked, node.pending[token].shard))
+                    runtime._deliver_lines(proto.ack_lines(acked, self.shard))
                     sent = True
             if sent:
                 flush()
