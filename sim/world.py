@@ -1088,12 +1088,20 @@ class World:
         if status == "durable" or status == "replaced":
             # fsync returned: the shell reports success even for a replaced file (it cannot
             # know); the checkers see whether the record is in the log. First the acks the
-            # node lets go at once (a paused shell sends them when it resumes, through the
-            # burst that handles the commit).
+            # node lets go at once, or a task dispatched with its record, acked and sent to run
+            # (a paused shell sends them when it resumes, through the burst that handles the
+            # commit).
             if proc.state == "running":
-                acked = proc.node.acks_on_commit(pending.token, proc.clock.now(self.t))
+                now = proc.clock.now(self.t)
+                acked = proc.node.acks_on_commit(pending.token, now)
                 if acked:
                     self._fx_ack_enqueued(proc, _ack_enqueued(acked, pending.shard))
+                elif not pending.inbox:
+                    effects = proc.node.executes_on_commit(
+                        pending.token, now, pending.offsets, pending.lengths
+                    )
+                    if effects:
+                        self._run_effects(proc, effects)
             self._deliver(proc, _append_committed(pending.token, pending.offsets, pending.lengths))
 
     def _record_inbox(self, pending: _Append, name: str) -> None:

@@ -57,7 +57,7 @@ class FakeShell:
         self.early_acks = True
         #: Appends committed while carrying out a call's effects, whose acks the node may let
         #: go once they are all carried out (as the daemon commits at the end of a burst).
-        self.committing: list[tuple[int, int]] = []
+        self.committing: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
         #: Inbox appends held back too (`hold_appends` is for tasks.log).
         self.hold_inbox = False
         #: Compactions held back (not yet run) when `hold_compaction` is on.
@@ -87,11 +87,15 @@ class FakeShell:
             self._ack_committed()
 
     def _ack_committed(self) -> None:
-        """Send the acks the node lets go for the appends just committed."""
+        """Carry out what the node lets go for the appends just committed: the acks of plain
+        enqueues, or a task dispatched with its record acked and sent to run."""
         committing, self.committing = self.committing, []
-        for token, shard in committing:
+        for token, shard, offsets, lengths in committing:
             acked = self.node.acks_on_commit(token, self.now())
             self.sent += [proto.ack_enqueued(t, shard) for t in acked]
+            if not acked:
+                for effect in self.node.executes_on_commit(token, self.now(), offsets, lengths):
+                    self._do(effect)
 
     def start(self) -> None:
         self.feed(ev.Started())
@@ -360,7 +364,7 @@ class FakeShell:
             lengths.append(len(line))
             log += line
         if self.early_acks:
-            self.committing.append((effect.token, effect.shard))
+            self.committing.append((effect.token, effect.shard, tuple(offsets), tuple(lengths)))
         self.queue.append(
             ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
         )
@@ -374,7 +378,7 @@ class FakeShell:
             lengths.append(len(line))
             inbox += line
         if self.early_acks:
-            self.committing.append((effect.token, effect.shard))
+            self.committing.append((effect.token, effect.shard, tuple(offsets), tuple(lengths)))
         self.queue.append(
             ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
         )

@@ -890,6 +890,66 @@ def test_plain_enqueues_are_acked_as_their_append_commits_and_not_again() -> Non
     assert all(sh.node.tasks[i].loc is not None for i in ("s1", "s2"))
 
 
+def test_a_task_dispatched_with_its_record_is_acked_and_run_as_the_append_commits() -> None:
+    # The shell asks as the fsync returns (`executes_on_commit`): the ack and the `execute`
+    # leave then, the task is running with its deadline, and the burst that handles the
+    # commit sends neither again.
+    sh = started()
+    sh.register("t")
+    sh.hold_appends = True
+    sh.enqueue("a", max_execution_seconds=5)
+    (append,) = sh.held
+    assert len(append.records) == 2  # the enqueue record and the dispatch record
+    effects = sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100))
+    assert [type(e) for e in effects] == [fx.AckEnqueued, fx.Execute]
+    (execute,) = [e for e in effects if isinstance(e, fx.Execute)]
+    assert execute.task_id == "a" and execute.location.offset == 100
+    task = sh.node.tasks["a"]
+    assert task.state is TaskState.RUNNING and task.dispatch_loc is not None
+    assert sh.node.inflight["a"].deadline_mono == sh.mono + 5 * SECOND
+    assert sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
+    sh.early_acks = False  # (asked above already)
+    sh.hold_appends = False
+    sh.release_held()
+    assert not [m for m in sh.messages("ack") if m.get("task_id") == "a"]
+    assert sh.executed == []
+
+
+def test_a_task_dispatched_with_its_record_is_left_to_the_burst_past_the_lease() -> None:
+    # The fsync returned after the lease's end: nothing leaves early; the burst steps down
+    # and tells the SDK (the record may have landed after a takeover; here it did not, and
+    # the shard taken up again runs the task from its log).
+    sh = started()
+    sh.register("t")
+    sh.hold_appends = True
+    sh.enqueue("a")
+    deadline = sh.node.lease_deadline_mono
+    assert deadline is not None
+    sh.mono = deadline
+    (append,) = sh.held
+    assert sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
+    sh.hold_appends = False
+    sh.release_held()
+    assert [m["task_id"] for m in sh.messages("error")] == ["a"]
+    assert not [m for m in sh.messages("ack") if m.get("task_id") == "a"]
+
+
+def test_a_task_dispatched_with_its_record_while_draining_is_left_to_the_burst() -> None:
+    # Draining: the burst gives its slot back unsent (it runs elsewhere), so nothing may
+    # leave early for it; its ack still comes, from the burst.
+    sh = started()
+    sh.register("t")
+    sh.hold_appends = True
+    sh.enqueue("a")
+    sh.feed(ev.DrainRequested(reason="test"))
+    (append,) = sh.held
+    assert sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
+    sh.hold_appends = False
+    sh.release_held()
+    assert [m.get("task_id") for m in sh.messages("ack")][-1] == "a"
+    assert sh.executed == []
+
+
 def test_an_append_one_of_whose_tasks_was_forgotten_is_left_to_the_burst() -> None:
     # A task of the run was forgotten while its append was in flight (what a reload of the
     # shard does): the shell acks none of the run, and the burst acks what it always did.

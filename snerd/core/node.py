@@ -2349,6 +2349,43 @@ class Node:
             run.answered = True
         return acked
 
+    def executes_on_commit(
+        self, token: int, now: ev.Now, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> list[fx.Effect]:
+        """For the append `token`, which the shell has just found durable at `offsets`: if it
+        is one task's enqueue dispatched with its record (`_runs_at_once`), the task's ack and
+        its `execute`, to be carried out at once, as the burst that handles the commit would
+        (`_part_committed`), which then does nothing more for it. The acks of plain enqueues
+        leave the same way (`acks_on_commit`); an `execute` is more than a query: the task
+        starts running here (its state, its deadline), so only the plainest case is taken —
+        the lease still runs at `now`, the enqueue is not answered, no duplicate waits on it,
+        the node is not draining, the task calls no webhook. Otherwise nothing, and the burst
+        decides as before. No I/O."""
+        p = self.pending.get(token)
+        if p is None or p.kind != "enqueue" or p.answered or p.dedupe_waiters:
+            return []
+        deadline = self.lease_deadline_mono
+        if deadline is not None and now.mono >= deadline:
+            return []
+        task = self.tasks.get(p.task_id or "")
+        if (
+            task is None
+            or task.state is not _DISPATCHING
+            or task.webhook_url is not None
+            or self.phase is not _NODE_RUNNING
+            or len(offsets) != 2
+        ):
+            return []
+        assert not self._out
+        self._now = now
+        p.answered = True
+        task.loc = _new_location(p.shard, offsets[0], lengths[0])
+        task.dispatch_loc = _new_location(p.shard, offsets[1], lengths[1])
+        self._emit(_new_ack_enqueued([task.task_id], task.shard))
+        self._begin_execution(task)
+        out, self._out = self._out, []
+        return out
+
     def _on_append_committed(self, event: ev.AppendCommitted) -> None:
         p = self.pending.pop(event.token)
         if p.kind == "inbox":
@@ -2414,6 +2451,8 @@ class Node:
         if task is None:
             return
         if p.kind == "enqueue":
+            if p.answered:
+                return  # (acked and started as it committed, `executes_on_commit`)
             task.loc = loc
             self._send(proto.ack_enqueued(task.task_id, task.shard))
             for dup in p.dedupe_waiters:

@@ -811,17 +811,22 @@ class _Outgoing:
             for token, _ in self.tokens:
                 runtime.submit(ev.AppendFailed(token=token, error=error))
             return
+        # What the node lets go now leaves before anything else is done, not after the burst
+        # that handles the commit: first the acks of plain enqueues (`Node.acks_on_commit`),
+        # then a task dispatched with its enqueue record, acked and sent to run
+        # (`Node.executes_on_commit`: its payload is read from `_recent`, so after
+        # `remember`).
         flush = runtime._flush_nowait
-        if flush is not None and runtime._deliver_lines is not None:
-            # The acks the node lets go now (`Node.acks_on_commit`) leave before anything
-            # else is done: they do not wait for the burst that handles the commit.
-            node = runtime.node
+        deliver = runtime._deliver_lines
+        node = runtime.node
+        now = None
+        if flush is not None and deliver is not None:
             now = runtime.clock.now()
             sent = False
             for token, _ in self.tokens:
                 acked = node.acks_on_commit(token, now)
                 if acked:
-                    runtime._deliver_lines(proto.ack_lines(acked, self.shard))
+                    deliver(proto.ack_lines(acked, self.shard))
                     sent = True
             if sent:
                 flush()
@@ -841,6 +846,15 @@ class _Outgoing:
                 end = at + n
                 committed.append(_new_committed(token, result[at:end], lengths[at:end]))
                 at = end
+        if flush is not None and now is not None and not self.inbox:
+            started = False
+            for event in committed:
+                effects = node.executes_on_commit(event.token, now, event.offsets, event.lengths)
+                for effect in effects:
+                    _EFFECTS[type(effect)](runtime, effect)
+                started = started or bool(effects)
+            if started:
+                flush()
         runtime.events.extend(committed)
         if runtime._parked is not None and not runtime._processing:
             runtime._unpark()
