@@ -92,7 +92,6 @@ _TICK = ev.Tick()
 _line_received = slot_constructor(ev.LineReceived, "line")
 _inbox_read = slot_constructor(ev.InboxRead, "chunks", "present")
 _append_committed = slot_constructor(ev.AppendCommitted, "token", "offsets", "lengths")
-_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 _membership_read = slot_constructor(ev.MembershipRead, "doc")
 
 
@@ -1087,21 +1086,15 @@ class World:
         status = fs.status(handle)
         if status == "durable" or status == "replaced":
             # fsync returned: the shell reports success even for a replaced file (it cannot
-            # know); the checkers see whether the record is in the log. First the acks the
-            # node lets go at once, or a task dispatched with its record, acked and sent to run
-            # (a paused shell sends them when it resumes, through the burst that handles the
-            # commit).
+            # know); the checkers see whether the record is in the log. First what the node
+            # lets go at once (`Node.on_commit`: acks, an `execute`); a paused shell's come
+            # from the burst that handles the commit when it resumes.
             if proc.state == "running":
-                now = proc.clock.now(self.t)
-                acked = proc.node.acks_on_commit(pending.token, now)
-                if acked:
-                    self._fx_ack_enqueued(proc, _ack_enqueued(acked, pending.shard))
-                elif not pending.inbox:
-                    effects = proc.node.executes_on_commit(
-                        pending.token, now, pending.offsets, pending.lengths
-                    )
-                    if effects:
-                        self._run_effects(proc, effects)
+                effects = proc.node.on_commit(
+                    pending.token, proc.clock.now(self.t), pending.offsets, pending.lengths
+                )
+                if effects:
+                    self._run_effects(proc, effects)
             self._deliver(proc, _append_committed(pending.token, pending.offsets, pending.lengths))
 
     def _record_inbox(self, pending: _Append, name: str) -> None:

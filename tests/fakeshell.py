@@ -52,12 +52,12 @@ class FakeShell:
         #: Appends held back (not yet committed) when `hold_appends` is on.
         self.hold_appends = False
         self.held: deque[fx.Append | fx.AppendInbox] = deque()
-        #: Send the acks the node lets go as an append commits (`Node.acks_on_commit`), as
+        #: Send the acks the node lets go as an append commits (`Node.on_commit`), as
         #: the daemon does; off: every ack comes from the burst that handles the commit.
         self.early_acks = True
         #: Appends committed while carrying out a call's effects, whose acks the node may let
         #: go once they are all carried out (as the daemon commits at the end of a burst).
-        self.committing: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
+        self.committing: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
         #: Inbox appends held back too (`hold_appends` is for tasks.log).
         self.hold_inbox = False
         #: Compactions held back (not yet run) when `hold_compaction` is on.
@@ -87,15 +87,22 @@ class FakeShell:
             self._ack_committed()
 
     def _ack_committed(self) -> None:
-        """Carry out what the node lets go for the appends just committed: the acks of plain
-        enqueues, or a task dispatched with its record acked and sent to run."""
+        """Carry out what the node lets go for the appends just committed (`Node.on_commit`)."""
         committing, self.committing = self.committing, []
-        for token, shard, offsets, lengths in committing:
-            acked = self.node.acks_on_commit(token, self.now())
-            self.sent += [proto.ack_enqueued(t, shard) for t in acked]
-            if not acked:
-                for effect in self.node.executes_on_commit(token, self.now(), offsets, lengths):
-                    self._do(effect)
+        for token, offsets, lengths in committing:
+            for effect in self.node.on_commit(token, self.now(), offsets, lengths):
+                self._do(effect)
+
+    def acks_on_commit(
+        self, append: fx.Append | fx.AppendInbox, now: ev.Now | None = None
+    ) -> list[str]:
+        """The task ids `Node.on_commit` acks for the held `append` (committed now, at made-up
+        offsets), and nothing else it returns."""
+        offsets = tuple(range(len(append.records)))
+        lengths = (1,) * len(offsets)
+        effects = self.node.on_commit(append.token, now or self.now(), offsets, lengths)
+        assert all(isinstance(e, fx.AckEnqueued) for e in effects)
+        return [t for e in effects if isinstance(e, fx.AckEnqueued) for t in e.task_ids]
 
     def start(self) -> None:
         self.feed(ev.Started())
@@ -364,7 +371,7 @@ class FakeShell:
             lengths.append(len(line))
             log += line
         if self.early_acks:
-            self.committing.append((effect.token, effect.shard, tuple(offsets), tuple(lengths)))
+            self.committing.append((effect.token, tuple(offsets), tuple(lengths)))
         self.queue.append(
             ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
         )
@@ -378,7 +385,7 @@ class FakeShell:
             lengths.append(len(line))
             inbox += line
         if self.early_acks:
-            self.committing.append((effect.token, effect.shard, tuple(offsets), tuple(lengths)))
+            self.committing.append((effect.token, tuple(offsets), tuple(lengths)))
         self.queue.append(
             ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
         )

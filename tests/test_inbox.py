@@ -73,15 +73,15 @@ def test_a_node_without_the_shard_acks_through_its_inbox_and_the_owner_runs_it()
 
 def test_an_inbox_enqueue_is_acked_as_it_commits_whatever_the_lease_and_once() -> None:
     # Durable in the node's own inbox file, which the shard's owner ingests: the shell acks
-    # it as the fsync returns (`acks_on_commit`), even past this node's lease, and the burst
+    # it as the fsync returns (`on_commit`), even past this node's lease, and the burst
     # that handles the commit does not ack it again.
     _owner, other = pair()
     other.hold_inbox = True
     other.enqueue("a")
     (append,) = other.held
     late = ev.Now(wall=other.wall, mono=other.mono + 3600 * SECOND)  # any lease is over
-    assert other.node.acks_on_commit(append.token, late) == ["a"]
-    assert other.node.acks_on_commit(append.token, late) == []
+    assert other.acks_on_commit(append, late) == ["a"]
+    assert other.acks_on_commit(append, late) == []
     other.early_acks = False  # (asked above already)
     other.hold_inbox = False
     other.release_held()

@@ -875,14 +875,14 @@ def test_a_step_down_answers_each_plain_enqueue_of_a_burst_still_in_flight() -> 
 
 
 def test_plain_enqueues_are_acked_as_their_append_commits_and_not_again() -> None:
-    # The shell asks as the fsync returns (`acks_on_commit`): the acks leave then, and the
+    # The shell asks as the fsync returns (`on_commit`): the acks leave then, and the
     # burst that handles the commit schedules the tasks without acking them twice.
     sh = started()
     sh.hold_appends = True
     sh.burst(_enqueue_lines("s1", "s2"))
     (append,) = sh.held
-    assert sh.node.acks_on_commit(append.token, sh.now()) == ["s1", "s2"]
-    assert sh.node.acks_on_commit(append.token, sh.now()) == []  # answered once
+    assert sh.acks_on_commit(append, sh.now()) == ["s1", "s2"]
+    assert sh.acks_on_commit(append, sh.now()) == []  # answered once
     sh.early_acks = False  # (asked above already)
     sh.release_held()
     assert not sh.messages("ack")  # the burst left them to the shell
@@ -891,7 +891,7 @@ def test_plain_enqueues_are_acked_as_their_append_commits_and_not_again() -> Non
 
 
 def test_a_task_dispatched_with_its_record_is_acked_and_run_as_the_append_commits() -> None:
-    # The shell asks as the fsync returns (`executes_on_commit`): the ack and the `execute`
+    # The shell asks as the fsync returns (`on_commit`): the ack and the `execute`
     # leave then, the task is running with its deadline, and the burst that handles the
     # commit sends neither again.
     sh = started()
@@ -900,14 +900,14 @@ def test_a_task_dispatched_with_its_record_is_acked_and_run_as_the_append_commit
     sh.enqueue("a", max_execution_seconds=5)
     (append,) = sh.held
     assert len(append.records) == 2  # the enqueue record and the dispatch record
-    effects = sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100))
+    effects = sh.node.on_commit(append.token, sh.now(), (100, 300), (200, 100))
     assert [type(e) for e in effects] == [fx.AckEnqueued, fx.Execute]
     (execute,) = [e for e in effects if isinstance(e, fx.Execute)]
     assert execute.task_id == "a" and execute.location.offset == 100
     task = sh.node.tasks["a"]
     assert task.state is TaskState.RUNNING and task.dispatch_loc is not None
     assert sh.node.inflight["a"].deadline_mono == sh.mono + 5 * SECOND
-    assert sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
+    assert sh.node.on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
     sh.early_acks = False  # (asked above already)
     sh.hold_appends = False
     sh.release_held()
@@ -927,7 +927,7 @@ def test_a_task_dispatched_with_its_record_is_left_to_the_burst_past_the_lease()
     assert deadline is not None
     sh.mono = deadline
     (append,) = sh.held
-    assert sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
+    assert sh.node.on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
     sh.hold_appends = False
     sh.release_held()
     assert [m["task_id"] for m in sh.messages("error")] == ["a"]
@@ -943,7 +943,7 @@ def test_a_task_dispatched_with_its_record_while_draining_is_left_to_the_burst()
     sh.enqueue("a")
     sh.feed(ev.DrainRequested(reason="test"))
     (append,) = sh.held
-    assert sh.node.executes_on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
+    assert sh.node.on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
     sh.hold_appends = False
     sh.release_held()
     assert [m.get("task_id") for m in sh.messages("ack")][-1] == "a"
@@ -958,7 +958,7 @@ def test_an_append_one_of_whose_tasks_was_forgotten_is_left_to_the_burst() -> No
     sh.burst(_enqueue_lines("s1", "s2"))
     (append,) = sh.held
     sh.node._forget("s1")
-    assert sh.node.acks_on_commit(append.token, sh.now()) == []
+    assert sh.acks_on_commit(append, sh.now()) == []
     sh.hold_appends = False
     sh.release_held()
     assert [m["task_id"] for m in sh.messages("ack")] == ["s2"]
@@ -1014,7 +1014,7 @@ def test_an_append_issued_before_a_step_down_is_not_acked_early_after_it() -> No
     (append,) = sh.held
     sh.feed(ev.LockLost(shard=0, error="Input/output error (EIO)"))
     assert [m["task_id"] for m in sh.messages("error")] == ["s1"]
-    assert sh.node.acks_on_commit(append.token, sh.now()) == []
+    assert sh.acks_on_commit(append, sh.now()) == []
 
 
 _PLAIN_LINE = st.builds(

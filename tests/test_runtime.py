@@ -135,7 +135,7 @@ async def test_plain_enqueues_are_acked_as_they_commit_before_the_node_handles_i
     tmp_path: Path,
 ) -> None:
     # The same run with plain enqueues: their acks leave as soon as the helper's answer is
-    # taken (`Node.acks_on_commit`), ahead of the tick still queued before the commit, and
+    # taken (`Node.on_commit`), ahead of the tick still queued before the commit, and
     # the burst that handles the commit later acks none of them again.
     async with _running(tmp_path) as (runtime, peer, log):
         _twenty_in_the_helper(runtime, log)

@@ -397,7 +397,7 @@ class PendingAppend:
     #: For outcome appends: the effect to retry with if it fails.
     effect: fx.Append | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    #: The SDK was already answered: acked as the append committed (`Node.acks_on_commit`),
+    #: The SDK was already answered: acked as the append committed (`Node.on_commit`),
     #: or told the shard changed owner before it did (`Node._step_down`).
     answered: bool = False
     #: The shard's tenure when the append was issued (`ShardInfo.tenure`).
@@ -530,8 +530,12 @@ class Node:
         self._now = now
         if self.started_mono is None:
             self.started_mono = now.mono
-        if self.lease_deadline_mono is not None and now.mono >= self.lease_deadline_mono:
+        if self._lease_over(now):
             self._lease_ran_out()
+
+    def _lease_over(self, now: ev.Now) -> bool:
+        """No renewal committed within the lease: past it, the node acts for no shard."""
+        return self.lease_deadline_mono is not None and now.mono >= self.lease_deadline_mono
 
     def handle(self, event: ev.Event, now: ev.Now) -> list[fx.Effect]:
         """Feed one event; return the effects to carry out, in order."""
@@ -2306,32 +2310,52 @@ class Node:
 
     # ------------------------------------------------------------------ append outcomes
 
-    def acks_on_commit(self, token: int, now: ev.Now) -> list[str]:
-        """The enqueues of the append `token`, which the shell has just found durable, that
-        may be acked at once, before the node handles its `AppendCommitted`: the shell sends
-        these acks straight after the fsync, so an enqueue's answer does not wait for the
-        burst that handles the commit. They are marked answered; that burst schedules their
-        tasks without acking them again, and a step-down before it does not tell the SDK
-        they may be lost (`_step_down` skips answered enqueues).
+    def on_commit(
+        self, token: int, now: ev.Now, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> list[fx.Effect]:
+        """What may be carried out the moment the append `token` is durable (at `offsets`),
+        before the burst that handles its `AppendCommitted`: the shell asks straight after the
+        fsync, so an ack or an `execute` does not wait for that burst. What is returned here
+        is marked answered, and that burst does not do it again; a step-down before it does
+        not tell the SDK the enqueue may be lost (`_step_down` skips answered enqueues).
 
         The test is that burst's own: the lease still runs at `now` (read after the fsync
-        returned, so a record that landed after the lease ran out is never acked), and the
-        enqueue is not answered yet (a step-down from the shard answered every enqueue of it
-        in flight). Only an append made of plain enqueues (`_lines`), dispatch records and
-        tombstones is acked here, so acks leave in the order of their enqueues (another kind
-        of part, an enqueue with options, say, is acked by the burst), and only when every
-        one of its tasks is still known (else the burst decides, as before). An enqueue to
-        this node's own inbox file is acked whatever the lease, as the burst would (the
-        shard's owner ingests it). No I/O: reads the node, marks the parts, emits nothing."""
+        returned, so a record that landed after the lease ran out is never acked nor run),
+        and the enqueue is not answered yet (a step-down answered every enqueue of the shard
+        in flight). Three cases go early, anything else the burst's way:
+        - an enqueue to this node's own inbox file: its ack, whatever the lease, as the burst
+          would (the shard's owner ingests it);
+        - runs of plain enqueues (`_lines`), alone or merged only with dispatch records and
+          tombstones (so acks leave in the order of their enqueues: an enqueue with options
+          is acked by the burst), every task of them still known: their acks;
+        - one task's enqueue dispatched with its record (`_runs_at_once`), no duplicate
+          waiting on it, the node not draining, no webhook: its ack, and the attempt starts
+          here (`_enqueue_landed`: its state, its deadline, the `execute`).
+        No I/O."""
         p = self.pending.get(token)
         if p is None or p.answered:
             return []
         if p.kind == "inbox":
             p.answered = True
-            return [p.task_id or ""]
-        deadline = self.lease_deadline_mono
-        if deadline is not None and now.mono >= deadline:
+            return [_new_ack_enqueued([p.task_id or ""], p.shard)]
+        if self._lease_over(now):
             return []
+        if p.kind == "enqueue":
+            task = self.tasks.get(p.task_id or "")
+            if (
+                task is None
+                or task.state is not _DISPATCHING
+                or p.dedupe_waiters
+                or task.webhook_url is not None
+                or self.phase is not _NODE_RUNNING
+            ):
+                return []
+            assert not self._out
+            self._now = now
+            p.answered = True
+            self._enqueue_landed(p, task, offsets, lengths)
+            out, self._out = self._out, []
+            return out
         if p.kind == "enqueues":
             runs = [p]
         elif p.kind == "group":
@@ -2343,48 +2367,11 @@ class Node:
             return []
         tasks = self.tasks
         acked = [task_id for run in runs for task_id in run.extra["ids"]]
-        if not all(task_id in tasks for task_id in acked):
+        if not acked or not all(task_id in tasks for task_id in acked):
             return []
         for run in runs:
             run.answered = True
-        return acked
-
-    def executes_on_commit(
-        self, token: int, now: ev.Now, offsets: tuple[int, ...], lengths: tuple[int, ...]
-    ) -> list[fx.Effect]:
-        """For the append `token`, which the shell has just found durable at `offsets`: if it
-        is one task's enqueue dispatched with its record (`_runs_at_once`), the task's ack and
-        its `execute`, to be carried out at once, as the burst that handles the commit would
-        (`_part_committed`), which then does nothing more for it. The acks of plain enqueues
-        leave the same way (`acks_on_commit`); an `execute` is more than a query: the task
-        starts running here (its state, its deadline), so only the plainest case is taken —
-        the lease still runs at `now`, the enqueue is not answered, no duplicate waits on it,
-        the node is not draining, the task calls no webhook. Otherwise nothing, and the burst
-        decides as before. No I/O."""
-        p = self.pending.get(token)
-        if p is None or p.kind != "enqueue" or p.answered or p.dedupe_waiters:
-            return []
-        deadline = self.lease_deadline_mono
-        if deadline is not None and now.mono >= deadline:
-            return []
-        task = self.tasks.get(p.task_id or "")
-        if (
-            task is None
-            or task.state is not _DISPATCHING
-            or task.webhook_url is not None
-            or self.phase is not _NODE_RUNNING
-            or len(offsets) != 2
-        ):
-            return []
-        assert not self._out
-        self._now = now
-        p.answered = True
-        task.loc = _new_location(p.shard, offsets[0], lengths[0])
-        task.dispatch_loc = _new_location(p.shard, offsets[1], lengths[1])
-        self._emit(_new_ack_enqueued([task.task_id], task.shard))
-        self._begin_execution(task)
-        out, self._out = self._out, []
-        return out
+        return [_new_ack_enqueued(acked, p.shard)]
 
     def _on_append_committed(self, event: ev.AppendCommitted) -> None:
         p = self.pending.pop(event.token)
@@ -2392,7 +2379,7 @@ class Node:
             segment: InboxSegment = p.extra["segment"]
             segment.in_flight -= 1
             segment.end = max(segment.end, event.offsets[-1] + event.lengths[-1])
-            if not p.answered:  # (else acked as it committed, `acks_on_commit`)
+            if not p.answered:  # (else acked as it committed, `on_commit`)
                 self._send(proto.ack_enqueued(p.task_id or "", p.shard))
             return
         info = self.shards[p.shard]
@@ -2421,7 +2408,7 @@ class Node:
     ) -> None:
         """The records of one append (or of one part of merged ones) are in the log."""
         if p.kind == "enqueues":
-            # (Answered already: acked by the shell as it committed, `acks_on_commit`.)
+            # (Answered already: acked by the shell as it committed, `on_commit`.)
             self._enqueues_committed(p.extra["ids"], p.shard, offsets, lengths, not p.answered)
             return
         if p.kind == "dispatches" or p.kind == "finishes":
@@ -2451,21 +2438,8 @@ class Node:
         if task is None:
             return
         if p.kind == "enqueue":
-            if p.answered:
-                return  # (acked and started as it committed, `executes_on_commit`)
-            task.loc = loc
-            self._send(proto.ack_enqueued(task.task_id, task.shard))
-            for dup in p.dedupe_waiters:
-                self._send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
-            if task.state is _DISPATCHING:
-                # Dispatched with its enqueue record (`_runs_at_once`): that record is second.
-                task.dispatch_loc = _new_location(p.shard, offsets[1], lengths[1])
-                if self.phase is _DRAINING:
-                    self._end_flight_unsent(task)  # not sent yet: it runs elsewhere
-                    return
-                self._begin_execution(task)
-                return
-            self._schedule(task, self._now)
+            if not p.answered:  # (else acked and started as it committed, `on_commit`)
+                self._enqueue_landed(p, task, offsets, lengths)
         elif p.kind in ("retry", "rearm"):
             task.loc = loc
             if p.kind == "retry":
@@ -2483,6 +2457,25 @@ class Node:
                 self._push_ready(task)
         elif p.kind == "finish":
             self._finished(task, p.extra["outcome"], p.extra["error"], loc)
+
+    def _enqueue_landed(
+        self, p: PendingAppend, task: Task, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> None:
+        """An "enqueue" part is in the log: ack it (and the duplicates waiting on it), then
+        schedule its task or, dispatched with its record, start the attempt."""
+        task.loc = _new_location(p.shard, offsets[0], lengths[0])
+        self._emit(_new_ack_enqueued([task.task_id], task.shard))
+        for dup in p.dedupe_waiters:
+            self._send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
+        if task.state is _DISPATCHING:
+            # Dispatched with its enqueue record (`_runs_at_once`): that record is second.
+            task.dispatch_loc = _new_location(p.shard, offsets[1], lengths[1])
+            if self.phase is _DRAINING:
+                self._end_flight_unsent(task)  # not sent yet: it runs elsewhere
+                return
+            self._begin_execution(task)
+            return
+        self._schedule(task, self._now)
 
     def _dispatch_committed(self, task: Task, info: ShardInfo, loc: fx.Location) -> None:
         """The dispatch record of `task`'s attempt is in the log: the attempt starts."""
@@ -2504,7 +2497,7 @@ class Node:
         ack: bool,
     ) -> None:
         """A run of plain enqueues (`_lines`) is in the log: each is acked (unless `ack` is
-        false: the shell acked them as they committed, `acks_on_commit`) and scheduled in
+        false: the shell acked them as they committed, `on_commit`) and scheduled in
         turn, as an "enqueue" part would be (`_schedule`, for a task with no parents, no
         webhook, due at once and not dispatched with its record): ready, or parked when no
         handler here takes its type (`_park_by_type`). Consecutive ones bound for the same
@@ -3296,7 +3289,7 @@ _K = TypeVar("_K")
 
 
 _new_send = slot_constructor(fx.Send, "message")
-#: The kinds of part an append acked as it commits may hold (`Node.acks_on_commit`).
+#: The kinds of part an append acked as it commits may hold (`Node.on_commit`).
 _EARLY_ACK_KINDS = frozenset({"enqueues", "dispatches", "finishes"})
 _new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).

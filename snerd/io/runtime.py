@@ -548,7 +548,7 @@ class Runtime:
             return
         out = self._outbox.get(path)
         if out is None:
-            out = self._outbox[path] = _Outgoing(self, path, effect.shard, inbox)
+            out = self._outbox[path] = _Outgoing(self, path, inbox)
         out.add(effect.token, lines, records)
         self._outbox_records += len(lines)
 
@@ -782,12 +782,11 @@ class _Outgoing:
     error every append of it fails), so one job per file changes no outcome; the callback
     hands each append its own offsets as an `AppendCommitted`, in order, or fails each."""
 
-    __slots__ = ("inbox", "lines", "path", "records", "runtime", "shard", "tokens")
+    __slots__ = ("inbox", "lines", "path", "records", "runtime", "tokens")
 
-    def __init__(self, runtime: Runtime, path: str, shard: int, inbox: bool) -> None:
+    def __init__(self, runtime: Runtime, path: str, inbox: bool) -> None:
         self.runtime = runtime
         self.path = path
-        self.shard = shard
         #: Inbox records are never read back by location: not remembered.
         self.inbox = inbox
         self.lines: list[bytes] = []
@@ -811,25 +810,6 @@ class _Outgoing:
             for token, _ in self.tokens:
                 runtime.submit(ev.AppendFailed(token=token, error=error))
             return
-        # What the node lets go now leaves before anything else is done, not after the burst
-        # that handles the commit: first the acks of plain enqueues (`Node.acks_on_commit`),
-        # then a task dispatched with its enqueue record, acked and sent to run
-        # (`Node.executes_on_commit`: its payload is read from `_recent`, so after
-        # `remember`).
-        flush = runtime._flush_nowait
-        deliver = runtime._deliver_lines
-        node = runtime.node
-        now = None
-        if flush is not None and deliver is not None:
-            now = runtime.clock.now()
-            sent = False
-            for token, _ in self.tokens:
-                acked = node.acks_on_commit(token, now)
-                if acked:
-                    deliver(proto.ack_lines(acked, self.shard))
-                    sent = True
-            if sent:
-                flush()
         lines = self.lines
         if not self.inbox:
             recent = runtime._recent
@@ -846,14 +826,18 @@ class _Outgoing:
                 end = at + n
                 committed.append(_new_committed(token, result[at:end], lengths[at:end]))
                 at = end
-        if flush is not None and now is not None and not self.inbox:
-            started = False
+        flush = runtime._flush_nowait
+        if flush is not None:
+            # What the node lets go at once (`Node.on_commit`: acks, an `execute` whose
+            # payload `_recent` now holds) leaves before the burst that handles the commit.
+            node = runtime.node
+            now = runtime.clock.now()
+            sent = False
             for event in committed:
-                effects = node.executes_on_commit(event.token, now, event.offsets, event.lengths)
-                for effect in effects:
+                for effect in node.on_commit(event.token, now, event.offsets, event.lengths):
                     _EFFECTS[type(effect)](runtime, effect)
-                started = started or bool(effects)
-            if started:
+                    sent = True
+            if sent:
                 flush()
         runtime.events.extend(committed)
         if runtime._parked is not None and not runtime._processing:
