@@ -8,6 +8,7 @@
     snerdmq fsck DIR [--repair] [--json]           check every shard log, byte by byte
     snerdmq compact DIR [--history N]              offline compaction of idle shards
     snerdmq demo [DIR]                             a guided tour (snerd.demo)
+    snerdmq dashboard DIR [--host H] [--port P]    a live web dashboard (snerd.dashboard)
 
 Owns: the command lines (argparse; `--help` on each; a bad argument or environment value is an
 error naming it, exit code 2), reading a queue directory the way a daemon would (membership.json,
@@ -72,6 +73,7 @@ __all__ = [
     "ShardHealth",
     "add_shards_main",
     "compact_main",
+    "dashboard_main",
     "demo_main",
     "dlq_main",
     "fsck_main",
@@ -343,6 +345,8 @@ class ShardScan:
     #: Bytes after the last newline (a torn last line), and where they start.
     torn: int = 0
     torn_at: int = 0
+    #: The file's inode when it was read (a compaction installs a new file).
+    ino: int = 0
 
 
 def scan_shard(
@@ -355,16 +359,55 @@ def scan_shard(
     """Read and fold one shard log (read-only; never cuts a torn tail). `payloads`: keep
     `taskData` in the folded records (dlq, replay). `only`: fold just the records at these
     offsets (checking a compaction plan). Memory stays bounded by the shard's state."""
-    from snerd.io.log import read_log
-
     path = queue.log_path(shard)
     scan = ShardScan(
         shard=shard, path=path, exists=path.exists(), fold=ShardFold(keep_payloads=payloads)
     )
     if not scan.exists:
         return scan
+    _fold_from(scan, 0, only)
+    return scan
+
+
+def rescan_shard(queue: Queue, shard: int, previous: ShardScan | None) -> ShardScan:
+    """`scan_shard` for a reader that keeps watching (the dashboard): when the log is the file
+    `previous` read and has only grown, fold just the bytes appended since (from the start of
+    a torn tail, which may have been completed), into `previous`; otherwise (a first read, a
+    compaction's new file, a shrunken or vanished log) read it whole. Returns `previous`
+    itself when the file has not changed."""
+    path = queue.log_path(shard)
     try:
-        for chunk in read_log(path):
+        st = os.stat(path)
+    except FileNotFoundError:
+        if previous is not None and not previous.exists and previous.path == path:
+            return previous
+        return ShardScan(shard=shard, path=path, exists=False)
+    except OSError as exc:
+        raise QueueError(f"cannot read {path}: {exc}") from None
+    if (
+        previous is not None
+        and previous.exists
+        and previous.path == path
+        and previous.ino == st.st_ino
+        and st.st_size >= previous.size
+    ):
+        if st.st_size > previous.size:
+            _fold_from(previous, previous.torn_at, None)
+        return previous
+    scan = ShardScan(shard=shard, path=path, exists=True)
+    _fold_from(scan, 0, None)
+    return scan
+
+
+def _fold_from(scan: ShardScan, start: int, only: set[int] | None) -> None:
+    """Fold the records of `scan.path` from byte `start` (a line boundary) into `scan`."""
+    from snerd.io.log import read_log
+
+    path = scan.path
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            scan.ino = os.stat(path).st_ino
+        for chunk in read_log(path, start=start):
             scan.corrupt.extend(chunk.corrupt)
             for record in chunk.records:
                 if only is None or record.offset in only:
@@ -375,7 +418,6 @@ def scan_shard(
                 scan.size = chunk.end + chunk.fragment
     except OSError as exc:
         raise QueueError(f"cannot read {path}: {exc}") from None
-    return scan
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,10 +568,28 @@ class ShardSummary:
         self.types.update(other.types)
 
 
+#: The states of a live task (`live_state`), then of a finished one.
+LIVE_STATES = ("in_flight", "retrying", "delayed", "waiting")
+FINISHED_STATES = ("completed", "dead_letter")
+
+
+def live_state(task_id: str, fields: dict[str, Any], in_flight: dict[str, int], now_us: int) -> str:
+    """A live task's state: in flight (dispatched, unresolved: running, or to be re-run after
+    a crash), retrying (failed before, waiting for the next attempt), delayed (first attempt
+    not due yet), waiting (due: for a worker, a handler, a rate window or its parents)."""
+    if task_id in in_flight:
+        return "in_flight"
+    retry_count = fields.get("retryCount")
+    if isinstance(retry_count, int) and retry_count > 0:
+        return "retrying"
+    ready = ready_at_us(fields)
+    if ready is not None and ready > now_us:
+        return "delayed"
+    return "waiting"
+
+
 def summarize(fold: ShardFold, now_us: int) -> ShardSummary:
-    """Live tasks by state: in flight (dispatched, unresolved: running, or to be re-run after a
-    crash), retrying (failed before, waiting for the next attempt), delayed (first attempt not
-    due yet), waiting (due: for a worker, a handler, a rate window or its parents)."""
+    """Live tasks by state (`live_state`), finished and dead-lettered ones."""
     s = ShardSummary()
     in_flight = fold.in_flight()
     for task_id, record in fold.live.items():
@@ -537,16 +597,8 @@ def summarize(fold: ShardFold, now_us: int) -> ShardSummary:
         s.live += 1
         task_type = f.get("taskType")
         s.types[task_type if isinstance(task_type, str) else "?"] += 1
-        retry_count = f.get("retryCount")
-        ready = ready_at_us(f)
-        if task_id in in_flight:
-            s.in_flight += 1
-        elif isinstance(retry_count, int) and retry_count > 0:
-            s.retrying += 1
-        elif ready is not None and ready > now_us:
-            s.delayed += 1
-        else:
-            s.waiting += 1
+        state = live_state(task_id, f, in_flight, now_us)
+        setattr(s, state, getattr(s, state) + 1)
     s.completed = fold.completed()
     s.dead_letters = len(fold.dead_letters())
     return s
@@ -610,26 +662,26 @@ def stats_main(argv: Sequence[str]) -> int:
     return _run(parser, argv, _stats)
 
 
-def _stats(args: argparse.Namespace) -> int:
-    queue = open_queue(args.directory)
-    skew_us = _skew_margin_us()
-    now = _now_us()
+def stats_report(
+    queue: Queue, scans: Sequence[ShardScan], now_us: int, skew_us: int
+) -> dict[str, Any]:
+    """What `stats --json` prints (and the dashboard serves), from each shard's scan; each
+    `per_shard` row also has `owner_text`, the owner column of the table."""
     rows: list[dict[str, Any]] = []
     total = ShardSummary()
     total_bytes = total_corrupt = 0
-    for shard in range(queue.shards):
-        scan = scan_shard(queue, shard)
-        s = summarize(scan.fold, now)
+    for scan in scans:
+        s = summarize(scan.fold, now_us)
         total.add(s)
         total_bytes += scan.size
         total_corrupt += len(scan.corrupt)
-        claim = queue.claim(shard)
+        claim = queue.claim(scan.shard)
         rows.append(
             {
-                "shard": f"shard-{shard}",
+                "shard": f"shard-{scan.shard}",
                 "owner": claim.owner,
                 "lease_expiry": claim.expiry,
-                "owner_text": _owner_text(claim, now, skew_us),
+                "owner_text": _owner_text(claim, now_us, skew_us),
                 "epoch": claim.epoch,
                 "log_epoch": scan.fold.log_epoch,
                 "log_exists": scan.exists,
@@ -640,18 +692,28 @@ def _stats(args: argparse.Namespace) -> int:
                 "stale_records": len(scan.fold.stale),
             }
         )
+    return {
+        **_queue_json(queue),
+        "per_shard": rows,
+        "totals": {
+            **_summary_json(total),
+            "log_bytes": total_bytes,
+            "corrupt_lines": total_corrupt,
+        },
+    }
+
+
+def _stats(args: argparse.Namespace) -> int:
+    queue = open_queue(args.directory)
+    report = stats_report(
+        queue, [scan_shard(queue, k) for k in range(queue.shards)], _now_us(), _skew_margin_us()
+    )
+    rows: list[dict[str, Any]] = report["per_shard"]
+    totals: dict[str, Any] = report["totals"]
     if args.json:
-        _print_json(
-            {
-                **_queue_json(queue),
-                "per_shard": [{k: v for k, v in r.items() if k != "owner_text"} for r in rows],
-                "totals": {
-                    **_summary_json(total),
-                    "log_bytes": total_bytes,
-                    "corrupt_lines": total_corrupt,
-                },
-            }
-        )
+        for r in rows:
+            del r["owner_text"]
+        _print_json(report)
         return 0
     layout = " (upstream v0.2 layout, not adopted yet)" if queue.legacy else ""
     print(
@@ -679,16 +741,17 @@ def _stats(args: argparse.Namespace) -> int:
             ]
         )
     table.append(
-        ["total", "", "", str(total.live), str(total.waiting), str(total.delayed),
-         str(total.retrying), str(total.in_flight), str(total.completed),
-         str(total.dead_letters), _fmt_bytes(total_bytes), str(total_corrupt)]
+        ["total", "", ""]
+        + [str(totals[k]) for k in
+           ("live", "waiting", "delayed", "retrying", "in_flight", "completed", "dead_letters")]
+        + [_fmt_bytes(totals["log_bytes"]), str(totals["corrupt_lines"])]
     )
     print()
     for line in _table(headers, table, right=set(range(2, 12))):
         print("  " + line)
     print()
-    if total.types:
-        types = ", ".join(f"{t} {n}" for t, n in sorted(total.types.items()))
+    if totals["types"]:
+        types = ", ".join(f"{t} {n}" for t, n in totals["types"].items())
         print(f"Live tasks by type: {types}")
     notes = []
     for r in rows:
@@ -696,11 +759,13 @@ def _stats(args: argparse.Namespace) -> int:
             notes.append(f"{r['shard']}: {r['torn_tail_bytes']} byte(s) of unterminated last line")
         if r["stale_records"]:
             notes.append(f"{r['shard']}: {r['stale_records']} stale-epoch record(s) ignored")
-    if total_corrupt:
-        notes.append(f"{total_corrupt} corrupt line(s): see `snerdmq fsck {args.directory}`")
-    if total.dead_letters:
+    if totals["corrupt_lines"]:
         notes.append(
-            f"{total.dead_letters} dead letter(s): `snerdmq dlq {args.directory}` lists them"
+            f"{totals['corrupt_lines']} corrupt line(s): see `snerdmq fsck {args.directory}`"
+        )
+    if totals["dead_letters"]:
+        notes.append(
+            f"{totals['dead_letters']} dead letter(s): `snerdmq dlq {args.directory}` lists them"
         )
     for note in notes:
         print(f"Note: {note}")
@@ -2053,6 +2118,13 @@ def demo_main(argv: Sequence[str]) -> int:
     return main(argv)
 
 
+def dashboard_main(argv: Sequence[str]) -> int:
+    """`snerdmq dashboard DIR` (see `snerd.dashboard`)."""
+    from snerd.dashboard.serve import dashboard_main as main
+
+    return main(argv)
+
+
 SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "stats": stats_main,
     "validate": validate_main,
@@ -2062,4 +2134,5 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "fsck": fsck_main,
     "compact": compact_main,
     "demo": demo_main,
+    "dashboard": dashboard_main,
 }

@@ -1,0 +1,296 @@
+"""The dashboard's web app (Starlette): one page, a JSON API and a WebSocket that pushes.
+
+    GET /                    the page (static/index.html, app.js, style.css)
+    GET /api/snapshot        everything the page shows: stats, daemons, tasks, dead letters
+    GET /api/stats           `snerdmq stats --json`'s report
+    GET /api/tasks           ?status=<one of STATUSES>&limit=<1..1000, default 100>
+    GET /api/dead-letters    ?limit=<1..1000, default 100>, with their final errors
+    GET /api/daemons         heartbeats and the shards each daemon's claims name
+    GET /api/membership      membership.json as read
+    WS  /ws                  a snapshot at once, then one whenever the files change (at most
+                             one a `refresh_s`) and at least every `push_every_s`
+
+Upstream's dashboards listened on every interface, with no authentication, `Access-Control-
+Allow-Origin: *` and WebSockets that accepted any origin. Here:
+
+- `Host` must be one of `allowed_hosts` when given (the server passes the loopback names when
+  it listens on loopback): a DNS-rebinding page cannot reach a local dashboard.
+- With a `token`, every request must carry it, as `Authorization: Bearer <token>` or as the
+  HttpOnly, SameSite=Strict cookie that `/?token=<token>` sets (then redirects to `/`, so the
+  token leaves the address bar). The server refuses a non-loopback address without a token.
+- A WebSocket whose `Origin` is not this server's own address is refused (cross-site
+  WebSocket hijacking); no CORS headers are sent at all.
+- Every response forbids framing, sniffing and referrers, and the page's Content-Security-
+  Policy allows only its own script, style and connections; the page renders every value as
+  text, never as HTML.
+
+Reads go through one lock: a refresh (at most one a `refresh_s`) and the view's queries run in a
+worker thread, one at a time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import time
+from collections.abc import Callable, Sequence
+from http.cookies import SimpleCookie
+from importlib import resources
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import anyio.to_thread
+import orjson
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from snerd.dashboard.view import STATUSES, QueueView
+
+__all__ = ["COOKIE", "create_app"]
+
+#: The cookie `/?token=` sets.
+COOKIE = "snerd_dashboard_token"
+#: How many rows `/api/tasks` and `/api/dead-letters` give at most.
+MAX_LIMIT = 1000
+
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+_SECURITY_HEADERS = [
+    (b"content-security-policy", _CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+]
+
+_T = TypeVar("_T")
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(value), status_code=status, media_type="application/json")
+
+
+def _error(text: str, status: int = 400) -> Response:
+    return _json({"error": text}, status)
+
+
+class _SecurityHeaders:
+    """Adds `_SECURITY_HEADERS` to every HTTP response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + _SECURITY_HEADERS
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class _TokenAuth:
+    """Every HTTP request and WebSocket must carry the token (Bearer header or cookie);
+    `GET /?token=<token>` sets the cookie and redirects to `/`."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    def _matches(self, value: str | None) -> bool:
+        return value is not None and hmac.compare_digest(value.encode(), self.token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        given: list[str | None] = []
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            given.append(auth[7:].strip())
+        cookie = SimpleCookie()
+        try:
+            cookie.load(headers.get("cookie", ""))
+        except Exception:  # a malformed Cookie header: as if none was sent
+            cookie = SimpleCookie()
+        if COOKIE in cookie:
+            given.append(cookie[COOKIE].value)
+        if any(self._matches(g) for g in given):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": "token required"})
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if scope["path"] == "/" and self._matches((query.get("token") or [None])[0]):
+            response = Response(status_code=303, headers={"location": "/"})
+            response.set_cookie(COOKIE, self.token.decode(), httponly=True, samesite="strict")
+            await response(scope, receive, send)
+            return
+        if scope["path"].startswith("/api/"):
+            response = _error("this dashboard needs its token: send `Authorization: Bearer "
+                              "<token>` (the token is SNERD_DASHBOARD_TOKEN)", 401)
+        else:
+            response = Response(
+                "This dashboard needs its token: open /?token=<token> once (the token is "
+                "the dashboard's SNERD_DASHBOARD_TOKEN or --token).\n",
+                status_code=401,
+                media_type="text/plain",
+            )
+        await response(scope, receive, send)
+
+
+class _Reader:
+    """Runs the view's refresh and queries in a worker thread, one at a time, refreshing at
+    most once a `refresh_s`."""
+
+    def __init__(self, view: QueueView, refresh_s: float, monotonic: Callable[[], float]):
+        self.view = view
+        self.refresh_s = refresh_s
+        self.monotonic = monotonic
+        self.lock = anyio.Lock()
+        self.refreshed = -math.inf
+
+    async def read(self, query: Callable[[QueueView], _T]) -> _T:
+        async with self.lock:
+            fresh = self.monotonic() - self.refreshed < self.refresh_s
+
+            def run() -> _T:
+                if not fresh:
+                    self.view.refresh()
+                return query(self.view)
+
+            result = await anyio.to_thread.run_sync(run)
+            if not fresh:
+                self.refreshed = self.monotonic()
+            return result
+
+
+def _limit(request: Request) -> int | Response:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return 100
+    try:
+        value = int(raw)
+    except ValueError:
+        return _error(f"limit must be a whole number from 1 to {MAX_LIMIT}, got {raw!r}")
+    if not 1 <= value <= MAX_LIMIT:
+        return _error(f"limit must be a whole number from 1 to {MAX_LIMIT}, got {raw!r}")
+    return value
+
+
+def _static(name: str) -> bytes:
+    return resources.files("snerd.dashboard").joinpath("static", name).read_bytes()
+
+
+def create_app(
+    view: QueueView,
+    *,
+    token: str | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+    refresh_s: float = 1.0,
+    push_every_s: float = 5.0,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Starlette:
+    """The dashboard of `view`'s queue. `allowed_hosts`: the `Host` names accepted (None:
+    any); `token`: required on every request when set."""
+    reader = _Reader(view, refresh_s, monotonic)
+    pages = {
+        "/": (_static("index.html"), "text/html; charset=utf-8"),
+        "/app.js": (_static("app.js"), "text/javascript; charset=utf-8"),
+        "/style.css": (_static("style.css"), "text/css; charset=utf-8"),
+    }
+
+    async def page(request: Request) -> Response:
+        body, media_type = pages[request.url.path]
+        return Response(body, media_type=media_type)
+
+    async def snapshot(request: Request) -> Response:
+        return _json(await reader.read(lambda v: v.snapshot()))
+
+    async def stats(request: Request) -> Response:
+        return _json(await reader.read(lambda v: v.stats()))
+
+    async def daemons(request: Request) -> Response:
+        return _json(await reader.read(lambda v: v.daemons()))
+
+    async def membership(request: Request) -> Response:
+        return _json(await reader.read(lambda v: v.membership()))
+
+    async def tasks(request: Request) -> Response:
+        limit = _limit(request)
+        if isinstance(limit, Response):
+            return limit
+        status = request.query_params.get("status") or None
+        if status is not None and status not in STATUSES:
+            return _error(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        return _json(await reader.read(lambda v: v.tasks(status, limit)))
+
+    async def dead_letters(request: Request) -> Response:
+        limit = _limit(request)
+        if isinstance(limit, Response):
+            return limit
+        return _json(await reader.read(lambda v: v.dead_letters(limit)))
+
+    async def live(websocket: WebSocket) -> None:
+        origin = websocket.headers.get("origin")
+        host = websocket.headers.get("host", "")
+        if origin is not None and urlsplit(origin).netloc.lower() != host.lower():
+            await websocket.close(code=1008, reason="cross-origin WebSocket refused")
+            return
+        await websocket.accept()
+
+        async def push() -> None:
+            sent_version: int | None = None
+            sent_at = -math.inf
+            while True:
+                def changed(
+                    v: QueueView, version: int | None = sent_version, at: float = sent_at
+                ) -> dict[str, Any] | None:
+                    due = monotonic() - at >= push_every_s
+                    return v.snapshot() if v.version != version or due else None
+
+                snap = await reader.read(changed)
+                if snap is not None:
+                    try:
+                        await websocket.send_text(orjson.dumps(snap).decode())
+                    except (WebSocketDisconnect, OSError, RuntimeError):
+                        return  # the peer went away meanwhile; the loop below sees it
+                    sent_version, sent_at = snap["version"], monotonic()
+                await anyio.sleep(refresh_s)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(push)
+            while (await websocket.receive())["type"] != "websocket.disconnect":
+                pass  # the page sends nothing; anything it does send is ignored
+            tg.cancel_scope.cancel()
+
+    routes = [Route(path, page) for path in pages] + [
+        Route("/api/snapshot", snapshot),
+        Route("/api/stats", stats),
+        Route("/api/tasks", tasks),
+        Route("/api/dead-letters", dead_letters),
+        Route("/api/daemons", daemons),
+        Route("/api/membership", membership),
+        WebSocketRoute("/ws", live),
+    ]
+    middleware = [Middleware(_SecurityHeaders)]
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+    if token is not None:
+        middleware.append(Middleware(_TokenAuth, token=token))
+    return Starlette(routes=routes, middleware=middleware)

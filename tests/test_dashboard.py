@@ -1,0 +1,489 @@
+"""The dashboard (`snerd.dashboard`): its view of a queue's files beside a live daemon, its API
+and WebSocket, its guards (host, token, origin, headers), its command, and the page in a real
+headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from snerd.core.records import encode_record
+from snerd.core.timefmt import format_rfc3339
+from snerd.dashboard.app import COOKIE, create_app
+from snerd.dashboard.serve import dashboard_main, is_loopback
+from snerd.dashboard.view import QueueView
+from snerd.tools import open_queue, rescan_shard
+from tests.conftest import missing_tool
+from tests.daemon import SNERDMQ, Daemon
+
+SECOND = 1_000_000
+#: A task id and an error that would run script if the page ever rendered values as HTML.
+XSS_ID = '<img src=x onerror="document.title=\'pwned\'">'
+XSS_ERROR = "<script>document.title='pwned'</script> quota exceeded"
+
+
+def wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+def view_of(q: Path) -> QueueView:
+    return QueueView(q, skew_us=5 * SECOND, clock=wall_us)
+
+
+# ------------------------------------------------------------------------------------------
+# A queue written by hand: one shard, a waiting task, a delayed one, a completed one and a
+# dead letter
+# ------------------------------------------------------------------------------------------
+
+
+def task(task_id: str, seq: int, **extra: Any) -> dict[str, Any]:
+    now = format_rfc3339(wall_us())
+    return {
+        "taskId": task_id,
+        "retryCount": 0,
+        "maxRetries": 2,
+        "retryAfterHours": 0.0,
+        "retryAfterTime": now,
+        "taskData": "{}",
+        "taskType": "email",
+        "executeAt": now,
+        "snerdSeq": seq,
+        **extra,
+    }
+
+
+def hand_made_queue(root: Path, *, dead_id: str = "dead-1", error: str = "mailbox full") -> Path:
+    q = root / "q"
+    (q / "shard-0" / "tasks").mkdir(parents=True)
+    (q / "membership.json").write_bytes(
+        orjson.dumps({"queue": "snerdmq-daemon", "shards": 1, "version": 3, "claims": {}})
+    )
+    later = format_rfc3339(wall_us() + 3600 * SECOND)
+    done = format_rfc3339(wall_us())
+    lines = [
+        task("wait-1", 1),
+        task("later-1", 2, executeAt=later, retryAfterTime=later),
+        task("done-1", 3, deletedAt=done, snerdOutcome="completed"),
+        task(
+            dead_id, 4, taskType="export", retryCount=3, deletedAt=done,
+            snerdOutcome="dead_letter", LastErrorObj=error,
+        ),
+    ]
+    log(q).write_bytes(b"".join(encode_record(f) for f in lines))
+    return q
+
+
+def log(q: Path) -> Path:
+    return q / "shard-0" / "tasks" / "tasks.log"
+
+
+def append(q: Path, fields: dict[str, Any]) -> None:
+    with log(q).open("ab") as f:
+        f.write(encode_record(fields))
+
+
+# ------------------------------------------------------------------------------------------
+# The view beside a real daemon
+# ------------------------------------------------------------------------------------------
+
+
+async def until(view: QueueView, check: Any, what: str, timeout: float = 15.0) -> None:
+    """Refresh `view` until `check(view)` holds (the daemon writes some records lazily)."""
+    with trio.move_on_after(timeout):
+        while True:
+            view.refresh()
+            if check(view):
+                return
+            await trio.sleep(0.05)
+    raise AssertionError(f"{what}: not seen in {timeout} s; stats {view.stats()['totals']}")
+
+
+def ids(view: QueueView, status: str) -> set[str]:
+    return {t["id"] for t in view.tasks(status)}
+
+
+async def run_one(d: Daemon, task_id: str, task_type: str, status: str, **extra: Any) -> None:
+    await d.enqueue(task_id, task_type, **extra)
+    await d.wait_for(lambda m: m.get("action") == "execute" and m.get("task_id") == task_id)
+    reply = {"action": "result", "task_id": task_id, "status": status}
+    if status != "success":
+        reply["error_msg"] = "disk on fire"
+    await d.send(reply)
+
+
+async def test_the_view_follows_a_running_daemon_and_a_compaction(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    q = tmp_path / "q"
+    d = await Daemon.start(nursery, q, env={"SNERD_DRAIN_TIMEOUT": "0.2"})
+    membership = await d.wait_for(lambda m: m.get("action") == "membership")
+    for task_type in ("ok", "bad", "slow"):
+        await d.send({"action": "register", "task_type": task_type})
+    await run_one(d, "ok-1", "ok", "success")
+    await run_one(d, "bad-1", "bad", "error", max_retries=0)
+    await d.enqueue("wait-1", "nobody")
+    await d.enqueue("later-1", "ok", execute_at=format_rfc3339(wall_us() + 3600 * SECOND))
+    await d.enqueue("run-1", "slow")
+    await d.wait_for(lambda m: m.get("action") == "execute" and m.get("task_id") == "run-1")
+
+    view = view_of(q)
+    await until(
+        view,
+        lambda v: ids(v, "completed") == {"ok-1"} and ids(v, "dead_letter") == {"bad-1"}
+        and ids(v, "in_flight") == {"run-1"} and ids(v, "waiting") == {"wait-1"}
+        and ids(v, "delayed") == {"later-1"},
+        "every task in its state",
+    )
+    totals = view.stats()["totals"]
+    assert (totals["live"], totals["completed"], totals["dead_letters"]) == (3, 1, 1)
+    (letter,) = view.dead_letters()
+    assert (letter["id"], letter["attempts"], letter["error"]) == ("bad-1", 1, "disk on fire")
+    # The daemon's heartbeat and claim, read from membership.json.
+    await until(view, lambda v: any(x["types"] for x in v.daemons()), "handler types")
+    (daemon,) = view.daemons()
+    assert daemon["shards"] == ["shard-0"] == membership["owned"]
+    assert {"ok", "bad", "slow"} <= set(daemon["types"])
+    assert view.stats()["per_shard"][0]["owner"] == daemon["node"]
+    # No payloads, no webhook URLs.
+    assert all("taskData" not in t and "task_data" not in t for t in view.tasks())
+
+    # Nothing new: no change, same version; a new enqueue: one change, seen.
+    view.refresh()
+    version = view.version
+    assert view.refresh() is False and view.version == version
+    await d.enqueue("wait-2", "nobody")
+    await d.wait_for(lambda m: m.get("action") == "ack")
+    await until(view, lambda v: "wait-2" in ids(v, "waiting"), "the new enqueue")
+    assert view.version > version
+
+    await d.close_stdin()
+    assert await d.wait() == 0
+    await until(view, lambda v: v.daemons() == [] or v.daemons()[0]["shards"] == [], "the drain")
+
+    # An offline compaction installs a new, shorter file: read again, not appended to.
+    inode = os.stat(log(q)).st_ino
+    done = subprocess.run(
+        [*SNERDMQ, "compact", str(q), "--history", "0"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert os.stat(log(q)).st_ino != inode
+    await until(
+        view,
+        lambda v: v.stats()["totals"]["completed"] == 0
+        and v.stats()["totals"]["dead_letters"] == 0,
+        "the compacted log",
+    )
+    assert view.stats()["totals"]["live"] == 4
+    assert ids(view, "waiting") == {"wait-1", "wait-2"}
+
+
+def test_a_torn_tail_is_folded_once_it_is_completed(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    queue = open_queue(str(q))
+    scan = rescan_shard(queue, 0, None)
+    assert len(scan.fold.live) == 2
+    line = encode_record(task("torn-1", 5))
+    with log(q).open("ab") as f:
+        f.write(line[:20])
+    scan2 = rescan_shard(queue, 0, scan)
+    assert scan2 is scan and scan.torn == 20 and len(scan.fold.live) == 2
+    with log(q).open("ab") as f:
+        f.write(line[20:])
+    scan3 = rescan_shard(queue, 0, scan)
+    assert scan3 is scan and scan.torn == 0 and scan.corrupt == []
+    assert "torn-1" in scan.fold.live and len(scan.fold.live) == 3
+    # Unchanged: the same scan, nothing folded twice.
+    records = scan.fold.records
+    assert rescan_shard(queue, 0, scan) is scan and scan.fold.records == records
+    # Truncated (a log replaced by a shorter one, same inode): read whole again.
+    data = log(q).read_bytes()
+    with log(q).open("r+b") as f:
+        f.truncate(len(data) - len(line))
+    scan4 = rescan_shard(queue, 0, scan)
+    assert scan4 is not scan and "torn-1" not in scan4.fold.live and len(scan4.fold.live) == 2
+    # Replaced by rename (a compaction) with a file at least as long: read whole again, not
+    # from the old file's end.
+    new = log(q).with_name("tasks.tmp")
+    new.write_bytes(b"".join(encode_record(task(f"n-{i}", i)) for i in range(1, 40)))
+    assert new.stat().st_size >= scan4.size
+    os.replace(new, log(q))
+    scan5 = rescan_shard(queue, 0, scan4)
+    assert scan5 is not scan4 and set(scan5.fold.live) == {f"n-{i}" for i in range(1, 40)}
+    assert scan5.corrupt == []
+
+
+def test_a_directory_that_is_not_a_queue_is_an_error_in_the_view(tmp_path: Path) -> None:
+    view = view_of(tmp_path)
+    assert view.refresh() is True
+    assert "not a snerd queue directory" in (view.error or "")
+    assert view.snapshot()["stats"] == {"error": view.error}
+    assert view.refresh() is False
+    hand_made_queue(tmp_path)
+    view.directory = tmp_path / "q"
+    assert view.refresh() is True and view.error is None
+
+
+# ------------------------------------------------------------------------------------------
+# The API and the WebSocket
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
+    q = hand_made_queue(tmp_path)
+    app = create_app(view_of(q), allowed_hosts=["testserver"], refresh_s=0.01, push_every_s=3600)
+    with TestClient(app) as c:
+        yield c, q
+
+
+def test_the_api_reports_states_filters_and_dead_letters(client: tuple[TestClient, Path]) -> None:
+    c, _ = client
+    snap = c.get("/api/snapshot").json()
+    assert snap["stats"]["totals"]["live"] == 2
+    assert {t["id"]: t["status"] for t in snap["tasks"]} == {
+        "wait-1": "waiting", "later-1": "delayed", "done-1": "completed", "dead-1": "dead_letter",
+    }
+    assert [t["id"] for t in c.get("/api/tasks?status=delayed").json()] == ["later-1"]
+    assert len(c.get("/api/tasks?limit=1").json()) == 1
+    (letter,) = c.get("/api/dead-letters").json()
+    assert (letter["id"], letter["attempts"], letter["error"]) == ("dead-1", 3, "mailbox full")
+    assert c.get("/api/stats").json()["shards"] == 1
+    assert c.get("/api/membership").json()["version"] == 3
+    assert c.get("/api/daemons").json() == []
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("/api/tasks?status=running", "status must be one of"),
+        ("/api/tasks?limit=0", "limit must be a whole number from 1 to 1000, got '0'"),
+        ("/api/tasks?limit=lots", "got 'lots'"),
+        ("/api/dead-letters?limit=1001", "got '1001'"),
+    ],
+)
+def test_a_bad_query_is_a_400_naming_it(
+    client: tuple[TestClient, Path], query: str, named: str
+) -> None:
+    response = client[0].get(query)
+    assert response.status_code == 400
+    assert named in response.json()["error"]
+
+
+def test_every_response_carries_the_security_headers(client: tuple[TestClient, Path]) -> None:
+    c, _ = client
+    for path in ("/", "/app.js", "/style.css", "/api/stats"):
+        r = c.get(path)
+        assert r.status_code == 200
+        assert "script-src 'self'" in r.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        assert r.headers["x-frame-options"] == "DENY"
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert "access-control-allow-origin" not in r.headers
+    assert c.get("/").headers["content-type"].startswith("text/html")
+    assert c.get("/app.js").headers["content-type"].startswith("text/javascript")
+
+
+def test_a_foreign_host_header_is_refused(client: tuple[TestClient, Path]) -> None:
+    r = client[0].get("/api/stats", headers={"host": "rebound.example"})
+    assert r.status_code == 400
+
+
+def test_the_websocket_pushes_a_snapshot_then_each_change(client: tuple[TestClient, Path]) -> None:
+    c, q = client
+    with c.websocket_connect("/ws", headers={"origin": "http://testserver"}) as ws:
+        first = orjson.loads(ws.receive_text())
+        assert first["stats"]["totals"]["live"] == 2
+        append(q, task("new-1", 9))
+        second = orjson.loads(ws.receive_text())
+        assert second["version"] > first["version"]
+        assert "new-1" in {t["id"] for t in second["tasks"]}
+        assert second["stats"]["totals"]["live"] == 3
+
+
+def test_a_cross_origin_websocket_is_refused(client: tuple[TestClient, Path]) -> None:
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        client[0].websocket_connect("/ws", headers={"origin": "http://evil.example"}) as ws,
+    ):
+        ws.receive_text()
+    assert refused.value.code == 1008
+
+
+def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    app = create_app(view_of(q), token="s3cret", refresh_s=0.01)
+    with TestClient(app, follow_redirects=False) as c:
+        assert c.get("/api/stats").status_code == 401
+        assert "SNERD_DASHBOARD_TOKEN" in c.get("/api/stats").json()["error"]
+        assert c.get("/").status_code == 401
+        assert c.get("/api/stats", headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/?token=wrong").status_code == 401
+        ok = c.get("/api/stats", headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["shards"] == 1
+        with pytest.raises(WebSocketDisconnect) as refused, c.websocket_connect("/ws") as ws:
+            ws.receive_text()
+        assert refused.value.code == 1008
+        # The login link sets an HttpOnly, SameSite=Strict cookie and leaves the address bar.
+        login = c.get("/?token=s3cret")
+        assert login.status_code == 303 and login.headers["location"] == "/"
+        cookie = login.headers["set-cookie"]
+        assert cookie.startswith(f"{COOKIE}=s3cret") and "HttpOnly" in cookie
+        assert "samesite=strict" in cookie.lower()
+        assert c.get("/").status_code == 200  # the client keeps the cookie
+        with c.websocket_connect("/ws") as ws:
+            assert orjson.loads(ws.receive_text())["stats"]["shards"] == 1
+
+
+# ------------------------------------------------------------------------------------------
+# The command
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--host", "0.0.0.0"], {}, "--host 0.0.0.0 is not a loopback address"),
+        (["--host", "0.0.0.0", "--token", " "], {}, "token (--token or SNERD_DASHBOARD_TOKEN) is empty"),
+        (["--port", "70000"], {}, "--port must be a whole number from 0 to 65535, got '70000'"),
+        (["--port", "http"], {}, "got 'http'"),
+        (["--host", "10.1.2.3"], {"SNERD_CLOCK_SKEW_MARGIN": "x"}, "not a loopback"),
+        ([], {"SNERD_CLOCK_SKEW_MARGIN": "x"}, "SNERD_CLOCK_SKEW_MARGIN"),
+    ],
+)
+def test_a_bad_argument_is_exit_2_naming_it(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    env: dict[str, str],
+    named: str,
+) -> None:
+    q = hand_made_queue(tmp_path)
+    monkeypatch.delenv("SNERD_DASHBOARD_TOKEN", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert dashboard_main([str(q), *argv]) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_a_directory_that_is_not_a_queue_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert dashboard_main([str(tmp_path)]) == 2
+    assert "not a snerd queue directory" in capsys.readouterr().err
+
+
+def test_loopback_names() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("127.1.2.3") and is_loopback("::1")
+    assert is_loopback("[::1]") and is_loopback("LOCALHOST")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4")
+    assert not is_loopback("example.com")
+
+
+class Server:
+    """`snerdmq dashboard` as a real process on a free port."""
+
+    def __init__(self, q: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [*SNERDMQ, "dashboard", str(q), "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # blocks until it listens, or exits
+        if "snerd dashboard for" not in line:
+            self.proc.kill()
+            raise AssertionError(f"no address line: {line!r}; stderr {self.proc.communicate()[1]}")
+        self.url = line.split(": ", 1)[1].split()[0]
+        assert self.url.startswith("http://127.0.0.1:") and self.url.endswith("/")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=15)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_the_command_serves_with_its_token_and_stops_on_sigterm(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    with Server(q, env={"SNERD_DASHBOARD_TOKEN": "t0ken"}) as server:
+        assert httpx.get(f"{server.url}api/stats").status_code == 401
+        r = httpx.get(f"{server.url}api/stats", headers={"authorization": "Bearer t0ken"})
+        assert r.status_code == 200 and r.json()["totals"]["dead_letters"] == 1
+        assert server.stop() == 0
+
+
+# ------------------------------------------------------------------------------------------
+# The page in a real browser
+# ------------------------------------------------------------------------------------------
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    missing_tool("no chromium on PATH (Debian: apt-get install chromium)")
+
+
+def dump_dom(url: str, profile: Path) -> str:
+    """The page's DOM after its scripts ran (headless Chromium, `--dump-dom`)."""
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={profile}", "--virtual-time-budget=10000", "--dump-dom",
+    ]
+    done = subprocess.run(
+        [chromium(), *flags, url], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_the_page_renders_the_queue_live_in_chromium_and_never_as_html(tmp_path: Path) -> None:
+    browser = chromium()
+    assert browser
+    q = hand_made_queue(tmp_path, dead_id=XSS_ID, error=XSS_ERROR)
+    with Server(q) as server:
+        dom = dump_dom(server.url, tmp_path / "profile")
+        assert server.stop() == 0
+    # Rendered from a snapshot that came over the WebSocket.
+    assert 'data-source="ws"' in dom, dom[:2000]
+    assert 'data-state="live"' in dom
+    assert '<span class="n" id="n-live">2</span>' in dom
+    assert '<span class="n" id="n-dead_letters">1</span>' in dom
+    assert '<span class="n" id="n-completed">1</span>' in dom
+    assert "<td>wait-1</td>" in dom and "<td>later-1</td>" in dom
+    # The hostile id and error are text: escaped in the DOM, no element made of them, and
+    # their script never ran (the title is the page's own).
+    assert "&lt;img src=x onerror=" in dom
+    assert "&lt;script&gt;document.title='pwned'&lt;/script&gt; quota exceeded" in dom
+    body = dom.split("<main>", 1)[1]
+    assert "<img" not in body and "<script" not in body
+    assert "<title>snerd dashboard</title>" in dom and "pwned</title>" not in dom
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
