@@ -148,6 +148,9 @@ class SnerdQueue(_QueueFace):
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self._log_observers: list[Callable[[str], object]] = []
 
+    def _dashboard_directory(self) -> Path:
+        return Path(self.storage_path if self.storage_path is not None else ".snerdata")
+
     def on_daemon_log(self, callback: Callable[[str], object]) -> Callable[[str], object]:
         """Also hand each daemon stderr line (without its newline) to `callback`, on the event
         loop thread; it must not block. Usable as a decorator. The lines are still relayed to

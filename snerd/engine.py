@@ -277,6 +277,9 @@ class Engine(_QueueFace):
         """
         return await self._shutdown(timeout)
 
+    def _dashboard_directory(self) -> Path:
+        return self.directory
+
     def _begin_drain(self) -> None:
         if self._runtime is not None:
             self._to_runtime(self._runtime.submit, ev.DrainRequested(reason="shutdown"))

@@ -23,6 +23,7 @@ import contextvars
 import datetime as dt
 import inspect
 import json
+import os
 import re
 import sys
 import threading
@@ -37,6 +38,7 @@ from json.encoder import (  # type: ignore[attr-defined]
     encode_basestring_ascii,
 )
 from operator import is_not
+from pathlib import Path
 from types import FunctionType, TracebackType
 from typing import Any, Protocol, Self, TypeAlias, TypeVar
 
@@ -511,6 +513,8 @@ class _QueueFace:
         self._started = False
         self._shutting_down = False
         self._exited: anyio.Event | None = None
+        #: The dashboard `start_dashboard` serves, if any (snerd.dashboard.serve).
+        self._dashboard: Any = None
         #: The exit code of the daemon (negative: killed by that signal) or of the engine's
         #: runtime, once it has exited.
         self.exit_code: int | None = None
@@ -609,8 +613,16 @@ class _QueueFace:
 
     async def _shutdown(self, timeout: float | None = None) -> int | None:
         """Refuse new enqueues, start the drain, wait for the exit (stopping it after
-        `timeout` seconds, default the drain timeout + 5 s); the exit code (None if nothing
-        was started)."""
+        `timeout` seconds, default the drain timeout + 5 s), then stop the dashboard; the exit
+        code (None if nothing was started)."""
+        try:
+            return await self._drain_and_wait(timeout)
+        finally:
+            if self._dashboard is not None:
+                dashboard, self._dashboard = self._dashboard, None
+                await dashboard.aclose()
+
+    async def _drain_and_wait(self, timeout: float | None) -> int | None:
         if self._exited is None:
             return None
         if not self._shutting_down:
@@ -684,6 +696,43 @@ class _QueueFace:
             return fn
 
         return register
+
+    def _dashboard_directory(self) -> Path:
+        """The queue directory behind this face."""
+        raise NotImplementedError
+
+    async def start_dashboard(
+        self, port: int = 8642, *, host: str = "127.0.0.1", token: str | None = None
+    ) -> str:
+        """Serve the dashboard of this queue's directory (the page and API of `snerdmq
+        dashboard`, docs/operations.md) on this event loop, with a live console of the
+        progress messages this queue's handlers report, until `shutdown()`. Returns its URL.
+
+        Args:
+            port: the port (0: any free one; the URL says which).
+            host: the address; anything but loopback needs a token.
+            token: required on every request (default: SNERD_DASHBOARD_TOKEN, if set).
+
+        Raises:
+            ValueError: an address other than loopback without a token, or an empty token.
+            OSError: the address cannot be listened on.
+            RuntimeError: a dashboard is already served.
+        """
+        from snerd.dashboard.serve import EmbeddedDashboard
+
+        if self._dashboard is not None:
+            raise RuntimeError(f"[Snerd] a dashboard is already served at {self._dashboard.url}")
+        dashboard = EmbeddedDashboard()
+        url = await dashboard.start(
+            self._dashboard_directory(),
+            host=host,
+            port=port,
+            token=token if token is not None else os.environ.get("SNERD_DASHBOARD_TOKEN"),
+            observe_progress=self.on_progress,
+            spawn=_Background().start,
+        )
+        self._dashboard = dashboard
+        return url
 
     def on_progress(self, callback: ProgressCallback) -> ProgressCallback:
         """Observe `progress` messages: `callback(task_id, data)`, sync or async, called on the

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import httpx
 import orjson
 import pytest
@@ -21,6 +23,7 @@ import trio
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from snerd import SnerdQueue, yield_progress
 from snerd.core.records import encode_record
 from snerd.core.timefmt import format_rfc3339
 from snerd.dashboard.app import COOKIE, create_app
@@ -29,6 +32,8 @@ from snerd.dashboard.view import QueueView
 from snerd.tools import open_queue, rescan_shard
 from tests.conftest import missing_tool
 from tests.daemon import SNERDMQ, Daemon
+from tests.sdkhelpers import Calls, Runner
+from tests.sdkhelpers import run as run  # the fixture
 
 SECOND = 1_000_000
 #: A task id and an error that would run script if the page ever rendered values as HTML.
@@ -487,3 +492,90 @@ def test_the_page_renders_the_queue_live_in_chromium_and_never_as_html(tmp_path:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------------------------------------------
+# Served by the SDK, with the progress its handlers report
+# ------------------------------------------------------------------------------------------
+
+
+async def _sdk_dashboard(tmp_path: Path) -> None:
+    running = Calls()
+    release = anyio.Event()
+    async with SnerdQueue(storage_path=tmp_path / "q", drain_timeout=5) as q:
+
+        @q.handler("render")
+        async def render(data: Any) -> None:
+            yield_progress({"pct": 50, "of": data["name"]})
+            running.add(data["name"])
+            await release.wait()
+
+        with pytest.raises(ValueError, match="not a loopback address"):
+            await q.start_dashboard(host="0.0.0.0")
+        url = await q.start_dashboard(port=0)
+        assert url.startswith("http://127.0.0.1:")
+        with pytest.raises(RuntimeError, match="already served"):
+            await q.start_dashboard(port=0)
+        await q.enqueue("r-1", "render", {"name": "cover.png"})
+        await running.wait(1)
+        async with httpx.AsyncClient(base_url=url) as client:
+            with anyio.fail_after(15):
+                while True:
+                    lines = (await client.get("/api/progress")).json()
+                    snap = (await client.get("/api/snapshot")).json()
+                    tasks = {t["id"]: t["status"] for t in snap["tasks"]}
+                    if lines and tasks.get("r-1") == "in_flight":
+                        break
+                    await anyio.sleep(0.05)
+            assert [(p["task_id"], p["data"]) for p in lines] == [
+                ("r-1", {"pct": 50, "of": "cover.png"})
+            ]
+            assert snap["progress"] == lines
+        release.set()
+    # Stopped with the queue.
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"{url}api/stats")
+
+
+def test_the_sdk_serves_the_dashboard_with_its_progress(run: Runner, tmp_path: Path) -> None:
+    run(_sdk_dashboard, tmp_path)
+
+
+def test_a_dashboard_without_an_sdk_has_no_progress(client: tuple[TestClient, Path]) -> None:
+    c, _ = client
+    assert c.get("/api/progress").status_code == 404
+    assert "progress" not in c.get("/api/snapshot").json()
+
+
+async def _progress_in_chromium(tmp_path: Path) -> str:
+    running = Calls()
+    release = anyio.Event()
+    async with SnerdQueue(storage_path=tmp_path / "q", drain_timeout=5) as q:
+
+        @q.handler("render")
+        async def render(data: Any) -> None:
+            yield_progress({"pct": 40, "note": XSS_ERROR})
+            running.add(1)
+            await release.wait()
+
+        url = await q.start_dashboard(port=0)
+        await q.enqueue("r-1", "render", {})
+        await running.wait(1)
+        async with httpx.AsyncClient(base_url=url) as client:
+            with anyio.fail_after(15):
+                while not (await client.get("/api/progress")).json():
+                    await anyio.sleep(0.05)
+        dom = await anyio.to_thread.run_sync(dump_dom, url, tmp_path / "profile")
+        release.set()
+    return dom
+
+
+def test_the_sdk_dashboard_page_shows_progress_in_chromium(tmp_path: Path) -> None:
+    chromium()
+    dom = anyio.run(_progress_in_chromium, tmp_path)
+    assert 'data-source="ws"' in dom
+    section = dom.split('<section id="progress-section"', 1)[1].split("</section>", 1)[0]
+    assert "hidden" not in section.split(">", 1)[0]
+    assert "r-1" in section and '"pct":40' in section
+    assert "&lt;script&gt;" in section and "<script" not in section

@@ -7,6 +7,8 @@
     GET /api/dead-letters    ?limit=<1..1000, default 100>, with their final errors
     GET /api/daemons         heartbeats and the shards each daemon's claims name
     GET /api/membership      membership.json as read
+    GET /api/progress        the latest progress messages (only when served by an SDK, which
+                             sees them: `SnerdQueue.start_dashboard`; else 404)
     WS  /ws                  a snapshot at once, then one whenever the files change (at most
                              one a `refresh_s`) and at least every `push_every_s`
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from http.cookies import SimpleCookie
 from importlib import resources
@@ -51,9 +54,10 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from snerd.core.timefmt import format_rfc3339
 from snerd.dashboard.view import STATUSES, QueueView
 
-__all__ = ["COOKIE", "create_app"]
+__all__ = ["COOKIE", "ProgressFeed", "create_app"]
 
 #: The cookie `/?token=` sets.
 COOKIE = "snerd_dashboard_token"
@@ -73,6 +77,25 @@ _SECURITY_HEADERS = [
 ]
 
 _T = TypeVar("_T")
+
+
+class ProgressFeed:
+    """The latest `keep` progress messages (`add` is an SDK's `on_progress` observer). Used on
+    the event loop thread only."""
+
+    def __init__(self, clock: Callable[[], int], keep: int = 50) -> None:
+        self.clock = clock
+        self.events: deque[dict[str, Any]] = deque(maxlen=keep)
+        #: Bumped by each `add`.
+        self.version = 0
+
+    def add(self, task_id: Any, data: Any) -> None:
+        self.events.append({"task_id": task_id, "data": data, "at": format_rfc3339(self.clock())})
+        self.version += 1
+
+    def lines(self) -> list[dict[str, Any]]:
+        """Oldest first."""
+        return list(self.events)
 
 
 def _json(value: Any, status: int = 200) -> Response:
@@ -205,10 +228,17 @@ def create_app(
     refresh_s: float = 1.0,
     push_every_s: float = 5.0,
     monotonic: Callable[[], float] = time.monotonic,
+    progress: ProgressFeed | None = None,
 ) -> Starlette:
     """The dashboard of `view`'s queue. `allowed_hosts`: the `Host` names accepted (None:
-    any); `token`: required on every request when set."""
+    any); `token`: required on every request when set; `progress`: the progress messages to
+    show (snapshots then carry `progress`)."""
     reader = _Reader(view, refresh_s, monotonic)
+
+    def with_progress(snap: dict[str, Any]) -> dict[str, Any]:
+        if progress is not None:
+            snap["progress"] = progress.lines()
+        return snap
     pages = {
         "/": (_static("index.html"), "text/html; charset=utf-8"),
         "/app.js": (_static("app.js"), "text/javascript; charset=utf-8"),
@@ -220,7 +250,12 @@ def create_app(
         return Response(body, media_type=media_type)
 
     async def snapshot(request: Request) -> Response:
-        return _json(await reader.read(lambda v: v.snapshot()))
+        return _json(with_progress(await reader.read(lambda v: v.snapshot())))
+
+    async def progress_lines(request: Request) -> Response:
+        if progress is None:
+            return _error("no progress here: only a dashboard an SDK serves sees it", 404)
+        return _json(progress.lines())
 
     async def stats(request: Request) -> Response:
         return _json(await reader.read(lambda v: v.stats()))
@@ -256,18 +291,26 @@ def create_app(
 
         async def push() -> None:
             sent_version: int | None = None
+            sent_progress = -1
             sent_at = -math.inf
             while True:
+                moved = progress is not None and progress.version != sent_progress
+
                 def changed(
-                    v: QueueView, version: int | None = sent_version, at: float = sent_at
+                    v: QueueView,
+                    version: int | None = sent_version,
+                    at: float = sent_at,
+                    moved: bool = moved,
                 ) -> dict[str, Any] | None:
-                    due = monotonic() - at >= push_every_s
+                    due = moved or monotonic() - at >= push_every_s
                     return v.snapshot() if v.version != version or due else None
 
                 snap = await reader.read(changed)
                 if snap is not None:
+                    if progress is not None:
+                        sent_progress = progress.version
                     try:
-                        await websocket.send_text(orjson.dumps(snap).decode())
+                        await websocket.send_text(orjson.dumps(with_progress(snap)).decode())
                     except (WebSocketDisconnect, OSError, RuntimeError):
                         return  # the peer went away meanwhile; the loop below sees it
                     sent_version, sent_at = snap["version"], monotonic()
@@ -286,6 +329,7 @@ def create_app(
         Route("/api/dead-letters", dead_letters),
         Route("/api/daemons", daemons),
         Route("/api/membership", membership),
+        Route("/api/progress", progress_lines),
         WebSocketRoute("/ws", live),
     ]
     middleware = [Middleware(_SecurityHeaders)]

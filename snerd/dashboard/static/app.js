@@ -101,6 +101,17 @@ function render(snap, source) {
     cell(d.id), cell(d.type), cell(d.attempts, "num"), cell(d.at), cell(`shard-${d.shard}`),
     cell(d.error || "(no error recorded)", "error-text"),
   ], "no dead letters");
+  // Progress messages: only a dashboard an SDK serves sees them (newest first).
+  const section = document.getElementById("progress-section");
+  section.hidden = !Array.isArray(snap.progress);
+  if (Array.isArray(snap.progress)) {
+    const list = document.getElementById("progress");
+    list.replaceChildren(...snap.progress.slice().reverse().map((p) => {
+      const li = document.createElement("li");
+      li.textContent = `${p.at}  ${p.task_id}  ${JSON.stringify(p.data)}`;
+      return li;
+    }));
+  }
   document.body.dataset.version = String(snap.version);
   document.body.dataset.source = source;
 }
