@@ -14,8 +14,13 @@ let pollTimer = null;
 
 function cell(text, cls) {
   const td = document.createElement("td");
-  td.textContent = text === null || text === undefined ? "-" : String(text);
-  if (cls) td.className = cls;
+  if (text === null || text === undefined) {
+    td.textContent = "-";
+    td.className = cls === "num" ? "num none" : "none";
+  } else {
+    td.textContent = String(text);
+    if (cls) td.className = cls;
+  }
   return td;
 }
 
@@ -76,7 +81,8 @@ function render(snap, source) {
   const stats = snap.stats || {};
   showError(snap.error || stats.error || "");
   document.getElementById("queue").textContent =
-    `${stats.queue || ""} in ${snap.directory} (${stats.shards ?? "?"} shards)`;
+    `${stats.queue || ""} in ${snap.directory} (${stats.shards ?? "?"} ` +
+    `${stats.shards === 1 ? "shard" : "shards"})`;
   document.getElementById("updated").textContent = `as of ${snap.at}`;
   const totals = stats.totals || {};
   for (const key of TOTALS) {
