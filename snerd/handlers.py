@@ -718,8 +718,10 @@ class _QueueFace:
             OSError: the address cannot be listened on.
             RuntimeError: a dashboard is already served.
         """
-        from snerd.dashboard.serve import EmbeddedDashboard
+        from snerd.dashboard.serve import EmbeddedDashboard, check_exposure
 
+        token = token if token is not None else os.environ.get("SNERD_DASHBOARD_TOKEN")
+        check_exposure(host, token)
         if self._dashboard is not None:
             raise RuntimeError(f"[Snerd] a dashboard is already served at {self._dashboard.url}")
         dashboard = EmbeddedDashboard()
@@ -727,7 +729,7 @@ class _QueueFace:
             self._dashboard_directory(),
             host=host,
             port=port,
-            token=token if token is not None else os.environ.get("SNERD_DASHBOARD_TOKEN"),
+            token=token,
             observe_progress=self.on_progress,
             spawn=_Background().start,
         )

@@ -4,13 +4,14 @@ headless Chromium."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -499,25 +500,36 @@ if __name__ == "__main__":  # pragma: no cover
 # ------------------------------------------------------------------------------------------
 
 
-async def _sdk_dashboard(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def rendering(tmp_path: Path, progress: Any) -> AsyncIterator[tuple[SnerdQueue, str]]:
+    """A SnerdQueue serving its dashboard, with one task, `r-1`, running: it has reported
+    `progress` and holds until the block ends. Yields the queue and the dashboard's URL."""
     running = Calls()
     release = anyio.Event()
     async with SnerdQueue(storage_path=tmp_path / "q", drain_timeout=5) as q:
 
         @q.handler("render")
         async def render(data: Any) -> None:
-            yield_progress({"pct": 50, "of": data["name"]})
-            running.add(data["name"])
+            yield_progress(progress)
+            running.add(data)
             await release.wait()
 
+        url = await q.start_dashboard(port=0)
+        await q.enqueue("r-1", "render", {})
+        await running.wait(1)
+        try:
+            yield q, url
+        finally:
+            release.set()
+
+
+async def _sdk_dashboard(tmp_path: Path) -> None:
+    async with rendering(tmp_path, {"pct": 50, "of": "cover.png"}) as (q, url):
+        assert url.startswith("http://127.0.0.1:")
         with pytest.raises(ValueError, match="not a loopback address"):
             await q.start_dashboard(host="0.0.0.0")
-        url = await q.start_dashboard(port=0)
-        assert url.startswith("http://127.0.0.1:")
         with pytest.raises(RuntimeError, match="already served"):
             await q.start_dashboard(port=0)
-        await q.enqueue("r-1", "render", {"name": "cover.png"})
-        await running.wait(1)
         async with httpx.AsyncClient(base_url=url) as client:
             with anyio.fail_after(15):
                 while True:
@@ -531,7 +543,6 @@ async def _sdk_dashboard(tmp_path: Path) -> None:
                 ("r-1", {"pct": 50, "of": "cover.png"})
             ]
             assert snap["progress"] == lines
-        release.set()
     # Stopped with the queue.
     async with httpx.AsyncClient() as client:
         with pytest.raises(httpx.ConnectError):
@@ -549,26 +560,12 @@ def test_a_dashboard_without_an_sdk_has_no_progress(client: tuple[TestClient, Pa
 
 
 async def _progress_in_chromium(tmp_path: Path) -> str:
-    running = Calls()
-    release = anyio.Event()
-    async with SnerdQueue(storage_path=tmp_path / "q", drain_timeout=5) as q:
-
-        @q.handler("render")
-        async def render(data: Any) -> None:
-            yield_progress({"pct": 40, "note": XSS_ERROR})
-            running.add(1)
-            await release.wait()
-
-        url = await q.start_dashboard(port=0)
-        await q.enqueue("r-1", "render", {})
-        await running.wait(1)
+    async with rendering(tmp_path, {"pct": 40, "note": XSS_ERROR}) as (_, url):
         async with httpx.AsyncClient(base_url=url) as client:
             with anyio.fail_after(15):
                 while not (await client.get("/api/progress")).json():
                     await anyio.sleep(0.05)
-        dom = await anyio.to_thread.run_sync(dump_dom, url, tmp_path / "profile")
-        release.set()
-    return dom
+        return await anyio.to_thread.run_sync(dump_dom, url, tmp_path / "profile")
 
 
 def test_the_sdk_dashboard_page_shows_progress_in_chromium(tmp_path: Path) -> None:
