@@ -418,6 +418,7 @@ def _summary(result: DemoResult, directory: str) -> list[str]:
             f"Inspect the dead letter with `snerdmq dlq {directory}`; put it back with "
             f"`snerdmq replay --type doomed-export {directory}`."
         )
+    lines.append(f"See the queue in a browser with `snerdmq dashboard {directory}`.")
     if result.exit_code == 0:
         lines.append("The daemon drained and exited with code 0; every task is stored on disk.")
     else:

@@ -44,6 +44,7 @@ def test_the_demo_runs_to_completion(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert counts(out) == EXPECTED, out
     assert "urgent jobs jumped the line: yes" in out
     assert "The daemon drained and exited with code 0" in out
+    assert f"`snerdmq dashboard {q}`" in out
     for event in (
         "failed    pay-1        attempt 1: RuntimeError: card network timed out -> retry",
         "started   pay-1        flaky-payment, attempt 3 of 3",
