@@ -5,6 +5,8 @@ headless Chromium."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import os
 import shutil
 import signal
@@ -250,7 +252,15 @@ def test_a_directory_that_is_not_a_queue_is_an_error_in_the_view(tmp_path: Path)
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
     q = hand_made_queue(tmp_path)
-    app = create_app(view_of(q), allowed_hosts=["testserver"], refresh_s=0.01, push_every_s=3600)
+    # A monotonic clock that moves a second per look: every read refreshes; no timed push.
+    ticks = itertools.count()
+    app = create_app(
+        view_of(q),
+        allowed_hosts=["testserver"],
+        refresh_s=0.01,
+        push_every_s=math.inf,
+        monotonic=lambda: float(next(ticks)),
+    )
     with TestClient(app) as c:
         yield c, q
 
@@ -592,3 +602,36 @@ async def _progress_in_chromium(tmp_path: Path) -> None:
 
 def test_the_sdk_dashboard_page_shows_progress_in_chromium(tmp_path: Path) -> None:
     anyio.run(_progress_in_chromium, tmp_path, backend="asyncio")
+
+
+def test_a_corrupt_file_is_reported_and_the_dashboard_recovers(
+    client: tuple[TestClient, Path],
+) -> None:
+    c, q = client
+    good = (q / "membership.json").read_bytes()
+    (q / "membership.json").write_bytes(b'{"shards": 1, "claims": ')
+    snap = c.get("/api/snapshot").json()
+    assert "membership.json is not valid JSON" in snap["error"]
+    assert snap["tasks"] == [] and snap["stats"] == {"error": snap["error"]}
+    (q / "membership.json").write_bytes(good)
+    # A corrupt line in the log is counted, and never hides the lines after it.
+    with log(q).open("ab") as f:
+        f.write(b'{"taskId":"x","snerdCrc":"0000000000000000"}\n')
+    append(q, task("after-1", 10))
+    snap = c.get("/api/snapshot").json()
+    assert snap["error"] is None
+    assert snap["stats"]["totals"]["corrupt_lines"] == 1
+    assert "after-1" in {t["id"] for t in snap["tasks"]}
+
+
+def test_the_files_are_read_at_most_once_a_refresh_interval(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    now = [100.0]
+    app = create_app(view_of(q), refresh_s=1.0, monotonic=lambda: now[0])
+    with TestClient(app) as c:
+        assert c.get("/api/stats").json()["totals"]["live"] == 2
+        append(q, task("new-1", 9))
+        now[0] += 0.9
+        assert c.get("/api/stats").json()["totals"]["live"] == 2  # within the interval
+        now[0] += 0.1
+        assert c.get("/api/stats").json()["totals"]["live"] == 3
