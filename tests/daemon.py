@@ -28,6 +28,8 @@ class Daemon:
         self.received: list[dict[str, Any]] = []
         self.stderr = bytearray()
         self._stderr_done = trio.Event()
+        #: Set (and replaced) each time stderr grows.
+        self._stderr_grew = trio.Event()
         self._send_lock = trio.Lock()
 
     @classmethod
@@ -59,9 +61,21 @@ class Daemon:
                 if not chunk:
                     break
                 self.stderr += chunk
+                self._stderr_grew.set()
+                self._stderr_grew = trio.Event()
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
         self._stderr_done.set()
+
+    async def wait_stderr(self, text: str, timeout: float = 10.0) -> str:
+        """Wait until stderr holds `text`; returns stderr so far. (stderr is read by a task of
+        its own, so a line the daemon wrote before a stdout message may be read after it.)"""
+        with trio.fail_after(timeout):
+            while text not in self.stderr.decode(errors="replace"):
+                if self._stderr_done.is_set():
+                    raise AssertionError(f"stderr ended without {text!r}: {self.stderr!r}")
+                await self._stderr_grew.wait()
+        return self.stderr.decode(errors="replace")
 
     async def send_raw(self, data: bytes) -> None:
         assert self.proc.stdin is not None

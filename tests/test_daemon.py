@@ -330,7 +330,7 @@ async def test_a_second_daemon_on_the_same_directory_waits_and_routes_enqueues_t
     second = await Daemon.start(nursery, tmp_path / "q")
     m = await second.recv()
     assert m["action"] == "membership" and m["owned"] == []
-    assert "claimed by a live daemon" in second.stderr.decode()
+    await second.wait_stderr("claimed by a live daemon")
     # Owning no shard, it still takes the enqueue: into its inbox for shard-0, acked once
     # durable there; the owner ingests it and runs it.
     await second.enqueue("x", data={"n": 1})

@@ -33,7 +33,7 @@ async def test_two_daemons_split_the_shards_and_one_takes_all_back_when_the_othe
     got_a = await a.wait_for(owning(2))
     got_b = await b.wait_for(owning(2))
     assert sorted(got_a["owned"] + got_b["owned"]) == first["owned"]
-    assert "handed over to even out the shares" in a.stderr.decode()
+    await a.wait_stderr("handed over to even out the shares")
     b.signal(signal.SIGTERM)
     assert await b.wait() == 0
     back = await a.wait_for(owning(4))  # b handed its shards over on drain
@@ -81,7 +81,7 @@ async def test_a_daemon_with_its_wall_clock_an_hour_ahead_does_not_take_a_live_s
     records = map(orjson.loads, (q / "shard-0" / "tasks" / "tasks.log").read_bytes().splitlines())
     claimants = {r["node"] for r in records if r.get("snerdKind") == KIND_CLAIM}
     assert claimants == {claim["owner"]}
-    assert "claimed by a live daemon" in b.stderr.decode()
+    await b.wait_stderr("claimed by a live daemon")
     for d in (a, b):
         await d.close_stdin()
         assert await d.wait() == 0
@@ -125,7 +125,7 @@ async def test_a_running_standby_takes_a_killed_owners_shard_long_before_a_round
     a.kill()
     got = await b.wait_for(owning(1), timeout=6)  # a round would come only after 20 s
     assert got["owned"] == ["shard-0"]
-    assert "its owner's process is gone" in b.stderr.decode()
+    await b.wait_stderr("its owner's process is gone")
     await b.close_stdin()
     assert await b.wait() == 0
 
