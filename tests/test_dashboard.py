@@ -157,6 +157,9 @@ async def test_the_view_follows_a_running_daemon_and_a_compaction(
     )
     totals = view.stats()["totals"]
     assert (totals["live"], totals["completed"], totals["dead_letters"]) == (3, 1, 1)
+    # A delayed task's next run is its execute_at, not its enqueue time.
+    (later,) = view.tasks("delayed")
+    assert later["next_run"] == later["execute_at"] > later["retry_after"]
     (letter,) = view.dead_letters()
     assert (letter["id"], letter["attempts"], letter["error"]) == ("bad-1", 1, "disk on fire")
     # The daemon's heartbeat and claim, read from membership.json.

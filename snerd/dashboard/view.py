@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from snerd.core.ownership import NODES_KEY
-from snerd.core.shardlog import tombstone_outcome
+from snerd.core.shardlog import ready_at_us, tombstone_outcome
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 from snerd.tools import (
     FINISHED_STATES,
@@ -52,6 +52,14 @@ def _number(value: Any) -> float | int | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _next_run(fields: dict[str, Any], status: str) -> str | None:
+    """When a live task may run next: the later of `executeAt` and `retryAfterTime`."""
+    if status in FINISHED_STATES:
+        return None
+    ready = ready_at_us(fields)
+    return None if ready is None else format_rfc3339(ready)
+
+
 def _task_row(shard: int, task_id: str, fields: dict[str, Any], status: str) -> dict[str, Any]:
     error = fields.get("LastErrorObj")
     return {
@@ -63,6 +71,7 @@ def _task_row(shard: int, task_id: str, fields: dict[str, Any], status: str) -> 
         "max_retries": _int(fields.get("maxRetries")),
         "execute_at": _str(fields.get("executeAt")),
         "retry_after": _str(fields.get("retryAfterTime")),
+        "next_run": _next_run(fields, status),
         "finished_at": _str(fields.get("deletedAt")),
         "error": error if isinstance(error, str) else None,
         "cron": _str(fields.get("cronExpression")),

@@ -49,7 +49,7 @@ function bytes(n) {
 
 function renderTasks(rows) {
   fill("tasks", rows, (t) => {
-    const when = t.finished_at || t.retry_after || t.execute_at;
+    const when = t.finished_at || t.next_run;
     const status = cell(t.status.replace("_", " "), `status ${t.status}`);
     return [cell(t.id), cell(t.type), status, cell(`shard-${t.shard}`),
       cell(t.retry_count, "num"), cell(when), cell(t.error, "error-text")];
