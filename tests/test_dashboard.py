@@ -25,7 +25,7 @@ from playwright.async_api import Page, async_playwright, expect
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from snerd import SnerdQueue, yield_progress
+from snerd import Engine, SnerdQueue, yield_progress
 from snerd.core.records import encode_record
 from snerd.core.timefmt import format_rfc3339
 from snerd.dashboard.app import COOKIE, create_app
@@ -638,3 +638,21 @@ def test_the_files_are_read_at_most_once_a_refresh_interval(tmp_path: Path) -> N
         assert c.get("/api/stats").json()["totals"]["live"] == 2  # within the interval
         now[0] += 0.1
         assert c.get("/api/stats").json()["totals"]["live"] == 3
+
+
+async def _engine_dashboard(tmp_path: Path) -> None:
+    async with Engine(tmp_path / "q") as engine:
+        url = await engine.start_dashboard(port=0)
+        await engine.enqueue("e-1", "nobody", {})
+        async with httpx.AsyncClient(base_url=url) as client:
+            with anyio.fail_after(15):
+                while "e-1" not in {t["id"] for t in (await client.get("/api/tasks")).json()}:
+                    await anyio.sleep(0.05)
+            assert (await client.get("/api/progress")).json() == []
+    async with httpx.AsyncClient() as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"{url}api/stats")
+
+
+def test_the_engine_serves_the_dashboard_of_its_directory(tmp_path: Path) -> None:
+    anyio.run(_engine_dashboard, tmp_path, backend="trio")
