@@ -216,10 +216,10 @@ class EmbeddedDashboard:
         spawn: Callable[..., Any],
     ) -> str:
         """Listen, start serving in the background (`spawn(coroutine_fn)`, the SDK's way to run
-        something outside the caller's task tree), and return the URL.
+        something outside the caller's task tree), and return the URL. The caller has checked
+        the address and token (`check_exposure`).
 
         Raises:
-            ValueError: a refused address or token (`check_exposure`).
             OSError: the address cannot be listened on.
         """
         import anyio
@@ -227,7 +227,6 @@ class EmbeddedDashboard:
 
         from snerd.dashboard.app import ProgressFeed
 
-        check_exposure(host, token)
         sock = _listen(host, port)
         feed = ProgressFeed(clock=_now_us)
         app = _app(directory, host, token, _skew_margin_us(), progress=feed)
