@@ -349,6 +349,7 @@ def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
         assert "SNERD_DASHBOARD_TOKEN" in c.get("/api/stats").json()["error"]
         assert c.get("/").status_code == 401
         assert c.get("/api/stats", headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/api/stats", headers={"cookie": '=;;"x; \x7f'}).status_code == 401
         assert c.get("/?token=wrong").status_code == 401
         ok = c.get("/api/stats", headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200 and ok.json()["shards"] == 1

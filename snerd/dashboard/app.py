@@ -37,10 +37,9 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from http.cookies import SimpleCookie
 from importlib import resources
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
@@ -48,7 +47,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -140,31 +139,22 @@ class _TokenAuth:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        given: list[str | None] = []
-        auth = headers.get("authorization", "")
-        if auth[:7].lower() == "bearer ":
-            given.append(auth[7:].strip())
-        cookie = SimpleCookie()
-        try:
-            cookie.load(headers.get("cookie", ""))
-        except Exception:  # a malformed Cookie header: as if none was sent
-            cookie = SimpleCookie()
-        if COOKIE in cookie:
-            given.append(cookie[COOKIE].value)
+        conn = HTTPConnection(scope)
+        auth = conn.headers.get("authorization", "")
+        given = [auth[7:].strip()] if auth[:7].lower() == "bearer " else []
+        given.append(conn.cookies.get(COOKIE, ""))
         if any(self._matches(g) for g in given):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": "token required"})
             return
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        if scope["path"] == "/" and self._matches((query.get("token") or [None])[0]):
+        if conn.url.path == "/" and self._matches(conn.query_params.get("token")):
             response = Response(status_code=303, headers={"location": "/"})
             response.set_cookie(COOKIE, self.token.decode(), httponly=True, samesite="strict")
             await response(scope, receive, send)
             return
-        if scope["path"].startswith("/api/"):
+        if conn.url.path.startswith("/api/"):
             response = _error("this dashboard needs its token: send `Authorization: Bearer "
                               "<token>` (the token is SNERD_DASHBOARD_TOKEN)", 401)
         else:
