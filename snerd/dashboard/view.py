@@ -149,16 +149,16 @@ class QueueView:
         """Each daemon with a heartbeat in membership.json: its beat count, when it was last
         seen (and how long ago, in seconds, on this host's clock), its handler types, and the
         shards its claims name."""
-        doc = (self._queue.doc if self._queue else None) or {}
-        beats = doc.get(NODES_KEY)
+        queue = self._queue
+        if queue is None:
+            return []
+        beats = (queue.doc or {}).get(NODES_KEY)
         beats = beats if isinstance(beats, dict) else {}
-        claims = doc.get("claims")
-        claims = claims if isinstance(claims, dict) else {}
         owned: dict[str, list[str]] = {}
-        for shard, claim in sorted(claims.items()):
-            owner = claim.get("owner") if isinstance(claim, dict) else None
-            if isinstance(owner, str):
-                owned.setdefault(owner, []).append(shard)
+        for shard in range(queue.shards):
+            owner = queue.claim(shard).owner
+            if owner is not None:
+                owned.setdefault(owner, []).append(f"shard-{shard}")
         now = self.clock()
         out = []
         for node in sorted(set(beats) | set(owned)):
