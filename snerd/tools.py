@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import socket
@@ -573,6 +574,14 @@ LIVE_STATES = ("in_flight", "retrying", "delayed", "waiting")
 FINISHED_STATES = ("completed", "dead_letter")
 
 
+@functools.lru_cache(maxsize=1 << 17)
+def _ready_at(execute_at: str | None, retry_after: str | None) -> int | None:
+    """`ready_at_us` of a record with these two fields, remembered: a watching reader (the
+    dashboard) judges every live task again at each refresh, and parsing the two times was
+    most of that work."""
+    return ready_at_us({"executeAt": execute_at, "retryAfterTime": retry_after})
+
+
 def live_state(task_id: str, fields: dict[str, Any], in_flight: dict[str, int], now_us: int) -> str:
     """A live task's state: in flight (dispatched, unresolved: running, or to be re-run after
     a crash), retrying (failed before, waiting for the next attempt), delayed (first attempt
@@ -582,7 +591,11 @@ def live_state(task_id: str, fields: dict[str, Any], in_flight: dict[str, int], 
     retry_count = fields.get("retryCount")
     if isinstance(retry_count, int) and retry_count > 0:
         return "retrying"
-    ready = ready_at_us(fields)
+    execute_at, retry_after = fields.get("executeAt"), fields.get("retryAfterTime")
+    if isinstance(execute_at, str | None) and isinstance(retry_after, str | None):
+        ready = _ready_at(execute_at, retry_after)
+    else:  # not the shape snerd writes: nothing to remember
+        ready = ready_at_us(fields)
     if ready is not None and ready > now_us:
         return "delayed"
     return "waiting"

@@ -39,6 +39,7 @@ is `snerd.core.records`), and never decides anything for a daemon.
 from __future__ import annotations
 
 import contextlib
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,7 @@ __all__ = [
     "DeadLetter",
     "ShardFold",
     "StaleRecord",
+    "enqueue_order",
     "fold_records",
     "ready_at_us",
     "tombstone_outcome",
@@ -281,9 +283,7 @@ class ShardFold:
         later record of the task inherits), so the order survives compaction, which keeps only
         a task's latest record; records without one (written by upstream) come first, in the
         order they first appear."""
-        return sorted(
-            self.live.items(), key=lambda item: _int_or(item[1].fields.get("snerdSeq"), 0)
-        )
+        return enqueue_order(self.live.items())
 
     def in_flight(self) -> dict[str, int]:
         """Live tasks whose latest attempt was dispatched and never resolved: id -> attempt.
@@ -372,6 +372,20 @@ class ShardFold:
             for record in finished[-history_limit:]:
                 add(record)
         return [KeepRange(offset=o, length=keep[o]) for o in sorted(keep)]
+
+
+def _seq_of(item: tuple[str, LogRecord]) -> int:
+    return _int_or(item[1].fields.get("snerdSeq"), 0)
+
+
+def enqueue_order(
+    items: Iterable[tuple[str, LogRecord]], limit: int | None = None
+) -> list[tuple[str, LogRecord]]:
+    """(task id, record) pairs in enqueue order (`ShardFold.live_in_order`'s rule); only the
+    first `limit` when given (without sorting them all)."""
+    if limit is None:
+        return sorted(items, key=_seq_of)
+    return heapq.nsmallest(limit, items, key=_seq_of)
 
 
 def fold_records(records: Iterable[LogRecord], *, keep_payloads: bool = True) -> ShardFold:

@@ -169,7 +169,8 @@ class _TokenAuth:
 
 class _Reader:
     """Runs the view's refresh and queries in a worker thread, one at a time, refreshing at
-    most once a `refresh_s`."""
+    most once a `refresh_s`; a snapshot is built at most once a refresh, however many pages
+    ask for it."""
 
     def __init__(self, view: QueueView, refresh_s: float, monotonic: Callable[[], float]):
         self.view = view
@@ -177,6 +178,7 @@ class _Reader:
         self.monotonic = monotonic
         self.lock = anyio.Lock()
         self.refreshed = -math.inf
+        self._snapshot: dict[str, Any] | None = None
 
     async def read(self, query: Callable[[QueueView], _T]) -> _T:
         async with self.lock:
@@ -185,12 +187,20 @@ class _Reader:
             def run() -> _T:
                 if not fresh:
                     self.view.refresh()
+                    self._snapshot = None
                 return query(self.view)
 
             result = await anyio.to_thread.run_sync(run)
             if not fresh:
                 self.refreshed = self.monotonic()
             return result
+
+    def snapshot(self, view: QueueView) -> dict[str, Any]:
+        """`view.snapshot()`, built once a refresh (a query for `read`; the caller must not
+        change it)."""
+        if self._snapshot is None:
+            self._snapshot = view.snapshot()
+        return self._snapshot
 
 
 def _limit(request: Request) -> int | Response:
@@ -226,9 +236,7 @@ def create_app(
     reader = _Reader(view, refresh_s, monotonic)
 
     def with_progress(snap: dict[str, Any]) -> dict[str, Any]:
-        if progress is not None:
-            snap["progress"] = progress.lines()
-        return snap
+        return snap if progress is None else {**snap, "progress": progress.lines()}
     pages = {
         "/": (_static("index.html"), "text/html; charset=utf-8"),
         "/app.js": (_static("app.js"), "text/javascript; charset=utf-8"),
@@ -240,7 +248,7 @@ def create_app(
         return Response(body, media_type=media_type)
 
     async def snapshot(request: Request) -> Response:
-        return _json(with_progress(await reader.read(lambda v: v.snapshot())))
+        return _json(with_progress(await reader.read(reader.snapshot)))
 
     async def progress_lines(request: Request) -> Response:
         if progress is None:
@@ -293,7 +301,7 @@ def create_app(
                     moved: bool = moved,
                 ) -> dict[str, Any] | None:
                     due = moved or monotonic() - at >= push_every_s
-                    return v.snapshot() if v.version != version or due else None
+                    return reader.snapshot(v) if v.version != version or due else None
 
                 snap = await reader.read(changed)
                 if snap is not None:

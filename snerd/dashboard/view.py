@@ -14,12 +14,13 @@ Blocking: the web app calls `refresh` from a worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from snerd.core.events import LogRecord
 from snerd.core.ownership import NODES_KEY
-from snerd.core.shardlog import ready_at_us, tombstone_outcome
+from snerd.core.shardlog import enqueue_order, ready_at_us, tombstone_outcome
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 from snerd.tools import (
     FINISHED_STATES,
@@ -196,12 +197,18 @@ class QueueView:
             for shard in sorted(self._scans):
                 fold = self._scans[shard].fold
                 in_flight = fold.in_flight()
-                for task_id, record in fold.live_in_order():
+                live: Iterable[tuple[str, LogRecord]] = fold.live.items()
+                if status is not None:
+                    live = [
+                        (task_id, record)
+                        for task_id, record in live
+                        if live_state(task_id, record.fields, in_flight, now) == status
+                    ]
+                for task_id, record in enqueue_order(live, limit - len(out)):
                     state = live_state(task_id, record.fields, in_flight, now)
-                    if status is None or state == status:
-                        out.append(_task_row(shard, task_id, record.fields, state))
-                        if len(out) >= limit:
-                            return out
+                    out.append(_task_row(shard, task_id, record.fields, state))
+                if len(out) >= limit:
+                    return out
         if status is not None and status not in FINISHED_STATES:
             return out
         finished: list[dict[str, Any]] = []
