@@ -269,14 +269,21 @@ def client(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
 
 
 def test_the_api_reports_states_filters_and_dead_letters(client: tuple[TestClient, Path]) -> None:
-    c, _ = client
+    c, q = client
     snap = c.get("/api/snapshot").json()
     assert snap["stats"]["totals"]["live"] == 2
     assert {t["id"]: t["status"] for t in snap["tasks"]} == {
         "wait-1": "waiting", "later-1": "delayed", "done-1": "completed", "dead-1": "dead_letter",
     }
     assert [t["id"] for t in c.get("/api/tasks?status=delayed").json()] == ["later-1"]
-    assert len(c.get("/api/tasks?limit=1").json()) == 1
+    # Live tasks in enqueue order (snerdSeq), not file order, then the latest finished.
+    append(q, task("upstream-1", 0))
+    assert [t["id"] for t in c.get("/api/tasks?limit=3").json()] == [
+        "upstream-1", "wait-1", "later-1",
+    ]
+    assert [t["id"] for t in c.get("/api/tasks?limit=1&status=waiting").json()] == [
+        "upstream-1"
+    ]
     (letter,) = c.get("/api/dead-letters").json()
     assert (letter["id"], letter["attempts"], letter["error"]) == ("dead-1", 3, "mailbox full")
     assert c.get("/api/stats").json()["shards"] == 1
