@@ -88,6 +88,8 @@ function render(snap, source) {
   for (const key of TOTALS) {
     document.getElementById(`n-${key}`).textContent = totals[key] ?? "-";
   }
+  document.getElementById("n-dead_letters").parentElement
+    .classList.toggle("bad", (totals.dead_letters || 0) > 0);
   fill("shards", stats.per_shard || [], (s) => [
     cell(s.shard), cell(s.owner_text), cell(s.epoch, "num"), cell(s.live, "num"),
     cell(s.in_flight, "num"), cell(s.completed, "num"), cell(s.dead_letters, "num"),
