@@ -23,7 +23,6 @@ import contextvars
 import datetime as dt
 import inspect
 import json
-import os
 import re
 import sys
 import threading
@@ -720,8 +719,7 @@ class _QueueFace:
         """
         from snerd.dashboard.serve import EmbeddedDashboard, check_exposure
 
-        token = token if token is not None else os.environ.get("SNERD_DASHBOARD_TOKEN")
-        check_exposure(host, token)
+        token = check_exposure(host, token)
         if self._dashboard is not None:
             raise RuntimeError(f"[Snerd] a dashboard is already served at {self._dashboard.url}")
         dashboard = EmbeddedDashboard()

@@ -19,7 +19,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from snerd.tools import UsageError, _now_us, _parser, _run, _skew_margin_us, open_queue
+from snerd.tools import (
+    UsageError,
+    _now_us,
+    _number_arg,
+    _parser,
+    _run,
+    _skew_margin_us,
+    open_queue,
+)
 
 __all__ = [
     "DEFAULT_HOST",
@@ -47,8 +55,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(host: str, token: str | None) -> None:
-    """Refuse (ValueError) an empty token, and an address other than loopback without one."""
+def check_exposure(host: str, token: str | None) -> str | None:
+    """The token to require (`token`, else SNERD_DASHBOARD_TOKEN, else none); refuses
+    (ValueError) an empty one, and an address other than loopback without one."""
+    if token is None:
+        token = os.environ.get("SNERD_DASHBOARD_TOKEN")
     if token is not None and token.strip() == "":
         raise ValueError("the dashboard token (--token or SNERD_DASHBOARD_TOKEN) is empty")
     if token is None and not is_loopback(host):
@@ -58,6 +69,7 @@ def check_exposure(host: str, token: str | None) -> None:
             "(or --token), or listen on 127.0.0.1 and reach it through an SSH tunnel or an "
             "authenticating proxy"
         )
+    return token
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -112,18 +124,6 @@ def _app(
 # ------------------------------------------------------------------------------------------
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"--port must be a whole number from 0 to 65535, got {text!r}"
-        )
-    return value
-
-
 def dashboard_main(argv: Sequence[str]) -> int:
     """`snerdmq dashboard DIR [--host H] [--port P] [--token T]`."""
     parser = _parser(
@@ -143,7 +143,13 @@ def dashboard_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument(
         "--port",
-        type=_port,
+        type=_number_arg(
+            "--port",
+            int,
+            "a whole number from 0 to 65535",
+            "a whole number from 0 to 65535",
+            lambda v: 0 <= v <= 65535,
+        ),
         default=DEFAULT_PORT,
         help=f"port to listen on (default {DEFAULT_PORT}; 0: any free port)",
     )
@@ -156,9 +162,8 @@ def dashboard_main(argv: Sequence[str]) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    token = args.token if args.token is not None else os.environ.get("SNERD_DASHBOARD_TOKEN")
     try:
-        check_exposure(args.host, token)
+        token = check_exposure(args.host, args.token)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     queue = open_queue(args.directory)

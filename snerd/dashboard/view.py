@@ -21,7 +21,7 @@ from typing import Any
 from snerd.core.events import LogRecord
 from snerd.core.ownership import NODES_KEY
 from snerd.core.shardlog import enqueue_order, ready_at_us, tombstone_outcome
-from snerd.core.timefmt import format_rfc3339, parse_rfc3339
+from snerd.core.timefmt import format_rfc3339
 from snerd.tools import (
     FINISHED_STATES,
     LIVE_STATES,
@@ -29,6 +29,8 @@ from snerd.tools import (
     QueueError,
     ShardScan,
     UsageError,
+    _int_field,
+    _parse_time,
     live_state,
     open_queue,
     rescan_shard,
@@ -43,10 +45,6 @@ STATUSES = LIVE_STATES + FINISHED_STATES
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _number(value: Any) -> float | int | None:
@@ -68,8 +66,8 @@ def _task_row(shard: int, task_id: str, fields: dict[str, Any], status: str) -> 
         "type": _str(fields.get("taskType")) or "?",
         "status": status,
         "shard": shard,
-        "retry_count": _int(fields.get("retryCount")) or 0,
-        "max_retries": _int(fields.get("maxRetries")),
+        "retry_count": _int_field(fields.get("retryCount")) or 0,
+        "max_retries": _int_field(fields.get("maxRetries")),
         "execute_at": _str(fields.get("executeAt")),
         "retry_after": _str(fields.get("retryAfterTime")),
         "next_run": _next_run(fields, status),
@@ -166,17 +164,13 @@ class QueueView:
             beat = beats.get(node)
             beat = beat if isinstance(beat, dict) else {}
             seen = _str(beat.get("seen"))
-            ago: float | None = None
-            if seen is not None:
-                try:
-                    ago = round((now - parse_rfc3339(seen)) / 1e6, 1)
-                except ValueError:
-                    ago = None
+            seen_us = _parse_time(seen)
+            ago = None if seen_us is None else round((now - seen_us) / 1e6, 1)
             types = beat.get("types")
             out.append(
                 {
                     "node": node,
-                    "beat": _int(beat.get("beat")),
+                    "beat": _int_field(beat.get("beat")),
                     "seen": seen,
                     "seen_ago_s": ago,
                     "types": [t for t in types if isinstance(t, str)] if isinstance(types, list) else None,
