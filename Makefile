@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint unit bench clean
+.PHONY: run test lint unit fuzz bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,6 +29,11 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test: lint unit
+
+# A long fuzz run: every tests/test_fuzz_*.py test with SNERD_FUZZ_EXAMPLES inputs each
+# (default 20,000; docs/operations.md, "Hostile input", has the figures of one run).
+fuzz: $(STAMP)
+	SNERD_HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider tests -k fuzz
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -7,10 +7,11 @@ violation and the one command that reproduces it.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="batch: print failures and the summary")
     p.add_argument(
         "--stop-on-failure", action="store_true", help="batch: stop at the first failing seed"
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="batch: run seeds in this many processes (0: one per core); output order is kept",
     )
     p.add_argument(
         "--regressions",
@@ -162,6 +169,31 @@ def _failure(outcome: Outcome) -> str:
     return f"  first violation: {first}\n  reproduce: {repro_command(outcome.settings)}"
 
 
+def _run_one(job: tuple[int, dict[str, Any]]) -> tuple[int, Outcome, float]:
+    seed, seed_given = job
+    started = time.perf_counter()
+    outcome = run(Settings.draw(seed, **seed_given))
+    return seed, outcome, time.perf_counter() - started
+
+
+def _outcomes(
+    batch: list[tuple[int, dict[str, Any]]], jobs: int, *, quiet: bool
+) -> Iterator[tuple[int, Outcome, float]]:
+    """Each seed's outcome in the batch's order: in this process, or spread over `jobs`
+    processes (each seed is a pure function of its settings, so where it runs changes nothing)."""
+    if jobs <= 1:
+        for seed, seed_given in batch:
+            if not quiet:
+                print(f"seed {seed}: {Settings.draw(seed, **seed_given).describe()}", flush=True)
+            yield _run_one((seed, seed_given))
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for seed, outcome, seconds in pool.imap(_run_one, batch, chunksize=4):
+            if not quiet:
+                print(f"seed {seed}: {outcome.settings.describe()}", flush=True)
+            yield seed, outcome, seconds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if os.environ.get("PYTHONHASHSEED") != "0":
         # The core may iterate sets of strings: pin their order so a seed replays exactly.
@@ -191,21 +223,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = 0
     events = 0
     started = time.perf_counter()
-    for seed, seed_given in batch:
-        settings = Settings.draw(seed, **seed_given)
-        if not args.quiet:
-            print(f"seed {seed}: {settings.describe()}", flush=True)
-        t0 = time.perf_counter()
-        outcome = run(settings)
+    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    for _seed, outcome, seconds in _outcomes(batch, jobs, quiet=args.quiet):
         events += outcome.events
         if not outcome.ok:
             failed += 1
-            print(_summary(outcome, time.perf_counter() - t0))
+            print(_summary(outcome, seconds))
             print(_failure(outcome), flush=True)
             if args.stop_on_failure:
                 break
         elif not args.quiet:
-            print(_summary(outcome, time.perf_counter() - t0), flush=True)
+            print(_summary(outcome, seconds), flush=True)
     elapsed = time.perf_counter() - started
     print(
         f"{len(batch)} seeds, {failed} failed; {events} events in {elapsed:.1f} s "

@@ -12,9 +12,27 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from hypothesis import HealthCheck, settings
+
 
 from tests import daemon as _daemons
 from tests import glusterfs as _gluster
+
+
+# Hypothesis profiles. The fuzz tests (tests/test_fuzz_*.py) take their example counts from
+# the profile: "ci" (the default, a few hundred inputs per test, part of `make test`) or
+# "fuzz" (`make fuzz`: SNERD_FUZZ_EXAMPLES inputs per test, default 20,000). A failing input is
+# printed by hypothesis with the `@reproduce_failure` line that replays it.
+settings.register_profile(
+    "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.register_profile(
+    "fuzz",
+    deadline=None,
+    max_examples=int(os.environ.get("SNERD_FUZZ_EXAMPLES", "20000")),
+    suppress_health_check=list(HealthCheck),
+)
+settings.load_profile(os.environ.get("SNERD_HYPOTHESIS_PROFILE", "ci"))
 
 
 def missing_tool(reason: str) -> NoReturn:
