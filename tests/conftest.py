@@ -14,10 +14,8 @@ from typing import NoReturn
 import pytest
 from hypothesis import HealthCheck, settings
 
-
 from tests import daemon as _daemons
 from tests import glusterfs as _gluster
-
 
 # Hypothesis profiles. The fuzz tests (tests/test_fuzz_*.py) take their example counts from
 # the profile: "ci" (the default, a few hundred inputs per test, part of `make test`) or
