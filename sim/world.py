@@ -526,6 +526,16 @@ class World:
             skew_margin_us=0 if settings.unsafe_no_margin else settings.margin_us,
             unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
         )
+        #: Shard-log appends issued and not yet recorded: seq -> (handle, append, writer name).
+        self._handles: dict[int, tuple[Any, _Append, str]] = {}
+        #: Appends issued to each shard's log, in file order, not yet recorded.
+        self._order: dict[int, deque[int]] = {}
+        #: Resolved appends: seq -> when durable (None: lost, or in a replaced file).
+        self._resolved: dict[int, int | None] = {}
+        #: How much of a shard's log a process read at its last load.
+        self._loaded: dict[tuple[str, int], int] = {}
+        #: Inbox appends not yet durable: seq -> (handle, append, writer name).
+        self._inbox_handles: dict[int, tuple[Any, _Append, str]] = {}
 
     # ------------------------------------------------------------------ plumbing
 
@@ -815,9 +825,7 @@ class World:
             # the payload unreadable and says so, as `snerd.io.runtime` does.
             self._answer(
                 proc,
-                ev.PayloadUnreadable(
-                    task_id=effect.task_id, attempt=effect.attempt, error=problem
-                ),
+                ev.PayloadUnreadable(task_id=effect.task_id, attempt=effect.attempt, error=problem),
                 100,
                 1_000,
                 "log",
@@ -1273,21 +1281,10 @@ class World:
                 ):
                     # Whole records in a torn append's prefix are in the log for every reader
                     # (a merged append's first tombstone, say): they count as written now,
-                    # the rest of the append as lost. The first is readable only after a
-                    # newline (after a dropped append's hole it is part of a corrupt line).
-                    kept = self.fs.kept_prefix(handle)
-                    whole = 0
-                    for length in pending.lengths:
-                        if kept < length:
-                            break
-                        kept -= length
-                        whole += 1
-                    first = 0
-                    at = pending.offsets[0] if pending.offsets else 0
-                    if whole and at and self.fs.read_range(handle.key, at - 1, 1) != b"\n":
-                        first = 1
-                    if whole > first:
-                        pending.records[:] = pending.records[first:whole]
+                    # the rest of the append as lost.
+                    kept = self._torn_records_read(handle, pending)
+                    if kept:
+                        pending.records[:] = kept
                         self._resolved[seq] = self.t
                     else:
                         self._resolved[seq] = None
@@ -1307,6 +1304,35 @@ class World:
         proc.outstanding.clear()
         proc.waiting.clear()
         self._at(self.t + _uniform(self.rng_fault, SECOND, 5 * SECOND), _RESTART, proc.index)
+
+    def _torn_records_read(self, handle: Any, pending: _Append) -> list[dict[str, Any]]:
+        """The records of a torn append that readers of the log parse: those wholly in its
+        kept prefix, judged by `scan` itself, the readers' own rule, on the bytes from the
+        start of the line its first record is on.
+
+        After a dropped append's hole the first record is glued to zeros; `scan` salvages a
+        task record glued to the end of a corrupt line (a tombstone, say) and reports the rest
+        as corrupt, so whether it counts depends on what it is, not only on what precedes it.
+        """
+        kept = self.fs.kept_prefix(handle)
+        whole = 0
+        for length in pending.lengths:
+            if kept < length:
+                break
+            kept -= length
+            whole += 1
+        if not whole:
+            return []
+        at = pending.offsets[0]
+        end = pending.offsets[whole - 1] + pending.lengths[whole - 1]
+        data = self.fs.read_range(handle.key, 0, end)
+        start = data.rfind(b"\n", 0, at) + 1
+        found = {r.offset for r in scan(data[start:], base_offset=start).records}
+        return [
+            record
+            for record, offset in zip(pending.records[:whole], pending.offsets, strict=False)
+            if offset in found
+        ]
 
     def _pause(self, proc: _Proc, length: int) -> None:
         if proc.state != "running":
@@ -1330,9 +1356,7 @@ class World:
                 continue
             if kind == _APPEND_ISSUE:
                 effect, built, lines, done_at, queued = item
-                self._issue_append(
-                    proc, effect, built, lines, max(done_at, self.t + 100), queued
-                )
+                self._issue_append(proc, effect, built, lines, max(done_at, self.t + 100), queued)
             elif kind == _DELIVER and isinstance(item, tuple):
                 self._membership_done(proc, item[1], item[2], item[3])
             elif kind == _DELIVER:
@@ -1515,15 +1539,6 @@ class World:
 
     def _run(self) -> Outcome:
         s = self.s
-        self._handles: dict[int, tuple[Any, _Append, str]] = {}
-        #: Appends issued to each shard's log, in file order, not yet recorded.
-        self._order: dict[int, deque[int]] = {}
-        #: Resolved appends: seq -> when durable (None: lost, or in a replaced file).
-        self._resolved: dict[int, int | None] = {}
-        #: How much of a shard's log a process read at its last load.
-        self._loaded: dict[tuple[str, int], int] = {}
-        #: Inbox appends not yet durable: seq -> (handle, append, writer name).
-        self._inbox_handles: dict[int, tuple[Any, _Append, str]] = {}
         self._record(
             {
                 "kind": "params",

@@ -1,0 +1,71 @@
+"""The simulated shell's bookkeeping, driven step by step: what the history says is in a log
+must be what the log's readers parse there, or the checkers judge a run nobody saw."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.clock import NodeClock
+from sim.world import SECOND, WALL_ORIGIN, Settings, World
+from snerd.core import effects as fx
+from snerd.core.records import encode_record, scan
+
+
+class _Draws:
+    """A crash's random draws, fixed: every file tears, near the end of its last append."""
+
+    def random(self) -> float:
+        return 0.99
+
+
+def _world() -> World:
+    world = World(Settings.draw(0, nodes=1, shards=1, torn_prob=1.0))
+    world.clocks.append(NodeClock(t=0, offset_us=WALL_ORIGIN, drift_ppm=0, mono_origin=SECOND))
+    world._start(0, 0)
+    return world
+
+
+def _append(world: World, token: int, *records: dict[str, Any]) -> None:
+    """Hand an append of `records` to shard 0's log to the process's writer, which writes it
+    at once and leaves it pending (its fsync never returns before the crash)."""
+    effect = fx.Append(token=token, shard=0, records=tuple(fx.NewRecord(fields=r) for r in records))
+    lines = [encode_record(r) for r in records]
+    world._issue_append(world.procs[0], effect, list(records), lines, world.t + SECOND, world.t)
+
+
+def test_a_tombstone_torn_after_a_lost_append_is_in_the_history_as_readers_salvage_it() -> None:
+    # Seed 100652: two appends in flight when the process died; the first (dispatch records)
+    # was lost, a hole of zeros, and the second tore inside its second record. Its first, a
+    # task's tombstone, is glued to the zeros: a reader reports the line corrupt and salvages
+    # the whole task record at its end (`snerd.core.records.scan`), so the task is done for
+    # every later owner. The history called it lost, and the checker a lost task.
+    world = _world()
+    task = "t266"
+    tombstone = {"taskId": task, "taskType": "t", "snerdOutcome": "completed"}
+    _append(world, 1, {"snerdKind": "dispatch", "task": "t222", "attempt": 1})
+    _append(world, 2, tombstone, {"taskId": "t208", "taskType": "t", "snerdOutcome": "completed"})
+    world.rng_crash = _Draws()  # type: ignore[assignment]
+    world._down(world.procs[0], crashed=True)
+
+    read = scan(world.fs.read_log(0)).records
+    assert [r.fields for r in read] == [tombstone]  # salvaged from the corrupt line
+    recorded = [e["fields"] for e in world.history if e["kind"] == "record"]
+    assert recorded == [tombstone]
+
+
+def test_a_dispatch_torn_after_a_lost_append_is_not_in_the_history() -> None:
+    # The same tear with a record readers do not salvage (not a task record): it is part of
+    # the corrupt line, read by nobody, and the history must not list it.
+    world = _world()
+    _append(world, 1, {"snerdKind": "dispatch", "task": "t222", "attempt": 1})
+    _append(
+        world,
+        2,
+        {"snerdKind": "dispatch", "task": "t266", "attempt": 1},
+        {"taskId": "t208", "taskType": "t", "snerdOutcome": "completed"},
+    )
+    world.rng_crash = _Draws()  # type: ignore[assignment]
+    world._down(world.procs[0], crashed=True)
+
+    assert scan(world.fs.read_log(0)).records == []
+    assert [e for e in world.history if e["kind"] == "record"] == []
