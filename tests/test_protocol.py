@@ -394,7 +394,7 @@ def test_enqueue_type_errors_carry_the_task_id(field: str, value: Any, expected:
         ({"cron": "   "}, "invalid cron '   ': empty cron expression"),
         (
             {"webhook_url": "ftp://x"},
-            "webhook_url must be an http:// or https:// URL, got 'ftp://x'",
+            "webhook_url must be an http:// or https:// URL, got scheme 'ftp'",
         ),
         ({"trigger_after_ids": ["a", "job-1"]}, "task job-1 cannot depend on itself"),
         ({"trigger_after_ids": ["a", ""]}, "trigger_after_ids must not contain an empty id"),

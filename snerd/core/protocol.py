@@ -31,7 +31,9 @@ Decisions where upstream had no rule:
   (upstream ignored it silently: a limit the user asked for that would never apply); a group
   without `max_per_minute` is accepted and limits nothing, as upstream.
 - `trigger_after_ids` keeps its order, drops repeated ids, refuses empty ids and the task's own.
-- `webhook_url` must be an `http://` or `https://` URL (anything else could only ever fail).
+- `webhook_url` must be an `http://` or `https://` URL the daemon can call: a host, a valid port,
+  no user name, no whitespace, at most 2 KiB (`snerd.core.webhook_target`; anything else could
+  only ever fail, or crash whoever calls it).
 - `max_execution_seconds` must be at least 1 (upstream's 0 meant "time out at once").
 - `result` is read leniently past its id and outcome, because a refused `result` leaves an attempt
   hanging: a non-string `error_msg` is kept as its JSON text. `status` wins over `success` when a
@@ -55,6 +57,7 @@ from snerd.core.events import Event
 from snerd.core.retry import MAX_RETRY_AFTER_HOURS
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import parse_rfc3339
+from snerd.core.webhook_target import BadWebhookUrl, parse_webhook_url
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
@@ -344,12 +347,10 @@ def validate_enqueue(cmd: Enqueue) -> None:
             raise refuse(f"invalid cron '{_show(cmd.cron)}': {exc}") from None
         if normalized != cmd.cron:
             raise refuse(f"cron '{_show(cmd.cron)}' is not normalized (expected '{normalized}')")
-    if cmd.webhook_url is not None and not cmd.webhook_url.lower().startswith(
-        ("http://", "https://")
-    ):
-        raise refuse(
-            f"webhook_url must be an http:// or https:// URL, got '{_show(cmd.webhook_url)}'"
-        )
+    if cmd.webhook_url is not None:
+        target = parse_webhook_url(cmd.webhook_url)
+        if isinstance(target, BadWebhookUrl):
+            raise refuse(target.reason)
     for parent in cmd.trigger_after_ids:
         if not parent:
             raise refuse("trigger_after_ids must not contain an empty id")
