@@ -494,33 +494,57 @@ class Runtime:
         data = record.get("taskData")
         return data if isinstance(data, str) else ""
 
+    # Per-task effects (`_execute_task`, `_dead_letter`, `_webhook`) catch every Exception, not
+    # only the I/O errors they expect: what one task carries (a record from an older version,
+    # or written by hand) must fail that task, never the daemon — the task would still be in
+    # the log, and every daemon that takes the shard over would die of it in turn.
+
     def _execute_task(self, effect: fx.Execute) -> None:
         try:
             data = self._read_payload(effect.location)
-        except (OSError, ValueError) as exc:
-            self.submit(
-                ev.PayloadUnreadable(task_id=effect.task_id, attempt=effect.attempt, error=str(exc))
-            )
+        except Exception as exc:
+            self._payload_unreadable(effect.task_id, effect.attempt, exc)
             return
-        self.peer.deliver(
-            proto.execute(
-                effect.task_id,
-                effect.task_type,
-                data,
-                effect.max_execution_seconds,
-                effect.attempt,
+        try:
+            self.peer.deliver(
+                proto.execute(
+                    effect.task_id,
+                    effect.task_type,
+                    data,
+                    effect.max_execution_seconds,
+                    effect.attempt,
+                )
+            )
+        except Exception as exc:
+            self._payload_unreadable(effect.task_id, effect.attempt, exc, "cannot send it")
+
+    def _payload_unreadable(
+        self, task_id: str, attempt: int, exc: Exception, what: str | None = None
+    ) -> None:
+        """Fail the attempt whose task could not be read (or sent): the core retries it, and
+        dead-letters it with this reason in the end."""
+        error = str(exc) if isinstance(exc, OSError | ValueError) else _unexpected(exc)
+        self.submit(
+            ev.PayloadUnreadable(
+                task_id=task_id, attempt=attempt, error=f"{what}: {error}" if what else error
             )
         )
 
     def _dead_letter(self, effect: fx.DeliverDeadLetter) -> None:
         try:
             data = self._read_payload(effect.location)
-        except (OSError, ValueError) as exc:
-            self.peer.log("error", f"task {effect.task_id}: cannot read its payload ({exc})")
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, OSError | ValueError) else _unexpected(exc)
+            self.peer.log("error", f"task {effect.task_id}: cannot read its payload ({why})")
             data = ""
-        message = proto.max_retries_reached(effect.task_id, effect.task_type, data)
-        message["error"] = effect.error
-        self.peer.deliver(message)
+        try:
+            message = proto.max_retries_reached(effect.task_id, effect.task_type, data)
+            message["error"] = effect.error
+            self.peer.deliver(message)
+        except Exception as exc:
+            self.peer.log(
+                "error", f"task {effect.task_id}: cannot send its dead letter ({_unexpected(exc)})"
+            )
 
     def _append(self, effect: fx.Append | fx.AppendInbox) -> None:
         inbox = isinstance(effect, fx.AppendInbox)
@@ -748,23 +772,26 @@ class Runtime:
         assert self._nursery is not None and self._webhooks is not None
         try:
             data = self._read_payload(effect.location)
-        except (OSError, ValueError) as exc:
-            self.submit(
-                ev.PayloadUnreadable(task_id=effect.task_id, attempt=effect.attempt, error=str(exc))
-            )
+        except Exception as exc:
+            self._payload_unreadable(effect.task_id, effect.attempt, exc)
             return
         self._nursery.start_soon(self._webhook_task, effect, data)
 
     async def _webhook_task(self, effect: fx.CallWebhook, data: str) -> None:
+        """One webhook call, in the runtime's nursery: nothing but cancellation may escape it
+        (an exception here would cancel the nursery, and so the daemon)."""
         assert self._webhooks is not None
-        ok, error = await self._webhooks.call(
-            url=effect.url,
-            event=effect.event,
-            task_id=effect.task_id,
-            task_type=effect.task_type,
-            data=data,
-            timeout_s=effect.timeout_seconds,
-        )
+        try:
+            ok, error = await self._webhooks.call(
+                url=effect.url,
+                event=effect.event,
+                task_id=effect.task_id,
+                task_type=effect.task_type,
+                data=data,
+                timeout_s=effect.timeout_seconds,
+            )
+        except Exception as exc:  # `call` already turns its failures into outcomes
+            ok, error = False, f"Webhook request failed: {_unexpected(exc)}"
         self.submit(
             ev.WebhookFinished(
                 task_id=effect.task_id,
@@ -996,6 +1023,12 @@ def _line_in(data: bytes, at: int, length: int) -> dict[str, Any] | None:
         return decode_record(data[at : end - 1])
     except CorruptRecord:
         return None
+
+
+def _unexpected(exc: BaseException) -> str:
+    """An exception no rule foresaw, as a task's error: its class (its text may quote the bad
+    data at length), and a pointer for whoever reads the dead letter."""
+    return f"snerd failed on this task's data ({type(exc).__name__}); please report it"
 
 
 def _describe(exc: OSError) -> str:
