@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.core.node import NodeConfig, NodePhase, TaskState
+from snerd.core.node import NodeConfig, NodePhase, TaskState, route_shard
 from snerd.core.ownership import OwnershipConfig
 from snerd.core.records import decode_record, encode_record
 from snerd.core.timefmt import format_rfc3339
@@ -179,6 +179,53 @@ def test_a_duplicate_is_acked_only_once_its_original_is_durable() -> None:
     sh.release_held()
     acks = {m["task_id"]: m for m in sh.messages("ack") if "task_id" in m}
     assert acks["b"].get("deduplicated") is True and "a" in acks
+
+
+@pytest.mark.parametrize("done_first", ["grouped", "plain"])
+def test_dedupe_still_sees_a_pending_twin_after_another_task_of_its_fingerprint_finished(
+    done_first: str,
+) -> None:
+    # Two live tasks may share a fingerprint: one with a rate-limit group routes by its group,
+    # so daemons owning the two shards each took one in, and a node that takes both shards
+    # over loads both. The node kept one task per fingerprint; when that one finished, the
+    # other was forgotten and a duplicate of it was taken in (sim seed 109167).
+    fingerprint = "de288ed34ff99f1a"  # xxh64 of 't{"same":1}', without leading zeros
+    assert route_shard(fingerprint, 2) != route_shard("g", 2)
+
+    def record(task_id: str, **extra: Any) -> bytes:
+        return encode_record(
+            {
+                "taskId": task_id,
+                "retryCount": 0,
+                "maxRetries": 0,
+                "retryAfterHours": 0.0,
+                "retryAfterTime": "2026-01-01T00:00:00.000000Z",
+                "taskData": '{"same":1}',
+                "taskType": "t",
+                "autoDedupe": True,
+                "payloadHash": fingerprint,
+                "executeAt": "2026-01-01T00:00:00.000000Z",
+                **extra,
+            }
+        )
+
+    sh = FakeShell(NodeConfig(node_id="n@pid-1-x", new_queue_shards=2))
+    sh.disk["logs"][route_shard("g", 2)] = bytearray(
+        record("grouped", rateLimitGroup="g", maxPerMinute=600)
+    )
+    sh.disk["logs"][route_shard(fingerprint, 2)] = bytearray(record("plain"))
+    sh.start()
+    sh.register("t")
+    assert sorted(sh.executed_ids()) == ["grouped", "plain"]
+    sh.result(done_first)
+    sh.enqueue("again", data={"same": 1}, auto_dedupe=True)
+    ack = next(m for m in sh.messages("ack") if m.get("task_id") == "again")
+    assert ack.get("deduplicated") is True
+    assert "again" not in sh.node.tasks
+    # Once no task of the fingerprint is live, the payload is taken again.
+    sh.result("plain" if done_first == "grouped" else "grouped")
+    sh.enqueue("later", data={"same": 1}, auto_dedupe=True)
+    assert "later" in sh.node.tasks
 
 
 def test_a_dispatch_record_refused_by_a_full_disk_keeps_the_task_ahead_of_newer_ones() -> None:

@@ -452,7 +452,10 @@ class Node:
         self.parked_by_group: dict[str, ReadyQueue[str]] = {}
         self.group_wake: DueQueue[str] = DueQueue()
         self.windows = RateWindows()
-        self.fingerprints: dict[str, str] = {}
+        #: The live tasks of each dedupe fingerprint, in the order they came (`_pending_twin`).
+        #: Usually one, but two can share it: one with a rate-limit group routes by its group,
+        #: so two owners may each take one in, and a node taking both shards over has both.
+        self.fingerprints: dict[str, dict[str, None]] = {}
         #: Children waiting on parents (trigger_after_ids), by parent id.
         self.children: dict[str, set[str]] = {}
         self.pending: dict[int, PendingAppend] = {}
@@ -1230,8 +1233,21 @@ class Node:
         flight = self.inflight.pop(task_id, None)
         if flight is not None:
             self.pool_busy[flight.pool] -= 1
-        if task.payload_hash is not None and self.fingerprints.get(task.payload_hash) == task_id:
-            del self.fingerprints[task.payload_hash]
+        self._drop_fingerprint(task)
+
+    def _add_fingerprint(self, task: Task) -> None:
+        if task.payload_hash is not None:
+            self.fingerprints.setdefault(task.payload_hash, {})[task.task_id] = None
+
+    def _drop_fingerprint(self, task: Task) -> None:
+        """`task` is no longer live: its fingerprint's other live tasks stay known."""
+        if task.payload_hash is None:
+            return
+        ids = self.fingerprints.get(task.payload_hash)
+        if ids is not None:
+            ids.pop(task.task_id, None)
+            if not ids:
+                del self.fingerprints[task.payload_hash]
 
     def _unqueue(self, task: Task) -> None:
         self.due.discard(task.task_id)
@@ -1352,8 +1368,7 @@ class Node:
                 task.attempt = in_flight[task_id]
                 task.dispatch_loc = loc(fold.dispatch[task_id])
             self.tasks[task_id] = task
-            if task.payload_hash is not None:
-                self.fingerprints.setdefault(task.payload_hash, task_id)
+            self._add_fingerprint(task)
             self._schedule(task, now)
         for task in self.tasks.values():
             if task.state is _BLOCKED:
@@ -1703,8 +1718,7 @@ class Node:
             1,  # attempt
         )
         self.tasks[cmd.task_id] = task
-        if payload_hash is not None:
-            self.fingerprints[payload_hash] = cmd.task_id
+        self._add_fingerprint(task)
         self.stats["total_enqueued"] += 1
         records = [_new_record(fields)]
         if self._runs_at_once(task):
@@ -1823,10 +1837,11 @@ class Node:
         )
 
     def _pending_twin(self, payload_hash: str) -> Task | None:
-        """The pending task with this dedupe fingerprint, if any (an enqueue's, or an inbox
+        """The oldest live task with this dedupe fingerprint, if any (an enqueue's, or an inbox
         record's being ingested: both are dropped as its duplicates)."""
-        original = self.fingerprints.get(payload_hash)
-        return self.tasks.get(original) if original is not None else None
+        for task_id in self.fingerprints.get(payload_hash, ()):
+            return self.tasks[task_id]
+        return None
 
     def _ack_duplicate(self, task_id: str, original: Task) -> None:
         # Until the original's enqueue record is durable (it has no location yet: ENQUEUING,
@@ -2568,11 +2583,7 @@ class Node:
     def _finished(self, task: Task, outcome: str, error: str | None, loc: fx.Location) -> None:
         info = self.shards[task.shard]
         del self.tasks[task.task_id]
-        if (
-            task.payload_hash is not None
-            and self.fingerprints.get(task.payload_hash) == task.task_id
-        ):
-            del self.fingerprints[task.payload_hash]
+        self._drop_fingerprint(task)
         info.history.append((task.task_id, loc))
         while len(info.history) > self.config.history_limit:
             info.history.popleft()
@@ -2719,7 +2730,9 @@ class Node:
                 return
             message = proto.failed_to_enqueue(error)
             for task_id in p.extra["ids"]:
-                self.tasks.pop(task_id, None)
+                dropped = self.tasks.pop(task_id, None)
+                if dropped is not None:
+                    self._drop_fingerprint(dropped)
                 self.stats["total_enqueued"] -= 1
                 self._send(proto.error(task_id, message))
             return
@@ -2732,8 +2745,8 @@ class Node:
             if flight is not None:  # dispatched with its enqueue record: give the slot back
                 self.pool_busy[flight.pool] -= 1
             self.stats["total_enqueued"] -= 1
-            if task is not None and task.payload_hash is not None:
-                self.fingerprints.pop(task.payload_hash, None)
+            if task is not None:
+                self._drop_fingerprint(task)
             message = proto.failed_to_enqueue(error)
             self._send(proto.error(p.task_id, message))
             for dup in p.dedupe_waiters:
@@ -3244,8 +3257,7 @@ class Node:
         f["snerdVia"] = chunk.node
         info.next_seq += 1
         self.tasks[task_id] = task
-        if task.payload_hash is not None:
-            self.fingerprints[task.payload_hash] = task_id
+        self._add_fingerprint(task)
         self.stats["total_enqueued"] += 1
         return task_id
 
