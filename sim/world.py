@@ -1306,32 +1306,26 @@ class World:
         self._at(self.t + _uniform(self.rng_fault, SECOND, 5 * SECOND), _RESTART, proc.index)
 
     def _torn_records_read(self, handle: Any, pending: _Append) -> list[dict[str, Any]]:
-        """The records of a torn append that readers of the log parse: those wholly in its
-        kept prefix, judged by `scan` itself, the readers' own rule, on the bytes from the
-        start of the line its first record is on.
+        """The records of a torn append that readers of the log parse, judged by `scan`, the
+        readers' own rule, on the file from the start of the line its first record is on (as
+        `_fx_read_log` reads it), not by a rule of the world's.
 
-        After a dropped append's hole the first record is glued to zeros; `scan` salvages a
-        task record glued to the end of a corrupt line (a tombstone, say) and reports the rest
-        as corrupt, so whether it counts depends on what it is, not only on what precedes it.
+        After a dropped append's hole the first record is glued to zeros: `scan` reports the
+        line corrupt yet salvages a task record at its end (a tombstone, say), so whether it
+        counts depends on what it is, not only on what precedes it. The record the tear cut
+        is not one, unless readers take it whole.
         """
-        kept = self.fs.kept_prefix(handle)
-        whole = 0
-        for length in pending.lengths:
-            if kept < length:
-                break
-            kept -= length
-            whole += 1
-        if not whole:
-            return []
+        kept_end = handle.offset + self.fs.kept_prefix(handle)
         at = pending.offsets[0]
-        end = pending.offsets[whole - 1] + pending.lengths[whole - 1]
-        data = self.fs.read_range(handle.key, 0, end)
+        if kept_end <= at:
+            return []
+        data = self.fs.read_log(handle.key)
         start = data.rfind(b"\n", 0, at) + 1
         found = {r.offset for r in scan(data[start:], base_offset=start).records}
         return [
             record
-            for record, offset in zip(pending.records[:whole], pending.offsets, strict=False)
-            if offset in found
+            for record, offset in zip(pending.records, pending.offsets, strict=True)
+            if offset < kept_end and offset in found
         ]
 
     def _pause(self, proc: _Proc, length: int) -> None:
