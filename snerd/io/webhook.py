@@ -28,11 +28,13 @@ which dead letters, `stats` and the dashboard show.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import hmac
 import ipaddress
 import os
 import re
+import ssl
 from collections.abc import AsyncGenerator, Iterable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, cast
@@ -170,12 +172,12 @@ class WebhookCaller:
                 allow_hosts=self.allow_hosts,
                 connect_to=self._network or httpcore.TrioBackend(),
             )
-            transport = httpx.AsyncHTTPTransport(trust_env=False)
+            transport = httpx.AsyncHTTPTransport(verify=_tls_context(), trust_env=False)
             # httpx has no argument for the network backend, so its pool is replaced by one
             # with the same TLS settings that connects through `checked`. `_pool` is what
             # httpx's transport sends through; test_webhook proves the swap on every call.
             transport._pool = httpcore.AsyncConnectionPool(
-                ssl_context=httpx.create_ssl_context(trust_env=False),
+                ssl_context=_tls_context(),
                 network_backend=cast("httpcore.AsyncNetworkBackend", checked),
             )
             self._client = httpx.AsyncClient(
@@ -247,6 +249,15 @@ class WebhookCaller:
         if 200 <= status < 300:
             return True, None
         return False, f"Webhook returned non-2xx status: {status}"
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default TLS settings (certifi's roots), built once a process: loading the roots
+    costs ~40 ms of CPU, and every engine of a process has a client of its own."""
+    import httpx
+
+    return httpx.create_ssl_context(trust_env=False)
 
 
 def _allow_key(host: str) -> str:
