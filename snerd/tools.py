@@ -288,9 +288,11 @@ class Queue:
 def read_membership_file(directory: Path) -> dict[str, Any] | None:
     """membership.json without taking its lock (it is replaced by rename: a read sees a whole
     document). None when absent; QueueError when it is not a JSON object."""
+    from snerd.io.files import read_small
+
     path = directory / MEMBERSHIP
     try:
-        data = path.read_bytes()
+        data = read_small(path, None)  # never through a link (`snerd.io.files`)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -343,11 +345,18 @@ class ShardScan:
     fold: ShardFold = field(default_factory=ShardFold)
     #: Lines that are not records: (offset, reason).
     corrupt: list[tuple[int, str]] = field(default_factory=list)
-    #: Bytes after the last newline (a torn last line), and where they start.
+    #: Bytes after the last newline (a torn last line, or a record whose newline was lost),
+    #: and where they start.
     torn: int = 0
     torn_at: int = 0
+    #: Records in those bytes (`snerd.core.records.scan_tail`): whole records whose newline
+    #: was lost, folded like the others (the owner keeps them and writes the newline back).
+    #: 0: the bytes are a torn write, which the owner cuts.
+    tail_records: int = 0
     #: The file's inode when it was read (a compaction installs a new file).
     ino: int = 0
+    #: The data directory (files below it are opened without following a link).
+    root: Path | None = None
 
 
 def scan_shard(
@@ -362,7 +371,11 @@ def scan_shard(
     offsets (checking a compaction plan). Memory stays bounded by the shard's state."""
     path = queue.log_path(shard)
     scan = ShardScan(
-        shard=shard, path=path, exists=path.exists(), fold=ShardFold(keep_payloads=payloads)
+        shard=shard,
+        path=path,
+        exists=os.path.lexists(path),  # a link is there, to be refused by name
+        fold=ShardFold(keep_payloads=payloads),
+        root=queue.directory,
     )
     if not scan.exists:
         return scan
@@ -378,11 +391,11 @@ def rescan_shard(queue: Queue, shard: int, previous: ShardScan | None) -> ShardS
     itself when the file has not changed."""
     path = queue.log_path(shard)
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         if previous is not None and not previous.exists and previous.path == path:
             return previous
-        return ShardScan(shard=shard, path=path, exists=False)
+        return ShardScan(shard=shard, path=path, exists=False, root=queue.directory)
     except OSError as exc:
         raise QueueError(f"cannot read {path}: {exc}") from None
     if (
@@ -391,11 +404,13 @@ def rescan_shard(queue: Queue, shard: int, previous: ShardScan | None) -> ShardS
         and previous.path == path
         and previous.ino == st.st_ino
         and st.st_size >= previous.size
+        # Records in an unterminated last line were folded already: read it all again.
+        and not (previous.tail_records and st.st_size > previous.size)
     ):
         if st.st_size > previous.size:
             _fold_from(previous, previous.torn_at, None)
         return previous
-    scan = ShardScan(shard=shard, path=path, exists=True)
+    scan = ShardScan(shard=shard, path=path, exists=True, root=queue.directory)
     _fold_from(scan, 0, None)
     return scan
 
@@ -407,16 +422,24 @@ def _fold_from(scan: ShardScan, start: int, only: set[int] | None) -> None:
     path = scan.path
     try:
         with contextlib.suppress(FileNotFoundError):
-            scan.ino = os.stat(path).st_ino
-        for chunk in read_log(path, start=start):
+            scan.ino = os.lstat(path).st_ino
+        for chunk in read_log(path, start=start, root=scan.root):
+            records = chunk.records
             scan.corrupt.extend(chunk.corrupt)
-            for record in chunk.records:
-                if only is None or record.offset in only:
-                    scan.fold.add(record)
             if chunk.eof:
                 scan.torn = chunk.fragment
                 scan.torn_at = chunk.end
                 scan.size = chunk.end + chunk.fragment
+                # A last line that lost only its newline holds records the owner keeps: fold
+                # them as the daemon will (the same rule, `scan_tail`).
+                tail = chunk.tail
+                scan.tail_records = len(tail.records) if tail is not None else 0
+                if tail is not None and tail.records:
+                    records = [*records, *tail.records]
+                    scan.corrupt.extend(tail.corrupt)
+            for record in records:
+                if only is None or record.offset in only:
+                    scan.fold.add(record)
     except OSError as exc:
         raise QueueError(f"cannot read {path}: {exc}") from None
 
@@ -443,8 +466,10 @@ def probe_lock(path: Path) -> LockState:
     """Is the flock on `path` held by someone? Tries LOCK_EX | LOCK_NB and releases at once."""
     import portalocker
 
+    from snerd.io.files import open_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fd = open_file(path, os.O_RDONLY)  # never through a link (`snerd.io.files`)
     except FileNotFoundError:
         return LockState("absent")
     except OSError as exc:
@@ -463,8 +488,10 @@ def probe_lock(path: Path) -> LockState:
 
 def _lock_text(path: Path) -> tuple[int | None, str | None]:
     """The pid and owner a lock file names (`LockText`)."""
+    from snerd.io.files import read_small
+
     try:
-        text = LockText.parse(path.read_text(errors="replace"))
+        text = LockText.parse(read_small(path, 4096).decode("utf-8", "replace"))
     except OSError:
         return None, None
     return text.pid, text.owner
@@ -701,7 +728,7 @@ def stats_report(
                 **_summary_json(s),
                 "log_bytes": scan.size,
                 "corrupt_lines": len(scan.corrupt),
-                "torn_tail_bytes": scan.torn,
+                "torn_tail_bytes": 0 if scan.tail_records else scan.torn,
                 "stale_records": len(scan.fold.stale),
             }
         )
@@ -831,6 +858,9 @@ class ShardFacts:
     corrupt_lines: int = 0
     torn_tail_bytes: int = 0
     stale_records: int = 0
+    #: Why no daemon can use the shard's files (a symbolic link snerd refuses, an entry of the
+    #: wrong kind, a log it cannot read); empty when they are fine.
+    unusable: tuple[str, ...] = ()
     #: Live tasks by type.
     live_types: dict[str, int] = field(default_factory=dict)
     #: Bytes in the shard's inbox files past what its log says was ingested, and in how many
@@ -1188,6 +1218,9 @@ def judge_health(
                 f"(`snerdmq fsck {facts.directory}` shows them)"
             )
             details.append(f"{f.corrupt_lines} corrupt line(s)")
+        for text in f.unusable:
+            status = "unusable"
+            problems.append(f"{name}: {text}; no daemon serves this shard until that is fixed")
         if f.torn_tail_bytes and lock.state != "held":
             warnings.append(
                 f"{name}: tasks.log ends in {f.torn_tail_bytes} byte(s) without a newline (a "
@@ -1383,16 +1416,28 @@ def _health_settings() -> HealthSettings:
 
 def _shard_facts(queue: Queue, shard: int, now_us: int) -> ShardFacts:
     exists = queue.shard_dir(shard).is_dir()
-    lock = probe_lock(queue.lock_path(shard)) if exists else LockState("absent")
-    scan = scan_shard(queue, shard)
+    unusable = [problem for _path, problem in _shard_entries(queue, shard)]
+    try:
+        lock = probe_lock(queue.lock_path(shard)) if exists else LockState("absent")
+    except QueueError as exc:
+        lock = LockState("refused")
+        unusable.append(str(exc))
+    try:
+        scan = scan_shard(queue, shard)
+    except QueueError as exc:
+        scan = ShardScan(shard=shard, path=queue.log_path(shard), exists=True)
+        unusable.append(str(exc))
+    if unusable:
+        unusable = list(dict.fromkeys(unusable))
     return ShardFacts(
+        unusable=tuple(unusable),
         shard=shard,
         directory_exists=exists,
         lock=lock,
         log_exists=scan.exists,
         log_epoch=scan.fold.log_epoch,
         corrupt_lines=len(scan.corrupt),
-        torn_tail_bytes=scan.torn,
+        torn_tail_bytes=0 if scan.tail_records else scan.torn,
         stale_records=len(scan.fold.stale),
         live_types=dict(summarize(scan.fold, now_us).types),
         **_inbox_waiting(queue.directory, shard, scan.fold.inbox),
@@ -1468,6 +1513,7 @@ def add_shards_main(argv: Sequence[str]) -> int:
 
 
 def _add_shards(args: argparse.Namespace) -> int:
+    from snerd.io.files import make_dirs
     from snerd.io.log import fsync_dir
     from snerd.io.membership import MembershipConflict, read_membership, update_membership
 
@@ -1507,14 +1553,16 @@ def _add_shards(args: argparse.Namespace) -> int:
             expected = version if isinstance(version, int) else 0
             old = shards
             new_doc = {**doc, "shards": shards + n, "version": expected + 1}
-        made = []
+        made: list[Path] = []
         for k in range(old, old + n):
             tasks = directory / f"shard-{k}" / "tasks"
-            if not tasks.exists():
-                tasks.mkdir(parents=True)
+            if not os.path.lexists(tasks):
+                try:  # never through a link below DIR (each new entry fsynced)
+                    make_dirs(tasks, root=directory)
+                except OSError as exc:
+                    _remove_empty(made)
+                    raise QueueError(f"cannot create {tasks}: {exc}") from None
                 made.append(tasks)
-                fsync_dir(tasks.parent)
-                fsync_dir(directory)
         try:
             update_membership(directory, new_doc, expected)
         except MembershipConflict:
@@ -1794,17 +1842,21 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _append_batches(queue: Queue, batches: dict[int, list[bytes]]) -> None:
-    """Append each shard's lines durably (caller holds the shard locks): a torn tail is cut
-    first, so no line is glued onto it; then one write and one fsync per shard."""
+    """Append each shard's lines durably (caller holds the shard locks): the last line is
+    repaired first (a torn write cut, a lost newline written back), so no line is glued onto
+    it; then one write and one fsync per shard. No file is reached through a link."""
     import trio
 
     from snerd.io.log import GroupCommitLog, recover_log
 
-    for shard in batches:
-        recover_log(queue.log_path(shard))
+    try:
+        for shard in batches:
+            recover_log(queue.log_path(shard), root=queue.directory)
+    except OSError as exc:
+        raise QueueError(f"could not prepare the shard logs: {exc}") from None
 
     async def append_all() -> None:
-        async with GroupCommitLog("always") as log:
+        async with GroupCommitLog("always", root=queue.directory) as log:
             for shard, lines in batches.items():
                 await log.append(queue.log_path(shard), lines)
 
@@ -1830,16 +1882,21 @@ def fsck_main(argv: Sequence[str]) -> int:
     parser = _parser(
         "fsck",
         "Check every shard log of the queue in DIR: records, corrupt lines (offset and reason), "
-        "a torn last line, records fenced off as stale (an older owner's writes after a "
+        "the last line when it lacks its newline (a whole record that lost it, which is kept, "
+        "or a torn write), records fenced off as stale (an older owner's writes after a "
         "takeover: expected, reported for information), task ids live in two shards, "
-        "leftover temp files. Exit 1 when a problem remains.\n"
-        "--repair cuts torn tails and removes leftover temp files, shard by shard, only where "
-        "no daemon holds the shard lock. Corrupt lines are never rewritten here: daemons skip "
-        "them, and `snerdmq compact` drops them.",
+        "leftover temp files, and every entry snerd uses that is a symbolic link or not the "
+        "kind of file it should be (a FIFO, socket, device, a directory where a file belongs): "
+        "snerd refuses those. Exit 1 when a problem remains.\n"
+        "--repair, shard by shard and only where no daemon holds the shard lock, writes back "
+        "the newline a whole last record lost, cuts torn tails and removes leftover temp files. "
+        "Corrupt lines are never rewritten here: daemons skip them, and `snerdmq compact` "
+        "drops them. Symbolic links and odd files are never touched: replace them with the "
+        "file snerd expects.",
     )
     parser.add_argument("directory", metavar="DIR", help="queue directory")
     parser.add_argument("--repair", action="store_true",
-                        help="cut torn tails and remove temp files on idle shards")
+                        help="repair last lines and remove temp files on idle shards")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return _run(parser, argv, _fsck)
 
@@ -1849,26 +1906,125 @@ class _FsckShard:
     scan: ShardScan
     lock: LockState
     temps: list[tuple[str, int]]
+    #: Entries snerd refuses: (path, what is wrong).
+    entries: list[tuple[str, str]] = field(default_factory=list)
+    #: Why the log could not be read at all (then `scan` is empty).
+    error: str | None = None
     repaired: list[str] = field(default_factory=list)
     not_repaired: list[str] = field(default_factory=list)
 
 
-def _fsck_shard(queue: Queue, shard: int) -> _FsckShard:
+def _entry_problem(path: Path, want_dir: bool) -> str | None:
+    """What is wrong with the entry `path` for snerd, or None (fine, or absent). Read with
+    lstat(2): a link is reported, never followed."""
+    import stat
+
+    from snerd.io.files import describe_kind
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot inspect it ({exc})"
+    if stat.S_ISLNK(mode):
+        return (
+            f"{path} is a symbolic link: snerd never follows a link inside its data directory "
+            "and refuses it; put the real file (or directory) there"
+        )
+    if want_dir and not stat.S_ISDIR(mode):
+        return f"{path} is {describe_kind(mode)}, not a directory: snerd refuses it"
+    if not want_dir and not stat.S_ISREG(mode):
+        return f"{path} is {describe_kind(mode)}, not a regular file: snerd refuses it"
+    return None
+
+
+def _queue_entries(queue: Queue) -> list[tuple[str, str]]:
+    """Problems with the entries of DIR itself that snerd uses (membership.json and its
+    temp file, `.membership.lock`, `.lockprobe`)."""
+    found = []
+    for name in (MEMBERSHIP, MEMBERSHIP + ".tmp", ".membership.lock", ".lockprobe"):
+        problem = _entry_problem(queue.directory / name, False)
+        if problem is not None:
+            found.append((str(queue.directory / name), problem))
+    return found
+
+
+def _shard_entries(queue: Queue, shard: int) -> list[tuple[str, str]]:
+    """Problems with the entries of one shard that snerd uses: its directory, `.lock`,
+    `tasks/` and what it holds, `inbox/` and every file in it."""
+    base = queue.shard_dir(shard)
     tasks = queue.log_path(shard).parent
+    checks: list[tuple[Path, bool]] = []
+    if not queue.legacy:
+        checks.append((base, True))
+    checks += [(queue.lock_path(shard), False), (tasks, True)]
+    checks += [(tasks / name, False) for name in ("tasks.log", "rate_limits.json", *_TEMP_NAMES)]
+    found: list[tuple[str, str]] = []
+    for path, want_dir in checks:
+        problem = _entry_problem(path, want_dir)
+        if problem is not None:
+            found.append((str(path), problem))
+            if path in (base, tasks):
+                break  # nothing below a refused directory is looked at (or used)
+    else:
+        if not queue.legacy:
+            inbox = base / "inbox"
+            problem = _entry_problem(inbox, True)
+            if problem is not None:
+                found.append((str(inbox), problem))
+            else:
+                with contextlib.suppress(OSError):
+                    for entry in sorted(os.scandir(inbox), key=lambda e: e.name):
+                        problem = _entry_problem(Path(entry.path), False)
+                        if problem is not None:
+                            found.append((entry.path, problem))
+    return found
+
+
+def _fsck_shard(queue: Queue, shard: int) -> _FsckShard:
+    import stat
+
+    tasks = queue.log_path(shard).parent
+    entries = _shard_entries(queue, shard)
     temps = []
     for name in _TEMP_NAMES:
-        with contextlib.suppress(FileNotFoundError):
-            temps.append((name, (tasks / name).stat().st_size))
-    lock = probe_lock(queue.lock_path(shard))
-    return _FsckShard(scan=scan_shard(queue, shard), lock=lock, temps=temps)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            st = os.lstat(tasks / name)
+            if not stat.S_ISDIR(st.st_mode):
+                temps.append((name, st.st_size))
+    error = None
+    try:
+        lock = probe_lock(queue.lock_path(shard))
+    except QueueError as exc:
+        lock, error = LockState("refused"), str(exc)
+    try:
+        scan = scan_shard(queue, shard)
+    except QueueError as exc:
+        path = queue.log_path(shard)
+        scan = ShardScan(shard=shard, path=path, exists=True, root=queue.directory)
+        error = str(exc) if error is None else f"{error}; {exc}"
+    return _FsckShard(scan=scan, lock=lock, temps=temps, entries=entries, error=error)
+
+
+def _tail_text(scan: ShardScan) -> str:
+    """How an unterminated last line reads in the report (call when `scan.torn`)."""
+    if scan.tail_records:
+        return (
+            f"the last record (at byte {scan.torn_at}, {scan.torn} byte(s)) lacks its newline: "
+            "it is a whole record, so it is kept; its owner writes the newline back when it "
+            "loads the shard"
+        )
+    return f"torn tail: {scan.torn} byte(s) without a newline at byte {scan.torn_at}"
 
 
 def _fsck(args: argparse.Namespace) -> int:
     queue = open_queue(args.directory)
+    top = _queue_entries(queue)
     shards = [_fsck_shard(queue, s) for s in range(queue.shards)]
     if args.repair:
         for item in shards:
-            if not (item.scan.torn or item.temps):
+            if not (item.scan.torn or item.temps) or item.error is not None:
                 continue
             shard = item.scan.shard
             if queue.legacy:
@@ -1881,9 +2037,11 @@ def _fsck(args: argparse.Namespace) -> int:
                     item.repaired.extend(_repair_shard(queue, shard))
             except QueueError:
                 item.not_repaired.append(
-                    f"held by a daemon ({item.lock.holder()}); a daemon cuts torn tails and "
-                    "removes temp files itself when it loads a shard"
+                    f"held by a daemon ({item.lock.holder()}); a daemon repairs the last line "
+                    "and removes temp files itself when it loads a shard"
                 )
+            except OSError as exc:
+                item.not_repaired.append(f"could not repair it: {exc}")
         repaired = shards
         shards = [_fsck_shard(queue, s.scan.shard) for s in repaired]
         for new, old in zip(shards, repaired, strict=True):
@@ -1893,16 +2051,23 @@ def _fsck(args: argparse.Namespace) -> int:
         for task_id in item.scan.fold.live:
             live_in.setdefault(task_id, []).append(item.scan.shard)
     duplicates = {t: s for t, s in live_in.items() if len(s) > 1}
-    problems = 0
+    problems = len(top)
     report: list[dict[str, Any]] = []
-    lines: list[str] = []
+    lines: list[str] = [problem for _path, problem in top]
     for item in shards:
         scan = item.scan
         name = f"shard-{scan.shard}"
         # An unterminated last line in a log a daemon holds may be an append in progress.
-        torn_problem = bool(scan.torn) and item.lock.state != "held"
-        shard_problems = len(scan.corrupt) + int(torn_problem) + len(item.temps)
+        tail_problem = bool(scan.torn) and item.lock.state != "held"
+        shard_problems = (
+            len(scan.corrupt)
+            + int(tail_problem)
+            + len(item.temps)
+            + len(item.entries)
+            + int(item.error is not None and not item.entries)
+        )
         problems += shard_problems
+        kept = scan.torn and scan.tail_records
         report.append(
             {
                 "shard": name,
@@ -1912,13 +2077,20 @@ def _fsck(args: argparse.Namespace) -> int:
                 "records": scan.fold.records,
                 "corrupt": [{"offset": o, "reason": r} for o, r in scan.corrupt],
                 "torn_tail": (
-                    {"offset": scan.torn_at, "bytes": scan.torn} if scan.torn else None
+                    {"offset": scan.torn_at, "bytes": scan.torn}
+                    if scan.torn and not kept
+                    else None
+                ),
+                "unterminated_record": (
+                    {"offset": scan.torn_at, "bytes": scan.torn} if kept else None
                 ),
                 "stale": [
                     {"offset": s.offset, "epoch": s.epoch, "fence": s.fence, "kind": s.kind}
                     for s in scan.fold.stale
                 ],
                 "temp_files": [{"name": n, "bytes": b} for n, b in item.temps],
+                "refused_entries": [{"path": p, "problem": t} for p, t in item.entries],
+                "error": item.error,
                 "lock": item.lock.state,
                 "lock_holder": item.lock.holder() if item.lock.state == "held" else None,
                 "repaired": item.repaired,
@@ -1926,7 +2098,9 @@ def _fsck(args: argparse.Namespace) -> int:
                 "problems": shard_problems,
             }
         )
-        if not scan.exists:
+        if item.error is not None:
+            lines.append(f"{name}: cannot be used: {item.error}")
+        elif not scan.exists:
             lines.append(f"{name}: no tasks.log (nothing written yet)")
         else:
             lock = f", lock held by {item.lock.holder()}" if item.lock.state == "held" else ""
@@ -1934,19 +2108,19 @@ def _fsck(args: argparse.Namespace) -> int:
                 f"{name}: {scan.fold.records} record(s), {_fmt_bytes(scan.size)}{lock}"
                 + ("" if shard_problems else ", OK")
             )
+        for _path, problem in item.entries:
+            lines.append(f"  {problem}")
         for offset, reason in scan.corrupt[:_SHOW_CORRUPT]:
             lines.append(f"  corrupt line at byte {offset}: {reason}")
         if len(scan.corrupt) > _SHOW_CORRUPT:
             lines.append(f"  ... and {len(scan.corrupt) - _SHOW_CORRUPT} more (--json lists all)")
         if scan.torn:
-            why = (
-                "a daemon holds the lock: maybe an append in progress"
-                if item.lock.state == "held"
-                else "a crash mid-append; it was never acknowledged"
-            )
-            lines.append(
-                f"  torn tail: {scan.torn} byte(s) without a newline at byte {scan.torn_at} ({why})"
-            )
+            why = ""
+            if item.lock.state == "held":
+                why = " (a daemon holds the lock: maybe an append in progress)"
+            elif not scan.tail_records:
+                why = " (a crash mid-append: no whole record in it, never acknowledged)"
+            lines.append(f"  {_tail_text(scan)}{why}")
         if scan.fold.stale:
             first = scan.fold.stale[0]
             lines.append(
@@ -1971,6 +2145,7 @@ def _fsck(args: argparse.Namespace) -> int:
         _print_json(
             {
                 "directory": str(queue.directory),
+                "refused_entries": [{"path": p, "problem": t} for p, t in top],
                 "shards": report,
                 "duplicate_live_ids": {t: [f"shard-{s}" for s in w] for t, w in duplicates.items()},
                 "problems": problems,
@@ -1983,8 +2158,8 @@ def _fsck(args: argparse.Namespace) -> int:
         hint = (
             ""
             if args.repair
-            else f"; `snerdmq fsck --repair {args.directory}` cuts torn tails and removes temp "
-            "files"
+            else f"; `snerdmq fsck --repair {args.directory}` repairs last lines and removes "
+            "temp files"
         )
         print(f"fsck: {problems} problem(s){hint}.")
         if any(item.scan.corrupt for item in shards):
@@ -1998,21 +2173,26 @@ def _fsck(args: argparse.Namespace) -> int:
 
 
 def _repair_shard(queue: Queue, shard: int) -> list[str]:
-    """Cut a torn tail and remove temp files (caller holds the shard lock)."""
-    from snerd.io.log import cut_torn_tail, fsync_dir
+    """Remove temp files and repair the last line (caller holds the shard lock): write back the
+    newline a whole record lost, or cut a torn write (`snerd.io.log.repair_tail`)."""
+    from snerd.io.files import unlink_file
+    from snerd.io.log import fsync_dir, repair_tail
 
     done = []
     tasks = queue.log_path(shard).parent
     for name in _TEMP_NAMES:
         try:
-            (tasks / name).unlink()
+            unlink_file(tasks / name, root=queue.directory)  # a link: the link itself
         except FileNotFoundError:
             continue
         fsync_dir(tasks)
         done.append(f"removed {name}")
-    cut = cut_torn_tail(queue.log_path(shard))
-    if cut:
-        done.append(f"cut a torn tail of {cut} byte(s)")
+    repair = repair_tail(queue.log_path(shard), root=queue.directory)
+    if repair.restored:
+        done.append(f"wrote back the newline of the whole last record at byte {repair.at}")
+    elif repair.cut:
+        why = f" ({repair.reason})" if repair.reason else ""
+        done.append(f"cut a torn tail of {repair.cut} byte(s) at byte {repair.at}{why}")
     return done
 
 
@@ -2054,11 +2234,12 @@ def _compact(args: argparse.Namespace) -> int:
     for shard in range(queue.shards):
         name = f"shard-{shard}"
         path = queue.log_path(shard)
-        if not path.exists():
+        if not os.path.lexists(path):
             print(f"{name}: no tasks.log, nothing to compact")
             continue
         try:
             with shard_locks(queue, [shard], owner):
+                repaired = _recover_for_compaction(queue, shard)
                 scan = scan_shard(queue, shard)
                 now = _now_us()
                 keep = scan.fold.keep_ranges(now, history_limit=args.history)
@@ -2074,7 +2255,7 @@ def _compact(args: argparse.Namespace) -> int:
                 _check_same(scan.fold, planned.fold, name, "planned")
 
                 async def run(path: Path = path, keep: Any = keep) -> int:
-                    async with GroupCommitLog("always") as log:
+                    async with GroupCommitLog("always", root=queue.directory) as log:
                         result = await log.compact(path, keep)
                     return result.size
 
@@ -2090,7 +2271,7 @@ def _compact(args: argparse.Namespace) -> int:
                 total_after += size
                 dropped = len(scan.corrupt)
                 extra = f"; dropped {dropped} corrupt line(s)" if dropped else ""
-                extra += f"; dropped a torn tail of {scan.torn} byte(s)" if scan.torn else ""
+                extra += f"; {repaired}" if repaired else ""
                 print(
                     f"{name}: {_fmt_bytes(scan.size)} -> {_fmt_bytes(size)} "
                     f"({scan.fold.records} -> {after.fold.records} records: "
@@ -2101,6 +2282,23 @@ def _compact(args: argparse.Namespace) -> int:
             print(f"{name}: skipped: {exc}")
     print(f"Total: {_fmt_bytes(total_before)} -> {_fmt_bytes(total_after)}")
     return 1 if failed else 0
+
+
+def _recover_for_compaction(queue: Queue, shard: int) -> str:
+    """Before compacting (lock held): remove a leftover temp file and repair the last line as
+    a daemon loading the shard would, so every record kept is a whole line. Returns what was
+    done, for the report ("" when nothing)."""
+    from snerd.io.log import recover_log
+
+    try:
+        repair = recover_log(queue.log_path(shard), root=queue.directory)
+    except OSError as exc:
+        raise QueueError(f"cannot prepare tasks.log: {exc}") from None
+    if repair.restored:
+        return f"wrote back the newline of the whole last record at byte {repair.at}"
+    if repair.cut:
+        return f"dropped a torn tail of {repair.cut} byte(s)"
+    return ""
 
 
 def _check_same(before: ShardFold, after: ShardFold, name: str, stage: str) -> None:

@@ -1027,6 +1027,49 @@ def test_fsck_repair_leaves_a_shard_held_by_a_daemon_alone(cli: Cli, tmp_path: P
     assert (log_path(q).parent / "tasks.tmp").exists()
 
 
+def test_fsck_keeps_a_whole_last_record_that_lost_its_newline(cli: Cli, tmp_path: Path) -> None:
+    # `truncate -s -1 tasks.log`: the last record is whole (its checksum holds) and may have
+    # been acknowledged. fsck says so, stats and compact count it, --repair writes the newline
+    # back; nothing cuts it.
+    q = plant(tmp_path / "q", {0: [claim(1), task("a"), task("b")]})
+    path = log_path(q)
+    whole = path.read_bytes()
+    at = whole.rindex(b"\n", 0, len(whole) - 1) + 1
+    path.write_bytes(whole[:-1])
+
+    code, out, _ = cli("fsck", q)
+    assert code == 1
+    assert (
+        f"the last record (at byte {at}, {len(whole) - 1 - at} byte(s)) lacks its newline: "
+        "it is a whole record, so it is kept" in out
+    )
+    report = json.loads(cli("fsck", q, "--json")[1])["shards"][0]
+    assert report["torn_tail"] is None and report["records"] == 3
+    assert report["unterminated_record"] == {"offset": at, "bytes": len(whole) - 1 - at}
+    code, out, _ = cli("stats", q, "--json")
+    assert json.loads(out)["totals"]["live"] == 2
+
+    code, out, _ = cli("fsck", q, "--repair")
+    assert code == 0, out
+    assert f"repaired: wrote back the newline of the whole last record at byte {at}" in out
+    assert path.read_bytes() == whole
+
+    path.write_bytes(whole[:-2])  # the closing brace lost too: a torn write, cut
+    code, out, _ = cli("fsck", q, "--repair")
+    assert f"repaired: cut a torn tail of {len(whole) - 2 - at} byte(s) at byte {at}" in out
+    assert path.read_bytes() == whole[:at]
+
+
+def test_compact_keeps_a_whole_last_record_that_lost_its_newline(cli: Cli, tmp_path: Path) -> None:
+    q = plant(tmp_path / "q", {0: [claim(1), task("a"), task("a"), task("b")]})
+    path = log_path(q)
+    path.write_bytes(path.read_bytes()[:-1])
+    code, out, _ = cli("compact", q)
+    assert code == 0, out
+    assert "wrote back the newline of the whole last record" in out
+    assert [r.get("taskId") for r in records(q)] == [None, "a", "b"]
+
+
 # ------------------------------------------------------------------------------ compact
 
 

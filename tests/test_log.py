@@ -22,11 +22,11 @@ from snerd.io.log import (
     GroupCommitLog,
     atomic_replace,
     compaction_tmp_path,
-    cut_torn_tail,
     materialize,
     read_log,
     read_record,
     recover_log,
+    repair_tail,
 )
 
 
@@ -444,17 +444,65 @@ def test_torn_tail_is_reported_then_cut(tmp_path: Path) -> None:
     assert chunks[-1].eof and chunks[-1].fragment == len(torn)
     assert chunks[-1].end == len(whole)
     assert ids([r for c in chunks for r in c.records]) == ["t1", "t2"]
-    assert cut_torn_tail(path) == len(torn)
+    tail = chunks[-1].tail
+    assert tail is not None and tail.records == [] and "not JSON" in tail.corrupt[0][1]
+    repair = repair_tail(path)
+    assert (repair.at, repair.cut, repair.restored) == (len(whole), len(torn), False)
+    assert "not JSON" in repair.reason
     assert path.read_bytes() == whole
-    assert cut_torn_tail(path) == 0
-    assert cut_torn_tail(tmp_path / "missing.log") == 0
+    assert repair_tail(path).at == -1
+    assert repair_tail(tmp_path / "missing.log").at == -1
 
 
 def test_a_file_that_is_only_a_torn_line_is_cut_to_empty(tmp_path: Path) -> None:
     path = tmp_path / "tasks.log"
     path.write_bytes(line(1)[:-1] + b"x" * 100_000)
-    assert cut_torn_tail(path) == len(line(1)) - 1 + 100_000
+    assert repair_tail(path).cut == len(line(1)) - 1 + 100_000
     assert path.read_bytes() == b""
+
+
+def test_a_whole_last_record_that_lost_only_its_newline_is_kept(tmp_path: Path) -> None:
+    # `truncate -s -1 tasks.log`: the last record is complete and its checksum holds. It may
+    # have been acknowledged, so it is kept and its newline written back, never cut.
+    path = tmp_path / "tasks.log"
+    whole = line(1) + line(2)
+    path.write_bytes(whole[:-1])
+    last = list(read_log(path))[-1]
+    assert last.fragment == len(line(2)) - 1
+    assert last.tail is not None and ids(last.tail.records) == ["t2"]
+    assert last.tail.records[0].length == len(line(2))  # once its newline is back
+    repair = repair_tail(path)
+    assert (repair.at, repair.cut, repair.restored) == (len(line(1)), 0, True)
+    assert path.read_bytes() == whole
+    assert ids(read_all(path)[0]) == ["t1", "t2"]
+
+
+def test_a_last_line_is_cut_only_when_it_holds_no_record(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.log"
+    flipped = bytearray(line(2)[:-1])
+    flipped[20] ^= 0x01  # a flipped byte: the checksum fails, the line is no record
+    for tail, kept in [
+        (line(2)[:-1], True),
+        (line(2)[:-2], False),  # the closing brace lost too: a torn write
+        (bytes(flipped), False),
+        (b"   ", False),
+        (b"\x00" * 40, False),
+    ]:
+        path.write_bytes(line(1) + tail)
+        repair = repair_tail(path)
+        assert repair.restored is kept, tail
+        assert path.read_bytes() == line(1) + (tail + b"\n" if kept else b"")
+
+
+def test_a_last_line_longer_than_the_line_limit_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logmod, "LINE_LIMIT", 1000)
+    path = tmp_path / "tasks.log"
+    path.write_bytes(line(1) + b"y" * 5000)
+    repair = repair_tail(path)
+    assert (repair.cut, repair.restored) == (5000, False) and "longer than" in repair.reason
+    assert path.read_bytes() == line(1)
 
 
 async def test_writer_never_glues_a_record_onto_an_uncut_torn_tail(tmp_path: Path) -> None:
@@ -495,7 +543,7 @@ def test_chunking_does_not_change_what_is_read(tmp_path: Path, chunk_bytes: int)
 
 
 def test_a_missing_log_reads_as_empty(tmp_path: Path) -> None:
-    assert list(read_log(tmp_path / "nope.log")) == [([], [], 0, True, 0)]
+    assert list(read_log(tmp_path / "nope.log")) == [([], [], 0, True, 0, None)]
     with pytest.raises(FileNotFoundError):
         list(read_log(tmp_path / "nope.log", missing_ok=False))
 
@@ -685,7 +733,7 @@ async def test_a_crash_before_the_rename_loses_nothing(tmp_path: Path) -> None:
     tmp = Path(compaction_tmp_path(path))
     assert tmp.name == "tasks.tmp"
     tmp.write_bytes(lines[3] + lines[4][:20])
-    assert recover_log(path) == 7
+    assert recover_log(path).cut == 7
     assert not tmp.exists()
     assert path.read_bytes() == b"".join(lines)
     async with GroupCommitLog() as log:

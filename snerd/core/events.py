@@ -42,6 +42,7 @@ __all__ = [
     "MembershipWritten",
     "Now",
     "PayloadUnreadable",
+    "ShardUnusable",
     "Started",
     "Tick",
     "WebhookFinished",
@@ -151,6 +152,17 @@ class LockBusy(Event):
     """`shard-N/.lock` is held by another process (flock LOCK_NB said EWOULDBLOCK)."""
 
     shard: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardUnusable(Event):
+    """The shard's files cannot be used as they are on disk: its log or lock file is a symbolic
+    link snerd refuses to follow, not a regular file, or not readable. Bad input from disk, not
+    a lost lock: the node leaves the shard unclaimed for `NodeConfig.retry_unusable_us`."""
+
+    shard: int
+    #: What is wrong, naming the path ("refusing to follow the symlink DIR/shard-0/...").
+    error: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -192,6 +192,10 @@ class NodeConfig:
     history_limit: int = 10_000
     #: How long to wait before retrying a failed lock, membership write or log append.
     retry_io_us: int = SECOND
+    #: How long a shard whose files cannot be used (`ShardUnusable`: a symlink snerd refuses,
+    #: a file of the wrong kind) is left unclaimed before this node tries it again: an
+    #: operator has to fix it, so trying every round would only repeat the error.
+    retry_unusable_us: int = 60 * SECOND
     #: True where holding a flock proves the previous holder's process is gone (one host, a
     #: local filesystem): a shard whose lock this node can take is taken over at once instead
     #: of after its lease lapses (DESIGN §4.8). The shell decides it from the mount type.
@@ -298,6 +302,8 @@ class ShardInfo:
     #: log being rewritten); emitted in order once it ends.
     backlog: list[fx.Append] = field(default_factory=list)
     retry_lock_at_mono: int | None = None
+    #: Its files could not be used (`ShardUnusable`): not claimed again before then (mono).
+    unusable_until_mono: int | None = None
     #: Above its fair share, this node hands the shard to another: nothing new is dispatched
     #: from it, and once its attempts in flight end (or `drain_timeout` passes) its claim is
     #: removed and its lock released. `giving_back_since_mono`: when that began.
@@ -882,11 +888,14 @@ class Node:
                 observer=self.observer,
                 mono_us=now.mono,
             )
+            # A shard whose files cannot be used is neither claimed nor kept (`ShardUnusable`).
+            candidates = [s for s in candidates if not self._unusable(s)]
             held = [s for s in candidates if s in mine or s in self.lock_proofs]
             room = max(0, fair_cap(int(doc.get("shards", 0)), len(live), config) - len(held))
             wanted = sorted(held + [s for s in candidates if s not in held][:room])
             self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
             releases = [s for s in wanted if self._ready_to_give_back(s)]
+            releases += [s for s in sorted(mine) if self._unusable(s)]
             wanted = [s for s in wanted if s not in releases]
             # Stop acting for a shard before the write that frees it: once that write lands,
             # another node may claim it at once, before this node hears back.
@@ -1117,6 +1126,26 @@ class Node:
 
     def _on_lock_lost(self, event: ev.LockLost) -> None:
         self._step_down(event.shard, f"its lock failed: {event.error}")
+
+    def _on_shard_unusable(self, event: ev.ShardUnusable) -> None:
+        """Bad files on disk: stop acting for the shard, give its claim back at the next round
+        and leave it unclaimed for a while; the daemon goes on with its other shards (and
+        becomes ready without this one)."""
+        info = self.shards.get(event.shard)
+        if info is None:
+            return
+        info.unusable_until_mono = self._now.mono + self.config.retry_unusable_us
+        self._step_down(
+            event.shard,
+            f"its files cannot be used: {event.error}; it is left unclaimed and tried again in "
+            f"{self.config.retry_unusable_us // SECOND} s (`snerdmq fsck` lists what it found)",
+        )
+        self._maybe_running()
+
+    def _unusable(self, shard: int) -> bool:
+        info = self.shards.get(shard)
+        until = None if info is None else info.unusable_until_mono
+        return until is not None and self._now.mono < until
 
     def _lease_ran_out(self) -> None:
         """No renewal committed within the lease: stop acting for every shard at once, whatever
@@ -3347,6 +3376,7 @@ _HANDLERS: dict[type[Any], Any] = {
     ev.LockAcquired: Node._on_lock_acquired,
     ev.LockBusy: Node._on_lock_busy,
     ev.LockLost: Node._on_lock_lost,
+    ev.ShardUnusable: Node._on_shard_unusable,
     ev.LogRecordsRead: Node._on_log_records,
     ev.AppendCommitted: Node._on_append_committed,
     ev.AppendFailed: Node._on_append_failed,

@@ -26,6 +26,16 @@ key like `snerdCrC`, and the damage would go unnoticed. A line whose last 30 byt
 one byte of the checksum tail's fixed bytes is therefore treated as a damaged checksummed line,
 not as an upstream one. Upstream records never end in an 8-letter key close to `snerdCrc`.
 
+The last line of a file. The bytes after a log's last newline are judged as the line they
+would be with their newline (`scan_tail`): when that line holds a record, the record is whole —
+the checksum covers every byte before it, and no strict prefix of a JSON object is one — and
+only its newline was lost (a short write that stopped one byte early, a filesystem that lost
+the last byte, someone's `truncate -s -1`). Such a record may have been acknowledged, so its
+owner restores the newline and keeps it; only a last line that holds no record (a torn write,
+which was never acknowledged: an ack follows the whole write) is cut. Every reader of a whole
+file — the daemon's recovery, `fsck`, compaction, the simulator's model of the file — asks this
+one rule.
+
 This module must never: read or write files, parse a line it cannot verify as something else
 than what it is, or stop at a bad line (upstream bug 6.1.2: one invalid UTF-8 byte made upstream
 ignore the rest of the file and the next compaction destroyed it).
@@ -51,6 +61,7 @@ __all__ = [
     "decode_record",
     "encode_record",
     "scan",
+    "scan_tail",
 ]
 
 #: The key of the checksum, always the last key of a line snerd writes.
@@ -194,7 +205,7 @@ class ScanResult(NamedTuple):
     end: int
 
 
-def scan(data: bytes | bytearray, *, base_offset: int = 0) -> ScanResult:
+def scan(data: bytes | bytearray, *, base_offset: int = 0, at_eof: bool = False) -> ScanResult:
     """Split a buffer into lines and decode each complete one.
 
     `base_offset` is the position of `data[0]` in the file; offsets reported are absolute.
@@ -202,6 +213,10 @@ def scan(data: bytes | bytearray, *, base_offset: int = 0) -> ScanResult:
     and scanning goes on with the next line: nothing after it is hidden. The bytes after the
     last newline are not a record — they are a torn tail or the start of a line the next chunk
     completes — and are left unconsumed: `end` says where they start.
+
+    With `at_eof` the buffer ends where the file ends, and its last line is judged by
+    `scan_tail`: when it holds a record (whose newline was lost), that line is consumed like
+    the others (`end` is then the end of the buffer); otherwise it is left unconsumed.
 
     Lines glued together by upstream's torn writes (a partial record, then a full one, on one
     line) yield the full record at its own offset and report the partial part as corrupt.
@@ -226,7 +241,33 @@ def scan(data: bytes | bytearray, *, base_offset: int = 0) -> ScanResult:
             else:
                 append_record(make_record(base_offset + pos, nl + 1 - pos, fields))
         pos = nl + 1
+    if at_eof and pos < len(data):
+        tail = scan_tail(data[pos:], offset=base_offset + pos)
+        if tail.records:
+            records.extend(tail.records)
+            corrupt.extend(tail.corrupt)
+            pos = len(data)
     return ScanResult(records, corrupt, base_offset + pos)
+
+
+def scan_tail(fragment: bytes | bytearray, *, offset: int = 0) -> ScanResult:
+    """Judge a file's last line, which lacks its newline: `fragment` holds the bytes after the
+    file's last newline, and `offset` is where they start.
+
+    The line is judged exactly as `scan` judges it once its newline is there, so a reader that
+    restores the newline and a reader that does not read the same records. When `records` is
+    not empty, the line holds a whole record and only its newline was lost: keep the line,
+    restore the newline (each record's `length` counts that newline) and report `corrupt`, if
+    any, as for any line. When `records` is empty, the line is a torn write (never
+    acknowledged) and is cut; `corrupt` then says why (empty for blank bytes). `end` is where
+    the fragment ends when it is kept (`offset + len(fragment)`), else `offset`.
+    """
+    if len(fragment) >= LINE_LIMIT:  # no writer writes such a line (`encode_record`)
+        return ScanResult([], [(offset, f"line longer than {LINE_LIMIT} bytes")], offset)
+    result = scan(bytes(fragment) + b"\n", base_offset=offset)
+    if not result.records:
+        return ScanResult([], result.corrupt, offset)
+    return ScanResult(result.records, result.corrupt, offset + len(fragment))
 
 
 def _salvage(

@@ -12,15 +12,22 @@ given offsets, complete lines only (a line still being written is left for the n
 and the clean-up hints: the owner writes how far it has ingested a file into
 `<segment>.read` beside it, and the writer, which alone removes its files, reads that back.
 Blocking: run these in a worker thread.
+
+An inbox's last line without its newline is left unread, never cut: it is a line its writer is
+still writing, or the torn write of a writer that crashed (never acknowledged). Nothing here is
+reached through a symbolic link (`snerd.io.files`): a linked inbox folder is an error, and an
+entry in it that is not a regular file is no inbox file (`snerdmq fsck` names it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 from snerd.core import events as ev
+from snerd.io.files import open_dir, open_file, read_small, replace_file, unlink_file
 from snerd.io.log import read_log
 
 __all__ = [
@@ -54,12 +61,18 @@ def _hint_path(directory: str | os.PathLike[str], shard: int, segment: str) -> s
 def mark_read(directory: str | os.PathLike[str], shard: int, segment: str, offset: int) -> None:
     """Replace `<segment>.read` with `offset`: write a temp file, rename it over. Atomic, but
     not fsynced: it is a hint, written after the ingestion it reports is durable, so a hint
-    lost in a crash only delays the clean-up (and a damaged one reads as no hint)."""
+    lost in a crash only delays the clean-up (and a damaged one reads as no hint). The temp
+    file is created afresh (a leftover, or a link planted there, is unlinked first)."""
     path = _hint_path(directory, shard, segment)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(f"{offset}\n".encode())
-    os.replace(tmp, path)
+    with contextlib.suppress(FileNotFoundError):
+        unlink_file(tmp, root=directory)
+    fd = open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, root=directory)
+    try:
+        os.write(fd, f"{offset}\n".encode())
+    finally:
+        os.close(fd)
+    replace_file(tmp, path, root=directory)
 
 
 def inbox_progress(
@@ -70,15 +83,20 @@ def inbox_progress(
     out: list[tuple[int, str, int | None, int | None]] = []
     for shard, segment in segments:
         try:
-            size: int | None = os.stat(inbox_path(directory, shard, segment)).st_size
+            st = os.lstat(inbox_path(directory, shard, segment))
         except FileNotFoundError:
-            size = None
+            size: int | None = None
         except OSError:
             continue  # unknown: ask again later
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                continue  # not a file this writer made: never judged done
+            size = st.st_size
         try:
-            with open(_hint_path(directory, shard, segment), "rb") as f:
-                read: int | None = int(f.read(32).strip())
-        except (OSError, ValueError):
+            read: int | None = int(
+                read_small(_hint_path(directory, shard, segment), 32, root=directory).strip()
+            )
+        except (OSError, ValueError):  # a link or odd file there reads as no hint
             read = None
         out.append((shard, segment, read, size))
     return out
@@ -88,18 +106,27 @@ def remove_inbox(directory: str | os.PathLike[str], shard: int, segment: str) ->
     """Unlink an inbox file, then its hint (a missing one is no error)."""
     for path in (inbox_path(directory, shard, segment), _hint_path(directory, shard, segment)):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            unlink_file(path, root=directory)
 
 
 def inbox_files(directory: str | os.PathLike[str], shard: int) -> list[tuple[str, str, int]]:
-    """The inbox files of a shard as (name without `.log`, path, size), by name. Raises
-    FileNotFoundError when the shard has no inbox folder."""
-    with os.scandir(Path(directory, f"shard-{shard}", INBOX)) as entries:
-        return sorted(
-            (e.name[: -len(_SUFFIX)], e.path, e.stat().st_size)
-            for e in entries
-            if e.name.endswith(_SUFFIX) and not e.name.startswith(".")
-        )
+    """The inbox files of a shard as (name without `.log`, path, size), by name: regular files
+    only. Raises FileNotFoundError when the shard has no inbox folder, `RefusedFile` when it or
+    its shard's folder is a link."""
+    folder = Path(directory, f"shard-{shard}", INBOX)
+    fd = open_dir(folder, root=directory)
+    try:
+        with os.scandir(fd) as entries:
+            found = [
+                (e.name[: -len(_SUFFIX)], os.path.join(folder, e.name), e.stat().st_size)
+                for e in entries
+                if e.name.endswith(_SUFFIX)
+                and not e.name.startswith(".")
+                and e.is_file(follow_symlinks=False)
+            ]
+    finally:
+        os.close(fd)
+    return sorted(found)
 
 
 def read_inboxes(
@@ -130,7 +157,7 @@ def read_inboxes(
             if size <= start:
                 continue
             try:
-                chunk = _read_one(shard, node, path, start, max_bytes)
+                chunk = _read_one(shard, node, path, start, max_bytes, directory)
             except OSError as exc:
                 errors.append((shard, f"{path}: {exc.strerror or exc}"))
                 continue
@@ -139,11 +166,18 @@ def read_inboxes(
     return chunks, errors, present
 
 
-def _read_one(shard: int, node: str, path: str, start: int, max_bytes: int) -> ev.InboxChunk | None:
+def _read_one(
+    shard: int,
+    node: str,
+    path: str,
+    start: int,
+    max_bytes: int,
+    directory: str | os.PathLike[str],
+) -> ev.InboxChunk | None:
     records: list[ev.LogRecord] = []
     corrupt: list[tuple[int, str]] = []
     end = start
-    for part in read_log(path, start=start, chunk_bytes=min(max_bytes, 1 << 20)):
+    for part in read_log(path, start=start, chunk_bytes=min(max_bytes, 1 << 20), root=directory):
         records.extend(part.records)
         corrupt.extend(part.corrupt)
         end = part.end

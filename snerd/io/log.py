@@ -16,12 +16,16 @@ This module owns every byte snerd writes to a log file (`shard-N/tasks/tasks.log
   is tried afresh (disk full is survivable).
 - A new file, and a compaction's rename, is made durable by fsyncing the directory before any
   record in it is acknowledged.
-- Compaction writes `<log>.tmp` beside the log, fsyncs it, renames it over the log and fsyncs
-  the directory. Before the rename the old file is intact; after it the new one is complete and
-  durable. A leftover temp file is removed by `recover_log`.
-- Reading back (`read_log`) never stops at a bad line; a torn last line is reported, and cut by
-  `cut_torn_tail` / `recover_log` before the log is appended to again (upstream bug 6.1.1:
-  the next record glued onto a torn one and both were lost).
+- Compaction creates `<log>.tmp` beside the log exclusively (a leftover is unlinked first, so a
+  link planted there is removed, never written through), fsyncs it, renames it over the log and
+  fsyncs the directory. Before the rename the old file is intact; after it the new one is
+  complete and durable. A leftover temp file is removed by `recover_log`.
+- Reading back (`read_log`) never stops at a bad line. A last line without its newline is judged
+  by the core (`snerd.core.records.scan_tail`): a whole record whose newline was lost gets its
+  newline back, a torn write is cut (`repair_tail` / `recover_log`), before the log is appended
+  to again (upstream bug 6.1.1: the next record glued onto a torn one and both were lost).
+- Every file is opened through `snerd.io.files`: never through a symbolic link, only regular
+  files; with `root` (the data directory) no directory below it is followed either.
 
 It must never: decide anything about tasks (which record to write, what to keep — that is the
 core's), hold a payload longer than one call, write a file it does not own, or acknowledge a
@@ -56,7 +60,16 @@ import trio
 
 from snerd.core.effects import KeepRange, NewRecord
 from snerd.core.events import LogRecord
-from snerd.core.records import LINE_LIMIT, CorruptRecord, decode_record, encode_record, scan
+from snerd.core.records import (
+    LINE_LIMIT,
+    CorruptRecord,
+    ScanResult,
+    decode_record,
+    encode_record,
+    scan,
+    scan_tail,
+)
+from snerd.io.files import make_dirs, open_file, replace_file, unlink_file
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -70,15 +83,16 @@ __all__ = [
     "LogReader",
     "LogStatistics",
     "RecordReader",
+    "TailRepair",
     "atomic_replace",
     "atomic_write",
     "compaction_tmp_path",
-    "cut_torn_tail",
     "fsync_dir",
     "materialize",
     "read_log",
     "read_record",
     "recover_log",
+    "repair_tail",
 ]
 
 #: `SNERD_FSYNC` values. `always`: an ack means written and fsynced (group commit makes it
@@ -113,6 +127,9 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
     containing the file has also reached disk. For that an explicit fsync() on a file descriptor
     for the directory is also needed." Some filesystems (and FUSE mounts) answer EINVAL for a
     directory: there is nothing more we can do there, so that one error is ignored.
+
+    The path is followed even through a link: an fsync reads and writes nothing, and the files
+    in the directory were opened without following one (`snerd.io.files`).
     """
     fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
     try:
@@ -159,22 +176,33 @@ def _write_all(fd: int, data: bytes | memoryview) -> int:
     return calls
 
 
-def _rename(src: str, dst: str) -> None:
-    """os.replace, tolerating the NFS case where the rename happened but the reply was lost.
+def _rename(src: str, dst: str, root: str | None = None) -> None:
+    """rename(2) `src` over `dst` (one directory, reached without following a link below
+    `root`), tolerating the NFS case where the rename happened but the reply was lost.
 
     rename(2), NFS notes: a retransmitted RENAME can fail although the first one succeeded. If
     `dst` now is the inode `src` was, the rename did happen.
     """
-    src_stat = os.stat(src)
+    src_stat = os.lstat(src)
     try:
-        os.replace(src, dst)
+        replace_file(src, dst, root=root)
     except OSError:
         try:
-            dst_stat = os.stat(dst)
+            dst_stat = os.lstat(dst)
         except OSError:
             raise
         if (dst_stat.st_ino, dst_stat.st_dev) != (src_stat.st_ino, src_stat.st_dev):
             raise
+
+
+def _create_exclusive(path: str, root: str | None) -> int:
+    """Create `path` afresh for writing: a leftover entry (a crash's temp file, or a link
+    someone planted) is unlinked first — the link itself, never its target (unlink(2)) — and
+    the file is created with O_CREAT | O_EXCL, which fails rather than open anything that
+    appeared meanwhile (open(2): with O_EXCL, "symbolic links are not followed")."""
+    with contextlib.suppress(FileNotFoundError):
+        unlink_file(path, root=root)
+    return open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, root=root)
 
 
 def atomic_replace(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str = ".tmp") -> None:
@@ -186,11 +214,12 @@ def atomic_replace(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str
     directory fsync makes the rename itself durable (upstream bug 6.1.5 skipped it). The temp
     file is `path + tmp_suffix` (upstream's `membership.json.tmp`), so callers must serialise
     writers (membership.json is written under `.membership.lock`). On error the temp file is
-    removed and `path` is untouched.
+    removed and `path` is untouched. The temp file is created exclusively (`_create_exclusive`)
+    and the rename replaces the entry `path`, so no link there is ever written through.
     """
     target = os.fspath(path)
     tmp = target + tmp_suffix
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    fd = _create_exclusive(tmp, None)
     try:
         try:
             _write_all(fd, data)
@@ -200,7 +229,7 @@ def atomic_replace(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str
         _rename(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            unlink_file(tmp)
         raise
     fsync_dir(os.path.dirname(target) or ".")
 
@@ -232,9 +261,14 @@ class LogChunk(NamedTuple):
     end: int
     #: True on the last chunk of this read.
     eof: bool
-    #: On the last chunk: how many bytes follow `end` without a newline (a torn tail, or a line
-    #: another process is still writing). 0 otherwise.
+    #: On the last chunk: how many bytes follow `end` without a newline (a torn tail, a record
+    #: whose newline was lost, or a line another process is still writing). 0 otherwise.
     fragment: int
+    #: On the last chunk, when `fragment` is not 0: those bytes judged as the line they would
+    #: be with their newline (`snerd.core.records.scan_tail`). Records there are whole, only
+    #: their newline was lost, and the log's owner keeps them (`repair_tail`); none means a
+    #: torn write. None otherwise.
+    tail: ScanResult | None = None
 
 
 def read_log(
@@ -243,6 +277,7 @@ def read_log(
     start: int = 0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     missing_ok: bool = True,
+    root: str | os.PathLike[str] | None = None,
 ) -> Iterator[LogChunk]:
     """Read a log from `start` in chunks of about `chunk_bytes`, in file order.
 
@@ -250,16 +285,18 @@ def read_log(
     chunk) for big logs. A corrupt line is reported in `corrupt` and never hides the lines after
     it. A run of more than `LINE_LIMIT` bytes without a newline is reported once and skipped up
     to the next newline. The last chunk has `eof=True`; if the file does not end with a newline,
-    its `fragment` says how many bytes were left (this function never modifies the file; see
-    `cut_torn_tail`). Resume later from the last chunk's `end` (inbox ingestion does).
+    its `fragment` says how many bytes were left and its `tail` what they hold (this function
+    never modifies the file; see `repair_tail`). Resume later from the last chunk's `end`
+    (inbox ingestion does; it leaves an unterminated line for the read that finds it whole).
 
     A log file is created by its first append, so with `missing_ok` a missing file reads as an
-    empty log (one empty chunk with `eof=True`).
+    empty log (one empty chunk with `eof=True`). The file is opened without following a link
+    (below `root`, the data directory, no directory either): `snerd.io.files.RefusedFile`.
     """
     if chunk_bytes <= 0:
         raise ValueError("chunk_bytes must be positive")
     try:
-        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        fd = open_file(path, os.O_RDONLY, root=root)
     except FileNotFoundError:
         if not missing_ok:
             raise
@@ -301,30 +338,55 @@ def read_log(
                     corrupt.append((frag_start, f"line longer than {LINE_LIMIT} bytes"))
                     parts, parts_len, skipping = [], 0, True
             fragment = (pos - frag_start) if eof else 0
-            yield LogChunk(records, corrupt, frag_start, eof, fragment)
+            tail = None
+            if fragment:
+                if skipping:  # the rest of an overlong line: reported already, no record
+                    tail = ScanResult([], [], frag_start)
+                else:
+                    tail = scan_tail(b"".join(parts), offset=frag_start)
+            yield LogChunk(records, corrupt, frag_start, eof, fragment, tail)
             if eof:
                 return
     finally:
         os.close(fd)
 
 
-def cut_torn_tail(path: str | os.PathLike[str]) -> int:
-    """If the log does not end with a newline, truncate it to the end of its last complete line
-    and fsync; return how many bytes were cut (0: nothing to do; missing file: 0).
+class TailRepair(NamedTuple):
+    """What `repair_tail` did to a log's last line (nothing: `at == -1`)."""
 
-    A crash in the middle of an append leaves an unterminated last line; it never held an
-    acknowledged record (an ack follows the whole write). Cutting it before the next append
-    keeps the next record from being glued onto it. Only the log's owner may call this.
-    """
+    #: Where the last line starts (-1: the log ended with a newline, or is missing or empty).
+    at: int
+    #: Bytes cut: a torn write that held no record (0 when kept).
+    cut: int
+    #: The line held a whole record whose newline was lost: the newline was written back.
+    restored: bool
+    #: Why a cut line was no record ("not JSON: ...", "checksum mismatch"; "" for blanks).
+    reason: str
+
+
+_NOTHING_TO_REPAIR = TailRepair(at=-1, cut=0, restored=False, reason="")
+
+
+def repair_tail(
+    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+) -> TailRepair:
+    """If the log does not end with a newline, judge its last line by the core's rule
+    (`snerd.core.records.scan_tail`) and either write its newline back (a whole record whose
+    newline was lost: it may have been acknowledged) or truncate the file to the end of the
+    line before (a torn write: never acknowledged, an ack follows the whole write); then fsync.
+    Either way the next record starts on a line of its own (upstream bug 6.1.1). A missing file
+    needs nothing. Only the log's owner may call this."""
     try:
-        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+        fd = open_file(path, os.O_RDWR, root=root)
     except FileNotFoundError:
-        return 0
+        return _NOTHING_TO_REPAIR
     try:
         size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return _NOTHING_TO_REPAIR
         end = size
         keep = 0
-        while end > 0:
+        while end > 0 and size - end <= LINE_LIMIT:
             begin = max(0, end - 65536)
             block = os.pread(fd, end - begin, begin)
             nl = block.rfind(b"\n")
@@ -332,27 +394,52 @@ def cut_torn_tail(path: str | os.PathLike[str]) -> int:
                 keep = begin + nl + 1
                 break
             end = begin
-        if keep == size:
-            return 0
+        else:
+            if end > 0:  # no newline in the last LINE_LIMIT bytes: find the line's start
+                keep = _line_start(fd, end)
+        if size - keep >= LINE_LIMIT:  # no writer writes such a line: no record
+            reason = f"line longer than {LINE_LIMIT} bytes"
+        else:
+            tail = scan_tail(os.pread(fd, size - keep, keep), offset=keep)
+            if tail.records:
+                if os.pwrite(fd, b"\n", size) != 1:
+                    raise OSError(errno.EIO, "short write of the missing newline", os.fspath(path))
+                os.fsync(fd)
+                return TailRepair(at=keep, cut=0, restored=True, reason="")
+            reason = tail.corrupt[0][1] if tail.corrupt else ""
         os.ftruncate(fd, keep)
         os.fsync(fd)
-        return size - keep
+        return TailRepair(at=keep, cut=size - keep, restored=False, reason=reason)
     finally:
         os.close(fd)
 
 
-def recover_log(path: str | os.PathLike[str]) -> int:
+def _line_start(fd: int, end: int) -> int:
+    """Where the line holding byte `end - 1` starts (after the newline before it, or 0)."""
+    while end > 0:
+        begin = max(0, end - (1 << 20))
+        nl = os.pread(fd, end - begin, begin).rfind(b"\n")
+        if nl >= 0:
+            return begin + nl + 1
+        end = begin
+    return 0
+
+
+def recover_log(
+    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
+) -> TailRepair:
     """Make a log safe to append to after a crash, before reading it: remove a leftover
-    compaction temp file (a crash before the rename: the log itself is intact) and cut a torn
-    tail. Returns the bytes cut from the tail. Only the log's owner may call this."""
+    compaction temp file (a crash before the rename: the log itself is intact; a link there is
+    removed, never followed) and repair its last line (`repair_tail`). Only the log's owner may
+    call this."""
     tmp = compaction_tmp_path(path)
     try:
-        os.unlink(tmp)
+        unlink_file(tmp, root=root)
     except FileNotFoundError:
         pass
     else:
         fsync_dir(os.path.dirname(tmp) or ".")
-    return cut_torn_tail(path)
+    return repair_tail(path, root=root)
 
 
 def _pread_record(fd: int, offset: int, length: int, where: str) -> dict[str, Any]:
@@ -364,11 +451,17 @@ def _pread_record(fd: int, offset: int, length: int, where: str) -> dict[str, An
     return decode_record(data[:-1])
 
 
-def read_record(path: str | os.PathLike[str], offset: int, length: int) -> dict[str, Any]:
+def read_record(
+    path: str | os.PathLike[str],
+    offset: int,
+    length: int,
+    *,
+    root: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
     """Read and decode the one line at `offset` (`length` bytes, newline included). One-shot:
     opens and closes the file; daemons use `LogReader`, which keeps descriptors open. Raises
     `CorruptRecord` when there is no valid record there."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    fd = open_file(path, os.O_RDONLY, root=root)
     try:
         return _pread_record(fd, offset, length, os.fspath(path))
     finally:
@@ -381,13 +474,15 @@ class LogReader:
     Used to fetch a task's payload at dispatch, so it is cheap: one pread (from the page cache,
     a few µs) and one decode. Thread-safe. After a compaction renamed a new file over the log,
     `invalidate(path)` must be called (`GroupCommitLog.compact` does it) so the next read opens
-    the new file instead of reading the old inode.
+    the new file instead of reading the old inode. Files are opened below `root` (the data
+    directory) without following a link.
     """
 
-    def __init__(self, max_open: int = 256) -> None:
+    def __init__(self, max_open: int = 256, *, root: str | os.PathLike[str] | None = None) -> None:
         self._fds: dict[str, int] = {}
         self._lock = threading.Lock()
         self._max_open = max_open
+        self._root = None if root is None else os.fspath(root)
 
     def _fd(self, key: str) -> int:
         """The read descriptor for `key`, opened if need be (call with the lock held)."""
@@ -397,7 +492,7 @@ class LogReader:
                 # Drop the oldest descriptor (dicts keep insertion order).
                 with contextlib.suppress(OSError):
                     os.close(self._fds.pop(next(iter(self._fds))))
-            fd = os.open(key, os.O_RDONLY | _O_CLOEXEC)
+            fd = open_file(key, os.O_RDONLY, root=self._root)
             self._fds[key] = fd
         return fd
 
@@ -594,37 +689,46 @@ DEFAULT_SYNC_HELPER = False
 #: asked (`S` + id, then `D`), and answers each `D` with `R` + errno (0: all synced) + the id
 #: of the first file that failed. `C` + id closes one. Commands are 8 bytes, answers 12.
 #: `SNERD_TEST_SYNC_FAIL_AT=n` makes its n-th fsync fail with EIO (tests).
+#: It lives exactly as long as its parent's end of the socket: it leaves at the end of it, and
+#: quietly when the parent died with its end unread (recv(2) ECONNRESET, send(2) EPIPE after a
+#: kill -9). SIGINT is ignored: Ctrl-C reaches the whole process group, and the daemon, which
+#: drains on it, still needs its fsyncs until it closes the socket.
 _HELPER_SOURCE = """
-import os, socket, sys
+import os, signal, socket, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 s = socket.socket(fileno=int(sys.argv[1]))
-fail_at = int(os.environ.get("SNERD_TEST_SYNC_FAIL_AT", "0"))
+fail_at = os.environ.get("SNERD_TEST_SYNC_FAIL_AT", "0")
+fail_at = int(fail_at) if fail_at.isdigit() else 0
 fds, spare, buf, failed, count = {}, [], b"", None, 0
-while True:
-    data, got, _, _ = socket.recv_fds(s, 65536, 64)
-    if not data:
-        break
-    buf += data
-    spare.extend(got)
-    while len(buf) >= 8:
-        op, n, buf = buf[:1], int(buf[1:8]), buf[8:]
-        if op == b"F":
-            fds[n] = spare.pop(0)
-        elif op == b"C":
-            fd = fds.pop(n, None)
-            if fd is not None:
-                os.close(fd)
-        elif op == b"S":
-            count += 1
-            try:
-                if count == fail_at:
-                    raise OSError(5, "injected")
-                os.fsync(fds[n])
-            except OSError as exc:
-                if failed is None:
-                    failed = (exc.errno or 5, n)
-        elif op == b"D":
-            s.sendall(b"R%04d%07d" % failed if failed else b"R00000000000")
-            failed = None
+try:
+    while True:
+        data, got, _, _ = socket.recv_fds(s, 65536, 64)
+        if not data:
+            break
+        buf += data
+        spare.extend(got)
+        while len(buf) >= 8:
+            op, n, buf = buf[:1], int(buf[1:8]), buf[8:]
+            if op == b"F":
+                fds[n] = spare.pop(0)
+            elif op == b"C":
+                fd = fds.pop(n, None)
+                if fd is not None:
+                    os.close(fd)
+            elif op == b"S":
+                count += 1
+                try:
+                    if count == fail_at:
+                        raise OSError(5, "injected")
+                    os.fsync(fds[n])
+                except OSError as exc:
+                    if failed is None:
+                        failed = (exc.errno or 5, n)
+            elif op == b"D":
+                s.sendall(b"R%04d%07d" % failed if failed else b"R00000000000")
+                failed = None
+except ConnectionError:
+    pass  # the parent is gone: nobody is left to answer
 """
 
 
@@ -772,7 +876,10 @@ class GroupCommitLog:
 
     Paths are keys as given (`os.fspath`); use one spelling per file. Files are opened on first
     use (O_RDWR | O_APPEND | O_CREAT, kept open; a new file, and missing parent directories,
-    are made durable with directory fsyncs before their first ack).
+    are made durable with directory fsyncs before their first ack), never through a link, and
+    with `root` (the data directory) every path must lie below it and no directory between
+    is followed either (`snerd.io.files`): a refused open fails that file's appends with a
+    `RefusedFile`, as any failed open does.
 
     GIL note: after each of its system calls (the wake-up, write, lseek, fsync) the writer
     thread needs the GIL to go on. While the trio thread is busy (parsing a burst of input,
@@ -790,6 +897,7 @@ class GroupCommitLog:
         after_deliver: Callable[[], None] | None = None,
         never_cut: Callable[[str], bool] | None = None,
         sync_helper: bool | None = None,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -800,7 +908,8 @@ class GroupCommitLog:
         self._on_background_error = on_background_error
         self._after_deliver = after_deliver
         self._never_cut = never_cut
-        self.reader = LogReader()
+        self._root = None if root is None else os.fspath(root)
+        self.reader = LogReader(root=self._root)
         # Shared with the writer thread, under `_cond`.
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[_Append | _Control] = []
@@ -1019,6 +1128,7 @@ class GroupCommitLog:
         token = self._token
         if token is None or self._closing:
             raise RuntimeError("log is not open")
+        root = self._root
         self._compacting += 1
 
         def finished(result: outcome.Outcome[object]) -> None:  # trio thread
@@ -1028,7 +1138,7 @@ class GroupCommitLog:
             self.reader.invalidate(key)
             if isinstance(result, outcome.Error):
                 with contextlib.suppress(OSError):
-                    os.unlink(tmp)  # no-op when the rename happened
+                    unlink_file(tmp, root=root)  # no-op when the rename happened
                 on_done(_as_oserror(result.error))
             else:
                 assert isinstance(result, outcome.Value)
@@ -1041,7 +1151,7 @@ class GroupCommitLog:
             return CompactResult(copied.offsets, copied.lengths, copied.size)
 
         def copy(expected_size: int | None) -> None:  # helper thread
-            copied = outcome.capture(_write_compacted, key, tmp, ranges, extra, expected_size)
+            copied = outcome.capture(_write_compacted, key, tmp, ranges, extra, expected_size, root)
             if isinstance(copied, outcome.Error):
                 token.run_sync_soon(finished, copied)
                 return
@@ -1474,6 +1584,16 @@ class GroupCommitLog:
     ) -> tuple[int, list[tuple[int, ...]]]:
         """Write a file's share of a batch in one `write(2)`; return where it starts and the
         offset of each job's lines. A failed write is cut back off and re-raised."""
+        # Someone else may have written to the file or cut it since this writer's last write
+        # (a daemon that took the shard over meanwhile, and then crashed in the middle of an
+        # append): then learn where it ends and whether it ends on a newline, so that this
+        # batch never glues a record onto a line this writer did not write, and a rollback
+        # cuts only this batch. One fstat per file per batch, beside a write and an fsync.
+        size = os.fstat(state.fd).st_size
+        if size != state.size:
+            self._size_mismatches += 1
+            state.needs_newline = size > 0 and os.pread(state.fd, 1, size - 1) != b"\n"
+            state.size = size
         before = state.size
         parts: list[bytes] = [b"\n"] if state.needs_newline else []
         pos = before + len(parts)
@@ -1565,15 +1685,20 @@ class GroupCommitLog:
         state = self._files.get(path)
         if state is not None:
             return state
-        flags = os.O_RDWR | os.O_APPEND | _O_CLOEXEC
+        flags = os.O_RDWR | os.O_APPEND
+        root = self._root
         try:
-            fd = os.open(path, flags)
+            fd = open_file(path, flags, root=root)
         except FileNotFoundError:
-            _ensure_dir(os.path.dirname(path) or ".")
+            parent = os.path.dirname(path) or "."
+            if root is None:
+                _ensure_dir(parent)
+            else:
+                make_dirs(parent, root=root)
             try:
-                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                fd = os.open(path, flags)
+                fd = open_file(path, flags | os.O_CREAT | os.O_EXCL, 0o644, root=root)
+            except FileExistsError:  # made meanwhile (or a link: refused here)
+                fd = open_file(path, flags, root=root)
             else:
                 # The new directory entry is not durable until the directory is fsynced.
                 self._dir_unsynced.add(path)
@@ -1604,7 +1729,7 @@ class GroupCommitLog:
         """Writer thread: rename a finished compaction over the log, if the log is still the
         file and size that was copied."""
         state = self._files.get(path)
-        current = os.stat(path)
+        current = os.lstat(path)
         if (current.st_ino, current.st_dev) != (copied.src_ino, copied.src_dev):
             raise OSError(errno.ESTALE, "log was replaced during compaction", path)
         # The file's own size as well as this process's idea of it: another process may have
@@ -1617,7 +1742,7 @@ class GroupCommitLog:
                 f"log grew during compaction ({copied.src_size} -> {size} bytes)",
                 path,
             )
-        _rename(tmp, path)
+        _rename(tmp, path, self._root)
         # From here on the new file is the log, whatever happens next: report success.
         self._compactions += 1
         self._close_state(path)
@@ -1665,10 +1790,13 @@ def _write_compacted(
     keep: tuple[KeepRange, ...],
     extra: list[bytes],
     expected_size: int | None,
+    root: str | None = None,
 ) -> _Copied:
     """Helper thread: copy `keep` then `extra` from the log at `path` into `tmp`, fsync it.
-    `expected_size` is the size the writer knows the log to have (None: it has not opened it)."""
-    src = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    `expected_size` is the size the writer knows the log to have (None: it has not opened it).
+    `tmp` is created exclusively (`_create_exclusive`): a link planted there is removed, and
+    the copy never lands in a file someone else chose."""
+    src = open_file(path, os.O_RDONLY, root=root)
     try:
         st = os.fstat(src)
         src_size = st.st_size
@@ -1678,7 +1806,7 @@ def _write_compacted(
                 f"log changed before compaction ({expected_size} -> {src_size} bytes)",
                 path,
             )
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+        out = _create_exclusive(tmp, root)
         try:
             offsets: list[int] = []
             lengths: list[int] = []
@@ -1729,7 +1857,7 @@ def _write_compacted(
             os.close(out)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            unlink_file(tmp, root=root)
         raise
     finally:
         os.close(src)

@@ -21,6 +21,7 @@ import orjson
 import portalocker
 
 from snerd.core.ownership import LockText
+from snerd.io.files import make_dirs, open_file, read_small
 from snerd.io.log import atomic_replace
 
 __all__ = [
@@ -71,7 +72,7 @@ class _MembershipLock:
         self.fd: int | None = None
 
     def __enter__(self) -> _MembershipLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_file(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link
         deadline = time.monotonic() + LOCK_WAIT_S
         while True:
             try:
@@ -98,7 +99,7 @@ class _MembershipLock:
 
 def _read(directory: Path) -> dict[str, Any] | None:
     try:
-        data = (directory / MEMBERSHIP).read_bytes()
+        data = read_small(directory / MEMBERSHIP, None)  # never through a link
     except FileNotFoundError:
         return None
     doc = orjson.loads(data)
@@ -170,8 +171,9 @@ class ShardLocks:
         fd = self.fds.get(shard)
         if fd is None:
             path = self.path(shard)
-            (path.parent / "tasks").mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Neither `shard-N/` nor the lock file may be a link (`snerd.io.files`).
+            make_dirs(path.parent / "tasks", root=self.directory)
+            fd = open_file(path, os.O_RDWR | os.O_CREAT, 0o644, root=self.directory)
             try:
                 portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
             except portalocker.exceptions.LockException:
@@ -275,6 +277,7 @@ class ShardLocks:
     def holder(self, shard: int) -> str:
         """What the lock file says about its holder (pid and owner), for error messages."""
         try:
-            return self.path(shard).read_text().strip().replace("\n", " ")
+            text = read_small(self.path(shard), 4096, root=self.directory)
+            return text.decode("utf-8", "replace").strip().replace("\n", " ")
         except OSError:
             return "unknown"

@@ -35,6 +35,7 @@ from snerd.core.ownership import LockText
 from snerd.core.records import CorruptRecord, decode_record
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
+from snerd.io.files import RefusedFile
 from snerd.io.inbox import (
     inbox_path,
     inbox_progress,
@@ -300,6 +301,7 @@ class Runtime:
             after_deliver=self.pump,
             never_cut=self._never_cut.__contains__,
             sync_helper=self._sync_helper,
+            root=self.directory,
         ) as log:
             self._nursery = nursery
             self._log = log
@@ -673,15 +675,23 @@ class Runtime:
 
         def read() -> list[ev.Event]:
             out: list[ev.Event] = []
-            cut = logio.recover_log(path)
-            if cut:
+            repair = logio.recover_log(path, root=self.directory)
+            where = f"shard-{shard}/tasks/tasks.log"
+            if repair.restored:
                 self.peer.log(
                     "warning",
-                    f"shard-{shard}/tasks/tasks.log: cut a torn last line of {cut} bytes "
-                    "(a crash mid-append; it was never acknowledged)",
+                    f"{where}: the last record (at byte {repair.at}) had lost its newline; it "
+                    "is a whole record, so it is kept and the newline written back",
+                )
+            elif repair.cut:
+                why = f": {repair.reason}" if repair.reason else ""
+                self.peer.log(
+                    "warning",
+                    f"{where}: cut a torn last line of {repair.cut} bytes at byte {repair.at} "
+                    f"(no whole record{why}; a crash mid-append, never acknowledged)",
                 )
             end = 0
-            for chunk in logio.read_log(path):
+            for chunk in logio.read_log(path, root=self.directory):
                 end = chunk.end
                 out.append(
                     ev.LogRecordsRead(
@@ -693,6 +703,10 @@ class Runtime:
 
         try:
             events = await trio.to_thread.run_sync(read)
+        except (RefusedFile, PermissionError) as exc:
+            # Bad files on disk, not a lost lock: the shard is left alone for a while.
+            self.submit(ev.ShardUnusable(shard=shard, error=str(exc)))
+            return
         except OSError as exc:
             self.submit(ev.LockLost(shard=shard, error=f"cannot read tasks.log: {_describe(exc)}"))
             return
@@ -751,6 +765,11 @@ class Runtime:
             held = self.locks.try_lock(
                 effect.shard, effect.owner, effect.epoch, probe=effect.probe
             )
+        except (RefusedFile, PermissionError) as exc:
+            if not effect.probe:
+                self.submit(ev.ShardUnusable(shard=effect.shard, error=str(exc)))
+                return
+            held = False  # a probe only learns nothing about the claimant
         except OSError as exc:
             self.peer.log("error", f"shard-{effect.shard}: cannot open its lock: {exc}")
             held = False
