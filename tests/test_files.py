@@ -291,3 +291,27 @@ async def test_a_daemon_never_writes_through_a_lock_file_link(
     assert await d.wait() == 0
     assert victim.read_bytes() == SECRET
     assert "Traceback" not in d.stderr.decode()
+
+
+def test_the_lock_probe_never_opens_a_link(tmp_path: Path, victim: Path) -> None:
+    from snerd.io import fscheck, lockprobe
+
+    (tmp_path / fscheck.LOCK_PROBE).symlink_to(victim)
+    probe = fscheck.probe_lock_exclusion(tmp_path)
+    assert probe.outcome == "failed" and "refusing to follow the symlink" in probe.detail
+    assert lockprobe.try_lock(str(tmp_path / fscheck.LOCK_PROBE)) == lockprobe.FAILED
+    assert victim.read_bytes() == SECRET
+
+
+def test_an_upstream_layout_with_a_linked_lock_is_not_adopted(tmp_path: Path, victim: Path) -> None:
+    from snerd.io.layout import AdoptionRefused, adopt_legacy_layout
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "tasks.log").write_bytes(line(1))
+    (tmp_path / ".lock").symlink_to(victim)
+    with pytest.raises(AdoptionRefused, match="refusing to follow the symlink"):
+        adopt_legacy_layout(tmp_path)
+    assert (tmp_path / "tasks" / "tasks.log").read_bytes() == line(1)
+    os.unlink(tmp_path / ".lock")
+    assert adopt_legacy_layout(tmp_path) is not None
+    assert (tmp_path / "shard-0" / "tasks" / "tasks.log").read_bytes() == line(1)

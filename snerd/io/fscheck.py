@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from snerd.io import lockprobe
+from snerd.io.files import open_file
 
 __all__ = [
     "LOCAL_FILESYSTEMS",
@@ -359,7 +360,7 @@ def probe_lock_exclusion(directory: Path) -> LockProbe:
         return LockProbe(outcome=outcome, path=path, detail=detail, elapsed_s=elapsed)
 
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_file(path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link
     except OSError as exc:
         return result("failed", f"cannot open {path}: {exc}")
     try:

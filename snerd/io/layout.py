@@ -4,7 +4,10 @@ Upstream v0.3 moves the single log into `shard-0/` on first start; snerd does th
 `.membership.lock`, refusing while a legacy daemon still holds `DIR/.lock`. Every step is a
 rename within one directory tree, each followed by an fsync of the directories involved, and the
 adoption is idempotent: a crash in the middle is finished by the next start. Upstream forgot
-`rate_limits.json`; snerd moves it too.
+`rate_limits.json`; snerd moves it too. Nothing is reached through a symbolic link
+(`snerd.io.files`): a link where the lock file or a directory belongs refuses the adoption
+(`AdoptionRefused`), and a log that is itself a link is moved as the link, which the daemon
+then refuses to use.
 """
 
 from __future__ import annotations
@@ -15,14 +18,21 @@ from pathlib import Path
 
 import portalocker
 
+from snerd.io.files import RefusedFile, make_dirs, open_dir, open_file
 from snerd.io.log import fsync_dir
 from snerd.io.membership import MEMBERSHIP, _MembershipLock
 
-__all__ = ["LegacyDaemonRunning", "adopt_legacy_layout"]
+__all__ = ["AdoptionRefused", "LegacyDaemonRunning", "adopt_legacy_layout"]
 
 
 class LegacyDaemonRunning(RuntimeError):
     """An upstream v0.2 daemon still holds `DIR/.lock`."""
+
+
+class AdoptionRefused(LegacyDaemonRunning):
+    """The upstream layout cannot be adopted as it is on disk: a symbolic link (or an entry of
+    the wrong kind) where snerd needs a file or directory. Bad input on disk; a
+    `LegacyDaemonRunning`, so that a caller that stops on one stops on this too."""
 
 
 def adopt_legacy_layout(directory: Path) -> str | None:
@@ -34,12 +44,21 @@ def adopt_legacy_layout(directory: Path) -> str | None:
     legacy = directory / "tasks" / "tasks.log"
     if (directory / MEMBERSHIP).exists() or not legacy.exists():
         return None
+    try:
+        return _adopt(directory, legacy)
+    except RefusedFile as exc:
+        raise AdoptionRefused(
+            f"cannot adopt the upstream single-log layout in {directory}: {exc}"
+        ) from None
+
+
+def _adopt(directory: Path, legacy: Path) -> str | None:
     with _MembershipLock(directory):
         if (directory / MEMBERSHIP).exists() or not legacy.exists():
             return None
         root_lock = directory / ".lock"
-        if root_lock.exists():
-            fd = os.open(root_lock, os.O_RDWR)
+        if os.path.lexists(root_lock):
+            fd = open_file(root_lock, os.O_RDWR, root=directory)
             try:
                 try:
                     portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
@@ -52,13 +71,19 @@ def adopt_legacy_layout(directory: Path) -> str | None:
             finally:
                 os.close(fd)
         target = directory / "shard-0" / "tasks"
-        target.mkdir(parents=True, exist_ok=True)
+        make_dirs(target, root=directory)
         moved = []
-        for name in ("tasks.log", "rate_limits.json"):
-            src = directory / "tasks" / name
-            if src.exists():
-                os.replace(src, target / name)
-                moved.append(name)
+        src_dir = open_dir(directory / "tasks", root=directory)
+        dst_dir = open_dir(target, root=directory)
+        try:
+            for name in ("tasks.log", "rate_limits.json"):
+                if os.path.lexists(directory / "tasks" / name):
+                    # rename(2) moves the entry itself, never through a link it may be.
+                    os.replace(name, name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+                    moved.append(name)
+        finally:
+            os.close(src_dir)
+            os.close(dst_dir)
         fsync_dir(target)
         fsync_dir(directory / "tasks")
         with contextlib.suppress(OSError):  # something else lives there; leave it

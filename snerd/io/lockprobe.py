@@ -30,7 +30,9 @@ def try_lock(path: str) -> int:
     FAILED (with the reason on stderr) when the open or the flock failed otherwise."""
     try:
         # O_RDWR: over NFS an exclusive flock needs a writable fd (flock(2), "NFS details").
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        # O_NOFOLLOW: the daemon opened the file without following a link (snerd.io.files);
+        # so does this process (this script imports nothing outside the standard library).
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         print(f"cannot open {path}: {exc}", file=sys.stderr)
         return FAILED
