@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -490,3 +491,63 @@ async def test_upstream_sharded_directory_is_adopted(tmp_path: Path, nursery: tr
     assert await d.wait() == 0
     doc = orjson.loads((q / "membership.json").read_bytes())
     assert doc["epochs"] == {"shard-0": 1, "shard-1": 1} and doc["version"] > 7
+
+
+#: A parent of the log's sync helper that leaves it replies it never reads, then waits to be
+#: killed: the helper's next read of the socket is ECONNRESET, its next write EPIPE.
+_HELPER_PARENT = """
+import os, signal, sys, time
+from snerd.io.log import _SyncHelper
+helper = _SyncHelper.start()
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+helper.adopt(1, fd)
+helper.sync([1])
+while helper.reply_nowait() is not None:  # once answered, the helper is in its loop
+    time.sleep(0.01)
+os.kill(helper.proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+for _ in range(50):  # few: unread replies fill the socket buffer, then both would block
+    helper.sync([1])
+print(helper.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_sync_helper_leaves_quietly_when_its_parent_is_killed(tmp_path: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _HELPER_PARENT, str(tmp_path / "f")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    helper = int(parent.stdout.readline())
+    assert os.path.exists(f"/proc/{helper}")  # it took the SIGINT and lives on
+    parent.kill()
+    # The helper holds the parent's stderr: its end is the helper's exit.
+    _, err = parent.communicate(timeout=30)
+    assert parent.returncode == -signal.SIGKILL
+    assert err == "", err
+
+
+async def test_ctrl_c_drains_the_daemon_and_its_sync_helper_says_nothing(
+    tmp_path: Path,
+) -> None:
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "snerd.cli", str(tmp_path / "q")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # a process group of its own, as a shell job has
+    )
+    d = Daemon(proc)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(d._read_stderr)
+        await d.recv()
+        await d.enqueue("a", task_type="nobody")
+        assert (await d.wait_for(is_ack("a")))["action"] == "ack"  # fsynced by the helper
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        assert await d.wait() == 0
+        with trio.fail_after(30):  # the helper holds stderr until it exits
+            await d._stderr_done.wait()
+    err = d.stderr.decode()
+    assert "draining (SIGINT)" in err and "Traceback" not in err, err

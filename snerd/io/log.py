@@ -691,8 +691,9 @@ DEFAULT_SYNC_HELPER = False
 #: `SNERD_TEST_SYNC_FAIL_AT=n` makes its n-th fsync fail with EIO (tests).
 #: It lives exactly as long as its parent's end of the socket: it leaves at the end of it, and
 #: quietly when the parent died with its end unread (recv(2) ECONNRESET, send(2) EPIPE after a
-#: kill -9). SIGINT is ignored: Ctrl-C reaches the whole process group, and the daemon, which
-#: drains on it, still needs its fsyncs until it closes the socket.
+#: kill -9). It runs in a process group of its own, and ignores SIGINT: Ctrl-C in a terminal
+#: signals the whole foreground group, and the daemon, which drains on it, still needs its
+#: fsyncs until it closes the socket (a KeyboardInterrupt would end the helper with a traceback).
 _HELPER_SOURCE = """
 import os, signal, socket, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -759,6 +760,7 @@ class _SyncHelper:
                 pass_fds=[child.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
+                process_group=0,  # out of reach of the terminal's Ctrl-C (see above)
             )
         except BaseException:
             parent.close()
