@@ -1,21 +1,38 @@
-"""Daemon settings from the environment, validated: a value that does not parse is an error
-naming the variable (exit code 2), never a silent default (upstream bug 6.4.24)."""
+"""Daemon settings from the environment, validated: a value that does not parse, or lies outside
+its range, is a `ConfigError` naming the variable (the daemon exits with code 2), never a silent
+default (upstream bug 6.4.24) and never a crash further in.
+
+Every number has a floor and a ceiling (`_LIMITS`): a value past the ceiling is refused rather
+than carried into the core, where it would overflow a microsecond count (a lease of 1e303 s) or
+make the daemon allocate or wait without bound. The ceilings are far above any sensible value.
+Messages quote at most `_SHOWN_CHARS` characters of the value: it is one line, however long the
+value is. This module reads the environment only; it never touches the data directory.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from snerd.core.node import SECOND, NodeConfig
-from snerd.core.ownership import OwnershipConfig
 from snerd.io.fscheck import MOUNTINFO
-from snerd.io.log import FSYNC_POLICIES
 
-__all__ = ["ConfigError", "Settings", "load_settings", "make_node_id", "parse_pools"]
+if TYPE_CHECKING:
+    from snerd.core.node import NodeConfig
+
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "load_settings",
+    "make_node_id",
+    "parse_pools",
+    "seconds_setting",
+]
 
 
 class ConfigError(ValueError):
@@ -46,29 +63,82 @@ class Settings:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+#: The range of every numeric setting: (least, most). Sized so that none can overflow what it
+#: becomes in the core (microseconds as an int, a count of shards or workers), while staying
+#: far above anything a deployment needs.
+_LIMITS: dict[str, tuple[float, float]] = {
+    "SNERD_SHARDS": (1, 4096),
+    "SNERD_MAX_SHARDS": (1, 4096),
+    "SNERD_MAX_WORKERS": (1, 100_000),
+    "SNERD_POOLS": (1, 100_000),
+    "SNERD_DRAIN_TIMEOUT": (0.0, 86_400.0),
+    "SNERD_CLOCK_SKEW_MARGIN": (0.0, 3_600.0),
+    "SNERD_LEASE_TTL": (0.3, 3_600.0),
+    "SNERD_FSYNC_INTERVAL_MS": (1, 60_000),
+    # About 31 years either way: the shifted wall clock stays a date RFC 3339 can write.
+    "SNERD_TEST_CLOCK_OFFSET": (-1e9, 1e9),
+    "SNERD_MAX_LINE_BYTES": (1024, 1 << 30),
+    "SNERD_INBOX_POLL_MS": (1, 60_000),
+    "SNERD_INBOX_IDLE_POLL_MS": (1, 600_000),
+    "SNERD_TEST_RECENT_BYTES": (1024, 1 << 32),
+    "SNERD_TEST_COMPACT_MIN_BYTES": (4096, 1 << 40),
+}
+#: Characters of a bad value quoted in its error.
+_SHOWN_CHARS = 40
+#: A whole number as the settings write it: ASCII digits, an optional sign (int() would also
+#: take `1_000` and other scripts' digits).
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+
+
+def _number(value: float) -> str:
+    """A bound as a person reads it: `4,096`, `0.3`, `-1,000,000,000`."""
+    return f"{value:,.0f}" if value == int(value) else f"{value:g}"
+
+
+def _shown(raw: str) -> str:
+    """`raw` quoted for an error message: all of it when short, else its start and length."""
+    if len(raw) <= _SHOWN_CHARS:
+        return repr(raw)
+    return f"{raw[:_SHOWN_CHARS]!r}... ({len(raw)} characters)"
+
+
+def _whole(text: str, name: str, shown: str) -> int:
+    """`text` as an int within `name`'s range in `_LIMITS`; `shown` names it in errors."""
+    low, high = _LIMITS[name]
+    text = text.strip()
+    if not _WHOLE.fullmatch(text):
+        raise ConfigError(f"{shown} is not a whole number")
+    bounds = f"a whole number from {_number(low)} to {_number(high)}"
+    # Longer than any number in range: refused before int() (which refuses 4,300 digits).
+    if len(text.lstrip("+-0")) > len(str(int(high))) or not low <= int(text) <= high:
+        raise ConfigError(f"{shown} must be {bounds}")
+    return int(text)
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
-    return value
+    return _whole(raw, name, f"{name}={_shown(raw)}")
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float, *, minimum: float) -> float:
+def seconds_setting(env: Mapping[str, str], name: str, default: float) -> float:
+    """The setting `name` (one of `_LIMITS`) in seconds, `default` when unset or empty; a
+    ConfigError naming it when it is not a number in its range. Also what the subcommands read
+    (`snerd.tools`), so that they refuse exactly what the daemon refuses."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
+    low, high = _LIMITS[name]
     try:
         value = float(raw.strip())
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < minimum:
-        raise ConfigError(f"{name}={raw!r} must be a finite number of seconds >= {minimum}")
+        raise ConfigError(f"{name}={_shown(raw)} is not a number of seconds") from None
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(
+            f"{name}={_shown(raw)} must be a number of seconds from {_number(low)} to "
+            f"{_number(high)}"
+        )
     return value
 
 
@@ -81,7 +151,18 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
         return True
     if value in ("0", "false", "no", "off"):
         return False
-    raise ConfigError(f"{name}={raw!r} must be 1 or 0 (true/false, yes/no, on/off)")
+    raise ConfigError(f"{name}={_shown(raw)} must be 1 or 0 (true/false, yes/no, on/off)")
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices`, in any case; unset or empty: `default`."""
+    raw = env.get(name)
+    value = "" if raw is None else raw.strip().lower()
+    if not value:
+        return default
+    if value not in choices:
+        raise ConfigError(f"{name}={_shown(str(raw))} must be one of {', '.join(choices)}")
+    return value
 
 
 def parse_pools(raw: str, name: str = "SNERD_POOLS") -> dict[str, int]:
@@ -92,61 +173,69 @@ def parse_pools(raw: str, name: str = "SNERD_POOLS") -> dict[str, int]:
         if not part:
             continue
         sep = "=" if "=" in part else ":" if ":" in part else None
+        shown = _shown(part)
         if sep is None:
-            raise ConfigError(f"{name}: {part!r} is not name=N")
+            raise ConfigError(f"{name}: {shown} is not name=N")
         pool, _, count = part.partition(sep)
         pool = pool.strip()
-        try:
-            n = int(count.strip())
-        except ValueError:
-            raise ConfigError(f"{name}: {part!r}: {count.strip()!r} is not a whole number") from None
-        if not pool or n < 1:
-            raise ConfigError(f"{name}: {part!r} needs a pool name and a limit of at least 1")
-        pools[pool] = n
+        if not pool:
+            raise ConfigError(f"{name}: {shown} needs a pool name before {sep!r}")
+        pools[pool] = _whole(count, "SNERD_POOLS", f"{name}: {shown}: {_shown(count.strip())}")
     return pools
+
+
+#: The host part of a node id: at most this many characters, each printable and not a space.
+#: The id is written on a line of each shard's lock file, whose fields are split at whitespace
+#: (`LockText.parse`), and into membership.json at every renewal: a HOSTNAME with a space or a
+#: newline would misread as another owner, a huge one would be rewritten every few seconds.
+_HOST_CHARS = 64
 
 
 def make_node_id(env: Mapping[str, str]) -> str:
     """`<host>@pid-<pid>-<random>`: unique per process start even when HOSTNAME is unset on
-    two hosts (upstream bug 6.3.18), yet still in upstream's `<host>@pid-<pid>` shape."""
-    host = env.get("HOSTNAME") or env.get("COMPUTERNAME") or socket.gethostname() or "unknown-host"
-    return f"{host}@pid-{os.getpid()}-{secrets.token_hex(3)}"
+    two hosts (upstream bug 6.3.18), yet still in upstream's `<host>@pid-<pid>` shape. A
+    character of the host name that is a space or not printable becomes `_`."""
+    host = env.get("HOSTNAME") or env.get("COMPUTERNAME") or socket.gethostname()
+    host = "".join(c if c.isprintable() and not c.isspace() else "_" for c in host[:_HOST_CHARS])
+    return f"{host or 'unknown-host'}@pid-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every SNERD_* variable. Raises ConfigError naming the bad one."""
+    # Imported here: the subcommands read their few settings (`seconds_setting`) without the
+    # daemon's modules (trio, the core).
+    from snerd.core.node import SECOND, NodeConfig
+    from snerd.core.ownership import OwnershipConfig
+    from snerd.io.log import FSYNC_POLICIES
+
     env = os.environ if env is None else env
-    shards = _int(env, "SNERD_SHARDS", 1, minimum=1)
+    shards = _int(env, "SNERD_SHARDS", 1)
     max_shards_raw = env.get("SNERD_MAX_SHARDS")
     max_shards = (
         None
         if max_shards_raw is None or max_shards_raw.strip() == ""
-        else _int(env, "SNERD_MAX_SHARDS", 1, minimum=1)
+        else _int(env, "SNERD_MAX_SHARDS", 1)
     )
-    max_workers = _int(env, "SNERD_MAX_WORKERS", 100, minimum=1)
+    max_workers = _int(env, "SNERD_MAX_WORKERS", 100)
     pools = parse_pools(env.get("SNERD_POOLS", ""))
-    drain = _seconds(env, "SNERD_DRAIN_TIMEOUT", 30.0, minimum=0.0)
-    skew = _seconds(env, "SNERD_CLOCK_SKEW_MARGIN", 5.0, minimum=0.0)
-    ttl = _seconds(env, "SNERD_LEASE_TTL", 30.0, minimum=0.3)
-    fsync = env.get("SNERD_FSYNC", "always").strip().lower() or "always"
-    if fsync not in FSYNC_POLICIES:
-        raise ConfigError(f"SNERD_FSYNC={fsync!r} must be one of {', '.join(FSYNC_POLICIES)}")
-    fsync_interval_ms = _int(env, "SNERD_FSYNC_INTERVAL_MS", 100, minimum=1)
-    backoff = env.get("SNERD_BACKOFF", "constant").strip() or "constant"
-    if backoff not in ("constant", "exponential"):
-        raise ConfigError(f"SNERD_BACKOFF={backoff!r} must be constant or exponential")
-    offset = _seconds(env, "SNERD_TEST_CLOCK_OFFSET", 0.0, minimum=-math.inf)
-    max_line = _int(env, "SNERD_MAX_LINE_BYTES", 64 * 1024 * 1024, minimum=1024)
-    inbox_poll_ms = _int(env, "SNERD_INBOX_POLL_MS", 100, minimum=1)
-    inbox_idle_poll_ms = _int(env, "SNERD_INBOX_IDLE_POLL_MS", 1000, minimum=1)
+    drain = seconds_setting(env, "SNERD_DRAIN_TIMEOUT", 30.0)
+    skew = seconds_setting(env, "SNERD_CLOCK_SKEW_MARGIN", 5.0)
+    ttl = seconds_setting(env, "SNERD_LEASE_TTL", 30.0)
+    fsync = _choice(env, "SNERD_FSYNC", "always", FSYNC_POLICIES)
+    fsync_interval_ms = _int(env, "SNERD_FSYNC_INTERVAL_MS", 100)
+    backoff = _choice(env, "SNERD_BACKOFF", "constant", ("constant", "exponential"))
+    offset = seconds_setting(env, "SNERD_TEST_CLOCK_OFFSET", 0.0)
+    max_line = _int(env, "SNERD_MAX_LINE_BYTES", 64 * 1024 * 1024)
+    inbox_poll_ms = _int(env, "SNERD_INBOX_POLL_MS", 100)
+    inbox_idle_poll_ms = _int(env, "SNERD_INBOX_IDLE_POLL_MS", 1000)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
     # owners (no fencing), so a double ownership corrupts the log's state.
     unsafe_no_fence = _flag(env, "SNERD_TEST_UNSAFE_NO_FENCE")
     # Test hooks: a small cache and early compaction, so that a short test meets both.
-    recent_bytes = _int(env, "SNERD_TEST_RECENT_BYTES", 8 * 1024 * 1024, minimum=1024)
-    compact_min = _int(env, "SNERD_TEST_COMPACT_MIN_BYTES", 8 * 1024 * 1024, minimum=4096)
+    recent_bytes = _int(env, "SNERD_TEST_RECENT_BYTES", 8 * 1024 * 1024)
+    compact_min = _int(env, "SNERD_TEST_COMPACT_MIN_BYTES", 8 * 1024 * 1024)
     node = NodeConfig(
         node_id=make_node_id(env),
         new_queue_shards=shards,

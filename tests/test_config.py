@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from snerd.config import ConfigError, load_settings
@@ -18,3 +20,42 @@ def test_the_inbox_polls_default_to_100_ms_and_1_s_and_follow_their_variables() 
 def test_a_bad_idle_inbox_poll_is_refused_naming_it(value: str) -> None:
     with pytest.raises(ConfigError, match=f"SNERD_INBOX_IDLE_POLL_MS={value!r}"):
         load_settings({"SNERD_INBOX_IDLE_POLL_MS": value})
+
+
+def test_a_host_name_with_blanks_or_controls_makes_a_node_id_of_one_word() -> None:
+    # The id is one whitespace-split field of each shard's lock file (`LockText.parse`).
+    node_id = load_settings({"HOSTNAME": "web 1\nrack\x00" + "x" * 5000}).node.node_id
+    host, _, pid = node_id.partition("@pid-")
+    assert host == ("web_1_rack_" + "x" * 5000)[:64]
+    assert node_id.split() == [node_id] and pid.split("-")[0].isdigit()
+
+
+def test_a_long_bad_value_is_quoted_in_part_on_one_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings({"SNERD_SHARDS": "9" * 5000})
+    text = str(refused.value)
+    assert text.startswith("SNERD_SHARDS='99999") and "(5000 characters)" in text
+    assert "must be a whole number from 1 to 4,096" in text and len(text) < 150
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("SNERD_LEASE_TTL", "1e303", "must be a number of seconds from 0.3 to 3,600"),
+        ("SNERD_TEST_CLOCK_OFFSET", "-1e10", "from -1,000,000,000 to 1,000,000,000"),
+        ("SNERD_MAX_WORKERS", "1_000", "is not a whole number"),
+        ("SNERD_POOLS", "fast=0", "SNERD_POOLS: 'fast=0': '0' must be a whole number from 1"),
+        ("SNERD_POOLS", "=3", "needs a pool name before '='"),
+        ("SNERD_BACKOFF", "linear", "must be one of constant, exponential"),
+    ],
+)
+def test_a_value_out_of_its_range_is_refused_saying_the_range(
+    name: str, value: str, says: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_settings({name: value})
+
+
+def test_the_enumerations_take_any_case() -> None:
+    settings = load_settings({"SNERD_BACKOFF": " Exponential ", "SNERD_FSYNC": "NEVER"})
+    assert (settings.node.backoff, settings.fsync) == ("exponential", "never")

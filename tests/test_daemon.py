@@ -493,6 +493,31 @@ async def test_upstream_sharded_directory_is_adopted(tmp_path: Path, nursery: tr
     assert doc["epochs"] == {"shard-0": 1, "shard-1": 1} and doc["version"] > 7
 
 
+async def test_bad_settings_are_one_line_never_a_traceback(tmp_path: Path) -> None:
+    # Values that parse but overflow, or would make the daemon wait or allocate without bound.
+    for name, value in [
+        ("SNERD_LEASE_TTL", "1e303"),
+        ("SNERD_DRAIN_TIMEOUT", "1e303"),
+        ("SNERD_TEST_CLOCK_OFFSET", "1e15"),
+        ("SNERD_SHARDS", "9" * 5000),
+        ("SNERD_MAX_WORKERS", "99999999999999999999"),
+        ("SNERD_INBOX_POLL_MS", "999999999999999"),
+        ("SNERD_BACKOFF", "sometimes"),
+    ]:
+        proc = await trio.run_process(
+            [sys.executable, "-m", "snerd.cli", str(tmp_path / "q")],
+            env={**os.environ, name: value},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        err = proc.stderr.decode()
+        assert proc.returncode == 2, (name, err)
+        assert err.startswith(f"snerdmq: error: {name}=") and err.count("\n") == 1, err
+        assert len(err) < 300 and proc.stdout == b""
+        assert not (tmp_path / "q").exists()
+
+
 #: A parent of the log's sync helper that leaves it replies it never reads, then waits to be
 #: killed: the helper's next read of the socket is ECONNRESET, its next write EPIPE.
 _HELPER_PARENT = """
