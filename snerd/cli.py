@@ -2,14 +2,17 @@
 
 `snerdmq [DIR]` runs the daemon (upstream's invocation: a bare positional directory, default
 `.snerdata`). Any other first word is a subcommand; each has `--help`. A bad argument or
-environment value is a clear error naming it, with exit code 2; so is a data directory on a
-filesystem the startup check refuses (unless `--force`).
+environment value is a clear error naming it, with exit code 2; so is a data directory that
+cannot hold a queue (not a directory, read-only, not writable: `snerd.io.datadir`), one on a
+filesystem the startup check refuses (unless `--force`), and a daemon started with its stdin or
+stdout closed. Each is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,6 +20,34 @@ from pathlib import Path
 __all__ = ["main"]
 
 DEFAULT_DIR = ".snerdata"
+#: The standard descriptors the daemon speaks on, and what each is for.
+_STREAMS = {0: ("stdin", "reads the SDK's requests"), 1: ("stdout", "answers the SDK")}
+
+
+def _closed_streams() -> list[int]:
+    """Which of fds 0, 1 and 2 were closed when this process started; each is given /dev/null
+    at once. A closed standard fd is the first number open(2) hands out, so the daemon's first
+    file (a lock, a log) would get it, and a line meant for stdout or stderr would land there."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+    for fd in closed:
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    if 2 in closed and sys.stderr is None:
+        # Else print(file=sys.stderr) would write to sys.stdout, the protocol's stream.
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 - for the process's life
+    return closed
+
+
+def _refuse(text: str) -> int:
+    print(f"[Snerd] ERROR: refusing to start: {text}", file=sys.stderr)
+    return 2
 
 
 def _daemon(argv: Sequence[str]) -> int:
@@ -38,6 +69,15 @@ def _daemon(argv: Sequence[str]) -> int:
         ),
     )
     args = parser.parse_args(argv)
+    # A closed stderr gets /dev/null and the daemon runs (nobody reads its logs); a closed
+    # stdin or stdout is refused, said on stderr when that is open.
+    for fd in _closed_streams():
+        if fd in _STREAMS:
+            name, use = _STREAMS[fd]
+            return _refuse(
+                f"{name} (fd {fd}) is closed, and the daemon {use} on it; start it with {name} "
+                "open (a pipe, or /dev/null)"
+            )
     # Imported here: the daemon's modules (trio, the core) are not needed by the subcommands,
     # which then start in a third of the time.
     from snerd.config import ConfigError, load_settings
@@ -49,12 +89,18 @@ def _daemon(argv: Sequence[str]) -> int:
         return 2
     if args.force:
         settings = dataclasses.replace(settings, force_filesystem=True)
+    from snerd.io.datadir import DataDirectoryError, prepare_data_directory
     from snerd.io.fscheck import FilesystemRefused
     from snerd.io.layout import LegacyDaemonRunning
     from snerd.io.stdio import run_daemon
 
+    directory = Path(args.directory)
     try:
-        return run_daemon(Path(args.directory), settings)
+        prepare_data_directory(directory)
+    except DataDirectoryError as exc:
+        return _refuse(str(exc))
+    try:
+        return run_daemon(directory, settings)
     except LegacyDaemonRunning as exc:
         print(f"[Snerd] ERROR: {exc}", file=sys.stderr)
         return 1

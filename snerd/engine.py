@@ -22,8 +22,12 @@ Two hosts:
   primitives: messages go to asyncio with `loop.call_soon_threadsafe`, submissions go to trio
   with `TrioToken.run_sync_soon`. Handlers are asyncio tasks (or threads for sync handlers).
 
+What is wrong with the directory is raised by `start()` / `async with` as it is, before any
+task starts (`DataDirectoryError`, `LegacyDaemonRunning`), never as a traceback from inside a
+task group.
+
 It must never: decide anything about the queue (the runtime's node does), block either loop
-(the legacy-layout adoption runs in a worker thread), or leave the runtime running after
+(preparing the directory and the legacy-layout adoption run in a worker thread), or leave the runtime running after
 `shutdown()` returns or the `async with` block exits.
 """
 
@@ -35,7 +39,7 @@ import os
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import anyio
 import anyio.abc
@@ -55,6 +59,7 @@ from snerd.handlers import (
     _env_overrides,
     _QueueFace,
 )
+from snerd.io.datadir import prepare_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
 
@@ -259,10 +264,18 @@ class Engine(_QueueFace):
         """Start the engine; returns once its runtime runs. Stop it with `shutdown()`.
 
         Raises:
+            snerd.io.datadir.DataDirectoryError: the directory is not a directory, cannot be
+                made, or is not writable (the message names it and the problem).
             snerd.io.layout.LegacyDaemonRunning: an upstream v0.2 daemon holds the directory.
             RuntimeError: already started.
         """
+        await self._prepare()
         await self._start()
+
+    async def __aenter__(self) -> Self:
+        """Start the engine for the block (see `start` for what it raises)."""
+        await self._prepare()
+        return await super().__aenter__()
 
     #: The upstream SDK's name for `start`.
     start_listening = start
@@ -295,9 +308,6 @@ class Engine(_QueueFace):
         self._bind_loop()
         self._exited = anyio.Event()
         try:
-            message = await anyio.to_thread.run_sync(self._prepare_directory)
-            if message:
-                logger.info(message)
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 if sniffio.current_async_library() == "trio":
@@ -317,8 +327,18 @@ class Engine(_QueueFace):
                 )
             self._exited.set()
 
+    async def _prepare(self) -> None:
+        """Make the directory and adopt a legacy layout, in a worker thread, before anything
+        starts: what is wrong with the directory is raised as it is, not wrapped in a task
+        group's ExceptionGroup. Nothing to do for an engine already started (`_start` says)."""
+        if self._started:
+            return
+        message = await anyio.to_thread.run_sync(self._prepare_directory)
+        if message:
+            logger.info(message)
+
     def _prepare_directory(self) -> str | None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        prepare_data_directory(self.directory)
         return adopt_legacy_layout(self.directory)
 
     def _new_runtime(self) -> Runtime:
