@@ -215,6 +215,9 @@ class SimFSStats:
     replaces_refused: int = 0
     #: Torn last lines cut off by a new owner before appending.
     truncates: int = 0
+    #: Last lines whose record was whole but had lost its newline, which a new owner wrote back
+    #: before appending (`snerd.core.records.scan_tail` kept them).
+    newlines_restored: int = 0
     membership_writes: int = 0
     membership_conflicts: int = 0
     membership_fail_before: int = 0
@@ -304,10 +307,16 @@ def _default_host_of(pid: str) -> str:
     return pid.partition("#")[0]
 
 
-def _torn_length(data: bytes, rng: random.Random) -> int:
+def _torn_length(data: bytes, rng: random.Random, *, at_end: bool = True) -> int:
     """A random strict prefix length of `data` that ends inside a line (a torn last line), or
-    0 when there is none (then the append is lost whole). One `rng.random()` draw."""
-    cuts = [c for c in range(1, len(data)) if data[c - 1] != _NL]
+    0 when there is none (then the append is lost whole). One `rng.random()` draw.
+
+    A prefix may end right before a newline (a whole record that lost only its newline, which
+    readers keep: `snerd.core.records.scan_tail`) only `at_end`, when nothing follows the
+    append in the file: bytes after it (another writer's, pending) could be lost later and cut
+    off, and the record would then become the file's last line long after the crash that
+    decided, for the history, whether readers take it."""
+    cuts = [c for c in range(1, len(data)) if data[c - 1] != _NL and (at_end or data[c] != _NL)]
     if not cuts:
         return 0
     return cuts[min(int(rng.random() * len(cuts)), len(cuts) - 1)]
@@ -656,6 +665,24 @@ class SimFS:
         self._n["truncates"] += 1
         return True
 
+    def restore_newline(self, pid: str, key: LogKey) -> bool:
+        """Write the newline back after the log's last line (the shell keeping a whole record
+        whose newline was lost, `snerd.io.log.repair_tail`: pwrite and fsync, durable at once).
+        Like `truncate_log`, only done when nothing is pending in the file (returns False and
+        changes nothing otherwise)."""
+        inode = self._logs.get(key)
+        if inode is None or inode.size == 0:
+            return True
+        if any(not seg.durable for seg in inode.tail):
+            return False
+        data = inode.visible()
+        assert not data.endswith(b"\n"), "nothing to restore"
+        inode.prefix = bytearray(data + b"\n")
+        inode.tail.clear()
+        inode.size = len(inode.prefix)
+        self._n["newlines_restored"] += 1
+        return True
+
     def close_log(self, pid: str, key: LogKey) -> None:
         """`pid` closes its fd on the log; its next append reopens the current file.
         Pending appends stay pending (close(2) does not discard written data)."""
@@ -682,7 +709,7 @@ class SimFS:
                 seg.handle = None
                 torn = 0
                 if seg is last and torn_prob > 0 and rng.random() < torn_prob:
-                    torn = _torn_length(seg.data, rng)
+                    torn = _torn_length(seg.data, rng, at_end=inode.tail[-1] is seg)
                 if torn:
                     self._kept[seq] = torn
                     n[inode.stat + "appends_torn"] += 1

@@ -52,7 +52,7 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig, route_shard
 from snerd.core.ownership import LockText, OwnershipConfig
-from snerd.core.records import CorruptRecord, decode_record, encode_record, scan
+from snerd.core.records import CorruptRecord, decode_record, encode_record, scan, scan_tail
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339
 
@@ -936,8 +936,14 @@ class World:
         self.fs.close_log(proc.pid, shard)
         data = self.fs.read_log(shard)
         if data and not data.endswith(b"\n"):
+            # The core's rule for a last line (`scan_tail`, as `snerd.io.log.repair_tail`
+            # applies it): a whole record that lost only its newline gets it back and is kept;
+            # anything else is a torn write, cut.
             cut = data.rfind(b"\n") + 1
-            if self.fs.truncate_log(proc.pid, shard, cut):
+            if scan_tail(data[cut:], offset=cut).records:
+                if self.fs.restore_newline(proc.pid, shard):
+                    data += b"\n"
+            elif self.fs.truncate_log(proc.pid, shard, cut):
                 data = data[:cut]
         result = scan(data)
         self._loaded[(proc.pid, shard)] = result.end
@@ -1025,13 +1031,16 @@ class World:
         if inbox:
             assert isinstance(effect, fx.AppendInbox)
             key = InboxKey(effect.shard, effect.segment)
-            # The shell never cuts a failed write off an inbox (its reader may have read it):
-            # a short write's bytes stay, and the next write starts on a new line.
-            size = fs.log_size(key)
-            if size and fs.read_range(key, size - 1, 1) != b"\n":
-                skip = 1
-            if enospc and self.rng_io.random() < 0.5:
-                short = _uniform(self.rng_io, 1, skip + sum(map(len, lines)) - 1)
+        # A write never glues a record onto a line its writer did not finish: the shell starts
+        # it with a newline when the file does not end with one (`GroupCommitLog._write_share`
+        # looks whenever the file is not the size it left it). For an inbox that is a short
+        # write's bytes (the shell never cuts a failed write off an inbox, its reader may have
+        # read it); for a shard log, a crashed owner's torn write a stale owner appends after.
+        size = fs.log_size(key)
+        if size and fs.read_range(key, size - 1, 1) != b"\n":
+            skip = 1
+        if inbox and enospc and self.rng_io.random() < 0.5:
+            short = _uniform(self.rng_io, 1, skip + sum(map(len, lines)) - 1)
         if len(lines) == 1:
             data = lines[0]
             lengths: tuple[int, ...] = (len(data),)
@@ -1321,7 +1330,10 @@ class World:
             return []
         data = self.fs.read_log(handle.key)
         start = data.rfind(b"\n", 0, at) + 1
-        found = {r.offset for r in scan(data[start:], base_offset=start).records}
+        # `at_eof`: a record the tear left whole but for its newline, at the end of the file,
+        # is read too (the next owner writes the newline back, `_fx_read_log`, and a writer
+        # before it starts its write on a new line, `_issue_append`).
+        found = {r.offset for r in scan(data[start:], base_offset=start, at_eof=True).records}
         return [
             record
             for record, offset in zip(pending.records, pending.offsets, strict=True)

@@ -643,3 +643,63 @@ def test_every_durable_append_is_intact_at_its_offset(
                 assert fs.read_range(h.shard, h.offset, h.length) == data
             if status == "durable":
                 assert fs.read_durable_log(h.shard)[h.offset : h.offset + h.length] == data
+
+
+class _LastCut:
+    """A crash's random draws, fixed: every file tears, at the last cut it may."""
+
+    def random(self) -> float:
+        return 0.999_999_9
+
+
+def test_a_tear_leaves_a_whole_record_without_its_newline_only_at_the_end_of_the_file() -> None:
+    record = b'{"taskId":"t1"}\n'
+    fs = SimFS()
+    fs.append(A, 0, record)
+    fs.crash(A, _LastCut(), torn_prob=1.0)  # type: ignore[arg-type]
+    assert fs.read_log(0) == record[:-1]  # a short write one byte short: readers keep it
+    # Another writer's pending bytes after it could be lost later, making the record the last
+    # line only then: there the tear stops earlier, inside the record.
+    fs = SimFS()
+    fs.append(A, 0, record)
+    fs.append(B, 0, b"by-b\n")
+    fs.crash(A, _LastCut(), torn_prob=1.0)  # type: ignore[arg-type]
+    assert fs.read_log(0).startswith(record[:-2] + b"\0")
+
+
+def test_restore_newline_writes_it_back_durably_unless_something_is_pending() -> None:
+    fs = SimFS()
+    fs.complete_append(fs.append(A, 0, b'{"taskId":"t1"}'))
+    assert fs.restore_newline(B, 0)
+    assert fs.read_durable_log(0) == b'{"taskId":"t1"}\n'
+    assert fs.stats().newlines_restored == 1
+    fs = SimFS()
+    fs.complete_append(fs.append(A, 0, b'{"taskId":"t1"}'))
+    fs.append(A, 0, b"x\n")
+    assert not fs.restore_newline(B, 0)
+    assert fs.read_log(0) == b'{"taskId":"t1"}x\n'
+
+
+def test_the_world_reads_and_records_a_torn_record_that_lost_only_its_newline() -> None:
+    # The tear stops one byte short of a tombstone's end: the history must list it (the next
+    # owner keeps it: `snerd.core.records.scan_tail`), and the owner's read must keep it too.
+    from sim.clock import NodeClock
+    from sim.world import SECOND, WALL_ORIGIN, Settings, World
+    from snerd.core import effects as fx
+    from snerd.core.records import encode_record, scan
+
+    world = World(Settings.draw(0, nodes=1, shards=1, torn_prob=1.0))
+    world.clocks.append(NodeClock(t=0, offset_us=WALL_ORIGIN, drift_ppm=0, mono_origin=SECOND))
+    world._start(0, 0)
+    tombstone = {"taskId": "t1", "taskType": "t", "snerdOutcome": "completed"}
+    effect = fx.Append(token=1, shard=0, records=(fx.NewRecord(fields=tombstone),))
+    line = encode_record(tombstone)
+    world._issue_append(world.procs[0], effect, [tombstone], [line], world.t + SECOND, world.t)
+    world.rng_crash = _LastCut()  # type: ignore[assignment]
+    world._down(world.procs[0], crashed=True)
+    assert world.fs.read_log(0) == line[:-1]
+    assert [e["fields"] for e in world.history if e["kind"] == "record"] == [tombstone]
+    world._fx_read_log(world.procs[0], fx.ReadLog(shard=0))
+    assert world.fs.read_log(0) == line
+    assert [r.fields for r in scan(world.fs.read_log(0)).records] == [tombstone]
+    assert world.fs.stats().newlines_restored == 1
