@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import NodeConfig, NodePhase
 from snerd.core.ownership import LockText, OwnershipConfig
@@ -138,7 +139,9 @@ def prober(name: str, disk: dict | None = None, shards: int = 1) -> FakeShell:
     return FakeShell(config, disk=disk)
 
 
-def test_a_shard_handed_over_keeps_its_lock_until_the_claim_is_gone_so_no_prober_thinks_it_dead() -> None:
+def test_a_shard_handed_over_keeps_its_lock_until_the_claim_is_gone_so_no_prober_thinks_it_dead() -> (
+    None
+):
     a = prober("a", shards=2)
     a.start()
     assert a.node.owned_shards == [0, 1]
@@ -202,7 +205,9 @@ def test_a_drain_gives_its_locks_up_only_once_its_claims_are_removed() -> None:
     a.feed(ev.DrainRequested(reason="test"))
     run([a], 1)
     assert a.held_membership  # the release is on its way
-    assert {k for k, c in a.disk["membership"]["claims"].items() if c["owner"] == "a@pid-1-x"} == mine
+    assert {
+        k for k, c in a.disk["membership"]["claims"].items() if c["owner"] == "a@pid-1-x"
+    } == mine
     assert {f"shard-{s}" for s, owner in a.disk["locks"].items() if owner == "a@pid-1-x"} == mine
     run([b], 2)
     assert b.node.dead_nodes == {}
@@ -339,3 +344,131 @@ def test_a_dead_owners_free_lock_is_no_reason_to_take_a_claim_written_since() ->
     assert p.disk["membership"]["claims"]["shard-0"]["owner"] == "c@pid-3-z"
     assert p.node.owned_shards == [] and p.disk["locks"] == {}
     assert p.node.dead_nodes == {}
+
+
+def capped(name: str, disk: dict | None = None, shards: int = 1, cap: int = 2) -> FakeShell:
+    """A node on a local filesystem (it takes proven-dead owners' shards) with SNERD_MAX_SHARDS."""
+    config = NodeConfig(
+        node_id=f"{name}@pid-1-x",
+        new_queue_shards=shards,
+        lock_proves_liveness=True,
+        ownership=OwnershipConfig(max_shards=cap),
+    )
+    return FakeShell(config, disk=disk)
+
+
+def claims_of(disk: dict, node_id: str) -> list[str]:
+    return sorted(k for k, c in disk["membership"]["claims"].items() if c["owner"] == node_id)
+
+
+def test_a_capped_survivor_never_claims_a_dead_owners_shards_beyond_its_cap() -> None:
+    a = capped("a", shards=4)
+    a.start()
+    b = capped("b", a.disk)
+    b.start()
+    run([a, b], 30)
+    assert sorted(len(sh.node.owned_shards) for sh in (a, b)) == [2, 2]
+    # a dies (kill -9): its locks go with it, and b's probe could prove it gone at once.
+    a.disk["locks"] = {s: o for s, o in a.disk["locks"].items() if o != "a@pid-1-x"}
+    a.node.phase = NodePhase.STOPPED
+    a_shards = claims_of(a.disk, "a@pid-1-x")
+    kept = b.node.owned_shards
+    for _ in range(120):  # past a's lease and its heartbeat's lapse
+        run([b], 1)
+        assert b.node.owned_shards == kept  # b keeps its own, and takes nothing beyond its cap
+    assert not [m for _, m in b.logs_out if "taken over" in m or "handing it over" in m]
+    said = [m for _, m in b.logs_out if "left free" in m]
+    assert said == [
+        f"{', '.join(a_shards)} left free: this daemon holds its cap of 2 (SNERD_MAX_SHARDS); "
+        "raise the cap or start another daemon to run them"
+    ]  # once, naming the cap
+    assert not [m for _, m in b.logs_out if "fair share" in m or "handed over" in m]
+    assert (
+        b.disk["lock_files"]
+        and all(  # b holds no lock of a shard it does not claim
+            b.disk["locks"].get(int(k[6:])) != "b@pid-1-x" for k in a_shards
+        )
+    )
+    assert b.disk["membership"]["nodes"]["b@pid-1-x"]["max_shards"] == 2
+    # A daemon with room comes: it takes the shards left free.
+    c = capped("c", a.disk, cap=4)
+    c.start()
+    run([b, c], 15)
+    assert sorted([*b.node.owned_shards, *c.node.owned_shards]) == [0, 1, 2, 3]
+
+
+def test_a_capped_node_at_its_share_still_evens_out_with_a_newcomer() -> None:
+    # Four shards, caps of 2: at three daemons the share is 2 too, and the cap is no reason
+    # to keep a newcomer at nothing.
+    a = capped("a", shards=4)
+    a.start()
+    b = capped("b", a.disk)
+    b.start()
+    run([a, b], 30)
+    c = capped("c", a.disk)
+    c.start()
+    run([a, b, c], 60)
+    assert sorted(len(sh.node.owned_shards) for sh in (a, b, c)) == [1, 1, 2]
+
+
+class CorruptibleShell(FakeShell):
+    """The in-memory shell, whose membership.json can be made unusable: reads and writes are
+    then answered as the daemon's shell answers them (`MembershipUnusable`)."""
+
+    problem: str | None = None
+
+    def _do(self, effect: fx.Effect) -> None:
+        if self.problem is not None and isinstance(effect, fx.ReadMembership | fx.WriteMembership):
+            self.queue.append(ev.MembershipUnusable(problem=self.problem))
+            return
+        super()._do(effect)
+
+
+BAD = "/q/membership.json is not a usable membership file: 'shards' is -1, not a whole number"
+
+
+def test_a_node_refuses_to_start_on_an_unusable_membership_file() -> None:
+    sh = CorruptibleShell(NodeConfig(node_id="a@pid-1-x"))
+    sh.problem = BAD
+    sh.enqueue("early")  # held while starting
+    sh.start()
+    assert sh.exit_code == 2
+    assert sh.node.phase is NodePhase.STOPPED
+    [error] = [m for level, m in sh.logs_out if level == "error"]
+    assert error.startswith(BAD) and "cannot start on it" in error
+    assert [m["task_id"] for m in sh.messages("error")] == ["early"]  # answered: not enqueued
+    assert sh.disk["membership"] is None and sh.disk["locks"] == {}  # nothing written, taken
+
+
+def test_a_running_node_keeps_its_shards_and_says_once_that_membership_json_is_unusable() -> None:
+    sh = CorruptibleShell(NodeConfig(node_id="a@pid-1-x"))
+    sh.start()
+    sh.register("t")
+    sh.problem = BAD  # corrupted by hand while the daemon runs
+    sh.advance(12)  # a renewal comes due, and is retried every second
+    sh.enqueue("during")
+    assert sh.node.owned_shards == [0]
+    assert sh.executed_ids() == ["during"]  # still served, within its lease
+    said = [m for _, m in sh.logs_out if BAD in m]
+    assert len(said) == 1 and "keeps acting for the shards it holds" in said[0]
+    sh.advance(25)  # past the lease: no renewal could commit
+    assert sh.node.owned_shards == []
+    assert len([m for _, m in sh.logs_out if BAD in m]) == 1  # once, not once a retry
+    sh.problem = None  # fixed
+    sh.advance(3)
+    assert sh.node.owned_shards == [0]
+    assert ("info", "membership.json read and updated again") in sh.logs_out
+
+
+def test_a_drain_while_membership_json_cannot_be_read_at_start_stops_at_once() -> None:
+    sh = FakeShell(NodeConfig(node_id="a@pid-1-x"))
+    sh.fail_membership = True  # every read fails (an I/O error, retried)
+    sh.start()
+    sh.advance(5)
+    assert sh.node.phase is NodePhase.STARTING
+    assert len([m for _, m in sh.logs_out if "not updated" in m]) == 1  # said once
+    sh.enqueue("early")
+    sh.feed(ev.DrainRequested(reason="SIGTERM"))  # no time passes
+    assert sh.exit_code == 0 and sh.node.phase is NodePhase.STOPPED
+    assert [m["task_id"] for m in sh.messages("error")] == ["early"]
+    assert any("stopping (SIGTERM) before this daemon could start" in m for _, m in sh.logs_out)

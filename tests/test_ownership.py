@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from snerd.core.ownership import (
+    MAX_COUNT,
+    MAX_QUEUE_SHARDS,
     NODES_KEY,
     LockText,
+    MembershipInvalid,
     Observer,
     OwnershipConfig,
+    check_membership,
     claim_epoch,
     claimable,
     fair_cap,
@@ -15,8 +21,12 @@ from snerd.core.ownership import (
     live_foreign,
     lock_names_claim,
     owned_by,
+    parse_membership,
+    plan_claims,
+    proof_room,
     with_claims,
     with_heartbeat,
+    withdrawal,
     without_claims,
 )
 from snerd.core.timefmt import format_rfc3339
@@ -72,7 +82,9 @@ def test_claims_bump_the_epoch_renewals_keep_it_and_releases_remember_it() -> No
 
 
 def test_a_renewal_of_a_shard_stepped_down_from_is_a_new_claim_when_asked_anew() -> None:
-    doc = with_claims(doc_with("other", T - 60 * S), node_id="me", shards=[0], wall_us=T, config=CFG)
+    doc = with_claims(
+        doc_with("other", T - 60 * S), node_id="me", shards=[0], wall_us=T, config=CFG
+    )
     assert doc["claims"]["shard-0"]["epoch"] == 4
     again = with_claims(doc, node_id="me", shards=[0, 1], wall_us=T, config=CFG, anew=[0])
     assert again["claims"]["shard-0"]["epoch"] == 5  # a new tenure: fences the last one
@@ -95,7 +107,9 @@ def test_a_lock_file_names_a_claim_only_if_taken_under_that_very_claim() -> None
     assert not lock_names_claim(LockText(pid=7, owner="a@pid-7-x", epoch=3, released=True), doc, 0)
     # Upstream's claim (no epoch) and lock file (its pid only): the pid in the owner's id.
     upstream = initial_doc(queue="q", shards=1)
-    upstream["claims"] = {"shard-0": {"owner": "h@pid-4242", "lease_expiry": "2999-01-01T00:00:00Z"}}
+    upstream["claims"] = {
+        "shard-0": {"owner": "h@pid-4242", "lease_expiry": "2999-01-01T00:00:00Z"}
+    }
     assert lock_names_claim(LockText(pid=4242), upstream, 0)
     assert not lock_names_claim(LockText(pid=4243), upstream, 0)  # another's pid: never held
     assert not lock_names_claim(LockText(pid=4242, owner="h@pid-4242-ab", epoch=1), upstream, 0)
@@ -196,3 +210,142 @@ def test_give_back_converges_to_counts_that_differ_by_at_most_one() -> None:
     capped = OwnershipConfig(max_shards=1)
     doc = claimed({"a": [0], "b": []}, 1)
     assert give_back(doc, node_id="a", live=["a", "b"], config=capped) == 0
+
+
+def test_a_capped_node_at_its_share_gives_back_like_any_node() -> None:
+    # 4 shards, 3 nodes capped at 2, holding 2, 2, 0: the cap equals the share, so one gives
+    # (uncapped nodes do the same) and the newcomer is not left with nothing.
+    at_share = OwnershipConfig(max_shards=2)
+    doc = claimed({"a": [0, 1], "b": [2, 3], "c": []}, 4)
+    live = ["a", "b", "c"]
+    assert [give_back(doc, node_id=n, live=live, config=at_share) for n in live] == [0, 1, 0]
+    # Capped below the share (1 < 2), nobody gives: what it gave would stay free.
+    below = OwnershipConfig(max_shards=1)
+    doc = claimed({"a": [0], "b": [1], "c": []}, 4)
+    assert [give_back(doc, node_id=n, live=live, config=below) for n in live] == [0, 0, 0]
+
+
+def test_a_plan_never_goes_beyond_the_cap_and_names_what_it_leaves_free() -> None:
+    capped = OwnershipConfig(max_shards=2)
+    doc = claimed({"me": [2, 3], "dead": [0, 1]}, 4)
+    # Both of dead's shards proven dead, dead still counted live: without a cap, all four.
+    plan = plan_claims(
+        doc, node_id="me", candidates=[0, 1, 2, 3], proofs=[0, 1], live=2, config=CFG
+    )
+    assert plan.wanted == [0, 1, 2, 3] and plan.proofs_dropped == [] and plan.left_free == []
+    # Capped at 2: its own two, and the proofs go back.
+    plan = plan_claims(
+        doc, node_id="me", candidates=[0, 1, 2, 3], proofs=[0, 1], live=2, config=capped
+    )
+    assert plan.wanted == [2, 3] and plan.proofs_dropped == [0, 1]
+    # Alone, with dead's claims lapsed: its share is 4, its cap 2, so two are left free.
+    doc = claimed({"me": [2, 3]}, 4)
+    plan = plan_claims(doc, node_id="me", candidates=[0, 1, 2, 3], proofs=[], live=1, config=capped)
+    assert plan.wanted == [2, 3] and plan.left_free == [0, 1]
+    # With room: it takes what it may and leaves the rest free.
+    doc = claimed({"me": [3]}, 4)
+    plan = plan_claims(doc, node_id="me", candidates=[0, 1, 2, 3], proofs=[], live=1, config=capped)
+    assert plan.wanted == [0, 3] and plan.left_free == [1, 2]
+    # At a cap no smaller than the share, nothing is said to be left free.
+    plan = plan_claims(
+        claimed({"me": []}, 4),
+        node_id="me",
+        candidates=[0, 1, 2, 3],
+        proofs=[],
+        live=2,
+        config=capped,
+    )
+    assert plan.wanted == [0, 1] and plan.left_free == []
+
+
+def test_proofs_are_sought_only_within_the_cap() -> None:
+    doc = claimed({"me": [0], "other": [1, 2, 3]}, 4)
+    assert proof_room(doc, node_id="me", wanted=[0], proofs=[], config=CFG) is None
+    capped = OwnershipConfig(max_shards=2)
+    assert proof_room(doc, node_id="me", wanted=[0], proofs=[], config=capped) == 1
+    assert proof_room(doc, node_id="me", wanted=[0], proofs=[1], config=capped) == 0
+    assert proof_room(doc, node_id="me", wanted=[], proofs=[], config=capped) == 1
+
+
+def test_a_heartbeat_carries_the_cap_and_a_withdrawal_leaves_nothing_of_the_node() -> None:
+    doc = claimed({"me": [0], "other": [1]}, 2)
+    doc = with_heartbeat(doc, node_id="me", wall_us=T, live=None, max_shards=3)
+    doc = with_heartbeat(doc, node_id="other", wall_us=T, live=None)
+    assert doc[NODES_KEY]["me"]["max_shards"] == 3 and "max_shards" not in doc[NODES_KEY]["other"]
+    check_membership(doc)
+    gone = withdrawal(doc, node_id="me")
+    assert gone is not None and owned_by(gone, "me") == [] and "me" not in gone[NODES_KEY]
+    assert owned_by(gone, "other") == [1] and gone["version"] == doc["version"] + 1
+    assert withdrawal(gone, node_id="me") is None  # nothing to write
+
+
+def test_what_snerd_and_upstream_write_is_a_membership_document() -> None:
+    doc = claimed({"a": [0], "b": [1]}, 2)
+    doc = with_heartbeat(doc, node_id="a", wall_us=T, live=None, types=["t"], max_shards=2)
+    assert check_membership(doc) is doc
+    upstream = {
+        "queue": "snerdmq-daemon",
+        "shards": 2,
+        "version": 7,
+        "claims": {"shard-0": {"owner": "old@pid-4242", "lease_expiry": "2020-01-01T00:00:00Z"}},
+    }
+    assert check_membership(upstream) is upstream
+    # An unparseable expiry is kept: such a claim is never taken over, and validate shows it.
+    odd = {**upstream, "claims": {"shard-0": {"owner": "x", "lease_expiry": "soon"}}}
+    assert check_membership(odd) is odd
+    assert parse_membership(b'{"shards": 1}') == {"shards": 1}  # the rest is optional
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"", "the file is empty"),
+        (b"  \n", "the file is empty"),
+        (b"nope", "not valid JSON"),
+        (b'{"shards": 1', "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1]", "the document is an array, not an object"),
+        (b'"x"', "the document is a string, not an object"),
+        (b"{}", "'shards' is missing, not a whole number from 1 to 1024"),
+        (b'{"shards": "x"}', "'shards' is \"x\", not a whole number from 1 to 1024"),
+        (b'{"shards": -1}', "'shards' is -1, not a whole number"),
+        (b'{"shards": 0}', "'shards' is 0, not a whole number"),
+        (b'{"shards": true}', "'shards' is true, not a whole number"),
+        (b'{"shards": 1.5}', "'shards' is 1.5, not a whole number"),
+        (b'{"shards": 1000000000}', "'shards' is 1000000000, not a whole number from 1 to 1024"),
+        (b'{"shards": 1, "version": -1}', "'version' is -1, not a whole number from 0 to"),
+        (b'{"shards": 1, "version": 9007199254740992}', "'version' is 9007199254740992"),
+        (b'{"shards": 1, "version": "3"}', "'version' is \"3\""),
+        (b'{"shards": 1, "queue": 5}', "'queue' is a number, not a string"),
+        (b'{"shards": 1, "claims": [1]}', "'claims' is an array, not an object"),
+        (b'{"shards": 1, "claims": null}', "'claims' is null, not an object"),
+        (b'{"shards": 1, "claims": {"shard-0": 1}}', 'the claim of "shard-0" is a number'),
+        (b'{"shards": 1, "claims": {"shard-0": {}}}', 'the claim of "shard-0" has no owner'),
+        (
+            b'{"shards": 1, "claims": {"shard-0": {"owner": "a"}}}',
+            'the claim of "shard-0" has no lease_expiry',
+        ),
+        (
+            b'{"shards": 1, "claims": {"shard-0": {"owner": "a", "lease_expiry": "x", '
+            b'"epoch": "2"}}}',
+            'the claim of "shard-0": \'epoch\' is "2"',
+        ),
+        (b'{"shards": 1, "epochs": {"shard-0": -3}}', 'the epoch of "shard-0" is -3'),
+        (b'{"shards": 1, "nodes": {"a": []}}', 'the heartbeat of "a" is an array'),
+        (b'{"shards": 1, "nodes": {"a": {"types": [1]}}}', "'types' is not an array of strings"),
+        (b'{"shards": 1, "nodes": {"a": {"max_shards": 0}}}', "'max_shards' is 0, not a count"),
+    ],
+)
+def test_anything_else_is_refused_with_what_is_wrong(data: bytes, problem: str) -> None:
+    with pytest.raises(MembershipInvalid) as caught:
+        parse_membership(data)
+    assert problem in str(caught.value)
+    assert MAX_QUEUE_SHARDS == 1024 and MAX_COUNT == 2**53 - 1
+
+
+def test_a_lock_file_holding_anything_reads_as_fields_absent_never_an_error() -> None:
+    assert LockText.parse("\u00b2\nowner\n\u00b3\n") == LockText(owner="owner")
+    assert LockText.parse("9" * 5000) == LockText()  # past int()'s digit limit
+    assert LockText.parse("12\nx\n3\nreleased\n") == LockText(
+        pid=12, owner="x", epoch=3, released=True
+    )

@@ -38,6 +38,7 @@ __all__ = [
     "LogRecord",
     "LogRecordsRead",
     "MembershipRead",
+    "MembershipUnusable",
     "MembershipWriteFailed",
     "MembershipWritten",
     "Now",
@@ -134,6 +135,16 @@ class MembershipWriteFailed(Event):
 
     doc: dict[str, Any] | None
     error: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MembershipUnusable(Event):
+    """membership.json is there but is not a membership document
+    (`snerd.core.ownership.check_membership` refused it): bad input from disk, which a retry
+    cures only once someone fixes the file (an I/O error is a `MembershipWriteFailed`)."""
+
+    #: What is wrong, naming the file.
+    problem: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -63,12 +63,13 @@ from snerd.core.ownership import (
     claim_owner,
     claim_signature,
     claimable,
-    fair_cap,
     give_back,
     initial_doc,
     live_foreign,
     lock_names_claim,
     owned_by,
+    plan_claims,
+    proof_room,
     shard_name,
     with_claims,
     with_heartbeat,
@@ -493,6 +494,12 @@ class Node:
         self.dead_nodes: dict[str, int] = {}
         #: When to try other nodes' shard locks next (only where flock proves liveness).
         self.probe_at_mono: int | None = None
+        #: Shards this node's cap left free at its last round, said once (`_say_left_free`).
+        self.left_free_said: set[int] = set()
+        #: What made the last membership round fail, logged once (`_membership_trouble`),
+        #: and whether its end is to be said too; None: the last round landed.
+        self.membership_trouble: str | None = None
+        self.membership_trouble_said = False
         #: Claims and heartbeats seen in membership.json, timed on this node's monotonic clock.
         self.observer = Observer()
         #: When the membership round in flight started (its read was issued).
@@ -890,9 +897,20 @@ class Node:
             )
             # A shard whose files cannot be used is neither claimed nor kept (`ShardUnusable`).
             candidates = [s for s in candidates if not self._unusable(s)]
-            held = [s for s in candidates if s in mine or s in self.lock_proofs]
-            room = max(0, fair_cap(int(doc.get("shards", 0)), len(live), config) - len(held))
-            wanted = sorted(held + [s for s in candidates if s not in held][:room])
+            plan = plan_claims(
+                doc,
+                node_id=node_id,
+                candidates=candidates,
+                proofs=self.lock_proofs,
+                live=len(live),
+                config=config,
+            )
+            wanted = plan.wanted
+            for shard in plan.proofs_dropped:
+                # Proven dead, but beyond this node's cap: the lock goes back for another.
+                del self.lock_proofs[shard]
+                self._emit(fx.Unlock(shard=shard))
+            self._say_left_free(plan.left_free)
             self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
             releases = [s for s in wanted if self._ready_to_give_back(s)]
             releases += [s for s in sorted(mine) if self._unusable(s)]
@@ -921,15 +939,42 @@ class Node:
         if releases:
             new_doc = without_claims(new_doc, node_id=node_id, shards=releases)
         new_doc = with_heartbeat(
-            new_doc, node_id=node_id, wall_us=now.wall, live=live, types=sorted(self.registered)
+            new_doc,
+            node_id=node_id,
+            wall_us=now.wall,
+            live=live,
+            types=sorted(self.registered),
+            max_shards=config.max_shards,
         )
         new_doc["version"] = (expected or 0) + 1
         self.membership_busy = True
         self._emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
 
+    def _say_left_free(self, shards: list[int]) -> None:
+        """Say once why claimable shards stay free: this node's cap (`ClaimPlan.left_free`).
+        Said again only for a shard that was claimed meanwhile and is left free anew."""
+        new = [s for s in shards if s not in self.left_free_said]
+        self.left_free_said = set(shards)
+        if not new:
+            return
+        names = ", ".join(shard_name(s) for s in new)
+        self._log(
+            "warning",
+            f"{names} left free: this daemon holds its cap of {self.config.ownership.max_shards} "
+            "(SNERD_MAX_SHARDS); raise the cap or start another daemon to run "
+            + ("them" if len(new) > 1 else "it"),
+        )
+
     def _mark_give_backs(self, count: int) -> None:
         """Start handing over `count` more shards (the highest numbered active ones)."""
         giving = sum(1 for i in self.shards.values() if i.giving_back)
+        cap = self.config.ownership.max_shards
+        held = sum(1 for i in self.shards.values() if i.phase is _ACTIVE)
+        why = (
+            f"above this daemon's cap of {cap} (SNERD_MAX_SHARDS)"
+            if cap is not None and held > cap
+            else "above this daemon's fair share"
+        )
         for shard in sorted(self.shards, reverse=True):
             if giving >= count:
                 return
@@ -940,8 +985,7 @@ class Node:
                 giving += 1
                 self._log(
                     "info",
-                    f"{shard_name(shard)}: above this daemon's fair share; handing it over once "
-                    "its attempts in flight end",
+                    f"{shard_name(shard)}: {why}; handing it over once its attempts in flight end",
                 )
 
     def _ready_to_give_back(self, shard: int) -> bool:
@@ -957,8 +1001,18 @@ class Node:
         )
 
     def _probe(self, doc: dict[str, Any], wanted: list[int]) -> None:
-        """Try the lock of each shard another node claims: getting it proves that node dead."""
+        """Try the lock of each shard another node claims: getting it proves that node dead.
+        No more than this node's cap leaves room for (`proof_room`)."""
+        room = proof_room(
+            doc,
+            node_id=self.config.node_id,
+            wanted=wanted,
+            proofs=[*self.lock_proofs, *(s for s, i in self.shards.items() if i.phase is _PROBING)],
+            config=self.config.ownership,
+        )
         for shard in live_foreign(doc, node_id=self.config.node_id):
+            if room is not None and room <= 0:
+                return
             if shard in wanted or shard in self.lock_proofs:
                 continue
             info = self.shards.setdefault(shard, ShardInfo())
@@ -969,9 +1023,15 @@ class Node:
                 info.phase = _PROBING
                 info.probed_doc = doc
                 self._emit(fx.TryLock(shard=shard, owner=self.config.node_id, probe=True))
+                if room is not None:
+                    room -= 1
 
     def _on_membership_written(self, event: ev.MembershipWritten) -> None:
         self.membership_busy = False
+        if self.membership_trouble is not None:
+            if self.membership_trouble_said:
+                self._log("info", "membership.json read and updated again")
+            self.membership_trouble = None
         self.doc = event.doc
         self.doc_names_others = bool(live_foreign(event.doc, node_id=self.config.node_id))
         now = self._now
@@ -1055,7 +1115,56 @@ class Node:
             self._log("warning", f"membership.json not updated ({event.error}) while stopping")
             self._finish_release()
             return
-        self._log("warning", f"membership.json not updated ({event.error}); retrying")
+        # A conflict (another writer came first: `doc` is what is there now) is routine with
+        # several daemons; an I/O error is not, and its end is said too.
+        self._membership_trouble(
+            event.error,
+            f"membership.json not updated ({event.error}); retrying",
+            lasting=event.doc is None,
+        )
+        if self._drain_before_start():
+            return
+        self._retry_membership()
+
+    def _on_membership_unusable(self, event: ev.MembershipUnusable) -> None:
+        """membership.json is not a membership document (`check_membership`). At start,
+        before any round landed, this node has claimed nothing: it refuses to start (exit 2)
+        rather than wait for a human. Later, it keeps acting for what it holds until its lease
+        runs out (no renewal can commit meanwhile) and reads the file again until it is
+        fixed."""
+        self.membership_busy = False
+        if self.released:
+            self._log("warning", f"{event.problem}; its claims are left to lapse while stopping")
+            self._finish_release()
+            return
+        if self.phase is _STARTING and self.doc is None:
+            self._log(
+                "error",
+                f"{event.problem}; this daemon cannot start on it: fix or restore the file "
+                "(`snerdmq validate DIR` reports what is wrong)",
+            )
+            self._stop_before_start(2)
+            return
+        ttl = self.config.ownership.ttl_us // SECOND
+        self._membership_trouble(
+            event.problem,
+            f"{event.problem}; this daemon keeps acting for the shards it holds until its "
+            f"lease runs out ({ttl} s after its last renewal), claims nothing, and reads the "
+            "file again until it is fixed",
+            lasting=True,
+        )
+        self._retry_membership()
+
+    def _membership_trouble(self, what: str, message: str, *, lasting: bool) -> None:
+        """Log a failed membership round once per kind of failure (a read retried every
+        `retry_io_us` must not flood stderr); `lasting`: say so when a round lands again."""
+        if what == self.membership_trouble:
+            return
+        self.membership_trouble = what
+        self.membership_trouble_said = lasting
+        self._log("warning" if lasting else "info", message)
+
+    def _retry_membership(self) -> None:
         self.renew_after_busy = False
         self.renew_at_mono = self._now.mono + self.config.retry_io_us
 
@@ -2850,6 +2959,7 @@ class Node:
             # Commands that came before the drain request are answered first, as upstream
             # answered lines sent before EOF: the drain starts once the shards are loaded.
             self.held_commands.append(event)
+            self._drain_before_start()  # (unless no round lands: then it stops now)
             return
         self._log(
             "info",
@@ -2916,7 +3026,43 @@ class Node:
             )
         )
 
-    def _finish_release(self) -> None:
+    def _drain_before_start(self) -> bool:
+        """A drain came while starting, and no membership round has landed yet (the last one
+        failed, and is retried): stop now rather than wait for membership.json to come back,
+        since SIGTERM and stdin EOF must end the daemon whatever state the file is in. Nothing
+        was claimed (no round landed), so there is nothing to hand over. True when stopped."""
+        if not (
+            self.phase is _STARTING
+            and self.doc is None
+            and self.membership_trouble is not None
+            and not self.membership_busy
+        ):
+            return False
+        drain = next((c for c in self.held_commands if isinstance(c, ev.DrainRequested)), None)
+        if drain is None:
+            return False
+        self._log(
+            "warning",
+            f"stopping ({drain.reason}) before this daemon could start: membership.json was "
+            "never read and updated"
+            + (f" ({self.membership_trouble})" if self.membership_trouble else ""),
+        )
+        self._stop_before_start(0)
+        return True
+
+    def _stop_before_start(self, code: int) -> None:
+        """Stop a node whose first membership round never landed: it claimed nothing, and
+        holds no lock but a probe's. Commands held meanwhile are answered as during a drain
+        (an enqueue is refused: not enqueued)."""
+        self.phase = _DRAINING
+        held, self.held_commands = self.held_commands, []
+        for command in held:
+            if not isinstance(command, ev.DrainRequested):
+                _HANDLERS[type(command)](self, command)
+        self.released = True
+        self._finish_release(code)
+
+    def _finish_release(self, code: int = 0) -> None:
         for shard, info in self.shards.items():
             self._lock_hold_over(shard, info, drained=False)  # released, or left to lapse
             if (
@@ -2929,7 +3075,7 @@ class Node:
         self.phase = _STOPPED
         self.renew_at_mono = None
         self._log("info", "Shutdown complete.")
-        self._emit(fx.Exit(code=0))
+        self._emit(fx.Exit(code=code))
 
     # ------------------------------------------------------------------ compaction
 
@@ -3373,6 +3519,7 @@ _HANDLERS: dict[type[Any], Any] = {
     ev.MembershipRead: Node._on_membership_read,
     ev.MembershipWritten: Node._on_membership_written,
     ev.MembershipWriteFailed: Node._on_membership_write_failed,
+    ev.MembershipUnusable: Node._on_membership_unusable,
     ev.LockAcquired: Node._on_lock_acquired,
     ev.LockBusy: Node._on_lock_busy,
     ev.LockLost: Node._on_lock_lost,

@@ -10,6 +10,13 @@ still alive: the shard stays *paused* for this node, which retries the lock and 
 another node's claim (upstream bug 6.3.15). Claims are renewed every `ttl / 3`; a drain releases
 claims and locks so another node can take over at once.
 
+The document rule (`check_membership`). membership.json is input from disk: a human may edit
+it, another program may write it. Every reader in snerd takes it through `parse_membership`, which
+accepts upstream's shape plus snerd's additions and refuses anything else with
+`MembershipInvalid` naming the problem: a shard count outside 1..`MAX_QUEUE_SHARDS`, a claim
+that is not an object naming its owner and lease expiry, a counter that is not a whole number
+(`MAX_COUNT` at most). The rest of this module may then trust the shapes it reads.
+
 This module owns the decisions about claims; it never touches a file. The node composes it and
 turns its answers into effects. Where flock proves liveness (one host, a local filesystem) a
 node that takes a shard's lock has proof that its claimant is dead and takes over at once
@@ -33,6 +40,16 @@ observation rule). With `S` shards and `N` live nodes a node holds at most
 shards above it. When a live node holds fewer than `S // N` while every shard is held, the
 nodes at `cap` beyond the `S % N` that may stay there give one back, lowest ranked (by node id)
 first, so a cluster converges to counts that differ by at most one.
+
+Caps (`max_shards`, SNERD_MAX_SHARDS). A node never claims beyond its cap, not even a shard
+whose owner it has proven dead (`plan_claims`): what the cap forbids stays free, and the node
+says so once (`ClaimPlan.left_free`) rather than claiming and handing back. Its heartbeat
+carries the cap, so `validate` can tell a shard left free by caps from one nobody noticed.
+
+A process that ends without its drain (an exception unwinding it, its runtime cancelled) acts
+for nothing any more: the shell writes `withdrawal` (its claims and heartbeat gone, as a drain
+leaves them) and lets its locks go unmarked, as a killed process does, so a successor takes
+over at once either way (a free shard; or a lock free under a claim: `lock_names_claim`).
 """
 
 from __future__ import annotations
@@ -42,21 +59,36 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 #: Top-level key of membership.json holding the highest epoch per shard (snerd's addition).
 EPOCHS_KEY = "epochs"
 #: Top-level key of membership.json holding each node's heartbeat (snerd's addition).
 NODES_KEY = "nodes"
+#: The most shards a queue may have. Every membership round walks every shard (claims, what
+#: the node has observed, its probes), so a count far beyond any deployment's stops a daemon
+#: answering (`"shards": 1000000000` did); 1024 is ten times the largest measured (100).
+MAX_QUEUE_SHARDS = 1024
+#: The largest counter (version, epoch, renewals, beat) membership.json may hold: 2**53 - 1,
+#: the largest integer every JSON reader keeps exactly (RFC 8259 §6), and far enough below
+#: orjson's 64-bit limit that counting on from it can never make the file unwritable.
+MAX_COUNT = 2**53 - 1
 
 __all__ = [
     "EPOCHS_KEY",
+    "MAX_COUNT",
+    "MAX_QUEUE_SHARDS",
     "NODES_KEY",
+    "ClaimPlan",
     "ClaimView",
     "LockText",
+    "MembershipInvalid",
     "Observer",
     "OwnershipConfig",
     "ShardPhase",
+    "check_membership",
     "claim_epoch",
     "claim_owner",
     "claim_signature",
@@ -67,11 +99,128 @@ __all__ = [
     "live_foreign",
     "lock_names_claim",
     "owned_by",
+    "parse_membership",
+    "plan_claims",
+    "proof_room",
     "shard_name",
     "with_claims",
     "with_heartbeat",
+    "withdrawal",
     "without_claims",
 ]
+
+
+class MembershipInvalid(ValueError):
+    """membership.json holds something that is not a membership document: bad input from disk
+    (a hand edit, another program), never a caller bug. The message says what is wrong, in
+    words a person can act on; readers add the file's path."""
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message: a scalar as JSON, cut short (a file may hold anything, at
+    any length); an array or object by its kind only (it may be nested past any printer)."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        text = repr(value) if isinstance(value, float) else orjson.dumps(value).decode()
+        return text if len(text) <= 60 else text[:57] + "..."
+    return _type_name(value)
+
+
+def _counter(value: Any, what: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_COUNT:
+        raise MembershipInvalid(
+            f"{what} is {_shown(value)}, not a whole number from 0 to {MAX_COUNT}"
+        )
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MembershipInvalid(f"{what} is {_type_name(value)}, not an object")
+    return value
+
+
+def check_membership(doc: Any) -> dict[str, Any]:
+    """`doc` (parsed JSON) if it is a membership document; else `MembershipInvalid`.
+
+    A document is an object with `shards`, a whole number from 1 to `MAX_QUEUE_SHARDS`; and,
+    each optional: `version`, a counter (0 to `MAX_COUNT`); `queue`, a string; `claims`, an
+    object whose every value is a claim: an object with a non-empty `owner` string and a
+    `lease_expiry` string (one that does not parse as RFC 3339 is kept: such a claim is never
+    taken over, and `validate` shows it for a human to look at), and counters `epoch` and
+    `renewals` when present; `epochs`, an object of counters; `nodes`, an object of heartbeat
+    objects (`beat` a counter, `seen` a string, `types` an array of strings, `max_shards` a
+    count, each when present). Keys neither upstream nor snerd writes are allowed (upstream
+    ignores them too)."""
+    top = _object(doc, "the document")
+    shards = top.get("shards")
+    if (
+        not isinstance(shards, int)
+        or isinstance(shards, bool)
+        or not 1 <= shards <= MAX_QUEUE_SHARDS
+    ):
+        got = "missing" if "shards" not in top else f"{_shown(shards)}"
+        raise MembershipInvalid(
+            f"'shards' is {got}, not a whole number from 1 to {MAX_QUEUE_SHARDS}"
+        )
+    if "version" in top:
+        _counter(top["version"], "'version'")
+    queue = top.get("queue")
+    if queue is not None and not isinstance(queue, str):
+        raise MembershipInvalid(f"'queue' is {_type_name(queue)}, not a string")
+    for name, claim in _object(top.get("claims", {}), "'claims'").items():
+        what = f"the claim of {_shown(name)}"
+        claim = _object(claim, what)
+        owner = claim.get("owner")
+        if not isinstance(owner, str) or not owner:
+            raise MembershipInvalid(f"{what} has no owner (a non-empty string)")
+        if not isinstance(claim.get("lease_expiry"), str):
+            raise MembershipInvalid(f"{what} has no lease_expiry (an RFC 3339 string)")
+        for key in ("epoch", "renewals"):
+            if key in claim:
+                _counter(claim[key], f"{what}: '{key}'")
+    for name, epoch in _object(top.get(EPOCHS_KEY, {}), f"'{EPOCHS_KEY}'").items():
+        _counter(epoch, f"the epoch of {_shown(name)}")
+    for name, beat in _object(top.get(NODES_KEY, {}), f"'{NODES_KEY}'").items():
+        what = f"the heartbeat of {_shown(name)}"
+        beat = _object(beat, what)
+        if "beat" in beat:
+            _counter(beat["beat"], f"{what}: 'beat'")
+        if "seen" in beat and not isinstance(beat["seen"], str):
+            raise MembershipInvalid(f"{what}: 'seen' is {_type_name(beat['seen'])}, not a string")
+        types = beat.get("types", [])
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise MembershipInvalid(f"{what}: 'types' is not an array of strings")
+        if "max_shards" in beat:
+            cap = beat["max_shards"]
+            if not isinstance(cap, int) or isinstance(cap, bool) or not 1 <= cap <= MAX_COUNT:
+                raise MembershipInvalid(f"{what}: 'max_shards' is {_shown(cap)}, not a count")
+    return top
+
+
+def parse_membership(data: bytes) -> dict[str, Any]:
+    """The membership document in `data` (membership.json's bytes), checked by
+    `check_membership`; `MembershipInvalid` when it is not one (empty, not JSON, not UTF-8,
+    or the wrong shape)."""
+    if not data.strip():
+        raise MembershipInvalid("the file is empty")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise MembershipInvalid(f"not valid JSON ({exc})") from None
+    return check_membership(doc)
 
 
 def shard_name(shard: int) -> str:
@@ -161,9 +310,10 @@ def _claim_view(doc: dict[str, Any], shard: int) -> ClaimView:
 class LockText:
     """What a `shard-N/.lock` file says about the process that took the lock last:
     `<pid>\n<owner>\n<epoch>\n` (snerd; the epoch of the claim it was taken under, 0 for
-    none), followed by `released\n` once that process let the lock go itself (a process that
-    dies holding the lock never writes it), `<pid>\n<owner>\n` (snerd before epochs) or
-    `<pid>` (upstream)."""
+    none), followed by `released\n` once that process let the lock go itself, alive and
+    acting on (a process that dies holding the lock never writes it, nor does one that lets
+    its locks go because it is ending without its drain: both are gone for good),
+    `<pid>\n<owner>\n` (snerd before epochs) or `<pid>` (upstream)."""
 
     pid: int | None = None
     owner: str | None = None
@@ -176,12 +326,22 @@ class LockText:
 
     @classmethod
     def parse(cls, text: str) -> LockText:
+        """Whatever the file holds (it is input from disk): a field that is not what snerd or
+        upstream writes reads as absent."""
         lines = text.split()
-        pid = int(lines[0]) if lines and lines[0].isdigit() else None
+        pid = _decimal(lines[0]) if lines else None
         owner = lines[1] if len(lines) > 1 else None
-        epoch = int(lines[2]) if len(lines) > 2 and lines[2].isdigit() else None
+        epoch = _decimal(lines[2]) if len(lines) > 2 else None
         released = len(lines) > 3 and lines[3] == "released"
         return cls(pid=pid, owner=owner, epoch=epoch, released=released)
+
+
+def _decimal(text: str) -> int | None:
+    """`text` as a whole number if it is ASCII digits of a 64-bit one (`str.isdigit` also
+    takes `²`, which `int` refuses, and `int` refuses more than 4300 digits)."""
+    if text.isascii() and text.isdigit() and len(text) <= 19:
+        return int(text)
+    return None
 
 
 def lock_names_claim(text: LockText, doc: dict[str, Any], shard: int) -> bool:
@@ -252,7 +412,7 @@ def claim_epoch(doc: dict[str, Any], shard: int) -> int:
 
 def initial_doc(*, queue: str, shards: int) -> dict[str, Any]:
     """A fresh membership document: no claims yet (upstream shape plus nothing else)."""
-    assert shards >= 1
+    assert 1 <= shards <= MAX_QUEUE_SHARDS
     return {"queue": queue, "shards": shards, "version": 0, "claims": {}}
 
 
@@ -348,6 +508,75 @@ def fair_cap(shards: int, live_nodes: int, config: OwnershipConfig) -> int:
     return cap
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimPlan:
+    """What one membership round of a node claims (`plan_claims`)."""
+
+    #: Shards to claim or renew, lowest first.
+    wanted: list[int]
+    #: Shards whose owner this node proved dead but which its cap leaves to others: the
+    #: locks the proofs took go back.
+    proofs_dropped: list[int]
+    #: Claimable shards the fair share would give this node but `max_shards` forbids: left
+    #: free (to other nodes, if any has room).
+    left_free: list[int]
+
+
+def plan_claims(
+    doc: dict[str, Any],
+    *,
+    node_id: str,
+    candidates: list[int],
+    proofs: Collection[int],
+    live: int,
+    config: OwnershipConfig,
+) -> ClaimPlan:
+    """Which of `candidates` (from `claimable`) a node claims this round, with `live` nodes
+    counted for the fair share and `proofs` the shards whose lock it took as proof of their
+    owner's death.
+
+    It keeps its own shards and takes over proven-dead owners' shards beyond its fair share
+    (the dead node's heartbeat may look fresh for a while, so the share is too small until
+    the node is counted out), then free and lapsed ones up to the share. `max_shards` bounds
+    all of it: a node never holds more, so it never claims a shard only to hand it back."""
+    mine = set(owned_by(doc, node_id))
+    own = [s for s in candidates if s in mine]
+    proven = [s for s in candidates if s in proofs and s not in mine]
+    limit = config.max_shards
+    dropped: list[int] = []
+    if limit is not None:
+        keep = max(0, limit - len(own))
+        proven, dropped = proven[:keep], proven[keep:]
+    held = own + proven
+    shards = int(doc["shards"])
+    rest = [s for s in candidates if s not in mine and s not in proofs]
+    room = max(0, fair_cap(shards, live, config) - len(held))
+    wanted = sorted(held + rest[:room])
+    left_free: list[int] = []
+    if limit is not None:
+        share = max(0, -(-shards // live) - len(held))
+        left_free = rest[room:share]
+    return ClaimPlan(wanted=wanted, proofs_dropped=dropped, left_free=left_free)
+
+
+def proof_room(
+    doc: dict[str, Any],
+    *,
+    node_id: str,
+    wanted: Collection[int],
+    proofs: Collection[int],
+    config: OwnershipConfig,
+) -> int | None:
+    """How many more shards of other nodes a node may try the locks of, for proof that their
+    owner is gone: a proof holds the lock until the shard is claimed, so no more than its room
+    under `max_shards` once what it claims (`wanted`, and what `doc` gives it) and the proofs
+    it seeks or holds are counted (None: no cap)."""
+    if config.max_shards is None:
+        return None
+    held = set(wanted) | set(owned_by(doc, node_id)) | set(proofs)
+    return max(0, config.max_shards - len(held))
+
+
 def give_back(
     doc: dict[str, Any], *, node_id: str, live: list[str], config: OwnershipConfig
 ) -> int:
@@ -366,8 +595,10 @@ def give_back(
     mine = held.get(node_id, 0)
     if mine > cap:
         return mine - cap
-    if config.max_shards is not None and cap == config.max_shards:
-        return 0  # the cap is this node's own limit, not a share of the cluster
+    if config.max_shards is not None and config.max_shards < -(-shards // n):
+        # Capped below its share: the cap is this node's own limit, and what it gave back
+        # would stay free. (At a cap equal to the share it evens out like any node.)
+        return 0
     free = shards - sum(holdings.values())
     base = shards // n
     if mine < cap or free > 0 or not any(count < base for count in held.values()):
@@ -384,10 +615,11 @@ def with_heartbeat(
     wall_us: int,
     live: list[str] | None,
     types: list[str] | None = None,
+    max_shards: int | None = None,
 ) -> dict[str, Any]:
-    """A new document carrying this node's heartbeat (one more beat, and the task types its
-    SDK has handlers for when `types` is given), and without the heartbeats of nodes not in
-    `live` (None: keep them all). Bumps `version`."""
+    """A new document carrying this node's heartbeat (one more beat, the task types its SDK
+    has handlers for when `types` is given, its cap when it has one), and without the
+    heartbeats of nodes not in `live` (None: keep them all). Bumps `version`."""
     new = dict(doc)
     beats = doc.get(NODES_KEY)
     beats = dict(beats) if isinstance(beats, dict) else {}
@@ -401,6 +633,8 @@ def with_heartbeat(
     }
     if types is not None:
         beats[node_id]["types"] = list(types)
+    if max_shards is not None:
+        beats[node_id]["max_shards"] = max_shards
     new[NODES_KEY] = beats
     new["version"] = int(doc.get("version", 0)) + 1
     return new
@@ -467,6 +701,16 @@ def without_claims(
         new[NODES_KEY] = {k: v for k, v in doc[NODES_KEY].items() if k != node_id}
     new["version"] = int(doc.get("version", 0)) + 1
     return new
+
+
+def withdrawal(doc: dict[str, Any], *, node_id: str) -> dict[str, Any] | None:
+    """What a node that stops acting without its drain leaves in membership.json: no claim
+    and no heartbeat of its own, as a finished drain does (`without_claims`), so successors
+    find its shards free and take them at once. None when `doc` names it nowhere."""
+    beats = doc.get(NODES_KEY)
+    if not owned_by(doc, node_id) and not (isinstance(beats, dict) and node_id in beats):
+        return None
+    return without_claims(doc, node_id=node_id)
 
 
 def live_foreign(doc: dict[str, Any], *, node_id: str) -> list[int]:

@@ -20,15 +20,18 @@ from typing import Any
 import orjson
 import portalocker
 
-from snerd.core.ownership import LockText
+from snerd.core.ownership import LockText, MembershipInvalid, parse_membership, withdrawal
 from snerd.io.files import make_dirs, open_file, read_small
 from snerd.io.log import atomic_replace
 
 __all__ = [
     "MembershipConflict",
+    "MembershipInvalid",
     "ShardLocks",
+    "parse_membership_file",
     "read_membership",
     "update_membership",
+    "withdraw_claims",
     "write_membership_locked",
 ]
 
@@ -65,15 +68,17 @@ class MembershipConflict(Exception):
 
 
 class _MembershipLock:
-    """flock on `.membership.lock`, polled with LOCK_NB (never an abandonable blocking flock)."""
+    """flock on `.membership.lock`, polled with LOCK_NB (never an abandonable blocking flock)
+    for up to `wait_s`."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, wait_s: float = LOCK_WAIT_S) -> None:
         self.path = directory / MEMBERSHIP_LOCK
         self.fd: int | None = None
+        self.wait_s = wait_s
 
     def __enter__(self) -> _MembershipLock:
         fd = open_file(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link
-        deadline = time.monotonic() + LOCK_WAIT_S
+        deadline = time.monotonic() + self.wait_s
         while True:
             try:
                 portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
@@ -81,9 +86,7 @@ class _MembershipLock:
             except portalocker.exceptions.LockException:
                 if time.monotonic() > deadline:
                     os.close(fd)
-                    raise TimeoutError(
-                        f"{self.path} stayed locked for {LOCK_WAIT_S:.0f} s"
-                    ) from None
+                    raise TimeoutError(f"{self.path} stayed locked for {self.wait_s:g} s") from None
                 time.sleep(_POLL_S)
         self.fd = fd
         return self
@@ -102,10 +105,16 @@ def _read(directory: Path) -> dict[str, Any] | None:
         data = read_small(directory / MEMBERSHIP, None)  # never through a link
     except FileNotFoundError:
         return None
-    doc = orjson.loads(data)
-    if not isinstance(doc, dict):
-        raise ValueError(f"{directory / MEMBERSHIP} is not a JSON object")
-    return doc
+    return parse_membership_file(directory / MEMBERSHIP, data)
+
+
+def parse_membership_file(path: Path, data: bytes) -> dict[str, Any]:
+    """`data`, read from `path`, as a membership document (the core's rule,
+    `check_membership`); MembershipInvalid naming the file and what is wrong otherwise."""
+    try:
+        return parse_membership(data)
+    except MembershipInvalid as exc:
+        raise MembershipInvalid(f"{path} is not a usable membership file: {exc}") from None
 
 
 def read_membership(directory: Path) -> dict[str, Any] | None:
@@ -131,6 +140,26 @@ def update_membership(
             raise MembershipConflict(current)
         write_membership_locked(directory, doc)
         return doc
+
+
+#: How long `withdraw_claims` waits for `.membership.lock`: it runs while a process ends.
+WITHDRAW_WAIT_S = 2.0
+
+
+def withdraw_claims(directory: Path, node_id: str) -> bool:
+    """Remove every claim and the heartbeat of `node_id` from membership.json (the core's
+    `withdrawal`), as a drain does, for a process ending without its drain: its successors
+    then find its shards free instead of waiting for its leases. One read-modify-write under
+    `.membership.lock`, as every writer's is (no version to race); False when the file named
+    the node nowhere. Raises OSError (TimeoutError after `WITHDRAW_WAIT_S`) and
+    MembershipInvalid: the caller is ending anyway and says what went wrong."""
+    with _MembershipLock(directory, wait_s=WITHDRAW_WAIT_S):
+        current = _read(directory)
+        new = None if current is None else withdrawal(current, node_id=node_id)
+        if new is None:
+            return False
+        write_membership_locked(directory, new)
+        return True
 
 
 class ShardLocks:
@@ -272,6 +301,14 @@ class ShardLocks:
 
     def unlock_all(self) -> None:
         for shard in list(self.fds):
+            self.unlock(shard)
+
+    def abandon_all(self) -> None:
+        """Let every lock go unmarked, as a process that dies does (no `released` line), for
+        a process ending without its drain: it acts for nothing any more, so a prober that
+        finds a lock free under its claim rightly takes it for gone (`lock_names_claim`)."""
+        for shard in list(self.fds):
+            self.written.pop(shard, None)  # (what `unlock` would mark released)
             self.unlock(shard)
 
     def holder(self, shard: int) -> str:

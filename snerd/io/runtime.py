@@ -46,9 +46,11 @@ from snerd.io.inbox import (
 from snerd.io.membership import (
     LOST_LOCK_ERRNOS,
     MembershipConflict,
+    MembershipInvalid,
     ShardLocks,
     read_membership,
     update_membership,
+    withdraw_claims,
 )
 from snerd.io.webhook import WebhookCaller
 
@@ -222,6 +224,8 @@ class Runtime:
             peer, "deliver_lines", None
         )
         self._exit_code: int | None = None
+        #: The runtime ended without the node's drain (`_abandon`): nothing reaches the node.
+        self._abandoned = False
         self._nursery: trio.Nursery | None = None
         self._log: logio.GroupCommitLog | None = None
         self._recent: _RecentRecords | None = None
@@ -264,7 +268,7 @@ class Runtime:
             if self.events and self._parked is not None:
                 self._unpark()
             return
-        if self._processing or self._log is None or self._exit_code is not None:
+        if self._processing or self._log is None or self._exit_code is not None or self._abandoned:
             return
         try:
             self._process()
@@ -313,11 +317,41 @@ class Runtime:
             try:
                 await self._drive()
             finally:
+                if self._exit_code is None:
+                    self._abandon()
                 self.locks.unlock_all()
                 await self._webhooks.aclose()
                 nursery.cancel_scope.cancel()
         assert self._exit_code is not None
         return self._exit_code
+
+    def _abandon(self) -> None:
+        """The runtime ends without the node's drain: an exception unwinds it, or its caller
+        cancelled it. From here the node acts for nothing (nothing reaches it: `pump` and the
+        driver are done), so it is as gone as a killed process, and is left so that a
+        successor takes its shards at once rather than after their leases: its claims and
+        heartbeat withdrawn from membership.json as a drain leaves them (`withdraw_claims`),
+        then its locks let go unmarked (`ShardLocks.abandon_all`), which is enough where a
+        free lock proves its holder gone should the withdrawal fail. The withdrawal comes
+        first: until it lands the locks keep a claimant paused. Synchronous: nothing else of
+        this runtime runs meanwhile, and it waits `WITHDRAW_WAIT_S` at most."""
+        self._abandoned = True
+        node_id = self.node.config.node_id
+        try:
+            if withdraw_claims(self.directory, node_id):
+                self.peer.log(
+                    "warning",
+                    "ending without a drain: this daemon's claims are withdrawn from "
+                    "membership.json, for other daemons to take its shards at once",
+                )
+        except Exception as exc:  # (ending anyway: the locks must go all the same)
+            self.peer.log(
+                "warning",
+                f"ending without a drain: this daemon's claims could not be withdrawn from "
+                f"membership.json ({exc}); they lapse with their leases (at once where a free "
+                "lock proves this process gone)",
+            )
+        self.locks.abandon_all()
 
     async def _drive(self) -> None:
         # Waiting costs no trio.Event and no cancel scope per wait: the driver parks itself
@@ -735,10 +769,14 @@ class Runtime:
                 self.locks.end_touch(shard)
         try:
             doc = await trio.to_thread.run_sync(read_membership, self.directory)
-        except (OSError, ValueError) as exc:
-            self.peer.log("error", f"cannot read membership.json: {exc}; retrying")
+        except MembershipInvalid as exc:
             self.submit_many(lost)
-            self.submit(ev.MembershipWriteFailed(doc=None, error=str(exc)))
+            self.submit(ev.MembershipUnusable(problem=str(exc)))
+            return
+        except (OSError, ValueError) as exc:
+            # (The node says it, once: the read is retried until it succeeds.)
+            self.submit_many(lost)
+            self.submit(ev.MembershipWriteFailed(doc=None, error=f"cannot read it: {exc}"))
             return
         self.submit_many(lost)
         self.submit(ev.MembershipRead(doc=doc))
@@ -754,6 +792,9 @@ class Runtime:
             )
         except MembershipConflict as exc:
             self.submit(ev.MembershipWriteFailed(doc=exc.doc, error="changed meanwhile"))
+            return
+        except MembershipInvalid as exc:  # (what is there now, read under the lock)
+            self.submit(ev.MembershipUnusable(problem=str(exc)))
             return
         except (OSError, ValueError) as exc:
             self.submit(ev.MembershipWriteFailed(doc=None, error=str(exc)))
