@@ -249,3 +249,78 @@ def test_scan_salvages_a_record_glued_onto_a_torn_one() -> None:
 def test_scan_of_nothing() -> None:
     assert scan(b"") == ([], [], 0)
     assert scan(b"partial", base_offset=5) == ([], [], 5)
+
+
+# -- the last line of a file ---------------------------------------------------------------------
+
+
+def test_a_last_line_that_lost_only_its_newline_holds_its_record() -> None:
+    line = encode_record(task(1))
+    tail = records.scan_tail(line[:-1], offset=100)
+    assert [r.fields for r in tail.records] == [task(1)] and tail.corrupt == []
+    # Located as it will be once its newline is written back; `end` is where the bytes end.
+    assert (tail.records[0].offset, tail.records[0].length) == (100, len(line))
+    assert tail.end == 100 + len(line) - 1
+    assert records.scan_tail(UPSTREAM).records[0].fields["taskId"] == "test_timeout_go_001"
+    assert scan(line + line[:-1], at_eof=True).records[1].fields == task(1)
+
+
+@pytest.mark.parametrize(
+    "fragment, reason",
+    [
+        (encode_record(task(1))[:-2], "not JSON"),  # the closing brace went too
+        (encode_record(task(1))[:40], "not JSON"),
+        (encode_record(task(1))[:-1].replace(b"t1", b"t2"), "checksum mismatch"),
+        (b"   \r", None),  # blank: nothing to report, nothing kept
+        (b"\0" * 30, "not JSON"),  # blocks never written (a power loss)
+    ],
+)
+def test_a_last_line_holding_no_record_is_a_torn_write(fragment: bytes, reason: str | None) -> None:
+    tail = records.scan_tail(fragment, offset=7)
+    assert tail.records == [] and tail.end == 7
+    if reason is None:
+        assert tail.corrupt == []
+    else:
+        assert reason in tail.corrupt[0][1]
+    assert scan(b"x\n" + fragment, at_eof=True).end == 2  # left unconsumed, to be cut
+
+
+def test_a_last_line_longer_than_any_record_is_not_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(records, "LINE_LIMIT", 64)
+    tail = records.scan_tail(b"{" + b" " * 100 + b"}")
+    assert tail.records == [] and "longer than" in tail.corrupt[0][1]
+
+
+flat_fields = st.dictionaries(
+    st.text().filter(lambda k: k != "snerdCrc"), json_scalars, max_size=8
+).map(lambda f: {"taskId": "t", **f})
+
+
+@given(flat_fields, st.data())
+def test_no_strict_prefix_of_a_record_is_taken_for_one(
+    fields: dict[str, Any], data: st.DataObject
+) -> None:
+    # A record is kept only whole: its checksum covers every byte before it, and no strict
+    # prefix of a JSON object is one. (Flat records: a nested object keyed "taskId" could be
+    # salvaged from a corrupt line, as from any line, `scan`.)
+    line = encode_record(fields)[:-1]
+    cut = data.draw(st.integers(min_value=0, max_value=len(line) - 1))
+    assert records.scan_tail(line[:cut]).records == []
+    assert [r.fields for r in records.scan_tail(line).records] == [fields]
+
+
+@given(st.lists(flat_fields, min_size=1, max_size=5), st.data())
+def test_restoring_the_newline_or_not_reads_the_same_records(
+    fields: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    # What `scan(at_eof=True)` reads from a file is what `scan` reads once the owner wrote the
+    # newline back (`snerd.io.log.repair_tail`), or cut the line (when it holds no record).
+    lines = [encode_record(f) for f in fields]
+    buf = b"".join(lines)
+    cut = data.draw(st.integers(min_value=len(buf) - len(lines[-1]), max_value=len(buf) - 1))
+    torn = buf[:cut]
+    read = scan(torn, at_eof=True)
+    tail = records.scan_tail(torn[len(buf) - len(lines[-1]) :], offset=len(buf) - len(lines[-1]))
+    repaired = torn + b"\n" if tail.records else buf[: len(buf) - len(lines[-1])]
+    assert read.records == scan(repaired).records
+    assert len(read.records) == len(fields) - (0 if cut == len(buf) - 1 else 1)
