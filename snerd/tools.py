@@ -53,7 +53,15 @@ from typing import Any, TypeVar
 import orjson
 
 from snerd.core.events import LogRecord
-from snerd.core.ownership import LockText, OwnershipConfig, fair_cap, shard_name
+from snerd.core.ownership import (
+    MAX_QUEUE_SHARDS,
+    LockText,
+    MembershipInvalid,
+    OwnershipConfig,
+    fair_cap,
+    parse_membership,
+    shard_name,
+)
 from snerd.core.shardlog import (
     HISTORY_LIMIT,
     DeadLetter,
@@ -107,6 +115,12 @@ class UsageError(Exception):
 
 class QueueError(Exception):
     """The queue cannot be acted on (a daemon holds a lock, a file is unreadable): exit 1."""
+
+
+class MembershipUnusable(QueueError):
+    """membership.json is there but cannot be used: unreadable, or not a membership document
+    (the core's rule, `check_membership`). `fsck` and `validate` report it and check what they
+    can without it; every other command stops with the message."""
 
 
 def _parser(command: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
@@ -176,16 +190,16 @@ def _nonnegative_int(name: str) -> Callable[[str], int]:
 
 
 def _env_seconds(name: str, default: float, *, minimum: float) -> float:
-    """An environment value in seconds, checked like the daemon checks it (snerd.config)."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
+    """An environment value in seconds, checked as the daemon checks it (`snerd.config`: the
+    same range and message; a value past the range, 1e303, would overflow a microsecond count).
+    `minimum` is the floor the caller relies on, which the range includes."""
+    from snerd.config import ConfigError, seconds_setting  # (not needed by most subcommands)
+
     try:
-        value = float(raw.strip())
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < minimum:
-        raise UsageError(f"{name}={raw!r} must be a finite number of seconds >= {minimum:g}")
+        value = seconds_setting(os.environ, name, default)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    assert value >= minimum, (name, value)
     return value
 
 
@@ -287,7 +301,8 @@ class Queue:
 
 def read_membership_file(directory: Path) -> dict[str, Any] | None:
     """membership.json without taking its lock (it is replaced by rename: a read sees a whole
-    document). None when absent; QueueError when it is not a JSON object."""
+    document), checked as the daemons check it (`check_membership`). None when absent;
+    MembershipUnusable when it cannot be read or is not a membership document."""
     from snerd.io.files import read_small
 
     path = directory / MEMBERSHIP
@@ -296,14 +311,30 @@ def read_membership_file(directory: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise QueueError(f"cannot read {path}: {exc}") from None
+        raise MembershipUnusable(f"cannot read {path}: {exc}") from None
     try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise QueueError(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise QueueError(f"{path} is not a JSON object")
-    return doc
+        return parse_membership(data)
+    except MembershipInvalid as exc:
+        raise MembershipUnusable(f"{path} is not a usable membership file: {exc}") from None
+
+
+#: What an unusable membership.json means for the daemons, said by `fsck` and `validate`.
+_UNUSABLE_MEANS = (
+    "a daemon refuses to start on it (exit 2), and a running one claims nothing and stops "
+    "acting for its shards when their leases run out; fix the file or restore it"
+)
+
+
+def open_queue_to_check(directory: str) -> tuple[Queue, str | None]:
+    """`open_queue`, for the commands that check a queue: when membership.json is unusable,
+    the queue as its shard directories on disk show it, and what is wrong with the file."""
+    try:
+        return open_queue(directory), None
+    except MembershipUnusable as exc:
+        path = Path(directory)
+        found = Queue(directory=path, doc=None, shards=0).shard_dirs_on_disk()
+        shards = max(found, default=-1) + 1
+        return Queue(directory=path, doc=None, shards=min(shards, MAX_QUEUE_SHARDS)), str(exc)
 
 
 def open_queue(directory: str, *, allow_legacy: bool = True) -> Queue:
@@ -994,7 +1025,12 @@ def _lease(claim: Claim, now_us: int, settings: HealthSettings, running: bool) -
 
 
 def judge_health(
-    doc: dict[str, Any], facts: QueueFacts, *, now_us: int, settings: HealthSettings
+    doc: dict[str, Any],
+    facts: QueueFacts,
+    *,
+    now_us: int,
+    settings: HealthSettings,
+    membership_problem: str | None = None,
 ) -> HealthReport:
     """Judge a queue's health from membership.json, what was found on disk, and `now_us` (the
     tool's wall clock). No I/O and no clock reads: the same inputs give the same report.
@@ -1003,9 +1039,13 @@ def judge_health(
     lease expired more than `settings.overdue_us` ago; a shard's owner's heartbeat is older
     than that; a lease expiry does not parse (daemons never take such a claim over); a claimed
     shard's directory is missing; a `shard-k` directory lies beyond the shard count; a log has
-    corrupt lines. A queue with no daemon and nothing claimed is healthy.
+    corrupt lines; membership.json is unusable (`membership_problem`: what is wrong with it;
+    `doc` is then empty and `facts` are the shard directories found on disk). A queue with no
+    daemon and nothing claimed is healthy.
     """
     problems: list[str] = []
+    if membership_problem is not None:
+        problems.append(f"{membership_problem}: {_UNUSABLE_MEANS}")
     warnings: list[str] = []
     shard_count = len(facts.shards)
     claims = [_claim_of(doc, f.shard) for f in facts.shards]
@@ -1086,6 +1126,21 @@ def judge_health(
             )
         )
     state_of = {d.node: d for d in daemons}
+    # Caps (each heartbeat carries its daemon's SNERD_MAX_SHARDS): a shard nobody takes
+    # because every running daemon already holds its cap stays so until an operator acts.
+    caps = [
+        (d, _int_field(beats[d.node].get("max_shards")) if isinstance(beats.get(d.node), dict)
+         else None)
+        for d in daemons
+        if d.running
+    ]
+    cap_remedy = (
+        "every running daemon holds its cap ("
+        + ", ".join(f"{d.node} {len(d.shards)} of {cap}" for d, cap in caps)
+        + ", SNERD_MAX_SHARDS): raise SNERD_MAX_SHARDS or start another daemon"
+        if caps and all(cap is not None and len(d.shards) >= cap for d, cap in caps)
+        else None
+    )
     # The task types each running daemon's SDK handles (heartbeats carry them; None: unknown,
     # an upstream daemon or an older snerd).
     handlers: dict[str, set[str] | None] = {}
@@ -1117,7 +1172,12 @@ def judge_health(
         owner = claim.owner
         if lease == "free":
             unowned.append(name)
-            if running_count:
+            if running_count and cap_remedy is not None:
+                problems.append(
+                    f"{name} is free while {running_count} daemon(s) run: its enqueues are "
+                    f"refused, and no running daemon may claim it: {cap_remedy}"
+                )
+            elif running_count:
                 problems.append(
                     f"{name} is free while {running_count} daemon(s) run: its enqueues are "
                     f"refused until one claims it (daemons claim free shards at their next "
@@ -1134,7 +1194,9 @@ def judge_health(
             late = now_us - claim.expiry_us
             if late > settings.overdue_us:
                 why = (
-                    "no running daemon has taken it over"
+                    f"no running daemon may take it over: {cap_remedy}"
+                    if running_count and cap_remedy is not None
+                    else "no running daemon has taken it over"
                     if running_count
                     else "no daemon is running to take it over: start one on DIR"
                 )
@@ -1400,7 +1462,8 @@ def validate_main(argv: Sequence[str]) -> int:
         "Exit 1: degraded: a shard free while daemons run, a lease expired longer ago than "
         "lease + margin + one renewal, a shard claimed by a daemon whose heartbeat is older "
         "than that, an unparseable lease expiry, a missing or orphan shard directory, corrupt "
-        "lines. Exit 2: a bad argument or environment value.",
+        "lines, a membership.json that cannot be used (then the shard directories found on "
+        "disk are checked). Exit 2: a bad argument or environment value.",
         "SNERD_LEASE_TTL (default 30 s) and SNERD_CLOCK_SKEW_MARGIN (default 5 s) are read as "
         "daemons read them; set them as the daemons have them.",
     )
@@ -1459,7 +1522,7 @@ def _inbox_waiting(directory: Path, shard: int, ingested: dict[str, int]) -> dic
 def _validate(args: argparse.Namespace) -> int:
     from snerd.io.fscheck import LOCAL_FILESYSTEMS, MOUNTINFO, filesystem_type
 
-    queue = open_queue(args.directory)
+    queue, unusable = open_queue_to_check(args.directory)
     settings = _health_settings()
     mountinfo = os.environ.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO
     fs_type = filesystem_type(queue.directory, mountinfo)
@@ -1471,7 +1534,9 @@ def _validate(args: argparse.Namespace) -> int:
         filesystem=fs_type,
         lock_proves_liveness=fs_type in LOCAL_FILESYSTEMS,
     )
-    report = judge_health(queue.doc or {}, facts, now_us=now, settings=settings)
+    report = judge_health(
+        queue.doc or {}, facts, now_us=now, settings=settings, membership_problem=unusable
+    )
     if args.json:
         _print_json({**_queue_json(queue), **health_json(report)})
         return report.exit_code
@@ -1536,6 +1601,8 @@ def _add_shards(args: argparse.Namespace) -> int:
     for _ in range(50):
         try:
             doc = read_membership(directory)
+        except MembershipInvalid as exc:
+            raise QueueError(str(exc)) from None
         except (ValueError, TypeError) as exc:
             raise QueueError(f"{directory / MEMBERSHIP} is unreadable: {exc}") from None
         except TimeoutError as exc:
@@ -1553,6 +1620,11 @@ def _add_shards(args: argparse.Namespace) -> int:
             expected = version if isinstance(version, int) else 0
             old = shards
             new_doc = {**doc, "shards": shards + n, "version": expected + 1}
+        if old + n > MAX_QUEUE_SHARDS:
+            raise UsageError(
+                f"N={n}: the queue has {old} shard(s); {old + n} is more than the "
+                f"{MAX_QUEUE_SHARDS} a queue may have"
+            )
         made: list[Path] = []
         for k in range(old, old + n):
             tasks = directory / f"shard-{k}" / "tasks"
@@ -2019,8 +2091,17 @@ def _tail_text(scan: ShardScan) -> str:
 
 
 def _fsck(args: argparse.Namespace) -> int:
-    queue = open_queue(args.directory)
+    queue, unusable = open_queue_to_check(args.directory)
     top = _queue_entries(queue)
+    if unusable is not None and not any(p == str(queue.directory / MEMBERSHIP) for p, _ in top):
+        top.insert(
+            0,
+            (
+                str(queue.directory / MEMBERSHIP),
+                f"{unusable}: {_UNUSABLE_MEANS} (the shard directories found on disk are "
+                "checked below)",
+            ),
+        )
     shards = [_fsck_shard(queue, s) for s in range(queue.shards)]
     if args.repair:
         for item in shards:

@@ -622,7 +622,7 @@ def test_a_corrupt_file_is_reported_and_the_dashboard_recovers(
     good = (q / "membership.json").read_bytes()
     (q / "membership.json").write_bytes(b'{"shards": 1, "claims": ')
     snap = c.get("/api/snapshot").json()
-    assert "membership.json is not valid JSON" in snap["error"]
+    assert "membership.json is not a usable membership file: not valid JSON" in snap["error"]
     assert snap["tasks"] == [] and snap["stats"] == {"error": snap["error"]}
     (q / "membership.json").write_bytes(good)
     # A corrupt line in the log is counted, and never hides the lines after it.

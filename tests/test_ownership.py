@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from snerd.config import ConfigError, load_settings
 from snerd.core.ownership import (
     MAX_COUNT,
     MAX_QUEUE_SHARDS,
@@ -306,13 +307,13 @@ def test_what_snerd_and_upstream_write_is_a_membership_document() -> None:
         (b"\xff\xfe", "not valid JSON"),
         (b"[1]", "the document is an array, not an object"),
         (b'"x"', "the document is a string, not an object"),
-        (b"{}", "'shards' is missing, not a whole number from 1 to 1024"),
-        (b'{"shards": "x"}', "'shards' is \"x\", not a whole number from 1 to 1024"),
+        (b"{}", "'shards' is missing, not a whole number from 1 to 4096"),
+        (b'{"shards": "x"}', "'shards' is \"x\", not a whole number from 1 to 4096"),
         (b'{"shards": -1}', "'shards' is -1, not a whole number"),
         (b'{"shards": 0}', "'shards' is 0, not a whole number"),
         (b'{"shards": true}', "'shards' is true, not a whole number"),
         (b'{"shards": 1.5}', "'shards' is 1.5, not a whole number"),
-        (b'{"shards": 1000000000}', "'shards' is 1000000000, not a whole number from 1 to 1024"),
+        (b'{"shards": 1000000000}', "'shards' is 1000000000, not a whole number from 1 to 4096"),
         (b'{"shards": 1, "version": -1}', "'version' is -1, not a whole number from 0 to"),
         (b'{"shards": 1, "version": 9007199254740992}', "'version' is 9007199254740992"),
         (b'{"shards": 1, "version": "3"}', "'version' is \"3\""),
@@ -340,7 +341,17 @@ def test_anything_else_is_refused_with_what_is_wrong(data: bytes, problem: str) 
     with pytest.raises(MembershipInvalid) as caught:
         parse_membership(data)
     assert problem in str(caught.value)
-    assert MAX_QUEUE_SHARDS == 1024 and MAX_COUNT == 2**53 - 1
+
+
+
+def test_the_shard_ceiling_is_the_one_snerd_shards_has() -> None:
+    # A queue SNERD_SHARDS may create is one the rule accepts, and no larger one.
+    top = str(MAX_QUEUE_SHARDS)
+    assert load_settings({"SNERD_SHARDS": top}).node.new_queue_shards == MAX_QUEUE_SHARDS
+    with pytest.raises(ConfigError):
+        load_settings({"SNERD_SHARDS": str(MAX_QUEUE_SHARDS + 1)})
+    assert check_membership({"shards": MAX_QUEUE_SHARDS})
+    assert MAX_COUNT == 2**53 - 1
 
 
 def test_a_lock_file_holding_anything_reads_as_fields_absent_never_an_error() -> None:

@@ -7,6 +7,7 @@ real directories and a real daemon.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -182,7 +183,9 @@ def test_heartbeat_ages_live_late_stale_and_fair_shares() -> None:
     # Two running daemons: a fair share of ceil(4 / 2) = 2, and a holds 3.
     assert (report.running, report.fair_share) == (2, 2)
     assert by_node["a@pid-1-aa"].above_share and not by_node["b@pid-2-bb"].above_share
-    assert any("a@pid-1-aa holds 3 shard(s), above its fair share of 2" in w for w in report.warnings)
+    assert any(
+        "a@pid-1-aa holds 3 shard(s), above its fair share of 2" in w for w in report.warnings
+    )
     assert any(w.startswith("b@pid-2-bb: its heartbeat is 20 s old") for w in report.warnings)
     # c's lease is live, but its heartbeat stopped a minute ago: degraded, naming the shard.
     assert report.problems == [
@@ -252,7 +255,10 @@ def test_epochs_of_membership_and_log(
         directory="/q",
         shards=[
             ShardFacts(
-                shard=0, directory_exists=True, lock=HELD, log_exists=log_exists,
+                shard=0,
+                directory_exists=True,
+                lock=HELD,
+                log_exists=log_exists,
                 log_epoch=log_epoch,
             )
         ],
@@ -270,11 +276,17 @@ def test_json_is_the_documented_shape_and_plain_data() -> None:
     out = health_json(judge(d, facts(1, locks={0: HELD}, log_epochs={0: 2})))
     assert out["now"] == at(0)
     assert out["settings"] == {
-        "lease_ttl_s": 30.0, "skew_margin_s": 5.0, "renew_interval_s": 10.0,
+        "lease_ttl_s": 30.0,
+        "skew_margin_s": 5.0,
+        "renew_interval_s": 10.0,
         "overdue_after_s": 45.0,
     }
     (shard,) = out["per_shard"]
-    assert shard["lease"] == {"state": "live", "expires_in_s": 12.0, "text": "live (expires in 12 s)"}
+    assert shard["lease"] == {
+        "state": "live",
+        "expires_in_s": 12.0,
+        "text": "live (expires in 12 s)",
+    }
     assert (shard["lock"], shard["lock_holder"]) == ("held", "a@pid-1-aa, pid 4242")
     assert out["daemons"] == [
         {
@@ -316,7 +328,11 @@ def test_a_task_type_no_running_daemon_handles_is_a_problem_and_named_per_shard(
     )
     f = facts(2, locks={0: HELD, 1: LockState("held", 4243, "b")})
     f.shards[0] = ShardFacts(
-        shard=0, directory_exists=True, lock=HELD, log_exists=True, log_epoch=1,
+        shard=0,
+        directory_exists=True,
+        lock=HELD,
+        log_exists=True,
+        log_epoch=1,
         live_types={"email": 2, "resize": 1, "report": 4},
     )
     report = judge_health(d, f, now_us=NOW, settings=DEFAULTS)
@@ -340,7 +356,11 @@ def test_handler_types_unknown_for_a_daemon_judge_nothing() -> None:
     d = doc(1, {0: ("a", at(20), 1)}, beats={"a": 1})
     f = facts(1, locks={0: HELD})
     f.shards[0] = ShardFacts(
-        shard=0, directory_exists=True, lock=HELD, log_exists=True, log_epoch=1,
+        shard=0,
+        directory_exists=True,
+        lock=HELD,
+        log_exists=True,
+        log_epoch=1,
         live_types={"x": 1},
     )
     report = judge_health(d, f, now_us=NOW, settings=DEFAULTS)
@@ -355,8 +375,13 @@ def test_tasks_waiting_in_the_inboxes_of_a_free_shard_are_reported() -> None:
     d = doc(2, {0: ("a", at(20), 1)}, beats={"a": 1})
     f = facts(2, locks={0: HELD})
     f.shards[1] = ShardFacts(
-        shard=1, directory_exists=True, lock=LockState("free"), log_exists=True, log_epoch=0,
-        inbox_waiting_bytes=512, inbox_waiting_files=2,
+        shard=1,
+        directory_exists=True,
+        lock=LockState("free"),
+        log_exists=True,
+        log_epoch=0,
+        inbox_waiting_bytes=512,
+        inbox_waiting_files=2,
     )
     report = judge_health(d, f, now_us=NOW, settings=DEFAULTS)
     assert any(
@@ -380,3 +405,106 @@ def test_inbox_bytes_waiting_are_read_from_the_shard_folder(tmp_path: Any) -> No
         "inbox_waiting_bytes": 18,
         "inbox_waiting_files": 1,
     }
+
+
+# ------------------------------------------------------------------------------ caps
+
+
+def capped_doc(cap: int | None) -> dict[str, Any]:
+    """Four shards, two daemons each holding two; heartbeats carry `cap` (None: no cap)."""
+    d = doc(
+        4,
+        {
+            0: ("a@pid-1-aa", at(25), 1),
+            1: ("a@pid-1-aa", at(25), 1),
+            2: ("b@pid-2-bb", at(25), 1),
+        },
+        {"a@pid-1-aa": 1, "b@pid-2-bb": 1},
+    )
+    if cap is not None:
+        for beat in d["nodes"].values():
+            beat["max_shards"] = cap
+    return d
+
+
+def test_the_cap_remedy_is_named_only_when_every_running_daemon_is_at_its_cap() -> None:
+    # b holds 1 of its 2: it claims shard-3 at its next round; the usual text.
+    report = judge(capped_doc(2), facts(4, locks={0: HELD, 1: HELD, 2: HELD}))
+    (problem,) = report.problems
+    assert "SNERD_MAX_SHARDS): raise" not in problem and "within 10 s" in problem
+    # Caps of 1 on both, holding 2 and 1: at their caps, and shard-3 stays free.
+    d = capped_doc(1)
+    report = judge(d, facts(4, locks={0: HELD, 1: HELD, 2: HELD}))
+    (problem,) = report.problems
+    assert problem.endswith(
+        "no running daemon may claim it: every running daemon holds its cap (a@pid-1-aa 2 of "
+        "1, b@pid-2-bb 1 of 1, SNERD_MAX_SHARDS): raise SNERD_MAX_SHARDS or start another daemon"
+    )
+    # No cap known (an upstream daemon, an older snerd): nothing is guessed.
+    report = judge(capped_doc(None), facts(4, locks={0: HELD, 1: HELD, 2: HELD}))
+    assert "raise SNERD_MAX_SHARDS" not in report.problems[0]
+
+
+def test_a_lapsed_claim_nobody_may_take_over_for_the_caps_names_the_remedy() -> None:
+    d = doc(
+        2,
+        {0: ("gone@pid-9-zz", at(-300), 1), 1: ("b@pid-2-bb", at(25), 1)},
+        {"b@pid-2-bb": 1},
+    )
+    d["nodes"]["b@pid-2-bb"]["max_shards"] = 1
+    report = judge(d, facts(2, locks={1: HELD}))
+    assert any(
+        p.startswith("shard-0: the lease of gone@pid-9-zz expired 5 min ago")
+        and p.endswith(
+            "no running daemon may take it over: every running daemon holds its "
+            "cap (b@pid-2-bb 1 of 1, SNERD_MAX_SHARDS): raise SNERD_MAX_SHARDS or "
+            "start another daemon"
+        )
+        for p in report.problems
+    ), report.problems
+
+
+# ------------------------------------------------------------------------------ membership.json
+
+
+def test_an_unusable_membership_file_is_a_problem_saying_what_the_daemons_do() -> None:
+    problem = "/q/membership.json is not a usable membership file: 'shards' is -1, not a ..."
+    report = judge_health({}, facts(1), now_us=NOW, settings=DEFAULTS, membership_problem=problem)
+    assert report.exit_code == 1
+    assert report.problems[0].startswith(problem + ": a daemon refuses to start on it (exit 2)")
+    assert "fix the file or restore it" in report.problems[0]
+    assert "Status: DEGRADED" in health_lines(report)
+    assert health_json(report)["problems"][0] == report.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"", "the file is empty"),
+        (b"[1]", "the document is an array, not an object"),
+        (b'{"queue": "q", "shards": "x", "version": 0}', "'shards' is \"x\""),
+        (b'{"queue": "q", "shards": 2, "version": 0, "claims": [1]}', "'claims' is an array"),
+    ],
+)
+def test_validate_and_fsck_report_an_unusable_membership_file(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], content: bytes, problem: str
+) -> None:
+    from snerd.tools import fsck_main, validate_main
+
+    q = tmp_path / "q"
+    (q / "shard-0" / "tasks").mkdir(parents=True)
+    (q / "shard-1" / "tasks").mkdir(parents=True)
+    (q / "membership.json").write_bytes(content)
+    named = f"{q / 'membership.json'} is not a usable membership file: {problem}"
+    for main in (validate_main, fsck_main):
+        assert main([str(q)]) == 1
+        out = capsys.readouterr().out
+        assert named in out and "refuses to start on it (exit 2)" in out, out
+        assert "shard-1" in out  # the shard directories found on disk are still looked at
+        assert main([str(q), "--json"]) == 1
+        report = json.loads(capsys.readouterr().out)
+        if main is validate_main:
+            texts = report["problems"]
+        else:
+            texts = [e["problem"] for e in report["refused_entries"]]
+        assert any(named in text for text in texts), texts

@@ -67,10 +67,11 @@ from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 EPOCHS_KEY = "epochs"
 #: Top-level key of membership.json holding each node's heartbeat (snerd's addition).
 NODES_KEY = "nodes"
-#: The most shards a queue may have. Every membership round walks every shard (claims, what
-#: the node has observed, its probes), so a count far beyond any deployment's stops a daemon
-#: answering (`"shards": 1000000000` did); 1024 is ten times the largest measured (100).
-MAX_QUEUE_SHARDS = 1024
+#: The most shards a queue may have (the ceiling of SNERD_SHARDS in `snerd.config`, and of
+#: `add-shards`). Every membership round walks every shard (claims, what the node observed,
+#: its probes), so a count far beyond any deployment's stops a daemon answering
+#: (`"shards": 1000000000` did).
+MAX_QUEUE_SHARDS = 4096
 #: The largest counter (version, epoch, renewals, beat) membership.json may hold: 2**53 - 1,
 #: the largest integer every JSON reader keeps exactly (RFC 8259 §6), and far enough below
 #: orjson's 64-bit limit that counting on from it can never make the file unwritable.
