@@ -320,6 +320,22 @@ def test_a_bad_environment_value_is_a_usage_error_naming_it(
         assert "SNERD_CLOCK_SKEW_MARGIN='soon' is not a number of seconds" in err
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("SNERD_TEST_CLOCK_OFFSET", "1e303"), ("SNERD_CLOCK_SKEW_MARGIN", "1e308")],
+)
+def test_a_setting_past_its_range_is_a_usage_error_as_in_the_daemon(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    # It overflowed the microsecond count (OverflowError) before.
+    q = plant(tmp_path / "q", {0: [claim(1), task("a")]})
+    monkeypatch.setenv(name, value)
+    for command in ("validate", "stats"):
+        code, out, err = cli(command, q)
+        assert (code, out) == (2, ""), err
+        assert f"{name}={value!r} must be a number of seconds from" in err
+
+
 @pytest.mark.parametrize("ttl", ["0.1", "soon", "inf"])
 def test_validate_refuses_a_bad_lease_ttl(
     cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ttl: str
