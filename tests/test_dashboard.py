@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -28,7 +29,7 @@ from starlette.websockets import WebSocketDisconnect
 from snerd import Engine, SnerdQueue, yield_progress
 from snerd.core.records import encode_record
 from snerd.core.timefmt import format_rfc3339
-from snerd.dashboard.app import COOKIE, create_app
+from snerd.dashboard.app import COOKIE, create_app, host_of
 from snerd.dashboard.serve import dashboard_main, is_loopback
 from snerd.dashboard.view import QueueView
 from snerd.tools import open_queue, rescan_shard
@@ -39,7 +40,7 @@ from tests.sdkhelpers import run as run  # the fixture
 
 SECOND = 1_000_000
 #: A task id and an error that would run script if the page ever rendered values as HTML.
-XSS_ID = '<img src=x onerror="document.title=\'pwned\'">'
+XSS_ID = "<img src=x onerror=\"document.title='pwned'\">"
 XSS_ERROR = "<script>document.title='pwned'</script> quota exceeded"
 
 
@@ -86,8 +87,13 @@ def hand_made_queue(root: Path, *, dead_id: str = "dead-1", error: str = "mailbo
         task("later-1", 2, executeAt=later, retryAfterTime=later),
         task("done-1", 3, deletedAt=done, snerdOutcome="completed"),
         task(
-            dead_id, 4, taskType="export", retryCount=3, deletedAt=done,
-            snerdOutcome="dead_letter", LastErrorObj=error,
+            dead_id,
+            4,
+            taskType="export",
+            retryCount=3,
+            deletedAt=done,
+            snerdOutcome="dead_letter",
+            LastErrorObj=error,
         ),
     ]
     log(q).write_bytes(b"".join(encode_record(f) for f in lines))
@@ -150,9 +156,13 @@ async def test_the_view_follows_a_running_daemon_and_a_compaction(
     view = view_of(q)
     await until(
         view,
-        lambda v: ids(v, "completed") == {"ok-1"} and ids(v, "dead_letter") == {"bad-1"}
-        and ids(v, "in_flight") == {"run-1"} and ids(v, "waiting") == {"wait-1"}
-        and ids(v, "delayed") == {"later-1"},
+        lambda v: (
+            ids(v, "completed") == {"ok-1"}
+            and ids(v, "dead_letter") == {"bad-1"}
+            and ids(v, "in_flight") == {"run-1"}
+            and ids(v, "waiting") == {"wait-1"}
+            and ids(v, "delayed") == {"later-1"}
+        ),
         "every task in its state",
     )
     totals = view.stats()["totals"]
@@ -193,8 +203,9 @@ async def test_the_view_follows_a_running_daemon_and_a_compaction(
     assert os.stat(log(q)).st_ino != inode
     await until(
         view,
-        lambda v: v.stats()["totals"]["completed"] == 0
-        and v.stats()["totals"]["dead_letters"] == 0,
+        lambda v: (
+            v.stats()["totals"]["completed"] == 0 and v.stats()["totals"]["dead_letters"] == 0
+        ),
         "the compacted log",
     )
     assert view.stats()["totals"]["live"] == 4
@@ -273,17 +284,20 @@ def test_the_api_reports_states_filters_and_dead_letters(client: tuple[TestClien
     snap = c.get("/api/snapshot").json()
     assert snap["stats"]["totals"]["live"] == 2
     assert {t["id"]: t["status"] for t in snap["tasks"]} == {
-        "wait-1": "waiting", "later-1": "delayed", "done-1": "completed", "dead-1": "dead_letter",
+        "wait-1": "waiting",
+        "later-1": "delayed",
+        "done-1": "completed",
+        "dead-1": "dead_letter",
     }
     assert [t["id"] for t in c.get("/api/tasks?status=delayed").json()] == ["later-1"]
     # Live tasks in enqueue order (snerdSeq), not file order, then the latest finished.
     append(q, task("upstream-1", 0))
     assert [t["id"] for t in c.get("/api/tasks?limit=3").json()] == [
-        "upstream-1", "wait-1", "later-1",
+        "upstream-1",
+        "wait-1",
+        "later-1",
     ]
-    assert [t["id"] for t in c.get("/api/tasks?limit=1&status=waiting").json()] == [
-        "upstream-1"
-    ]
+    assert [t["id"] for t in c.get("/api/tasks?limit=1&status=waiting").json()] == ["upstream-1"]
     (letter,) = c.get("/api/dead-letters").json()
     assert (letter["id"], letter["attempts"], letter["error"]) == ("dead-1", 3, "mailbox full")
     assert c.get("/api/stats").json()["shards"] == 1
@@ -325,6 +339,67 @@ def test_every_response_carries_the_security_headers(client: tuple[TestClient, P
 def test_a_foreign_host_header_is_refused(client: tuple[TestClient, Path]) -> None:
     r = client[0].get("/api/stats", headers={"host": "rebound.example"})
     assert r.status_code == 400
+    assert (
+        "Host header 'rebound.example' is not a name this dashboard answers to" in r.json()["error"]
+    )
+
+
+def loopback_client(q: Path) -> TestClient:
+    """The app as `snerdmq dashboard --host ::1` makes it: it answers to the loopback names."""
+    return TestClient(create_app(view_of(q), allowed_hosts=["127.0.0.1", "localhost", "::1"]))
+
+
+@pytest.mark.parametrize(
+    "host", ["[::1]:8642", "[::1]", "[0:0::1]:1", "localhost", "LOCALHOST:8642", "127.0.0.1:80"]
+)
+def test_a_loopback_host_header_is_served_bracketed_ipv6_too(tmp_path: Path, host: str) -> None:
+    with loopback_client(hand_made_queue(tmp_path)) as c:
+        r = c.get("/api/stats", headers={"host": host})
+        assert r.status_code == 200, r.text
+        assert r.json()["shards"] == 1
+        assert c.get("/", headers={"host": host}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("host", "says"),
+    [
+        ("::1", "is not a host[:port]"),  # a bare IPv6 address is not a Host (RFC 3986)
+        ("[::1", "is not a host[:port]"),
+        ("[::1]:http", "is not a host[:port]"),
+        ("[not-an-address]", "is not a host[:port]"),
+        ("localhost:70000", "is not a host[:port]"),
+        ("local host", "is not a host[:port]"),
+        ("", "is not a host[:port]"),
+        ("[::2]:8642", "is not a name this dashboard answers to"),
+        ("127.0.0.1.rebound.example", "is not a name this dashboard answers to"),
+    ],
+)
+def test_a_bad_host_header_is_a_400_naming_it(tmp_path: Path, host: str, says: str) -> None:
+    with loopback_client(hand_made_queue(tmp_path)) as c:
+        r = c.get("/api/stats", headers={"host": host})
+        assert r.status_code == 400
+        assert f"the Host header {host!r} {says}" in r.json()["error"]
+        page = c.get("/", headers={"host": host})
+        assert page.status_code == 400 and says in page.text
+
+
+def test_host_of_spells_each_host_one_way() -> None:
+    assert host_of("[::1]:8642") == host_of("[0:0:0::1]") == "::1"
+    assert host_of("LocalHost:1") == "localhost"
+    assert host_of("127.0.0.1:65535") == "127.0.0.1"
+    assert host_of("[fe80::1%eth0]") == "fe80::1%eth0"
+    for bad in ("::1", "[::1", "[1.2.3.4]", "a:b:c", "a:", "h:65536", " h", "[]", ":80"):
+        assert host_of(bad) is None, bad
+
+
+def test_a_malformed_origin_refuses_the_websocket(client: tuple[TestClient, Path]) -> None:
+    # urlsplit raised ValueError on this one: the handler failed with a traceback in the log.
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        client[0].websocket_connect("/ws", headers={"origin": "http://[::1"}) as ws,
+    ):
+        ws.receive_text()
+    assert refused.value.code == 1008
 
 
 def test_the_websocket_pushes_a_snapshot_then_each_change(client: tuple[TestClient, Path]) -> None:
@@ -383,7 +458,11 @@ def test_with_a_token_every_request_must_carry_it(tmp_path: Path) -> None:
     ("argv", "env", "named"),
     [
         (["--host", "0.0.0.0"], {}, "--host 0.0.0.0 is not a loopback address"),
-        (["--host", "0.0.0.0", "--token", " "], {}, "token (--token or SNERD_DASHBOARD_TOKEN) is empty"),
+        (
+            ["--host", "0.0.0.0", "--token", " "],
+            {},
+            "token (--token or SNERD_DASHBOARD_TOKEN) is empty",
+        ),
         (["--port", "70000"], {}, "--port must be a whole number from 0 to 65535, got '70000'"),
         (["--port", "http"], {}, "got 'http'"),
         (["--host", "10.1.2.3"], {"SNERD_CLOCK_SKEW_MARGIN": "x"}, "not a loopback"),
@@ -437,7 +516,9 @@ class Server:
             self.proc.kill()
             raise AssertionError(f"no address line: {line!r}; stderr {self.proc.communicate()[1]}")
         self.url = line.split(": ", 1)[1].split()[0]
-        assert self.url.startswith("http://127.0.0.1:") and self.url.endswith("/")
+        host = next((args[i + 1] for i, a in enumerate(args) if a == "--host"), "127.0.0.1")
+        shown = f"[{host.strip('[]')}]" if ":" in host else host
+        assert self.url.startswith(f"http://{shown}:") and self.url.endswith("/"), self.url
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -461,6 +542,56 @@ def test_the_command_serves_with_its_token_and_stops_on_sigterm(tmp_path: Path) 
         assert server.stop() == 0
 
 
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def test_the_command_on_ipv6_loopback_answers_its_own_address(tmp_path: Path) -> None:
+    if not ipv6_loopback():
+        pytest.skip("no IPv6 loopback here (test_a_loopback_host_header_is_served covers the app)")
+    q = hand_made_queue(tmp_path)
+    with Server(q, "--host", "::1") as server:
+        # httpx sends `Host: [::1]:PORT`, as a browser does.
+        r = httpx.get(f"{server.url}api/stats")
+        assert r.status_code == 200, r.text
+        assert r.json()["totals"]["dead_letters"] == 1
+        assert httpx.get(server.url).status_code == 200
+        rebound = httpx.get(f"{server.url}api/stats", headers={"host": "rebound.example"})
+        assert rebound.status_code == 400
+        assert server.stop() == 0
+
+
+def test_hostile_requests_to_a_real_server_get_4xx_and_no_traceback(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    with Server(q) as server:
+        port = int(server.url.rsplit(":", 1)[1].rstrip("/"))
+        key = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13"
+        upgrade = f"Upgrade: websocket\r\nConnection: Upgrade\r\n{key}"
+        for request, status in [
+            (f"GET /ws HTTP/1.1\r\nHost: localhost\r\n{upgrade}\r\nOrigin: http://[::1\r\n", 403),
+            ("GET /api/tasks?limit=%ff HTTP/1.1\r\nHost: localhost\r\n", 400),
+            ("GET /api/tasks?status=%00 HTTP/1.1\r\nHost: localhost\r\n", 400),
+            ("GET /%ff%00/../x HTTP/1.1\r\nHost: localhost\r\n", 404),
+            ("GET /api/stats HTTP/1.1\r\nHost: [::1\r\n", 400),
+            ("GET /api/stats HTTP/1.1\r\nHost: localhost\r\nHost: evil\r\n", 400),
+            ("GET /api/stats HTTP/1.1\r\n", 400),
+        ]:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                close = "" if "Upgrade" in request else "Connection: close\r\n"
+                sock.sendall(f"{request}{close}\r\n".encode())
+                head = sock.recv(4096).split(b"\r\n", 1)[0]
+            assert head.startswith(f"HTTP/1.1 {status}".encode()), (request, head)
+        assert server.stop() == 0
+        assert server.proc.stderr is not None
+        err = server.proc.stderr.read()
+    assert "Traceback" not in err and "Error in ASGI" not in err, err
+
+
 # ------------------------------------------------------------------------------------------
 # The page in a real browser
 # ------------------------------------------------------------------------------------------
@@ -477,8 +608,13 @@ def chromium() -> str:
 #: Flags for Chromium here: root (no sandbox), no GPU, and none of its calls home (refused
 #: on a closed network).
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 

@@ -16,7 +16,9 @@ Upstream's dashboards listened on every interface, with no authentication, `Acce
 Allow-Origin: *` and WebSockets that accepted any origin. Here:
 
 - `Host` must be one of `allowed_hosts` when given (the server passes the loopback names when
-  it listens on loopback): a DNS-rebinding page cannot reach a local dashboard.
+  it listens on loopback): a DNS-rebinding page cannot reach a local dashboard. The header is
+  parsed as RFC 3986 writes a host (`host_of`): a name or IPv4 address, or an IPv6 address in
+  brackets (`[::1]:8642`), each with an optional port; anything else is a 400.
 - With a `token`, every request must carry it, as `Authorization: Bearer <token>` or as the
   HttpOnly, SameSite=Strict cookie that `/?token=<token>` sets (then redirects to `/`, so the
   token leaves the address bar). The server refuses a non-loopback address without a token.
@@ -25,6 +27,8 @@ Allow-Origin: *` and WebSockets that accepted any origin. Here:
 - Every response forbids framing, sniffing and referrers, and the page's Content-Security-
   Policy allows only its own script, style and connections; the page renders every value as
   text, never as HTML.
+- No request can fail the app: a bad query value is a 400 naming the parameter, a bad `Host`
+  a 400 naming the header, a malformed `Origin` a refused WebSocket, an unknown path a 404.
 
 Reads go through one lock: a refresh (at most one a `refresh_s`) and the view's queries run in a
 worker thread, one at a time.
@@ -33,7 +37,9 @@ worker thread, one at a time.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -46,7 +52,6 @@ import anyio.to_thread
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
@@ -56,7 +61,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from snerd.core.timefmt import format_rfc3339
 from snerd.dashboard.view import STATUSES, QueueView
 
-__all__ = ["COOKIE", "ProgressFeed", "create_app"]
+__all__ = ["COOKIE", "ProgressFeed", "create_app", "host_of"]
 
 #: The cookie `/?token=` sets.
 COOKIE = "snerd_dashboard_token"
@@ -76,6 +81,13 @@ _SECURITY_HEADERS = [
 ]
 
 _T = TypeVar("_T")
+
+#: A `Host` header (RFC 9110 §7.2: uri-host [ ":" port ]): a bracketed IP literal or a name
+#: without a colon, then an optional port of digits. RFC 3986 §3.2.2 allows more characters in
+#: a reg-name than a DNS name has; a dashboard is reached by a DNS name or an address.
+_HOST_HEADER = re.compile(
+    r"(?:\[(?P<literal>[^\[\]]+)\]|(?P<name>[A-Za-z0-9._~-]+))(?::(?P<port>[0-9]{1,5}))?"
+)
 
 
 class ProgressFeed:
@@ -103,6 +115,75 @@ def _json(value: Any, status: int = 200) -> Response:
 
 def _error(text: str, status: int = 400) -> Response:
     return _json({"error": text}, status)
+
+
+def host_of(header: str) -> str | None:
+    """The host a `Host` header names, in one spelling per host: a name in lower case, an IP
+    address as `ipaddress` writes it (`[::1]:8642` and `[0:0::1]` are both `::1`). None when
+    the header is not a host with an optional port (a bare IPv6 address, a bracketed text that
+    is not one, a port beyond 65535, blanks)."""
+    match = _HOST_HEADER.fullmatch(header)
+    if match is None or int(match["port"] or 0) > 65535:
+        return None
+    literal = match["literal"]
+    if literal is not None:
+        try:
+            return str(ipaddress.IPv6Address(literal))
+        except ValueError:
+            return None
+    return _host_name(match["name"])
+
+
+def _host_name(name: str) -> str:
+    """`name` as `host_of` spells it (an allowed name, given with or without brackets)."""
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        return bare.lower()
+
+
+class _HostCheck:
+    """Only requests whose `Host` names one of `allowed` pass (DNS rebinding); a bad one is a
+    400 naming the header (a WebSocket is closed with 1008)."""
+
+    def __init__(self, app: ASGIApp, allowed: Sequence[str]) -> None:
+        self.app = app
+        self.allowed = frozenset(_host_name(name) for name in allowed)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        values = [v for k, v in scope["headers"] if k == b"host"]
+        header = values[0].decode("latin-1") if len(values) == 1 else None
+        host = None if header is None else host_of(header)
+        if host in self.allowed:
+            await self.app(scope, receive, send)
+            return
+        if header is None:
+            why = "the request needs exactly one Host header"
+        elif host is None:
+            why = f"the Host header {header[:100]!r} is not a host[:port]"
+        else:
+            why = f"the Host header {header[:100]!r} is not a name this dashboard answers to"
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
+            return
+        if scope["path"].startswith("/api/"):
+            response = _error(why)
+        else:
+            response = Response(why + "\n", status_code=400, media_type="text/plain")
+        await response(scope, receive, send)
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    """Whether a WebSocket's `Origin` is this server's own address (`host`, as the browser
+    wrote it in the `Host` header). A malformed origin is not."""
+    try:
+        return urlsplit(origin).netloc.lower() == host.lower()
+    except ValueError:  # urlsplit refuses "http://[::1"
+        return False
 
 
 class _SecurityHeaders:
@@ -149,14 +230,19 @@ class _TokenAuth:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008, "reason": "token required"})
             return
-        if conn.url.path == "/" and self._matches(conn.query_params.get("token")):
+        # The path as the server decoded it (`conn.url` would decode the raw query as UTF-8).
+        path = scope["path"]
+        if path == "/" and self._matches(conn.query_params.get("token")):
             response = Response(status_code=303, headers={"location": "/"})
             response.set_cookie(COOKIE, self.token.decode(), httponly=True, samesite="strict")
             await response(scope, receive, send)
             return
-        if conn.url.path.startswith("/api/"):
-            response = _error("this dashboard needs its token: send `Authorization: Bearer "
-                              "<token>` (the token is SNERD_DASHBOARD_TOKEN)", 401)
+        if path.startswith("/api/"):
+            response = _error(
+                "this dashboard needs its token: send `Authorization: Bearer "
+                "<token>` (the token is SNERD_DASHBOARD_TOKEN)",
+                401,
+            )
         else:
             response = Response(
                 "This dashboard needs its token: open /?token=<token> once (the token is "
@@ -237,6 +323,7 @@ def create_app(
 
     def with_progress(snap: dict[str, Any]) -> dict[str, Any]:
         return snap if progress is None else {**snap, "progress": progress.lines()}
+
     pages = {
         "/": (_static("index.html"), "text/html; charset=utf-8"),
         "/app.js": (_static("app.js"), "text/javascript; charset=utf-8"),
@@ -244,7 +331,7 @@ def create_app(
     }
 
     async def page(request: Request) -> Response:
-        body, media_type = pages[request.url.path]
+        body, media_type = pages[request.scope["path"]]
         return Response(body, media_type=media_type)
 
     async def snapshot(request: Request) -> Response:
@@ -282,7 +369,7 @@ def create_app(
     async def live(websocket: WebSocket) -> None:
         origin = websocket.headers.get("origin")
         host = websocket.headers.get("host", "")
-        if origin is not None and urlsplit(origin).netloc.lower() != host.lower():
+        if origin is not None and not _same_origin(origin, host):
             await websocket.close(code=1008, reason="cross-origin WebSocket refused")
             return
         await websocket.accept()
@@ -332,7 +419,7 @@ def create_app(
     ]
     middleware = [Middleware(_SecurityHeaders)]
     if allowed_hosts is not None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
+        middleware.append(Middleware(_HostCheck, allowed=list(allowed_hosts)))
     if token is not None:
         middleware.append(Middleware(_TokenAuth, token=token))
     return Starlette(routes=routes, middleware=middleware)
