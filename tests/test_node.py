@@ -1507,3 +1507,18 @@ def test_records_another_writer_appends_between_our_read_and_our_claim_are_read_
     assert len(claims) == 1  # no second claim: ours is in the log
     sh.register("t")
     assert sh.executed_ids() == ["late"]
+
+
+def test_registered_types_are_bounded_because_membership_lists_them() -> None:
+    sh = started()
+    for n in range(proto.MAX_REGISTERED_TYPES):
+        sh.register(f"type-{n}")
+    sh.register("type-0")  # registering a type again is fine
+    sh.register("one-too-many")
+    acks = sh.messages("ack")
+    assert len(acks) == proto.MAX_REGISTERED_TYPES + 1
+    assert sh.messages("error") == [
+        {"action": "error", "message": proto.too_many_task_types("one-too-many")}
+    ]
+    assert "one-too-many" not in sh.node.registered
+    assert proto.too_many_task_types("x").startswith("[Snerd] Cannot register task type 'x'")

@@ -293,6 +293,32 @@ def test_blank_lines() -> None:
             "",
         ),
         (b'{"action":"progress","data":"x"}', "Invalid JSON: missing field `task_id`", None),
+        (
+            b'{"action":"register","task_type":"' + b"t" * 257 + b'"}',
+            "Invalid JSON: field `task_type` is 257 bytes; the limit is 256",
+            None,
+        ),
+        (
+            b'{"action":"result","task_id":"' + b"r" * 1025 + b'","status":"success"}',
+            "Invalid JSON: field `task_id` is 1025 bytes; the limit is 1024",
+            "r" * 1025,
+        ),
+        (
+            b'{"action":"progress","task_id":"' + b"p" * 1025 + b'","data":1}',
+            "Invalid JSON: field `task_id` is 1025 bytes; the limit is 1024",
+            "p" * 1025,
+        ),
+        # orjson reads an integer beyond 64 bits as a float.
+        (
+            enqueue_line()[:-1] + b',"max_retries":18446744073709551616}',
+            "Invalid JSON: field `max_retries` must be an integer within 64 bits, got 1.84467e+19",
+            "job-1",
+        ),
+        (
+            b'{"action":"result","task_id":"r6","status":"success","attempt":-1e300}',
+            "Invalid JSON: field `attempt` must be an integer within 64 bits, got -1e+300",
+            "r6",
+        ),
     ],
 )
 def test_malformed_lines(raw: bytes, message: str, task_id: str | None) -> None:
@@ -398,6 +424,21 @@ def test_enqueue_type_errors_carry_the_task_id(field: str, value: Any, expected:
         ),
         ({"trigger_after_ids": ["a", "job-1"]}, "task job-1 cannot depend on itself"),
         ({"trigger_after_ids": ["a", ""]}, "trigger_after_ids must not contain an empty id"),
+        # Sizes: a type name is listed in membership.json (rewritten at every renewal), a
+        # group or pool name is in every record of its task.
+        ({"task_type": "t" * 257}, "task_type is 257 bytes; the limit is 256"),
+        ({"task_type": "é" * 129}, "task_type is 258 bytes; the limit is 256"),
+        ({"rate_limit_group": "g" * 257}, "rate_limit_group is 257 bytes; the limit is 256"),
+        ({"pool": "p" * 300}, "pool is 300 bytes; the limit is 256"),
+        (
+            {"trigger_after_ids": [f"p{i}" for i in range(1025)]},
+            "trigger_after_ids has 1025 ids; the limit is 1024",
+        ),
+        (
+            {"trigger_after_ids": ["a", "x" * 1025]},
+            "trigger_after_ids holds an id of 1025 bytes; the limit is 1024",
+        ),
+        ({"cron": "1," * 600 + "1 * * * *"}, "cron is 1209 characters; the limit is 1024"),
     ],
 )
 def test_enqueue_semantic_errors(overrides: dict[str, Any], detail: str) -> None:
@@ -686,7 +727,10 @@ def test_the_fast_path_for_a_plain_result_gives_what_the_full_parser_gives(
     assert proto.parse_line(orjson.dumps(doc)) == fast
 
 
-@given(ids=st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=5), shard=st.integers(0, 999))
+@given(
+    ids=st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=5),
+    shard=st.integers(0, 999),
+)
 def test_ack_lines_are_the_framed_acks_of_each_task(ids: list[str], shard: int) -> None:
     expected = b"".join(proto.encode_message(proto.ack_enqueued(i, shard)) for i in ids)
     assert proto.ack_lines(ids, shard) == expected
@@ -694,3 +738,52 @@ def test_ack_lines_are_the_framed_acks_of_each_task(ids: list[str], shard: int) 
 
 def test_the_optional_enqueue_fields_are_the_upstream_sdks() -> None:
     assert proto.ENQUEUE_OPTIONS == OPTIONAL_FIELDS
+
+
+# --- nesting: a line the daemon accepts it can write back ------------------------------------
+
+
+def nested(depth: int, kind: str = "array") -> bytes:
+    """A JSON value of `depth` levels of arrays (or objects), innermost empty."""
+    if kind == "array":
+        return b"[" * depth + b"]" * depth
+    return b'{"a":' * (depth - 1) + b"{}" + b"}" * (depth - 1)
+
+
+#: Lines whose `X` is replaced by a value: the line nests one level more than the value.
+NESTING_LINES = [
+    (b'{"action":"progress","task_id":"p1","data":X}', "p1"),
+    (b'{"action":"result","task_id":"r1","status":"error","error_msg":X}', "r1"),
+    # Unknown fields are not written back, but a line is refused whichever field nests: the
+    # plain fast paths must not take them.
+    (b'{"action":"result","task_id":"r2","status":"success","extra":X}', "r2"),
+    (enqueue_line()[:-1] + b',"extra":X}', "job-1"),
+    (b'{"action":"register","task_type":"t","extra":X}', None),
+    (b'{"action":"stats","extra":X}', None),
+]
+
+
+@pytest.mark.parametrize("kind", ["array", "object"])
+@pytest.mark.parametrize(("template", "task_id"), NESTING_LINES)
+def test_a_line_nested_deeper_than_the_limit_is_refused_with_its_task_id(
+    template: bytes, task_id: str | None, kind: str
+) -> None:
+    deepest = proto.MAX_NESTING
+    accepted = parse_line(template.replace(b"X", nested(deepest - 1, kind)))
+    if isinstance(accepted, Progress):
+        # What the daemon writes back: the echo nests exactly as deep as the line.
+        echo = enc(proto.progress(accepted.task_id, accepted.data))
+        assert orjson.loads(echo)["data"] == accepted.data
+    if isinstance(accepted, Result) and accepted.error_msg is not None:
+        assert accepted.error_msg.encode() == nested(deepest - 1, kind).replace(b" ", b"")
+    # 254 was the one that ended the daemon; beyond 1023 orjson itself refuses the line.
+    for depth in (deepest, 253, 254, 1023, 1024, 5000):
+        err = refused(template.replace(b"X", nested(depth, kind)))
+        assert err.message == f"Invalid JSON: nested deeper than {deepest} levels"
+        assert err.task_id == task_id
+
+
+def test_a_long_flat_array_is_not_too_deep() -> None:
+    data = b"[" + b",".join([b"[1,2]"] * 100_000) + b"]"
+    cmd = parse_line(b'{"action":"progress","task_id":"p","data":' + data + b"}")
+    assert isinstance(cmd, Progress) and len(cmd.data) == 100_000

@@ -1771,6 +1771,13 @@ class Node:
     def _on_register(self, cmd: proto.Register) -> None:
         if self._hold_or(cmd):
             return
+        if (
+            cmd.task_type not in self.registered
+            and len(self.registered) >= proto.MAX_REGISTERED_TYPES
+        ):
+            # Each registered type is listed in membership.json, rewritten at every renewal.
+            self._send(proto.error(None, proto.too_many_task_types(cmd.task_type)))
+            return
         self.registered.add(cmd.task_type)
         self._send(proto.ack_registered(cmd.task_type))
         parked = self.parked_by_type.pop(cmd.task_type, None)

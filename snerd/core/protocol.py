@@ -40,13 +40,29 @@ Decisions where upstream had no rule:
   line carries both.
 - Blank lines are skipped by upstream; `is_blank_line` says so, and the caller should skip them
   before `parse_line` (which would answer `Invalid JSON: empty line`); the node does.
+
+Limits, so that whatever a line carries the daemon can hold it, store it and write it back:
+
+- Nesting: at most `MAX_NESTING` (128) levels of arrays and objects, the line's own object
+  counted, in any field, known or not. orjson reads 1024 levels but writes only 254, and the
+  daemon writes inbound values back (the `progress` echo, a non-string `error_msg`): a line it
+  could not write back would end the daemon at the echo. Upstream's parser stopped at 128 too.
+- Sizes, in UTF-8 bytes: a task id (`task_id` of every action, each id in
+  `trigger_after_ids`) at most `MAX_TASK_ID_BYTES`; a name (`task_type` of `enqueue` and
+  `register`, `rate_limit_group`, `pool`) at most `MAX_NAME_BYTES`, since registered types are
+  listed in membership.json, which is rewritten at every lease renewal; `trigger_after_ids` at
+  most `MAX_PARENTS` ids; `cron` at most `MAX_CRON_CHARS` characters. Everything else is bounded
+  by the line (`DEFAULT_MAX_LINE_BYTES`).
+- Numbers: JSON has no NaN or infinity (orjson refuses them, and numbers that overflow a
+  double); an integer beyond 64 bits is read as a float, so an integer field names it as such.
+- Text: orjson refuses invalid UTF-8 and lone surrogates, so every string is encodable.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeAlias
 
@@ -62,11 +78,17 @@ from snerd.core.webhook_target import BadWebhookUrl, parse_webhook_url
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "ENQUEUE_OPTIONS",
+    "MAX_CRON_CHARS",
     "MAX_EXECUTION_SECONDS",
+    "MAX_NAME_BYTES",
+    "MAX_NESTING",
+    "MAX_PARENTS",
+    "MAX_REGISTERED_TYPES",
     "MAX_RETRY_AFTER_HOURS",
     "MAX_TASK_ID_BYTES",
     "NO_SHARDS_OWNED",
     "SHUTTING_DOWN",
+    "SNIFF_BYTES",
     "Command",
     "Enqueue",
     "PlainEnqueue",
@@ -95,6 +117,7 @@ __all__ = [
     "sniff_task_id",
     "stats",
     "timed_out",
+    "too_many_task_types",
     "unknown_result",
     "validate_enqueue",
 ]
@@ -103,6 +126,18 @@ __all__ = [
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 #: Longest task id, in UTF-8 bytes. Ids are keys in memory, in every log record and in messages.
 MAX_TASK_ID_BYTES = 1024
+#: Longest task type, rate-limit group or pool name, in UTF-8 bytes (each registered type is in
+#: membership.json, rewritten at every renewal; the others are in every record of their task).
+MAX_NAME_BYTES = 256
+#: Most ids in one `trigger_after_ids`.
+MAX_PARENTS = 1024
+#: Longest `cron`, in characters: six fields listing every value take about 500.
+MAX_CRON_CHARS = 1024
+#: Most task types one daemon has handlers for (`register`): each is listed in membership.json.
+MAX_REGISTERED_TYPES = 1024
+#: Deepest nesting of arrays and objects in a line, its own object being level 1. A line the
+#: daemon accepts it can write back: orjson writes at most 254 levels.
+MAX_NESTING = 128
 #: 100 years, like the longest `retry_after_hours` (`snerd.core.retry.MAX_RETRY_AFTER_HOURS`).
 MAX_EXECUTION_SECONDS = int(MAX_RETRY_AFTER_HOURS * 3600)
 # Upstream parsed max_retries and max_per_minute as i32: a larger value is not something any SDK
@@ -115,9 +150,10 @@ NO_SHARDS_OWNED = "[Snerd] No shards owned by this instance"
 _ACTIONS = ("register", "enqueue", "result", "progress", "stats")
 # How much of a bad value to echo back in an error: enough to recognize it, never megabytes.
 _SHOW_MAX_CHARS = 200
-# Where to look for a task id in a line that does not parse: the head (dict-ordered SDKs put it
-# near the front) and the tail (Go's json.Marshal sorts keys, so it comes after task_data).
-_SNIFF_BYTES = 64 * 1024
+#: Where to look for a task id in a line that does not parse: its first and its last
+#: `SNIFF_BYTES` (dict-ordered SDKs put it near the front; Go's json.Marshal sorts keys, so it
+#: comes after task_data).
+SNIFF_BYTES = 64 * 1024
 # The id's JSON string, escapes included; orjson decodes it. Text inside another JSON string
 # cannot match, because there every quote is escaped.
 _SNIFF_TASK_ID = re.compile(rb'"task_id"\s*:\s*("(?:[^"\\]|\\.)*")', re.DOTALL)
@@ -216,6 +252,14 @@ def unknown_result(task_id: str) -> str:
     return f"Received result for unknown/expired task_id {task_id}"
 
 
+def too_many_task_types(task_type: str) -> str:
+    """The text for a `register` of a new type when `MAX_REGISTERED_TYPES` are registered."""
+    return (
+        f"[Snerd] Cannot register task type '{_show(task_type)}': this daemon has handlers for "
+        f"{MAX_REGISTERED_TYPES} task types, the limit"
+    )
+
+
 def timed_out(seconds: int) -> str:
     """The failure reason of an attempt that outlived its `max_execution_seconds`."""
     return f"Task execution timed out after {seconds} seconds"
@@ -262,8 +306,9 @@ def parse_document(doc: Any) -> Command:
         raise ProtocolError(f"Invalid JSON: expected an object, got {_type_name(doc)}")
 
     action = doc.get("action")
-    # The two lines that carry a queue's traffic take a fast path when they are plainly valid;
-    # anything else (including every error) goes the long way below, which words the errors.
+    # The two lines that carry a queue's traffic take a fast path when they are plainly valid
+    # (no field but known ones, each a scalar: nothing nested); anything else (including every
+    # error) goes the long way below, which words the errors.
     if action == "enqueue":
         fast_enqueue = _plain_enqueue(doc)
         if fast_enqueue is not None:
@@ -274,6 +319,8 @@ def parse_document(doc: Any) -> Command:
             return fast_result
     raw_id = doc.get("task_id")
     fields = _Fields(doc, raw_id if isinstance(raw_id, str) else None)
+    if _nests_deeper(doc, MAX_NESTING):
+        raise fields.invalid(f"nested deeper than {MAX_NESTING} levels")
     if action is None:
         raise fields.invalid("missing field `action`")
     if not isinstance(action, str):
@@ -288,6 +335,7 @@ def parse_document(doc: Any) -> Command:
         task_type = fields.required_str("task_type")
         if not task_type:
             raise fields.invalid("field `task_type` must not be empty")
+        fields.check_size("task_type", task_type, MAX_NAME_BYTES)
         return Register(task_type=task_type)
     if action == "stats":
         return StatsRequested()
@@ -304,13 +352,21 @@ def validate_enqueue(cmd: Enqueue) -> None:
     def refuse(detail: str) -> ProtocolError:
         return ProtocolError(failed_to_enqueue(detail), task_id=cmd.task_id)
 
+    def check_size(name: str, text: str, limit: int) -> None:
+        size = _utf8_size(text)
+        if size > limit:
+            raise refuse(f"{name} is {size} bytes; the limit is {limit}")
+
     if not cmd.task_id:
         raise refuse("task_id must not be empty")
-    id_bytes = len(cmd.task_id.encode("utf-8", "surrogatepass"))
-    if id_bytes > MAX_TASK_ID_BYTES:
-        raise refuse(f"task_id is {id_bytes} bytes; the limit is {MAX_TASK_ID_BYTES}")
+    check_size("task_id", cmd.task_id, MAX_TASK_ID_BYTES)
     if not cmd.task_type:
         raise refuse("task_type must not be empty")
+    check_size("task_type", cmd.task_type, MAX_NAME_BYTES)
+    if cmd.rate_limit_group is not None:
+        check_size("rate_limit_group", cmd.rate_limit_group, MAX_NAME_BYTES)
+    if cmd.pool is not None:
+        check_size("pool", cmd.pool, MAX_NAME_BYTES)
     if cmd.max_retries < 0:
         raise refuse(f"max_retries must be 0 or more, got {cmd.max_retries}")
     if cmd.max_retries > _I32_MAX:
@@ -341,6 +397,7 @@ def validate_enqueue(cmd: Enqueue) -> None:
     if not math.isfinite(cmd.urgency_score):
         raise refuse(f"urgency_score must be a finite number, got {cmd.urgency_score}")
     if cmd.cron is not None:
+        _check_cron_size(cmd.cron, refuse)
         try:
             normalized = normalize_cron(cmd.cron)
         except ValueError as exc:
@@ -351,11 +408,20 @@ def validate_enqueue(cmd: Enqueue) -> None:
         target = parse_webhook_url(cmd.webhook_url)
         if isinstance(target, BadWebhookUrl):
             raise refuse(target.reason)
+    if len(cmd.trigger_after_ids) > MAX_PARENTS:
+        raise refuse(
+            f"trigger_after_ids has {len(cmd.trigger_after_ids)} ids; the limit is {MAX_PARENTS}"
+        )
     for parent in cmd.trigger_after_ids:
         if not parent:
             raise refuse("trigger_after_ids must not contain an empty id")
         if parent == cmd.task_id:
             raise refuse(f"task {cmd.task_id} cannot depend on itself")
+        size = _utf8_size(parent)
+        if size > MAX_TASK_ID_BYTES:
+            raise refuse(
+                f"trigger_after_ids holds an id of {size} bytes; the limit is {MAX_TASK_ID_BYTES}"
+            )
     if len(set(cmd.trigger_after_ids)) != len(cmd.trigger_after_ids):
         raise refuse("trigger_after_ids must not repeat an id")
 
@@ -377,8 +443,13 @@ ENQUEUE_OPTIONS = (
 #: `_plain_enqueue` takes only lines where all of them are absent or null.
 _ENQUEUE_OPTIONAL = frozenset(ENQUEUE_OPTIONS)
 #: Ids of at most this many characters are within `MAX_TASK_ID_BYTES` in any encoding (UTF-8
-#: takes at most 4 bytes a character), so the fast path need not encode them to check.
+#: takes at most 4 bytes a character), so the fast path need not encode them to check; and so
+#: for names and `MAX_NAME_BYTES`.
 _PLAIN_ID_CHARS = MAX_TASK_ID_BYTES // 4
+_PLAIN_NAME_CHARS = MAX_NAME_BYTES // 4
+#: The fields of a plain enqueue: `action` and the five required ones. A line with any other
+#: field than these and the optional ones goes the long way, which checks its nesting.
+_PLAIN_ENQUEUE_FIELDS = 6
 
 
 def _plain_enqueue(doc: dict[str, Any]) -> Enqueue | None:
@@ -409,7 +480,10 @@ def plain_enqueue(doc: dict[str, Any]) -> PlainEnqueue | None:
     The node's batch path for the commonest line takes them without building an `Enqueue`;
     they are exactly the fields of the `Enqueue` that `parse_line` gives for the same object.
     """
-    for name in _ENQUEUE_OPTIONAL.intersection(doc):
+    optional = _ENQUEUE_OPTIONAL.intersection(doc)
+    if len(doc) != _PLAIN_ENQUEUE_FIELDS + len(optional):
+        return None  # an unknown field (or a required one missing)
+    for name in optional:
         if doc[name] is not None:
             return None
     task_id = doc.get("task_id")
@@ -421,7 +495,7 @@ def plain_enqueue(doc: dict[str, Any]) -> PlainEnqueue | None:
         type(task_id) is not str
         or not 0 < len(task_id) <= _PLAIN_ID_CHARS
         or type(task_type) is not str
-        or not task_type
+        or not 0 < len(task_type) <= _PLAIN_NAME_CHARS
         or type(task_data) is not str
         or type(max_retries) is not int
         or not 0 <= max_retries <= _I32_MAX
@@ -458,13 +532,18 @@ def plain_result(doc: dict[str, Any]) -> PlainResult | None:
     The node's batch path for the commonest result, a success, takes them without building a
     `Result`; they are exactly the fields of the `Result` that `parse_line` gives for the same
     object."""
+    fields = len(doc)
+    # `action`, `task_id`, `status`, and `error_msg` and `attempt` when present: any other
+    # field (which may be nested) sends the line the long way.
+    if fields != 3 and fields != 3 + ("error_msg" in doc) + ("attempt" in doc):
+        return None
     task_id = doc.get("task_id")
     status = doc.get("status")
     error_msg = doc.get("error_msg")
     attempt = doc.get("attempt")
     if (
         type(task_id) is not str
-        or not task_id
+        or not 0 < len(task_id) <= _PLAIN_ID_CHARS
         or type(status) is not str
         or (error_msg is not None and type(error_msg) is not str)
         or (attempt is not None and (type(attempt) is not int or attempt < 1))
@@ -517,6 +596,8 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
         return ProtocolError(failed_to_enqueue(detail), task_id=task_id)
 
     execute_at_us = None
+    if cron is not None:
+        _check_cron_size(cron, refuse)
     if execute_at is not None:
         try:
             execute_at_us = parse_rfc3339(execute_at)
@@ -532,9 +613,7 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
 
 
 def _parse_result(f: _Fields) -> Result:
-    task_id = f.required_str("task_id")
-    if not task_id:
-        raise f.invalid("field `task_id` must not be empty")
+    task_id = f.required_id()
     status = f.doc.get("status")
     if status is not None:
         if not isinstance(status, str):
@@ -550,6 +629,7 @@ def _parse_result(f: _Fields) -> Result:
         error_msg = raw_msg
     else:
         # Lenient on purpose: refusing the line would leave the attempt waiting for a result.
+        # (It can be written: `parse_document` refused a line nested deeper than orjson writes.)
         error_msg = orjson.dumps(raw_msg).decode()
     attempt = f.optional_int("attempt")
     if attempt is not None and attempt < 1:
@@ -558,9 +638,7 @@ def _parse_result(f: _Fields) -> Result:
 
 
 def _parse_progress(f: _Fields) -> Progress:
-    task_id = f.required_str("task_id")
-    if not task_id:
-        raise f.invalid("field `task_id` must not be empty")
+    task_id = f.required_id()
     if "data" not in f.doc:
         raise f.invalid("missing field `data`")
     return Progress(task_id=task_id, data=f.doc["data"])
@@ -595,6 +673,19 @@ class _Fields:
             raise self._wrong_type(name, "a string", value)
         return value
 
+    def required_id(self) -> str:
+        """`task_id` of a `result` or `progress`: what an enqueue would accept as an id."""
+        task_id = self.required_str("task_id")
+        if not task_id:
+            raise self.invalid("field `task_id` must not be empty")
+        self.check_size("task_id", task_id, MAX_TASK_ID_BYTES)
+        return task_id
+
+    def check_size(self, name: str, text: str, limit: int) -> None:
+        size = _utf8_size(text)
+        if size > limit:
+            raise self.invalid(f"field `{name}` is {size} bytes; the limit is {limit}")
+
     def optional_str(self, name: str) -> str | None:
         value = self.doc.get(name)
         if value is None:
@@ -607,6 +698,11 @@ class _Fields:
         value = self._required(name)
         # bool is a subclass of int in Python; JSON true is not an integer.
         if not isinstance(value, int) or isinstance(value, bool):
+            if isinstance(value, float) and value.is_integer() and abs(value) >= 2**63:
+                # orjson reads an integer beyond 64 bits as a float: say which it was.
+                raise self.invalid(
+                    f"field `{name}` must be an integer within 64 bits, got {value:.6g}"
+                )
             raise self._wrong_type(name, "an integer", value)
         return value
 
@@ -661,6 +757,39 @@ def _type_name(value: Any) -> str:
     return "object"
 
 
+def _utf8_size(text: str) -> int:
+    """Bytes of `text` in UTF-8 (a lone surrogate, which no parsed line holds, as 3)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_cron_size(cron: str, refuse: Callable[[str], ProtocolError]) -> None:
+    """Refuse (with `refuse(detail)`) a cron too long to be one; croniter would take its time
+    over a list of a million values, and the error would echo all of it."""
+    if len(cron) > MAX_CRON_CHARS:
+        raise refuse(f"cron is {len(cron)} characters; the limit is {MAX_CRON_CHARS}")
+
+
+def _nests_deeper(doc: dict[str, Any], limit: int) -> bool:
+    """True when arrays and objects nest more than `limit` levels in `doc` (level 1).
+
+    Level by level, without recursion; a container's values are looked at in one C pass
+    (`set(map(type, ...))`), so a long flat array costs little more than its parse did."""
+    level: list[Any] = [doc]
+    depth = 1
+    while level:
+        deeper: list[Any] = []
+        for node in level:
+            values = node.values() if type(node) is dict else node
+            kinds = set(map(type, values))
+            if dict in kinds or list in kinds:
+                deeper += [v for v in values if type(v) is dict or type(v) is list]
+        if deeper and depth == limit:
+            return True
+        depth += 1
+        level = deeper
+    return False
+
+
 def _show(value: str) -> str:
     """A bad value as echoed in an error: cut short, so an error line never carries megabytes."""
     if len(value) <= _SHOW_MAX_CHARS:
@@ -675,19 +804,23 @@ def _decode_error_text(line: bytes, exc: orjson.JSONDecodeError) -> str:
         line.decode("utf-8")
     except UnicodeDecodeError as bad:
         return f"Invalid JSON: invalid UTF-8 at byte {bad.start}"
+    if str(exc).startswith("depth limit exceeded"):  # orjson's own limit, 1024 levels
+        return f"Invalid JSON: nested deeper than {MAX_NESTING} levels"
     return f"Invalid JSON: {exc}"
 
 
 def sniff_task_id(line: bytes) -> str | None:
     """Best-effort task id of a line that is too long or does not parse.
 
-    Looks for `"task_id": "<id>"` in the first and last 64 KiB of the line, so it stays cheap on a huge line and finds the id whether the SDK wrote it
-    before or after `task_data`. Returns None when there is no such id.
+    Looks for `"task_id": "<id>"` in the first and the last `SNIFF_BYTES` of the line, so it
+    stays cheap on a huge line and finds the id whether the SDK wrote it before or after
+    `task_data`. (A shell that keeps only part of an over-long line keeps those two ends.)
+    Returns None when there is no such id.
     """
-    head = line[:_SNIFF_BYTES]
+    head = line[:SNIFF_BYTES]
     found = _SNIFF_TASK_ID.search(head)
-    if found is None and len(line) > _SNIFF_BYTES:
-        found = _SNIFF_TASK_ID.search(line[-_SNIFF_BYTES:])
+    if found is None and len(line) > SNIFF_BYTES:
+        found = _SNIFF_TASK_ID.search(line[-SNIFF_BYTES:])
     if found is None:
         return None
     try:
