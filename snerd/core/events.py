@@ -87,7 +87,8 @@ class LineReceived(Event):
     #: The raw bytes; the core parses and validates them (`snerd.core.protocol`).
     line: bytes
     #: When the line was longer than the shell accepts: its full length in bytes. `line` then
-    #: holds only its first bytes (enough to find a task id for the error).
+    #: holds only its first and last `protocol.SNIFF_BYTES`, joined (where `sniff_task_id`
+    #: looks for a task id for the error).
     oversize: int = 0
 
 

@@ -22,14 +22,16 @@ import trio
 
 from snerd.config import Settings
 from snerd.core import events as ev
+from snerd.core import protocol as proto
 from snerd.io.fscheck import LOCAL_FILESYSTEMS, check_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import EVENT_BURST, Runtime
 
 __all__ = ["StdioPeer", "run_daemon", "write_stderr"]
 
-#: Bytes of an over-long line kept to find its task id for the error message.
-_OVERSIZE_PREFIX = 4096
+#: Bytes kept of each end of an over-long line, to find its task id for the error message
+#: (`proto.sniff_task_id` looks at as much of each end).
+_OVERSIZE_END = proto.SNIFF_BYTES
 #: `sys.setswitchinterval` for the daemon process (CPython's default is 5 ms).
 _SWITCH_INTERVAL_S = 0.00005
 #: `gc.set_threshold` for the daemon process (CPython's default is 700, 10, 10).
@@ -77,7 +79,18 @@ class StdioPeer:
     def deliver(self, message: dict[str, Any]) -> None:
         if self.closed:
             return
-        self.buffer += orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+        try:
+            self.buffer += orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
+        except orjson.JSONEncodeError as exc:
+            # The core lets through only what can be written back (`proto.MAX_NESTING`), so
+            # this is a daemon bug; the SDK still hears that its line went unanswered.
+            task_id = _encodable(message.get("task_id"))
+            action = message.get("action")
+            text = f"[Snerd] could not write the {action!s:.40} message: {exc}"
+            self.log("error", f"{text} (task {task_id}); this is a bug in snerd, please report it")
+            self.buffer += orjson.dumps(
+                proto.error(task_id, text), option=orjson.OPT_APPEND_NEWLINE
+            )
 
     def deliver_lines(self, data: bytes) -> None:
         """Take protocol lines already framed (`proto.ack_lines`)."""
@@ -138,9 +151,7 @@ class StdioPeer:
                     self._sending = False
 
 
-async def _read_stdin(
-    runtime: Runtime, stream: trio.lowlevel.FdStream, max_line: int
-) -> None:
+async def _read_stdin(runtime: Runtime, stream: trio.lowlevel.FdStream, max_line: int) -> None:
     """Split stdin into lines and hand each burst to the node at once.
 
     Reads the (non-blocking) fd itself rather than through `FdStream.receive_some`, which
@@ -154,8 +165,8 @@ async def _read_stdin(
     wait_readable = trio.lowlevel.wait_readable
     checkpoint = trio.lowlevel.checkpoint
     waited = False
-    #: While skipping an over-long line: its length so far and its first bytes.
-    skipping: tuple[int, bytes] | None = None
+    #: While skipping an over-long line: its length so far and its two ends (`_ends`).
+    skipping: tuple[int, bytes, bytes] | None = None
     while True:
         try:
             chunk = read(fd, 1 << 16)
@@ -178,13 +189,13 @@ async def _read_stdin(
         batch: list[ev.Event] = []
         start = 0
         if skipping is not None:
+            length, head, tail = skipping
             nl = chunk.find(b"\n")
             if nl < 0:
-                skipping = (skipping[0] + len(chunk), skipping[1])
+                skipping = (length + len(chunk), head, (tail + chunk)[-_OVERSIZE_END:])
                 continue
-            batch.append(
-                ev.LineReceived(line=skipping[1], oversize=skipping[0] + nl)
-            )
+            tail = (tail + chunk[:nl])[-_OVERSIZE_END:]
+            batch.append(ev.LineReceived(line=head + tail, oversize=length + nl))
             skipping = None
             start = nl + 1
         if start:
@@ -195,7 +206,7 @@ async def _read_stdin(
             # line grows), or start skipping a line that is already too long.
             buffer += chunk
             if len(buffer) > max_line:
-                skipping = (len(buffer), bytes(buffer[:_OVERSIZE_PREFIX]))
+                skipping = (len(buffer), *_ends(buffer))
                 buffer.clear()
         else:
             lines: list[bytes]
@@ -217,17 +228,34 @@ async def _read_stdin(
                         _add_lines(batch, run)
                         run = []
                         batch.append(
-                            ev.LineReceived(line=line[:_OVERSIZE_PREFIX], oversize=len(line))
+                            ev.LineReceived(line=b"".join(_ends(line)), oversize=len(line))
                         )
                     else:
                         run.append(line)
                 _add_lines(batch, run)
             if len(rest) > max_line:
-                skipping = (len(rest), rest[:_OVERSIZE_PREFIX])
+                skipping = (len(rest), *_ends(rest))
             elif rest:
                 buffer += rest
         if batch:
             runtime.feed(batch)
+
+
+def _ends(data: bytes | bytearray) -> tuple[bytes, bytes]:
+    """The first `_OVERSIZE_END` bytes of an over-long line and its last `_OVERSIZE_END` after
+    those: joined, they are what `proto.sniff_task_id` looks at (the whole line, if short)."""
+    return bytes(data[:_OVERSIZE_END]), bytes(data[max(_OVERSIZE_END, len(data) - _OVERSIZE_END) :])
+
+
+def _encodable(text: Any) -> str | None:
+    """`text` if it is a string JSON can carry (no lone surrogate), else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return text
 
 
 def _add_lines(batch: list[ev.Event], lines: list[bytes]) -> None:
