@@ -23,6 +23,7 @@ import contextvars
 import datetime as dt
 import inspect
 import json
+import math
 import re
 import sys
 import threading
@@ -48,7 +49,7 @@ import anyio.to_thread
 import orjson
 import sniffio
 
-from snerd.core.protocol import ENQUEUE_OPTIONS
+from snerd.core.protocol import ENQUEUE_OPTIONS, failed_to_enqueue
 from snerd.core.slots import slot_constructor
 
 __all__ = [
@@ -296,8 +297,21 @@ def build_enqueue_message(
     from now) and `trigger_after_ids` as a list. `data` is serialized with `json.dumps` and its
     default separators, exactly as upstream did, so `auto_dedupe` fingerprints match tasks
     enqueued by the upstream SDK. Values are not checked here: the daemon validates them, so
-    the error texts are the daemon's.
+    the error texts are the daemon's. Except a NaN or an infinity, which JSON cannot carry
+    (orjson writes null, which the daemon would read as "absent": urgency 0): refused here,
+    in the daemon's words.
+
+    Raises:
+        EnqueueError: `retry_after_hours` or `urgency_score` is not finite.
     """
+    for name, number in (
+        ("retry_after_hours", retry_after_hours),
+        ("urgency_score", options.get("urgency_score")),
+    ):
+        if type(number) is float and not math.isfinite(number):
+            raise EnqueueError(
+                failed_to_enqueue(f"{name} must be a finite number, got {number}"), task_id=task_id
+            )
     message: dict[str, Any] = {
         "action": "enqueue",
         "task_id": task_id,
@@ -344,7 +358,10 @@ def _positional_arity(fn: Callable[..., Any]) -> int:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     name = type(exc).__name__
-    return f"{name}: {text}" if text else name
+    described = f"{name}: {text}" if text else name
+    # A lone surrogate (a file name decoded with surrogateescape, say) cannot be sent as JSON:
+    # the result would never leave the SDK. It is written as its escape instead.
+    return described.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class _Signal(Protocol):

@@ -875,3 +875,30 @@ def test_enqueue_takes_the_protocols_options_in_the_upstream_order() -> None:
     names = list(inspect.signature(SnerdQueue.enqueue).parameters)
     after = names[names.index("retry_after_hours") + 1 :]
     assert tuple(after) == ENQUEUE_OPTIONS
+
+
+async def _what_json_cannot_carry_is_refused_or_escaped(tmp_path: Path) -> None:
+    dead = Calls()
+    async with queue(tmp_path) as q:
+
+        @q.handler("surrogate")
+        async def surrogate(data: Any) -> None:
+            # A file name decoded with surrogateescape: JSON cannot carry the lone surrogate.
+            raise ValueError(b"no such file: \xff".decode("utf-8", "surrogateescape"))
+
+        q.register_max_retry_handler("surrogate", lambda data, error: dead.add_from_thread(error))
+        await q.enqueue("s1", "surrogate", None, max_retries=0)
+        assert await dead.wait(1) == ["ValueError: no such file: \\udcff"]
+        # orjson writes NaN as null, which the daemon would read as "absent".
+        with pytest.raises(EnqueueError) as info:
+            await q.enqueue("n1", "surrogate", None, urgency_score=math.nan)
+        finite = "Failed to enqueue: urgency_score must be a finite number, got nan"
+        assert info.value.message == finite
+        with pytest.raises(EnqueueError, match="retry_after_hours must be a finite number"):
+            await q.enqueue("n2", "surrogate", None, retry_after_hours=math.inf)
+        assert (await q.stats())["total_enqueued"] == 1
+
+
+@pytest.mark.parametrize("run", ["asyncio"], indirect=True)
+def test_what_json_cannot_carry_is_refused_or_escaped(run: Runner, tmp_path: Path) -> None:
+    run(_what_json_cannot_carry_is_refused_or_escaped, tmp_path)

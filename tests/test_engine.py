@@ -252,3 +252,25 @@ async def test_trio_native_handlers(tmp_path: Path) -> None:
 
 async def test_trio_native_restart(tmp_path: Path) -> None:
     await _task_survives_a_restart(tmp_path)
+
+
+async def _what_json_cannot_carry_is_refused_or_escaped(tmp_path: Path) -> None:
+    dead = Calls()
+    async with engine(tmp_path) as e:
+
+        @e.handler("surrogate")
+        async def surrogate(data: Any) -> None:
+            # A file name decoded with surrogateescape: no log record can hold the surrogate.
+            raise ValueError(b"no such file: \xff".decode("utf-8", "surrogateescape"))
+
+        e.register_max_retry_handler("surrogate", lambda data, error: dead.add_from_thread(error))
+        await e.enqueue("s1", "surrogate", None, max_retries=0)
+        assert await dead.wait(1) == ["ValueError: no such file: \\udcff"]
+        with pytest.raises(EnqueueError) as info:
+            await e.enqueue("n1", "surrogate", None, urgency_score=float("nan"))
+        finite = "Failed to enqueue: urgency_score must be a finite number, got nan"
+        assert info.value.message == finite
+
+
+def test_what_json_cannot_carry_is_refused_or_escaped(run: Runner, tmp_path: Path) -> None:
+    run(_what_json_cannot_carry_is_refused_or_escaped, tmp_path)
