@@ -354,3 +354,20 @@ def test_a_shard_taken_over_later_has_its_inbox_looked_at_within_the_poll() -> N
     assert a.executed_ids() == []
     a.advance(a.node.config.inbox_poll_us / SECOND + 0.01)
     assert a.executed_ids() == ["w1"]
+
+
+def test_an_inbox_that_cannot_be_read_is_said_once_until_it_changes() -> None:
+    # A link where the inbox folder belongs stays until an operator removes it, and inboxes
+    # are looked at every poll: the warning is not repeated at each look.
+    owner, _other = pair()
+    refused = (0, "refusing to follow the symlink DIR/shard-0/inbox")
+    for _ in range(3):
+        owner.feed(ev.InboxRead(chunks=(), errors=(refused,), present=()))
+    said = [m for _, m in owner.logs_out if "cannot read its inbox" in m]
+    assert said == [
+        f"shard-0: cannot read its inbox: {refused[1]} (said once until it changes; "
+        "the inbox is tried again at every poll)"
+    ]
+    owner.feed(ev.InboxRead(chunks=(), errors=(), present=((0, ()),)))
+    owner.feed(ev.InboxRead(chunks=(), errors=(refused,), present=()))
+    assert len([m for _, m in owner.logs_out if "cannot read its inbox" in m]) == 2

@@ -510,6 +510,10 @@ class Node:
         #: When to read the inboxes of owned shards next; a `ReadInbox` is out.
         self.inbox_poll_at_mono: int | None = None
         self.inbox_busy = False
+        #: The errors the last inbox read met, (shard, text): each is said once, until a read
+        #: no longer meets it (a link snerd refuses to follow stays until an operator removes
+        #: it, and polls are frequent).
+        self.inbox_errors: set[tuple[int, str]] = set()
         #: This node's own inbox files not removed yet, by (shard, name); the one appends go
         #: to, per shard; the next segment number per shard; when to check closed ones next.
         self.inbox_segments: dict[tuple[int, str], InboxSegment] = {}
@@ -3280,8 +3284,15 @@ class Node:
         self.inbox_busy = False
         found = bool(event.chunks) or any(names for _, names in event.present)
         self.inbox_poll_at_mono = self._now.mono + self._inbox_poll_interval(found)
+        errors = set(event.errors)
         for shard, error in event.errors:
-            self._log("warning", f"{shard_name(shard)}: cannot read its inbox: {error}")
+            if (shard, error) not in self.inbox_errors:
+                self._log(
+                    "warning",
+                    f"{shard_name(shard)}: cannot read its inbox: {error} (said once until "
+                    "it changes; the inbox is tried again at every poll)",
+                )
+        self.inbox_errors = errors
         for shard, names in event.present:
             # A file gone from the folder was removed by its writer, which does so only once
             # it was ingested in full (per this shard's log): its offset is of no more use.
