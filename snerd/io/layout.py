@@ -89,7 +89,4 @@ def _adopt(directory: Path, legacy: Path) -> str | None:
         with contextlib.suppress(OSError):  # something else lives there; leave it
             (directory / "tasks").rmdir()
         fsync_dir(directory)
-        return (
-            f"adopted the upstream single-log layout: moved {', '.join(moved)} "
-            f"into {target}"
-        )
+        return f"adopted the upstream single-log layout: moved {', '.join(moved)} into {target}"
