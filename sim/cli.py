@@ -60,8 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--unsafe-no-fence", action="store_true")
     p.add_argument("--unsafe-wall-clock-only", action="store_true")
     p.add_argument(
+        "--unsafe-no-cap",
+        action="store_true",
+        help="nodes run without SNERD_MAX_SHARDS while the world checks it (a control)",
+    )
+    p.add_argument(
         "--faults-of",
-        choices=("no-margin", "no-fence", "wall-clock-only", "nfsv3"),
+        choices=("no-margin", "no-fence", "wall-clock-only", "no-cap", "nfsv3"),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
     )
     p.add_argument("--quiet", action="store_true", help="batch: print failures and the summary")
@@ -98,6 +103,7 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_no_margin"] = args.unsafe_no_margin
     given["unsafe_no_fence"] = args.unsafe_no_fence
     given["unsafe_wall_clock_only"] = args.unsafe_wall_clock_only
+    given["unsafe_no_cap"] = args.unsafe_no_cap
     return given
 
 
@@ -129,6 +135,7 @@ def repro_command(settings: Settings) -> str:
         unsafe_no_margin=settings.unsafe_no_margin,
         unsafe_no_fence=settings.unsafe_no_fence,
         unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
+        unsafe_no_cap=settings.unsafe_no_cap,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

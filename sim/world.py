@@ -51,7 +51,7 @@ from sim.fs import InboxKey, SimFS
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig, route_shard
-from snerd.core.ownership import LockText, OwnershipConfig
+from snerd.core.ownership import LockText, OwnershipConfig, owned_by
 from snerd.core.records import CorruptRecord, decode_record, encode_record, scan, scan_tail
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339
@@ -185,12 +185,18 @@ class Settings:
     #: claim and take a dead owner's shard without waiting for its lease. Only where locks
     #: are never lost behind a live holder's back (POSIX, no lock-loss faults).
     lock_probe: bool = False
+    #: Every node's SNERD_MAX_SHARDS (None: no cap). Drawn for some seeds, never below
+    #: ceil(shards / nodes), so that the nodes can hold every shard once all of them run
+    #: (liveness); the world checks that no node ever holds more (`_check_cap`).
+    max_shards: int | None = None
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
     unsafe_wall_clock_only: bool = False
+    #: The nodes run without their cap, which the world still checks: it must catch them.
+    unsafe_no_cap: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
-    #: "no-margin", "no-fence", "wall-clock-only" or "nfsv3".
+    #: "no-margin", "no-fence", "wall-clock-only", "no-cap" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -257,7 +263,12 @@ class Settings:
             # (Added later: drawn after the others, which stay as they were for each seed.)
             "inbox_idle_poll_us": 1_000_000 if on(0.5) else int(pick(0.1, 5.0) * SECOND),
         }
+        # The cap: its room above the share (0 or 1) is drawn here, the share once the
+        # cluster's size is known (it may be given).
+        cap_room = int(rng.random() * 2) if on(0.3) else None
         drawn.update(given)
+        if "max_shards" not in given and cap_room is not None:
+            drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
         settings = cls(seed=seed, **drawn)
         return settings.forced()
 
@@ -294,6 +305,15 @@ class Settings:
                 "fs_mode": "nfsv3",
                 "pause_rate": max(self.pause_rate, 0.05),
                 "pause_max_us": max(self.pause_max_us, 4 * self.ttl_us),
+            }
+        if self.unsafe_no_cap or twin == "no-cap":
+            # A cap below the shard count, and owners that die: survivors without their cap
+            # take the dead owners' shards beyond it.
+            shards = max(self.shards, self.nodes + 1)
+            changes |= {
+                "shards": shards,
+                "max_shards": max(self.max_shards or 0, -(-shards // self.nodes)),
+                "crash_rate": max(self.crash_rate, 0.05),
             }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
@@ -343,6 +363,8 @@ class Settings:
             out.append("--unsafe-no-fence")
         if self.unsafe_wall_clock_only:
             out.append("--unsafe-wall-clock-only")
+        if self.unsafe_no_cap:
+            out.append("--unsafe-no-cap")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (
@@ -524,6 +546,7 @@ class World:
         self._ownership = OwnershipConfig(
             ttl_us=settings.ttl_us,
             skew_margin_us=0 if settings.unsafe_no_margin else settings.margin_us,
+            max_shards=None if settings.unsafe_no_cap else settings.max_shards,
             unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
         )
         #: Shard-log appends issued and not yet recorded: seq -> (handle, append, writer name).
@@ -726,8 +749,20 @@ class World:
         if now != proc.beliefs:
             self._set_beliefs(proc, now)
 
+    def _check_cap(self, proc: _Proc, what: str, shards: list[int]) -> None:
+        """A node never holds more shards than its cap (SNERD_MAX_SHARDS), neither in what it
+        believes it owns nor in the claims membership.json gives it: it must not claim a
+        shard only to hand it back."""
+        cap = self.s.max_shards
+        if cap is not None and len(shards) > cap:
+            self.world_violations.append(
+                f"t={self.t}: {proc.name} {what} {len(shards)} shards {shards}, above its cap "
+                f"of {cap} (SNERD_MAX_SHARDS)"
+            )
+
     def _set_beliefs(self, proc: _Proc, now: list[int]) -> None:
         """Record what changed from `proc.beliefs` to `now`."""
+        self._check_cap(proc, "believes it owns", now)
         for shard in proc.beliefs:
             if shard not in now:
                 self._record({"kind": "belief", "node": proc.name, "shard": shard, "on": False})
@@ -903,6 +938,8 @@ class World:
         if out.ok:
             assert out.doc is not None
             event = ev.MembershipWritten(doc=out.doc)
+            if self.s.max_shards is not None:
+                self._check_cap(proc, "is given by its claims", owned_by(out.doc, proc.name))
         else:
             event = ev.MembershipWriteFailed(doc=out.doc, error=out.error or "failed")
         self._deliver(proc, event)
