@@ -60,7 +60,6 @@ Limits, so that whatever a line carries the daemon can hold it, store it and wri
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -68,12 +67,24 @@ from typing import Any, TypeAlias
 
 import orjson
 
-from snerd.core.cron import normalize_cron
+from snerd.core import fields as rule
 from snerd.core.events import Event
-from snerd.core.retry import MAX_RETRY_AFTER_HOURS
+from snerd.core.fields import I32_MAX as _I32_MAX
+from snerd.core.fields import (
+    MAX_CRON_CHARS,
+    MAX_EXECUTION_SECONDS,
+    MAX_NAME_BYTES,
+    MAX_NESTING,
+    MAX_PARENTS,
+    MAX_RETRY_AFTER_HOURS,
+    MAX_TASK_ID_BYTES,
+    BadField,
+)
+from snerd.core.fields import nests_deeper as _nests_deeper
+from snerd.core.fields import show as _show
+from snerd.core.fields import utf8_size as _utf8_size
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import parse_rfc3339
-from snerd.core.webhook_target import BadWebhookUrl, parse_webhook_url
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
@@ -124,25 +135,10 @@ __all__ = [
 
 #: Longest inbound line accepted, newline excluded.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
-#: Longest task id, in UTF-8 bytes. Ids are keys in memory, in every log record and in messages.
-MAX_TASK_ID_BYTES = 1024
-#: Longest task type, rate-limit group or pool name, in UTF-8 bytes (each registered type is in
-#: membership.json, rewritten at every renewal; the others are in every record of their task).
-MAX_NAME_BYTES = 256
-#: Most ids in one `trigger_after_ids`.
-MAX_PARENTS = 1024
-#: Longest `cron`, in characters: six fields listing every value take about 500.
-MAX_CRON_CHARS = 1024
+# The limits of a task's values (MAX_TASK_ID_BYTES, MAX_NAME_BYTES, MAX_PARENTS, MAX_CRON_CHARS,
+# MAX_NESTING, MAX_EXECUTION_SECONDS) are `snerd.core.fields`'s, which log records are held to.
 #: Most task types one daemon has handlers for (`register`): each is listed in membership.json.
 MAX_REGISTERED_TYPES = 1024
-#: Deepest nesting of arrays and objects in a line, its own object being level 1. A line the
-#: daemon accepts it can write back: orjson writes at most 254 levels.
-MAX_NESTING = 128
-#: 100 years, like the longest `retry_after_hours` (`snerd.core.retry.MAX_RETRY_AFTER_HOURS`).
-MAX_EXECUTION_SECONDS = int(MAX_RETRY_AFTER_HOURS * 3600)
-# Upstream parsed max_retries and max_per_minute as i32: a larger value is not something any SDK
-# can mean, and records written with it must stay readable by upstream tools.
-_I32_MAX = 2**31 - 1
 
 SHUTTING_DOWN = "[Snerd] Daemon is shutting down; enqueue rejected"
 NO_SHARDS_OWNED = "[Snerd] No shards owned by this instance"
@@ -349,81 +345,34 @@ def validate_enqueue(cmd: Enqueue) -> None:
         ProtocolError: `Failed to enqueue: <reason>`, carrying `cmd.task_id`.
     """
 
-    def refuse(detail: str) -> ProtocolError:
-        return ProtocolError(failed_to_enqueue(detail), task_id=cmd.task_id)
-
-    def check_size(name: str, text: str, limit: int) -> None:
-        size = _utf8_size(text)
-        if size > limit:
-            raise refuse(f"{name} is {size} bytes; the limit is {limit}")
-
-    if not cmd.task_id:
-        raise refuse("task_id must not be empty")
-    check_size("task_id", cmd.task_id, MAX_TASK_ID_BYTES)
-    if not cmd.task_type:
-        raise refuse("task_type must not be empty")
-    check_size("task_type", cmd.task_type, MAX_NAME_BYTES)
-    if cmd.rate_limit_group is not None:
-        check_size("rate_limit_group", cmd.rate_limit_group, MAX_NAME_BYTES)
-    if cmd.pool is not None:
-        check_size("pool", cmd.pool, MAX_NAME_BYTES)
-    if cmd.max_retries < 0:
-        raise refuse(f"max_retries must be 0 or more, got {cmd.max_retries}")
-    if cmd.max_retries > _I32_MAX:
-        raise refuse(f"max_retries {cmd.max_retries} is too large (at most {_I32_MAX})")
-    hours = cmd.retry_after_hours
-    if not math.isfinite(hours):
-        raise refuse(f"retry_after_hours must be a finite number, got {hours}")
-    if hours < 0:
-        raise refuse(f"retry_after_hours must be 0 or more, got {hours}")
-    if hours > MAX_RETRY_AFTER_HOURS:
-        raise refuse(f"retry_after_hours {hours} is more than 100 years")
-    if cmd.max_per_minute is not None:
-        if cmd.max_per_minute < 1:
-            raise refuse(f"max_per_minute must be at least 1, got {cmd.max_per_minute}")
-        if cmd.max_per_minute > _I32_MAX:
-            raise refuse(f"max_per_minute {cmd.max_per_minute} is too large (at most {_I32_MAX})")
-        if cmd.rate_limit_group is None:
-            raise refuse("max_per_minute needs a rate_limit_group to count dispatches in")
-    if cmd.max_execution_seconds is not None:
-        if cmd.max_execution_seconds < 1:
-            raise refuse(
-                f"max_execution_seconds must be at least 1, got {cmd.max_execution_seconds}"
-            )
-        if cmd.max_execution_seconds > MAX_EXECUTION_SECONDS:
-            raise refuse(
-                f"max_execution_seconds {cmd.max_execution_seconds} is more than 100 years"
-            )
-    if not math.isfinite(cmd.urgency_score):
-        raise refuse(f"urgency_score must be a finite number, got {cmd.urgency_score}")
-    if cmd.cron is not None:
-        _check_cron_size(cmd.cron, refuse)
-        try:
-            normalized = normalize_cron(cmd.cron)
-        except ValueError as exc:
-            raise refuse(f"invalid cron '{_show(cmd.cron)}': {exc}") from None
-        if normalized != cmd.cron:
-            raise refuse(f"cron '{_show(cmd.cron)}' is not normalized (expected '{normalized}')")
-    if cmd.webhook_url is not None:
-        target = parse_webhook_url(cmd.webhook_url)
-        if isinstance(target, BadWebhookUrl):
-            raise refuse(target.reason)
-    if len(cmd.trigger_after_ids) > MAX_PARENTS:
-        raise refuse(
-            f"trigger_after_ids has {len(cmd.trigger_after_ids)} ids; the limit is {MAX_PARENTS}"
+    # The value rules are `snerd.core.fields`'s: a record read back from a log is held to them.
+    try:
+        rule.check_task_id("task_id", cmd.task_id)
+        rule.check_not_empty("task_type", cmd.task_type)
+        rule.check_name("task_type", cmd.task_type)
+        if cmd.rate_limit_group is not None:
+            rule.check_name("rate_limit_group", cmd.rate_limit_group)
+        if cmd.pool is not None:
+            rule.check_name("pool", cmd.pool)
+        rule.check_max_retries("max_retries", cmd.max_retries)
+        rule.check_retry_after_hours("retry_after_hours", cmd.retry_after_hours)
+        rule.check_rate_limit(
+            ("rate_limit_group", "max_per_minute"), cmd.rate_limit_group, cmd.max_per_minute
         )
-    for parent in cmd.trigger_after_ids:
-        if not parent:
-            raise refuse("trigger_after_ids must not contain an empty id")
-        if parent == cmd.task_id:
-            raise refuse(f"task {cmd.task_id} cannot depend on itself")
-        size = _utf8_size(parent)
-        if size > MAX_TASK_ID_BYTES:
-            raise refuse(
-                f"trigger_after_ids holds an id of {size} bytes; the limit is {MAX_TASK_ID_BYTES}"
-            )
-    if len(set(cmd.trigger_after_ids)) != len(cmd.trigger_after_ids):
-        raise refuse("trigger_after_ids must not repeat an id")
+        if cmd.max_execution_seconds is not None:
+            rule.check_max_execution_seconds("max_execution_seconds", cmd.max_execution_seconds)
+        rule.check_urgency("urgency_score", cmd.urgency_score)
+        if cmd.cron is not None:
+            normalized = rule.check_cron("cron", cmd.cron)
+            if normalized != cmd.cron:
+                raise BadField(
+                    f"cron '{_show(cmd.cron)}' is not normalized (expected '{normalized}')"
+                )
+        if cmd.webhook_url is not None:
+            rule.check_webhook_url("webhook_url", cmd.webhook_url)
+        rule.check_parents("trigger_after_ids", cmd.task_id, cmd.trigger_after_ids)
+    except BadField as bad:
+        raise ProtocolError(failed_to_enqueue(bad.detail), task_id=cmd.task_id) from None
 
 
 #: The optional `enqueue` fields, in the upstream SDK's argument order (after
@@ -606,9 +555,9 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
     normalized_cron = None
     if cron is not None:
         try:
-            normalized_cron = normalize_cron(cron)
-        except ValueError as exc:
-            raise refuse(f"invalid cron '{_show(cron)}': {exc}") from None
+            normalized_cron = rule.check_cron("cron", cron)
+        except BadField as bad:
+            raise refuse(bad.detail) from None
     return replace(cmd, execute_at_us=execute_at_us, cron=normalized_cron)
 
 
@@ -757,44 +706,12 @@ def _type_name(value: Any) -> str:
     return "object"
 
 
-def _utf8_size(text: str) -> int:
-    """Bytes of `text` in UTF-8 (a lone surrogate, which no parsed line holds, as 3)."""
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
 def _check_cron_size(cron: str, refuse: Callable[[str], ProtocolError]) -> None:
-    """Refuse (with `refuse(detail)`) a cron too long to be one; croniter would take its time
-    over a list of a million values, and the error would echo all of it."""
-    if len(cron) > MAX_CRON_CHARS:
-        raise refuse(f"cron is {len(cron)} characters; the limit is {MAX_CRON_CHARS}")
-
-
-def _nests_deeper(doc: dict[str, Any], limit: int) -> bool:
-    """True when arrays and objects nest more than `limit` levels in `doc` (level 1).
-
-    Level by level, without recursion; a container's values are looked at in one C pass
-    (`set(map(type, ...))`), so a long flat array costs little more than its parse did."""
-    level: list[Any] = [doc]
-    depth = 1
-    while level:
-        deeper: list[Any] = []
-        for node in level:
-            values = node.values() if type(node) is dict else node
-            kinds = set(map(type, values))
-            if dict in kinds or list in kinds:
-                deeper += [v for v in values if type(v) is dict or type(v) is list]
-        if deeper and depth == limit:
-            return True
-        depth += 1
-        level = deeper
-    return False
-
-
-def _show(value: str) -> str:
-    """A bad value as echoed in an error: cut short, so an error line never carries megabytes."""
-    if len(value) <= _SHOW_MAX_CHARS:
-        return value
-    return value[:_SHOW_MAX_CHARS] + "…"
+    """Refuse (with `refuse(detail)`) a cron too long to be one (`snerd.core.fields`)."""
+    try:
+        rule.check_cron_size("cron", cron)
+    except BadField as bad:
+        raise refuse(bad.detail) from None
 
 
 def _decode_error_text(line: bytes, exc: orjson.JSONDecodeError) -> str:
