@@ -227,7 +227,8 @@ class FakeShell:
             self.held_membership.append(effect)
         elif isinstance(effect, fx.WriteMembership):
             current = self.disk["membership"]
-            version = None if current is None else current.get("version")
+            # (An absent version counts as 0, as `snerd.io.membership.update_membership` reads it.)
+            version = None if current is None else current.get("version", 0)
             if version != effect.expected_version:
                 self.queue.append(ev.MembershipWriteFailed(doc=current, error="changed"))
             else:

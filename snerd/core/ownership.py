@@ -164,7 +164,9 @@ def check_membership(doc: Any) -> dict[str, Any]:
     `renewals` when present; `epochs`, an object of counters; `nodes`, an object of heartbeat
     objects (`beat` a counter, `seen` a string, `types` an array of strings, `max_shards` a
     count, each when present). Keys neither upstream nor snerd writes are allowed (upstream
-    ignores them too)."""
+    ignores them too). (A counter at the very ceiling is accepted; the write that counts past
+    it makes a file the next read refuses, as any unusable one: 2**53 renewals take millions
+    of years, so only a hand-made file gets there.)"""
     top = _object(doc, "the document")
     shards = top.get("shards")
     if (
@@ -539,7 +541,9 @@ def plan_claims(
     It keeps its own shards and takes over proven-dead owners' shards beyond its fair share
     (the dead node's heartbeat may look fresh for a while, so the share is too small until
     the node is counted out), then free and lapsed ones up to the share. `max_shards` bounds
-    all of it: a node never holds more, so it never claims a shard only to hand it back."""
+    what it claims: it never claims a shard only to hand it back. (Shards it holds already
+    stay wanted, even past the cap: their claims must be renewed while it acts for them, and
+    `give_back` hands the excess over, stepping down before the write that frees them.)"""
     mine = set(owned_by(doc, node_id))
     own = [s for s in candidates if s in mine]
     proven = [s for s in candidates if s in proofs and s not in mine]
