@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snerd.core import events as ev
@@ -46,6 +46,9 @@ from snerd.core.timefmt import MAX_US, MIN_US, format_rfc3339, parse_rfc3339
 from snerd.tools import open_queue, scan_shard
 from tests.daemon import Daemon
 from tests.fakeshell import FakeShell
+
+#: A long run (`make fuzz`) outlasts pytest-timeout's 300 s a test; the ci profile's do not.
+pytestmark = pytest.mark.timeout(0 if settings().max_examples > 1000 else 300)
 
 I32_MAX = 2**31 - 1
 #: The line limit of the daemon under test: low, so over-long lines are cheap to make.
@@ -704,8 +707,8 @@ def _live_task_ids(directory: Path) -> set[str]:
 
 #: The daemon test's task types: enqueued types are never registered, so no task ever runs
 #: or finishes, and every acked task must still be live at the end (no webhooks either).
-DAEMON_ENQUEUE_TYPES = names.map(lambda n: f"q:{n}"[: proto.MAX_NAME_BYTES])
-DAEMON_REGISTER_TYPES = names.map(lambda n: f"r:{n}"[: proto.MAX_NAME_BYTES])
+DAEMON_ENQUEUE_TYPES = names.map(lambda n: f"q:{n[2:]}")  # (as long as `n`: within the limit)
+DAEMON_REGISTER_TYPES = names.map(lambda n: f"r:{n[2:]}")
 
 
 def _daemon_lines() -> st.SearchStrategy[Line]:
