@@ -518,6 +518,24 @@ async def test_writer_never_glues_a_record_onto_an_uncut_torn_tail(tmp_path: Pat
     assert [o for o, _ in corrupt] == [len(line(0))]
 
 
+async def test_writer_never_glues_a_record_onto_another_process_s_torn_line(
+    tmp_path: Path,
+) -> None:
+    # The file is open already when another process (a daemon that took the shard over, then
+    # crashed mid-append) leaves a torn line at its end: the next write starts on a new line,
+    # and a failed one would be cut back to the real end, not to this writer's idea of it.
+    path = tmp_path / "tasks.log"
+    async with GroupCommitLog() as log:
+        assert await log.append(path, [line(1)]) == (0,)
+        with open(path, "ab") as other:
+            other.write(line(8) + line(9)[:30])
+        (off,) = await log.append(path, [line(2)])
+    assert off == len(line(1)) + len(line(8)) + 30 + 1
+    records, corrupt = read_all(path)
+    assert ids(records) == ["t1", "t8", "t2"]
+    assert [o for o, _ in corrupt] == [len(line(1)) + len(line(8))]
+
+
 def test_corrupt_middle_lines_are_skipped_and_reported(tmp_path: Path) -> None:
     path = tmp_path / "tasks.log"
     damaged = bytearray(line(2))
@@ -586,7 +604,7 @@ def test_materialize_builds_on_a_base_record_from_the_log(tmp_path: Path) -> Non
     path = tmp_path / "shard-0" / "tasks" / "tasks.log"
     path.parent.mkdir(parents=True)
     src = line(1, taskData="the payload", LastErrorObj="old error")
-    no_data = encode_record({"snerdKind": "claim", "snerdEpoch": 3})
+    no_data = encode_record({"snerdKind": "claim", "epoch": 3, "node": "n", "snerdEpoch": 3})
     path.write_bytes(src + no_data)
 
     def path_for(shard: int) -> Path:
@@ -597,13 +615,13 @@ def test_materialize_builds_on_a_base_record_from_the_log(tmp_path: Path) -> Non
         base=Location(shard=0, offset=0, length=len(src)),
         remove=("LastErrorObj",),
     )
-    plain = NewRecord(fields={"snerdKind": "dispatch", "taskId": "t1"})
+    plain = NewRecord(fields={"snerdKind": "dispatch", "task": "t1", "attempt": 1})
     out = materialize([new, plain], path_for)
     expected = {**decode_record(src[:-1]), "retryCount": 1, "deletedAt": "2026-01-01T00:00:00Z"}
     del expected["LastErrorObj"]
     assert decode_record(out[0][:-1]) == expected
     assert expected["taskData"] == "the payload"
-    assert decode_record(out[1][:-1]) == {"snerdKind": "dispatch", "taskId": "t1"}
+    assert decode_record(out[1][:-1]) == {"snerdKind": "dispatch", "task": "t1", "attempt": 1}
     missing = NewRecord(
         fields={"taskId": "t1"},
         base=Location(shard=0, offset=len(src), length=len(no_data)),
