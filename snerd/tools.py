@@ -1479,19 +1479,22 @@ def _health_settings() -> HealthSettings:
 
 def _shard_facts(queue: Queue, shard: int, now_us: int) -> ShardFacts:
     exists = queue.shard_dir(shard).is_dir()
+    # What is wrong with the shard's entries; failing to read them only says so when no entry
+    # explains it (the same link would be named twice).
     unusable = [problem for _path, problem in _shard_entries(queue, shard)]
+    errors = []
     try:
         lock = probe_lock(queue.lock_path(shard)) if exists else LockState("absent")
     except QueueError as exc:
         lock = LockState("refused")
-        unusable.append(str(exc))
+        errors.append(str(exc))
     try:
         scan = scan_shard(queue, shard)
     except QueueError as exc:
         scan = ShardScan(shard=shard, path=queue.log_path(shard), exists=True)
-        unusable.append(str(exc))
-    if unusable:
-        unusable = list(dict.fromkeys(unusable))
+        errors.append(str(exc))
+    if not unusable:
+        unusable = errors
     return ShardFacts(
         unusable=tuple(unusable),
         shard=shard,
@@ -2179,7 +2182,9 @@ def _fsck(args: argparse.Namespace) -> int:
                 "problems": shard_problems,
             }
         )
-        if item.error is not None:
+        if item.entries:
+            lines.append(f"{name}: cannot be used:")  # the entries below say why
+        elif item.error is not None:
             lines.append(f"{name}: cannot be used: {item.error}")
         elif not scan.exists:
             lines.append(f"{name}: no tasks.log (nothing written yet)")
