@@ -343,7 +343,6 @@ def test_anything_else_is_refused_with_what_is_wrong(data: bytes, problem: str) 
     assert problem in str(caught.value)
 
 
-
 def test_the_shard_ceiling_is_the_one_snerd_shards_has() -> None:
     # A queue SNERD_SHARDS may create is one the rule accepts, and no larger one.
     top = str(MAX_QUEUE_SHARDS)
