@@ -2143,8 +2143,11 @@ def _fsck(args: argparse.Namespace) -> int:
         name = f"shard-{scan.shard}"
         # An unterminated last line in a log a daemon holds may be an append in progress.
         tail_problem = bool(scan.torn) and item.lock.state != "held"
+        # Live tasks whose record they cannot run with (`snerd.core.records.task_problem`).
+        unrunnable = scan.fold.unrunnable()
         shard_problems = (
             len(scan.corrupt)
+            + len(unrunnable)
             + int(tail_problem)
             + len(item.temps)
             + len(item.entries)
@@ -2160,6 +2163,10 @@ def _fsck(args: argparse.Namespace) -> int:
                 "bytes": scan.size,
                 "records": scan.fold.records,
                 "corrupt": [{"offset": o, "reason": r} for o, r in scan.corrupt],
+                "unrunnable": [
+                    {"offset": r.offset, "task_id": r.fields["taskId"], "reason": why}
+                    for r, why in unrunnable
+                ],
                 "torn_tail": (
                     {"offset": scan.torn_at, "bytes": scan.torn}
                     if scan.torn and not kept
@@ -2200,6 +2207,13 @@ def _fsck(args: argparse.Namespace) -> int:
             lines.append(f"  corrupt line at byte {offset}: {reason}")
         if len(scan.corrupt) > _SHOW_CORRUPT:
             lines.append(f"  ... and {len(scan.corrupt) - _SHOW_CORRUPT} more (--json lists all)")
+        for record, why in unrunnable[:_SHOW_CORRUPT]:
+            lines.append(
+                f"  {why} (at byte {record.offset}): a daemon dead-letters it when it loads "
+                "the shard"
+            )
+        if len(unrunnable) > _SHOW_CORRUPT:
+            lines.append(f"  ... and {len(unrunnable) - _SHOW_CORRUPT} more (--json lists all)")
         if scan.torn:
             why = ""
             if item.lock.state == "held":

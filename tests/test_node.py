@@ -763,7 +763,10 @@ def test_fifo_order_survives_compaction_and_restart() -> None:
     assert sh2.executed_ids() == ["A", "B", "C"]  # enqueue order, not file order
 
 
-def test_an_adopted_task_with_an_invalid_cron_runs_once_instead_of_crashing() -> None:
+def test_an_adopted_task_with_an_invalid_cron_is_dead_lettered_saying_why() -> None:
+    # A cron that does not parse is refused by the record rule, as by the enqueue (upstream ran
+    # such a task once: a silent change of meaning): the task ends as a dead letter naming its
+    # record's key. Upstream's 7-field form is read.
     sh = FakeShell()
     from snerd.core.records import encode_record
 
@@ -785,11 +788,14 @@ def test_an_adopted_task_with_an_invalid_cron_runs_once_instead_of_crashing() ->
     sh.disk["logs"][0] = log
     sh.start()
     sh.register("t")
-    assert sorted(sh.executed_ids()) == ["bad", "upstream7"]
-    assert any("does not parse" in m for _, m in sh.logs_out)
-    sh.result("bad")
+    assert sh.executed_ids() == ["upstream7"]
+    why = "task bad's record: invalid cronExpression 'every day'"
+    assert any(why in m and "(at byte 0); it is dead-lettered" in m for _, m in sh.logs_out)
+    (tomb,) = [r for r in sh.log_records() if "deletedAt" in r]
+    assert tomb["taskId"] == "bad" and tomb["snerdOutcome"] == "dead_letter"
+    assert tomb["LastErrorObj"].startswith(why) and tomb["retryCount"] == 0
+    assert "bad" not in sh.node.tasks
     sh.result("upstream7")
-    assert "bad" not in sh.node.tasks  # ran once
     assert sh.node.tasks["upstream7"].cron == "0 */5 * * * *"  # re-armed, year field dropped
 
 

@@ -7,12 +7,16 @@ tasks a `Node` recovers when it loads that log (fencing included), and compactin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from snerd.cli import main
 from snerd.core.node import NodeConfig
 from snerd.core.records import encode_record, scan
 from snerd.core.shardlog import (
@@ -23,7 +27,9 @@ from snerd.core.shardlog import (
     tombstone_outcome,
 )
 from snerd.core.timefmt import format_rfc3339
+from tests.daemon import Daemon
 from tests.fakeshell import T0, FakeShell
+from tests.test_cli import log_path, plant
 
 SECOND = 1_000_000
 TS = format_rfc3339(T0 - 3600 * SECOND)
@@ -271,3 +277,123 @@ def test_fold_agrees_with_node_replay_and_survives_compaction(
     assert fold_view(compacted)[0] == fold_view(data)[0]
     assert fold_view(compacted)[1] == fold_view(data)[1]
     assert node_view(compacted) == node_view(data)
+
+
+# -- records a daemon cannot use, on disk ---------------------------------------------------------
+
+
+def test_the_fold_names_the_live_tasks_whose_record_they_cannot_run_with() -> None:
+    data = log_of(
+        [
+            task("a", maxExecutionSeconds="abc"),
+            task("b"),
+            task("c", pool=["slow"]),
+            task("c", pool=["slow"], retryCount=1),  # the latest record of c is judged
+            task("d", webhookUrl="http://h:99999/"),
+            tomb("d"),  # ended: nothing to run
+        ]
+    )
+    fold = fold_records(scan(data).records, keep_payloads=False)
+    assert [(r.fields["taskId"], why) for r, why in fold.unrunnable()] == [
+        ("a", "task a's record has maxExecutionSeconds 'abc', not an integer"),
+        ("c", "task c's record has pool an array, not a string"),
+    ]
+    # Without payloads the fold still knows a live record that had none, or a wrong one.
+    none = task("e")
+    del none["taskData"]
+    fold = fold_records(scan(log_of([none, task("f", taskData=[1])])).records, keep_payloads=False)
+    assert [why for _, why in fold.unrunnable()] == [
+        "task e's record has no taskData",
+        "task f's record has taskData an array, not a string",
+    ]
+
+
+def test_a_node_dead_letters_a_task_it_cannot_run_and_runs_the_others() -> None:
+    # A task record no enqueue would have taken: the replay dead-letters it saying why (once
+    # the shard is fenced), and a task waiting for it fails with it.
+    data = log_of(
+        [
+            task("bad", maxExecutionSeconds="abc", retryCount=1),
+            task("child", triggerAfterIds=["bad"]),
+            task("ok"),
+        ]
+    )
+    shell = FakeShell(NodeConfig(node_id="n@pid-1-aa"))
+    shell.disk["logs"][0] = bytearray(data)
+    shell.start()
+    shell.register("t")
+    assert shell.executed_ids() == ["ok"]
+    ends = {r["taskId"]: r for r in shell.log_records() if "deletedAt" in r}
+    why = "task bad's record has maxExecutionSeconds 'abc', not an integer"
+    assert ends["bad"]["LastErrorObj"] == why and ends["bad"]["retryCount"] == 1
+    assert ends["bad"]["snerdOutcome"] == ends["child"]["snerdOutcome"] == OUTCOME_DEAD
+    assert ends["child"]["LastErrorObj"] == "blocked_by_failed_parent: bad"
+    assert ("warning", f"shard-0/tasks/tasks.log: {why} (at byte 0); it is dead-lettered") in (
+        shell.logs_out
+    )
+    # Taken up again, the shard holds what it did: the tombstone ends the task.
+    again = FakeShell(NodeConfig(node_id="n@pid-1-aa"), disk=shell.disk)
+    again.start()
+    assert set(again.node.tasks) == {"ok"}
+
+
+async def _serves_ok_and_stays_up(d: Daemon) -> dict[str, Any]:
+    """Register `t`, run task `ok` of the planted shard to success, until nothing is left to
+    run; the daemon's stats then."""
+    await d.send({"action": "register", "task_type": "t"})
+    execute = await d.wait_for(lambda m: m["action"] == "execute")
+    assert execute["task_id"] == "ok"  # the bad record's task never reaches the SDK
+    await d.send({"action": "result", "task_id": "ok", "status": "success"})
+    with trio.fail_after(10):
+        while True:
+            await d.send({"action": "stats"})
+            stats = await d.wait_for(lambda m: m["action"] == "stats")
+            if stats["queue_depth"] == 0:
+                break
+            await trio.sleep(0.02)
+    assert d.alive
+    return stats
+
+
+async def test_a_daemon_skips_a_record_whose_task_type_is_a_list_and_serves_the_rest(
+    tmp_path: Path, nursery: trio.Nursery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: TypeError (an unhashable type) in `Node._schedule` at start, in every daemon
+    # that took the shard over. Not a record (a task type is what it runs by): a corrupt line.
+    q = plant(tmp_path / "q", {0: [task("bad", taskType=["t"]), task("ok")]})
+    d = await Daemon.start(nursery, q)
+    await _serves_ok_and_stays_up(d)
+    stderr = await d.wait_stderr("run `snerdmq fsck` for a report")
+    assert (
+        "shard-0/tasks/tasks.log: skipped a corrupt line at byte 0 (task bad's record has "
+        "taskType an array, not a string)" in stderr
+    )
+    await d.close_stdin()
+    assert await d.wait() == 0
+    assert main(["fsck", str(q)]) == 1
+    out = capsys.readouterr().out
+    assert "corrupt line at byte 0: task bad's record has taskType an array, not a string" in out
+
+
+async def test_a_daemon_dead_letters_a_task_whose_timeout_is_not_a_number_and_serves_the_rest(
+    tmp_path: Path, nursery: trio.Nursery, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the attempt's deadline (`Node._begin_execution`) raised on "abc": the daemon
+    # died at the first dispatch, and so did every daemon that took the shard over.
+    bad = task("bad", maxExecutionSeconds="abc")
+    q = plant(tmp_path / "q", {0: [bad, task("ok")]})
+    assert main(["fsck", str(q)]) == 1
+    why = "task bad's record has maxExecutionSeconds 'abc', not an integer"
+    assert f"{why} (at byte 0): a daemon dead-letters it" in capsys.readouterr().out
+    d = await Daemon.start(nursery, q)
+    stats = await _serves_ok_and_stays_up(d)
+    assert stats["total_dlq"] == 1 and stats["queue_depth"] == 0
+    await d.wait_stderr(f"shard-0/tasks/tasks.log: {why} (at byte 0); it is dead-lettered")
+    await d.close_stdin()
+    assert await d.wait() == 0
+    ends = [r.fields for r in scan(log_path(q).read_bytes()).records if "deletedAt" in r.fields]
+    assert [(f["taskId"], f["snerdOutcome"], f.get("LastErrorObj")) for f in ends] == [
+        ("bad", OUTCOME_DEAD, why),
+        ("ok", OUTCOME_COMPLETED, None),
+    ]
+    assert main(["fsck", str(q)]) == 0  # a dead letter now, like any other

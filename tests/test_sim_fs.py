@@ -691,7 +691,12 @@ def test_the_world_reads_and_records_a_torn_record_that_lost_only_its_newline() 
     world = World(Settings.draw(0, nodes=1, shards=1, torn_prob=1.0))
     world.clocks.append(NodeClock(t=0, offset_us=WALL_ORIGIN, drift_ppm=0, mono_origin=SECOND))
     world._start(0, 0)
-    tombstone = {"taskId": "t1", "taskType": "t", "snerdOutcome": "completed"}
+    tombstone = {
+        "taskId": "t1",
+        "taskType": "t",
+        "deletedAt": "2027-01-01T00:00:00.000000Z",
+        "snerdOutcome": "completed",
+    }
     effect = fx.Append(token=1, shard=0, records=(fx.NewRecord(fields=tombstone),))
     line = encode_record(tombstone)
     world._issue_append(world.procs[0], effect, [tombstone], [line], world.t + SECOND, world.t)

@@ -41,9 +41,14 @@ def test_a_tombstone_torn_after_a_lost_append_is_in_the_history_as_readers_salva
     # every later owner. The history called it lost, and the checker a lost task.
     world = _world()
     task = "t266"
-    tombstone = {"taskId": task, "taskType": "t", "snerdOutcome": "completed"}
+    done = {
+        "taskType": "t",
+        "deletedAt": "2027-01-01T00:00:00.000000Z",
+        "snerdOutcome": "completed",
+    }
+    tombstone = {"taskId": task, **done}
     _append(world, 1, {"snerdKind": "dispatch", "task": "t222", "attempt": 1})
-    _append(world, 2, tombstone, {"taskId": "t208", "taskType": "t", "snerdOutcome": "completed"})
+    _append(world, 2, tombstone, {"taskId": "t208", **done})
     world.rng_crash = _Draws()  # type: ignore[assignment]
     world._down(world.procs[0], crashed=True)
 

@@ -385,7 +385,8 @@ async def test_a_bad_url_already_in_a_log_dead_letters_its_task_not_the_daemon(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
     # Tasks written by an older version (or by hand) that no enqueue would take now. Before, the
-    # daemon died at the first, restarted, and died again.
+    # daemon died at the first, restarted, and died again. The record rule refuses them as the
+    # enqueue does: each is dead-lettered when the shard is loaded, its URL never called.
     q = plant(
         tmp_path / "q",
         {
@@ -404,15 +405,15 @@ async def test_a_bad_url_already_in_a_log_dead_letters_its_task_not_the_daemon(
     await d.send({"action": "result", "task_id": "plain", "status": "success"})
     errors = await _dead_letters(d, q, 3)
     assert errors == {
-        "port": "Webhook request refused: webhook_url port 99999 is out of range (1-65535)",
-        "colon": "Webhook request refused: webhook_url has a '[' without its ']' around an "
-        "IPv6 address",
-        "number": "Webhook request refused: webhook_url must be a string",
+        "port": "task port's record: webhookUrl port 99999 is out of range (1-65535)",
+        "colon": "task colon's record: webhookUrl has a '[' without its ']' around an IPv6 "
+        "address",
+        "number": "task number's record has webhookUrl 7, not a string",
     }
-    await d.wait_stderr("task port: dead-letter webhook failed: Webhook request refused")
+    await d.wait_stderr("task port's record: webhookUrl port 99999 is out of range (1-65535) (at")
     await d.send({"action": "stats"})
     stats = await d.wait_for(lambda m: m["action"] == "stats")
-    assert stats["queue_depth"] == 0 and stats["total_failed"] == 4 and d.alive
+    assert stats["queue_depth"] == 0 and stats["total_dlq"] == 3 and d.alive
     await d.close_stdin()
     assert await d.wait() == 0
 

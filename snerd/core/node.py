@@ -54,7 +54,8 @@ import xxhash
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.core.cron import next_fire, normalize_cron
+from snerd.core.cron import next_fire
+from snerd.core.fields import adopt_cron
 from snerd.core.ownership import (
     Observer,
     OwnershipConfig,
@@ -77,7 +78,7 @@ from snerd.core.ownership import (
 )
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
-from snerd.core.records import CHECKSUM_KEY
+from snerd.core.records import CHECKSUM_KEY, task_problem
 from snerd.core.retry import attempts_allowed, retry_delay_us
 from snerd.core.shardlog import KIND_INBOX, ShardFold
 from snerd.core.slots import slot_constructor
@@ -128,6 +129,7 @@ TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
         (S.BLOCKED, S.READY),
         (S.BLOCKED, S.WAITING),
         (S.BLOCKED, S.FINISHING),
+        (S.ENQUEUING, S.FINISHING),  # replayed, but its record is one it cannot run with
         (S.WAITING, S.READY),
         (S.READY, S.PARKED),
         (S.PARKED, S.READY),
@@ -337,6 +339,9 @@ class ShardInfo:
     #: Records and bytes of the latest replay, for the startup log line.
     loaded_records: int = 0
     corrupt_lines: int = 0
+    #: Live tasks of the replay whose record they cannot run with (`records.task_problem`):
+    #: (task id, why), dead-lettered once the shard is ours (`_claimed`).
+    unrunnable: list[tuple[str, str]] = field(default_factory=list)
     #: Dispatch records in the window, per group: (time, location), to keep on compaction.
     window_records: deque[tuple[int, fx.Location]] = field(default_factory=deque)
     #: The log being folded while LOADING (payloads dropped as it goes).
@@ -1336,6 +1341,12 @@ class Node:
         """Our claim (at `loc`) fences the shard: it is ours to act for."""
         info.claim_loc = loc
         info.phase = _ACTIVE
+        unrunnable, info.unrunnable = info.unrunnable, []
+        for task_id, why in unrunnable:
+            task = self.tasks.get(task_id)
+            if task is not None and task.state is _ENQUEUING:
+                self._move(task, _FINISHING)
+                self._finish(task, OUTCOME_DEAD, why)
         if self.phase is _STARTING:
             self._maybe_running()
         else:
@@ -1491,6 +1502,7 @@ class Node:
             self.windows.restore(group, [at])
             info.window_records.append((at, loc(record)))
         in_flight = fold.in_flight()
+        info.unrunnable = []
         # Enqueue order (snerdSeq), which compaction keeps: FIFO survives restarts.
         for task_id, record in fold.live_in_order():
             if task_id in self.tasks:
@@ -1499,6 +1511,20 @@ class Node:
                     f"task {task_id} is live in two shards; keeping the one in "
                     f"{shard_name(self.tasks[task_id].shard)}",
                 )
+                continue
+            why = task_problem(record.fields)
+            if why is not None:
+                # A record no enqueue would have taken (an older version's, or written by
+                # hand): the task cannot run, so it ends as a dead letter saying why, once the
+                # shard is ours; it is live until then (its id taken, its children waiting).
+                self._log(
+                    "warning",
+                    f"{shard_name(shard)}/tasks/tasks.log: {why} (at byte {record.offset}); "
+                    "it is dead-lettered",
+                )
+                self.seq += 1
+                self.tasks[task_id] = _unrunnable_task(shard, record.fields, loc(record), self.seq)
+                info.unrunnable.append((task_id, why))
                 continue
             task = self._task_from_record(shard, record.fields, loc(record))
             if task is None:
@@ -1549,31 +1575,30 @@ class Node:
     def _task_from_record(
         self, shard: int, f: dict[str, Any], loc: fx.Location | None
     ) -> Task | None:
+        """The task of its latest record, read from a log or an inbox and found runnable by
+        the record rule (`snerd.core.records.task_problem`): each value has the type and
+        range the task runs with. (A `null` is an absent key there, and an empty group, pool,
+        cron or webhook URL none.)"""
         try:
             task_id = f["taskId"]
             task_type = f["taskType"]
-            retry_count = int(f.get("retryCount", 0))
-            max_retries = int(f.get("maxRetries", 0))
+            retry_count = f.get("retryCount") or 0
+            max_retries = f.get("maxRetries") or 0
             ready = max(
                 _parse_time(f.get("executeAt"), 0),
                 _parse_time(f.get("retryAfterTime"), 0),
             )
-        except (KeyError, TypeError, ValueError):
+            cron = f.get("cronExpression") or None
+            if cron is not None:
+                # Upstream's 7-field form is read without its year.
+                cron = adopt_cron("cronExpression", cron)
+        except (KeyError, ValueError):  # (a record the rule was not asked about)
             return None
-        cron = f.get("cronExpression")
         if cron is None and f.get("executeAt") == f.get("retryAfterTime") is not None:
             # Enqueued without `execute_at` (both times are the enqueue's, as no retry or cron
             # tick has moved one): due at once, whatever this node's clock says of the other
             # writer's (an inbox record) or of an earlier wall clock (a replay after a step).
             ready = 0
-        if cron is not None:
-            cron = _adopt_cron(cron)
-            if cron is None:
-                self._log(
-                    "warning",
-                    f"task {task_id}: its cron expression {f.get('cronExpression')!r} does not "
-                    "parse; it runs once, as upstream did with an invalid expression",
-                )
         self.seq += 1
         urgency = f.get("urgencyScore")
         return Task(
@@ -1587,12 +1612,12 @@ class Node:
             retry_after_hours=float(f.get("retryAfterHours") or 0.0),
             ready_at_us=ready,
             urgency=float(urgency) if isinstance(urgency, int | float) else 0.0,
-            pool=self._pool_of(f.get("pool")),
-            group=f.get("rateLimitGroup"),
+            pool=self._pool_of(f.get("pool") or None),
+            group=f.get("rateLimitGroup") or None,
             max_per_minute=f.get("maxPerMinute"),
             payload_hash=f.get("payloadHash"),
             cron=cron,
-            webhook_url=f.get("webhookUrl"),
+            webhook_url=f.get("webhookUrl") or None,
             max_execution_seconds=f.get("maxExecutionSeconds"),
             trigger_after_ids=tuple(f.get("triggerAfterIds") or ()),
             loc=loc,
@@ -2382,9 +2407,14 @@ class Node:
         now = self._now
         self._end_flight(task)
         assert task.loc is not None
+        nxt = None
         if task.cron is not None:
+            try:
+                nxt = next_fire(task.cron, now.wall)
+            except ValueError as exc:  # no fire time before year 9999 (a wall clock that far)
+                self._log("warning", f"task {task.task_id}: not re-armed: {exc}; it is done")
+        if nxt is not None:
             # Re-arm: same id, errors cleared, next tick strictly after now (missed ticks skipped).
-            nxt = next_fire(task.cron, now.wall)
             fields = {
                 "retryCount": 0,
                 "retryAfterTime": format_rfc3339(now.wall),
@@ -3418,6 +3448,11 @@ class Node:
                 f"task {task_id} from {where} dropped: a task with that id is already pending",
             )
             return None
+        why = task_problem(f)
+        if why is not None:
+            # Its writer took no such enqueue: a line written by hand (or by an older version).
+            self._log("warning", f"{where}: {why} (at byte {record.offset}); skipped")
+            return None
         payload_hash = f.get("payloadHash")
         original = (
             self._pending_twin(payload_hash)
@@ -3466,21 +3501,37 @@ def _rebased(effect: fx.Append, moved: Mapping[int, fx.Location]) -> fx.Append:
     return fx.Append(token=effect.token, shard=effect.shard, records=records)
 
 
-def _adopt_cron(expr: Any) -> str | None:
-    """A stored cron expression in snerd's normalized form, or None when it does not parse.
-
-    Upstream stored 7-field expressions (seconds first, a trailing year `*`) and kept invalid
-    ones as they were; snerd drops the year field and refuses what it cannot parse.
-    """
-    if not isinstance(expr, str):
-        return None
-    fields = expr.split()
-    if len(fields) == 7 and fields[-1] == "*":
-        expr = " ".join(fields[:6])
-    try:
-        return normalize_cron(expr)
-    except ValueError:
-        return None
+def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) -> Task:
+    """The task of a record it cannot run with (`task_problem`), to dead-letter: only what
+    the tombstone keeps of it (its base is the record) and where that record is."""
+    task_type = f.get("taskType")
+    retry_count = f.get("retryCount")
+    if type(retry_count) is not int or retry_count < 0:
+        retry_count = 0
+    return Task(
+        task_id=f["taskId"],
+        task_type=task_type if type(task_type) is str else "",
+        shard=shard,
+        seq=seq,
+        state=_ENQUEUING,
+        retry_count=retry_count,
+        max_retries=0,
+        retry_after_hours=0.0,
+        ready_at_us=0,
+        urgency=0.0,
+        pool="default",
+        group=None,
+        max_per_minute=None,
+        payload_hash=None,
+        cron=None,
+        webhook_url=None,
+        max_execution_seconds=None,
+        trigger_after_ids=(),
+        loc=loc,
+        # The tombstone counts the attempts made (`_finish`): those that failed before, none now.
+        attempt=retry_count,
+        last_error=None,
+    )
 
 
 def _parse_time(value: Any, default: int) -> int:

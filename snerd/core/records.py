@@ -43,13 +43,34 @@ ignore the rest of the file and the next compaction destroyed it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import orjson
 import xxhash
 
 from snerd.core.events import LogRecord
+from snerd.core.fields import (
+    MAX_ATTEMPTS,
+    MAX_NESTING,
+    BadField,
+    adopt_cron,
+    check_max_execution_seconds,
+    check_max_per_minute,
+    check_max_retries,
+    check_name,
+    check_not_empty,
+    check_parents,
+    check_rate_limit,
+    check_retry_after_hours,
+    check_task_id,
+    check_time,
+    check_urgency,
+    check_webhook_url,
+    nests_deeper,
+)
+from snerd.core.ownership import MAX_COUNT
 from snerd.core.slots import slot_constructor
 
 __all__ = [
@@ -57,11 +78,14 @@ __all__ = [
     "LINE_LIMIT",
     "CorruptRecord",
     "ScanResult",
+    "check_record",
     "checksum_hex",
+    "decode_line",
     "decode_record",
     "encode_record",
     "scan",
     "scan_tail",
+    "task_problem",
 ]
 
 #: The key of the checksum, always the last key of a line snerd writes.
@@ -131,9 +155,24 @@ def encode_record(fields: Mapping[str, Any]) -> bytes:
 
 
 def decode_record(line: bytes | bytearray) -> dict[str, Any]:
-    """Verify and decode one line (without its newline); return the record's fields.
+    """Verify and decode one line (without its newline) and hold it to the record rule
+    (`check_record`); return the record's fields.
 
-    The checksum key is verified and removed, so `decode_record(encode_record(f)[:-1]) == f`.
+    Every reader of a log or an inbox decodes with this, so whatever the core is given from
+    disk has the types and ranges it runs with. Raises `CorruptRecord` for a line that is not
+    a record (`decode_line`) or a record that breaks the rule; its reason names the record and
+    the key ("task t1's record has maxExecutionSeconds 'abc', not an integer").
+    """
+    fields = decode_line(line)
+    check_record(fields)
+    return fields
+
+
+def decode_line(line: bytes | bytearray) -> dict[str, Any]:
+    """Verify and decode one line (without its newline) as a JSON object, whatever its keys
+    hold: the byte format alone. Readers use `decode_record`.
+
+    The checksum key is verified and removed, so `decode_line(encode_record(f)[:-1]) == f`.
     A line without a checksum (upstream SnerdMQ) is accepted when it is a JSON object. Raises
     `CorruptRecord` for a checksum mismatch, a damaged checksum, invalid UTF-8, text that is not
     JSON, or JSON that is not an object.
@@ -290,3 +329,343 @@ def _salvage(
             LogRecord(offset=offset + start, length=len(line) + 1 - start, fields=fields)
         )
         return
+
+
+# --------------------------------------------------------------------------------------------
+# The record rule: what each key of a record may hold
+# --------------------------------------------------------------------------------------------
+
+
+class _WrongType(Exception):
+    """A value of the wrong JSON type (internal to `check_record`)."""
+
+    def __init__(self, value: Any, expected: str) -> None:
+        self.value = value
+        self.expected = expected
+
+
+def _str(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+
+
+def _node_id(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    if not value:
+        raise BadField(f"{key} must not be empty")
+
+
+def _task_id(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    check_task_id(key, value)
+
+
+def _task_type(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    check_not_empty(key, value)
+    check_name(key, value)
+
+
+def _optional_name(key: str, value: Any) -> None:
+    # An empty group or pool means none, as on the wire.
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    check_name(key, value)
+
+
+def _count(key: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _WrongType(value, "an integer")
+    if not 0 <= value <= MAX_COUNT:
+        raise BadField(f"{key} must be 0 to {MAX_COUNT}, got {value}")
+
+
+def _retry_count(key: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _WrongType(value, "an integer")
+    if not 0 <= value <= MAX_ATTEMPTS:
+        raise BadField(f"{key} must be 0 to {MAX_ATTEMPTS}, got {value}")
+
+
+def _attempt(key: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _WrongType(value, "an integer")
+    if not 1 <= value <= MAX_ATTEMPTS:
+        raise BadField(f"{key} must be 1 to {MAX_ATTEMPTS}, got {value}")
+
+
+def _max_retries(key: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _WrongType(value, "an integer")
+    check_max_retries(key, value)
+
+
+def _max_per_minute(key: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _WrongType(value, "an integer")
+    check_max_per_minute(key, value)
+
+
+def _max_execution_seconds(key: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _WrongType(value, "an integer")
+    check_max_execution_seconds(key, value)
+
+
+def _retry_after_hours(key: str, value: Any) -> None:
+    kind = type(value)
+    if kind is not float and kind is not int:
+        raise _WrongType(value, "a number")
+    check_retry_after_hours(key, value)
+
+
+def _urgency(key: str, value: Any) -> None:
+    kind = type(value)
+    if kind is not float and kind is not int:
+        raise _WrongType(value, "a number")
+    check_urgency(key, value)
+
+
+def _bool(key: str, value: Any) -> None:
+    if type(value) is not bool:
+        raise _WrongType(value, "a boolean")
+
+
+def _time(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    check_time(key, value)
+
+
+def _cron(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    if value:  # empty: no cron, as on the wire
+        adopt_cron(key, value)
+
+
+def _webhook_url(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    if value:  # empty: no webhook, as on the wire
+        check_webhook_url(key, value)
+
+
+def _payload_hash(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    if _PAYLOAD_HASH.fullmatch(value) is None:
+        raise BadField(f"{key} must be 1 to 16 lowercase hex digits (an xxh64 fingerprint)")
+
+
+def _parents(key: str, value: Any) -> None:
+    # The range (count, ids, the task's own id) is checked with the whole record in hand.
+    if type(value) is not list or any(type(item) is not str for item in value):
+        raise _WrongType(value, "an array of strings")
+
+
+def _last_job_error(key: str, value: Any) -> None:
+    if type(value) is not dict:
+        raise _WrongType(value, "an object")
+    error = value.get("error")
+    if error is not None and type(error) is not str:
+        raise BadField(f"{key} has an error that is not a string")
+    worthy = value.get("retry_worthy")
+    if worthy is not None and type(worthy) is not bool:
+        raise BadField(f"{key} has a retry_worthy that is not a boolean")
+
+
+_PAYLOAD_HASH = re.compile(r"[0-9a-f]{1,16}", re.ASCII)
+
+_Check = Callable[[str, Any], None]
+
+#: Keys every record may carry (snerd's own).
+_COMMON: dict[str, _Check] = {
+    "snerdKind": _str,
+    "snerdNode": _node_id,
+    "snerdEpoch": _count,
+}
+
+#: What makes a task record (no `snerdKind`) one: the keys readers place it by (its task, its
+#: order, whether it ends the task). A record that breaks these is not one.
+_TASK_SHAPE: dict[str, _Check] = {
+    **_COMMON,
+    "taskId": _task_id,
+    "taskType": _str,
+    "deletedAt": _str,  # a tombstone ends its task; its time is only shown
+    "snerdSeq": _count,
+}
+_TASK_REQUIRED: tuple[str, ...] = ("taskId",)
+
+#: What a live task runs with: upstream's keys, then snerd's (`task_problem`).
+_TASK_VALUES: dict[str, _Check] = {
+    "taskType": _task_type,
+    "taskData": _str,
+    "retryCount": _retry_count,
+    "maxRetries": _max_retries,
+    "retryAfterHours": _retry_after_hours,
+    "retryAfterTime": _time,
+    "executeAt": _time,
+    "LastErrorObj": _str,
+    "LastJobError": _last_job_error,
+    "rateLimitGroup": _optional_name,
+    "maxPerMinute": _max_per_minute,
+    "autoDedupe": _bool,
+    "urgencyScore": _urgency,
+    "payloadHash": _payload_hash,
+    "pool": _optional_name,
+    "triggerAfterIds": _parents,
+    "cronExpression": _cron,
+    "webhookUrl": _webhook_url,
+    "maxExecutionSeconds": _max_execution_seconds,
+    "snerdVia": _node_id,
+    "snerdOutcome": _str,
+    "snerdReplayedAt": _time,
+}
+#: What a live task cannot run without.
+_LIVE_REQUIRED = ("taskType", "taskData")
+
+#: The kinds snerd adds (`snerd.core.shardlog`: KIND_DISPATCH, KIND_CLAIM, KIND_INBOX): every
+#: key they have is what makes them one.
+_KINDS: dict[str, tuple[dict[str, _Check], tuple[str, ...]]] = {
+    "dispatch": (
+        {**_COMMON, "task": _task_id, "attempt": _attempt, "at": _time, "group": _optional_name},
+        ("task", "attempt"),
+    ),
+    "claim": ({**_COMMON, "epoch": _count, "node": _node_id, "at": _time}, ("epoch", "node")),
+    "inbox": ({**_COMMON, "node": _node_id, "offset": _count}, ("node", "offset")),
+}
+#: A kind this snerd does not know (a newer one wrote it; it is skipped): only the keys every
+#: record has are checked.
+_UNKNOWN_KIND: tuple[dict[str, _Check], tuple[str, ...]] = (_COMMON, ())
+
+
+def check_record(fields: dict[str, Any]) -> None:
+    """Hold a decoded record to the first half of the record rule, what makes it a record;
+    raise `CorruptRecord` naming the record (its task id when it has one), the key and what
+    is wrong with its value. A line that breaks it is a corrupt line.
+
+    A dispatch, claim or inbox record is held to it whole: each of its keys has a type and a
+    range. A task record is held to the keys readers place it by: a `taskId` (a task id), a
+    string `taskType` and `deletedAt` (a tombstone only ends its task: its time is shown as
+    written), snerd's `snerdEpoch` (fencing), `snerdSeq` (enqueue order) and `snerdNode`.
+    Whether its task can run is `task_problem`'s question, asked of a live task's latest
+    record. Every record: `null` means absent (`taskId`, a dispatch's `task` and `attempt`, a
+    claim's `epoch` and `node`, an inbox record's `node` and `offset` may not be absent);
+    nothing nests deeper than `MAX_NESTING`, and `snerdCrc` is only the checksum at the end, so
+    that a record built on this one can be written back.
+    """
+    kind = fields.get("snerdKind")
+    if kind is None:
+        checks, required = _TASK_SHAPE, _TASK_REQUIRED
+    elif type(kind) is not str:
+        raise CorruptRecord(f"a record has snerdKind {_shown(kind)}, not a string")
+    else:
+        checks, required = _KINDS.get(kind, _UNKNOWN_KIND)
+    if CHECKSUM_KEY in fields:  # left in by a line without a verified checksum tail
+        raise CorruptRecord(
+            f"{_record_name(fields, kind)}: {CHECKSUM_KEY} is not the checksum at the end of "
+            "the line"
+        )
+    key = ""
+    try:
+        for key, value in fields.items():
+            check = checks.get(key)
+            if check is not None:
+                if value is not None:
+                    check(key, value)
+            elif (type(value) is dict or type(value) is list) and nests_deeper(
+                value, MAX_NESTING - 1
+            ):
+                raise BadField(f"{key} is nested deeper than {MAX_NESTING} levels")
+        for key in required:
+            if fields.get(key) is None:
+                raise CorruptRecord(f"{_record_name(fields, kind)} has no {key}")
+    except _WrongType as wrong:
+        raise CorruptRecord(_wrong_type(fields, kind, key, wrong)) from None
+    except BadField as bad:
+        raise CorruptRecord(f"{_record_name(fields, kind)}: {bad.detail}") from None
+
+
+def task_problem(fields: dict[str, Any]) -> str | None:
+    """Why the task of a live task's record (one `check_record` took) cannot run, or None.
+
+    The second half of the record rule: every key a task runs with has the type and range an
+    enqueue is held to (`snerd.core.fields`, with the record's names: `maxRetries` for
+    `max_retries`), and the record's own `retryCount` is an attempt count. `null` means absent,
+    but a live task needs its `taskType` and `taskData`; an empty `rateLimitGroup`, `pool`,
+    `cronExpression` or `webhookUrl` means none, as on the wire. The answer names the task and
+    the first key at fault: "task t1's record has maxExecutionSeconds 'abc', not an integer".
+    (A daemon dead-letters such a task with that reason instead of running it.) None for
+    a record of another kind and for a tombstone, which only ends its task.
+    """
+    if fields.get("snerdKind") is not None or fields.get("deletedAt") is not None:
+        return None
+    key = ""
+    try:
+        for key in _LIVE_REQUIRED:
+            if fields.get(key) is None:
+                return f"{_record_name(fields, None)} has no {key}"
+        for key, value in fields.items():
+            check = _TASK_VALUES.get(key)
+            if check is not None and value is not None:
+                check(key, value)
+        key = ""
+        check_rate_limit(
+            ("rateLimitGroup", "maxPerMinute"),
+            fields.get("rateLimitGroup") or None,
+            fields.get("maxPerMinute"),
+        )
+        parents = fields.get("triggerAfterIds")
+        if parents:
+            check_parents("triggerAfterIds", fields["taskId"], parents)
+    except _WrongType as wrong:
+        return _wrong_type(fields, None, key, wrong)
+    except BadField as bad:
+        return f"{_record_name(fields, None)}: {bad.detail}"
+    return None
+
+
+def _wrong_type(fields: dict[str, Any], kind: Any, key: str, wrong: _WrongType) -> str:
+    return f"{_record_name(fields, kind)} has {key} {_shown(wrong.value)}, not {wrong.expected}"
+
+
+def _record_name(fields: dict[str, Any], kind: Any) -> str:
+    """What a message calls a record: "task t1's record", "task t1's dispatch record", "a
+    claim record"."""
+    task_id = fields.get("taskId" if kind is None else "task")
+    what = "record" if kind is None else f"{_shown_kind(kind)} record"
+    if type(task_id) is str and task_id and (kind is None or kind == "dispatch"):
+        return f"task {_shown_id(task_id)}'s {what}"
+    if kind is None:
+        return "a task record"
+    return f"an {what}" if what[0] in "aeiou" else f"a {what}"
+
+
+def _shown_kind(kind: str) -> str:
+    return kind if kind.isidentifier() and len(kind) <= 32 else _shown(kind)
+
+
+def _shown_id(task_id: str) -> str:
+    """A task id in a message: as it is when it is short and printable (one line on stderr)."""
+    if len(task_id) <= 200 and task_id.isprintable():
+        return task_id
+    return _shown(task_id)
+
+
+def _shown(value: Any) -> str:
+    """A bad value in a message: strings quoted and cut short, containers by their kind."""
+    if type(value) is str:
+        return repr(value if len(value) <= 60 else value[:60] + "…")
+    if type(value) is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if type(value) is list:
+        return "an array"
+    if type(value) is dict:
+        return "an object"
+    return repr(value)

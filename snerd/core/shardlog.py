@@ -27,10 +27,14 @@ rule, so a tool and a daemon never disagree about a shard:
 - A live task's dispatch counts as in flight only when its attempt is above the task's
   `retryCount` (the daemon re-runs exactly those after a crash, with the same attempt number).
 
-The daemon could adopt this fold for its replay: feed each `LogRecord` to `ShardFold.add`
-(with `keep_payloads=False` it holds no `taskData`), then build its tasks from `live`,
-`in_flight()` and `finished`; `keep_ranges` is its compaction's `_live_ranges` with a fixed
-history bound.
+The daemon's replay is this fold: it feeds each `LogRecord` to `ShardFold.add` (with
+`keep_payloads=False` it holds no payload), then builds its tasks from `live`, `in_flight()`
+and `finished`, and dead-letters those of `unrunnable()`; `keep_ranges` is its compaction's
+`_live_ranges` with a fixed history bound.
+
+The records it is fed passed the record rule's first half (`snerd.core.records.check_record`:
+a reader skips the others as corrupt lines), so each is what its kind says; whether a live
+task can run with its latest record is the second half (`unrunnable`).
 
 It is pure: no files, no clocks (callers pass `now_us`), no threads. It never judges bytes (that
 is `snerd.core.records`), and never decides anything for a daemon.
@@ -46,6 +50,7 @@ from typing import Any
 
 from snerd.core.effects import KeepRange
 from snerd.core.events import LogRecord
+from snerd.core.records import task_problem
 from snerd.core.timefmt import parse_rfc3339
 
 __all__ = [
@@ -160,10 +165,10 @@ def _int_or(value: Any, default: int) -> int:
 class ShardFold:
     """The state of one shard, built by feeding its records in file order to `add`.
 
-    With `keep_payloads=False`, `taskData` is removed from each task record's fields as it is
-    folded (in place: the fold takes ownership of the records fed to it), so the state holds no
-    payloads (the daemon's way: payloads stay on disk). Attributes are read after the last
-    `add`.
+    With `keep_payloads=False`, each task record's `taskData` string is replaced by an empty
+    one as it is folded (in place: the fold takes ownership of the records fed to it), so the
+    state holds no payloads (the daemon's way: payloads stay on disk). Attributes are read
+    after the last `add`.
     """
 
     keep_payloads: bool = True
@@ -233,7 +238,7 @@ class ShardFold:
                 self.dispatch[task_id] = record
                 group = f.get("group")
                 at = f.get("at")
-                if isinstance(group, str) and isinstance(at, str):
+                if group and isinstance(group, str) and isinstance(at, str):
                     with contextlib.suppress(ValueError):
                         self.windows.append((group, parse_rfc3339(at), record))
             return
@@ -254,8 +259,10 @@ class ShardFold:
         if not isinstance(task_id, str):
             self.ignored += 1
             return
-        if not self.keep_payloads:
-            f.pop("taskData", None)
+        if not self.keep_payloads and type(f.get("taskData")) is str:
+            # Released, but still there for `unrunnable`: a record whose payload is missing
+            # or not a string keeps what it has.
+            f["taskData"] = ""
         seq = f.get("snerdSeq")
         if isinstance(seq, int) and seq >= self.next_seq:
             self.next_seq = seq + 1
@@ -326,6 +333,17 @@ class ShardFold:
                 )
             )
         return out
+
+    def unrunnable(self) -> list[tuple[LogRecord, str]]:
+        """Live tasks whose latest record is one they cannot run with, and why
+        (`snerd.core.records.task_problem`), in file order: a daemon dead-letters each with
+        that reason when it loads the shard."""
+        found = []
+        for record in self.live.values():
+            why = task_problem(record.fields)
+            if why is not None:
+                found.append((record, why))
+        return sorted(found, key=lambda item: item[0].offset)
 
     def completed(self) -> int:
         """Finished tasks (latest tombstone per id, not live again) that did not dead-letter."""
