@@ -33,7 +33,7 @@ test: lint unit
 # A long fuzz run: every tests/test_fuzz_*.py test with SNERD_FUZZ_EXAMPLES inputs each
 # (default 20,000; docs/operations.md, "Hostile input", has the figures of one run).
 fuzz: $(STAMP)
-	SNERD_HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 tests -k fuzz
+	SNERD_HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 tests/test_fuzz_*.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
