@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from snerd.cli import main
 from snerd.core.node import NodeConfig
+from snerd.core.ownership import MAX_COUNT
 from snerd.core.records import encode_record, scan
 from snerd.core.shardlog import (
     OUTCOME_COMPLETED,
@@ -397,3 +398,18 @@ async def test_a_daemon_dead_letters_a_task_whose_timeout_is_not_a_number_and_se
         ("ok", OUTCOME_COMPLETED, None),
     ]
     assert main(["fsck", str(q)]) == 0  # a dead letter now, like any other
+
+
+def test_a_node_counting_on_from_the_largest_epoch_and_sequence_writes_records_it_can_read() -> None:
+    # A claim and a sequence number at the largest counter a record may hold (no shard gets
+    # there by counting: written by hand): the node's own claim and records must stay ones
+    # readers take, or the next owner would skip them all as corrupt, acked tasks with them.
+    data = log_of([claim(MAX_COUNT), task("old", MAX_COUNT, snerdSeq=MAX_COUNT)])
+    shell = FakeShell(NodeConfig(node_id="n@pid-1-aa"))
+    shell.disk["logs"][0] = bytearray(data)
+    shell.start()
+    shell.enqueue("new")
+    assert scan(bytes(shell.disk["logs"][0])).corrupt == []
+    again = FakeShell(NodeConfig(node_id="n@pid-1-aa"), disk=shell.disk)
+    again.start()
+    assert set(again.node.tasks) == {"old", "new"}

@@ -57,6 +57,7 @@ from snerd.core import protocol as proto
 from snerd.core.cron import next_fire
 from snerd.core.fields import adopt_cron
 from snerd.core.ownership import (
+    MAX_COUNT,
     Observer,
     OwnershipConfig,
     ShardPhase,
@@ -1560,7 +1561,9 @@ class Node:
         if info.log_epoch > info.epoch or (
             info.log_epoch == info.epoch and fence_node != self.config.node_id
         ):
-            info.epoch = info.log_epoch + 1
+            # (At most the largest counter a record may hold: a log with a claim of that epoch,
+            # which no owner reaches by counting, is fenced at it, not past what readers take.)
+            info.epoch = min(info.log_epoch + 1, MAX_COUNT)
         claim = fx.NewRecord(
             fields={
                 "snerdKind": KIND_CLAIM,

@@ -572,22 +572,25 @@ def check_record(fields: dict[str, Any]) -> None:
         )
     key = ""
     try:
-        for key, value in fields.items():
-            check = checks.get(key)
-            if check is not None:
-                if value is not None:
-                    check(key, value)
-            elif (type(value) is dict or type(value) is list) and nests_deeper(
-                value, MAX_NESTING - 1
-            ):
-                raise BadField(f"{key} is nested deeper than {MAX_NESTING} levels")
+        for key, check in checks.items():
+            value = fields.get(key)
+            if value is not None:
+                check(key, value)
+        kinds = set(map(type, fields.values()))  # one C pass: most records hold no container
+        if dict in kinds or list in kinds:
+            for key, value in fields.items():
+                if (type(value) is dict or type(value) is list) and nests_deeper(
+                    value, MAX_NESTING - 1
+                ):
+                    # (Any key: shown so that the message stays one line.)
+                    raise BadField(f"{_shown_id(key)} is nested deeper than {MAX_NESTING} levels")
         for key in required:
             if fields.get(key) is None:
                 raise CorruptRecord(f"{_record_name(fields, kind)} has no {key}")
     except _WrongType as wrong:
         raise CorruptRecord(_wrong_type(fields, kind, key, wrong)) from None
     except BadField as bad:
-        raise CorruptRecord(f"{_record_name(fields, kind)}: {bad.detail}") from None
+        raise CorruptRecord(f"{_record_name(fields, kind)}: {_one_line(bad.detail)}") from None
 
 
 def task_problem(fields: dict[str, Any]) -> str | None:
@@ -625,7 +628,7 @@ def task_problem(fields: dict[str, Any]) -> str | None:
     except _WrongType as wrong:
         return _wrong_type(fields, None, key, wrong)
     except BadField as bad:
-        return f"{_record_name(fields, None)}: {bad.detail}"
+        return f"{_record_name(fields, None)}: {_one_line(bad.detail)}"
     return None
 
 
@@ -645,12 +648,21 @@ def _record_name(fields: dict[str, Any], kind: Any) -> str:
     return f"an {what}" if what[0] in "aeiou" else f"a {what}"
 
 
+def _one_line(text: str) -> str:
+    """`text` with what is not printable escaped (a value quoted in a rule's reason may hold a
+    newline; a reason is one line on stderr)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _shown_kind(kind: str) -> str:
     return kind if kind.isidentifier() and len(kind) <= 32 else _shown(kind)
 
 
 def _shown_id(task_id: str) -> str:
-    """A task id in a message: as it is when it is short and printable (one line on stderr)."""
+    """A task id (or a key) in a message: as it is when it is short and printable (one line on
+    stderr), else quoted."""
     if len(task_id) <= 200 and task_id.isprintable():
         return task_id
     return _shown(task_id)

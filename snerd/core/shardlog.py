@@ -50,6 +50,7 @@ from typing import Any
 
 from snerd.core.effects import KeepRange
 from snerd.core.events import LogRecord
+from snerd.core.ownership import MAX_COUNT
 from snerd.core.records import task_problem
 from snerd.core.timefmt import parse_rfc3339
 
@@ -265,7 +266,9 @@ class ShardFold:
             f["taskData"] = ""
         seq = f.get("snerdSeq")
         if isinstance(seq, int) and seq >= self.next_seq:
-            self.next_seq = seq + 1
+            # (At most the largest counter a record may hold: a sequence number of that size,
+            # which no shard reaches by counting, does not make the next records unreadable.)
+            self.next_seq = min(seq + 1, MAX_COUNT)
         kept = record
         if f.get("deletedAt") is not None:
             self.live.pop(task_id, None)
