@@ -27,7 +27,7 @@ from snerd.core.shardlog import (
     fold_records,
     tombstone_outcome,
 )
-from snerd.core.timefmt import format_rfc3339
+from snerd.core.timefmt import MAX_US, format_rfc3339
 from tests.daemon import Daemon
 from tests.fakeshell import T0, FakeShell
 from tests.test_cli import log_path, plant
@@ -400,7 +400,7 @@ async def test_a_daemon_dead_letters_a_task_whose_timeout_is_not_a_number_and_se
     assert main(["fsck", str(q)]) == 0  # a dead letter now, like any other
 
 
-def test_a_node_counting_on_from_the_largest_epoch_and_sequence_writes_records_it_can_read() -> None:
+def test_counting_on_from_the_largest_epoch_and_sequence_writes_readable_records() -> None:
     # A claim and a sequence number at the largest counter a record may hold (no shard gets
     # there by counting: written by hand): the node's own claim and records must stay ones
     # readers take, or the next owner would skip them all as corrupt, acked tasks with them.
@@ -413,3 +413,35 @@ def test_a_node_counting_on_from_the_largest_epoch_and_sequence_writes_records_i
     again = FakeShell(NodeConfig(node_id="n@pid-1-aa"), disk=shell.disk)
     again.start()
     assert set(again.node.tasks) == {"old", "new"}
+
+
+def test_a_task_whose_record_holds_no_payload_is_dead_lettered_without_a_base() -> None:
+    # Its tombstone cannot be built on its record (the shell refuses a base without taskData,
+    # and would dead-letter it again with another reason): it is written whole, with the why.
+    bad = task("bad")
+    del bad["taskData"]
+    shell = FakeShell(NodeConfig(node_id="n@pid-1-aa"))
+    shell.disk["logs"][0] = bytearray(log_of([bad, task("ok")]))
+    shell.start()
+    (tomb_,) = [r for r in shell.log_records() if "deletedAt" in r]
+    assert tomb_["taskId"] == "bad" and tomb_["snerdOutcome"] == OUTCOME_DEAD
+    assert tomb_["LastErrorObj"] == "task bad's record has no taskData"
+    assert "executeAt" not in tomb_  # not built on the record
+    assert set(shell.node.tasks) == {"ok"}
+
+
+def test_a_cron_task_with_no_next_fire_before_year_10000_ends_instead_of_crashing() -> None:
+    # The re-arm's `next_fire` raised out of the node (a wall clock in year 9999, a yearly
+    # cron): now the task is done, said on the log.
+    shell = FakeShell(NodeConfig(node_id="n@pid-1-aa"))
+    shell.wall = MAX_US - 120 * SECOND
+    at = format_rfc3339(shell.wall - 3600 * SECOND)
+    yearly = task("yearly", retryAfterTime=at, executeAt=at, cronExpression="0 0 0 1 1 *")
+    shell.disk["logs"][0] = bytearray(log_of([yearly]))
+    shell.start()
+    shell.register("t")
+    assert shell.executed_ids() == ["yearly"]
+    shell.result("yearly")
+    (tomb_,) = [r for r in shell.log_records() if "deletedAt" in r]
+    assert tomb_["snerdOutcome"] == OUTCOME_COMPLETED and "yearly" not in shell.node.tasks
+    assert any("task yearly: not re-armed: cron" in m for _, m in shell.logs_out)

@@ -341,8 +341,9 @@ class ShardInfo:
     loaded_records: int = 0
     corrupt_lines: int = 0
     #: Live tasks of the replay whose record they cannot run with (`records.task_problem`):
-    #: (task id, why), dead-lettered once the shard is ours (`_claimed`).
-    unrunnable: list[tuple[str, str]] = field(default_factory=list)
+    #: (task id, why, whether the record holds a payload for its tombstone to keep),
+    #: dead-lettered once the shard is ours (`_claimed`).
+    unrunnable: list[tuple[str, str, bool]] = field(default_factory=list)
     #: Dispatch records in the window, per group: (time, location), to keep on compaction.
     window_records: deque[tuple[int, fx.Location]] = field(default_factory=deque)
     #: The log being folded while LOADING (payloads dropped as it goes).
@@ -1343,11 +1344,14 @@ class Node:
         info.claim_loc = loc
         info.phase = _ACTIVE
         unrunnable, info.unrunnable = info.unrunnable, []
-        for task_id, why in unrunnable:
+        for task_id, why, based in unrunnable:
             task = self.tasks.get(task_id)
             if task is not None and task.state is _ENQUEUING:
                 self._move(task, _FINISHING)
-                self._finish(task, OUTCOME_DEAD, why)
+                if based:  # the tombstone keeps the record, payload and all
+                    self._finish(task, OUTCOME_DEAD, why)
+                else:
+                    self._dead_letter_unbased(task, why)
         if self.phase is _STARTING:
             self._maybe_running()
         else:
@@ -1525,7 +1529,8 @@ class Node:
                 )
                 self.seq += 1
                 self.tasks[task_id] = _unrunnable_task(shard, record.fields, loc(record), self.seq)
-                info.unrunnable.append((task_id, why))
+                based = type(record.fields.get("taskData")) is str
+                info.unrunnable.append((task_id, why, based))
                 continue
             task = self._task_from_record(shard, record.fields, loc(record))
             if task is None:
@@ -2469,6 +2474,26 @@ class Node:
             return
         self._finish(task, OUTCOME_DEAD, error)
 
+    def _dead_letter_unbased(self, task: Task, error: str) -> None:
+        """Dead-letter `task` with a tombstone that needs no base record (its own is damaged,
+        or holds no payload to keep)."""
+        fields = {
+            "taskId": task.task_id,
+            "taskType": task.task_type,
+            "retryCount": task.attempt,
+            "maxRetries": task.max_retries,
+            "deletedAt": format_rfc3339(self._now.wall),
+            "snerdOutcome": OUTCOME_DEAD,
+            "LastErrorObj": error,
+            "LastJobError": {"error": error, "retry_worthy": False},
+            **self._meta(task.shard),
+        }
+        self._append(
+            task.shard,
+            [fx.NewRecord(fields=fields)],
+            _finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
+        )
+
     def _finish(self, task: Task, outcome: str, error: str | None) -> None:
         """Write the tombstone that ends a task (completed or dead-lettered)."""
         if outcome == OUTCOME_COMPLETED:
@@ -2969,22 +2994,7 @@ class Node:
             del self.pending[token]
             error = f"snerd could not rebuild the task's record: {error}"
             self._log("error", f"task {task.task_id}: {error}; dead-lettered")
-            fields = {
-                "taskId": task.task_id,
-                "taskType": task.task_type,
-                "retryCount": task.attempt,
-                "maxRetries": task.max_retries,
-                "deletedAt": format_rfc3339(self._now.wall),
-                "snerdOutcome": OUTCOME_DEAD,
-                "LastErrorObj": error,
-                "LastJobError": {"error": error, "retry_worthy": False},
-                **self._meta(task.shard),
-            }
-            self._append(
-                task.shard,
-                [fx.NewRecord(fields=fields)],
-                _finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
-            )
+            self._dead_letter_unbased(task, error)
             return
         # Outcome and claim records must land: retry the same append later.
         self._log(
