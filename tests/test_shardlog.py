@@ -445,3 +445,26 @@ def test_a_cron_task_with_no_next_fire_before_year_10000_ends_instead_of_crashin
     (tomb_,) = [r for r in shell.log_records() if "deletedAt" in r]
     assert tomb_["snerdOutcome"] == OUTCOME_COMPLETED and "yearly" not in shell.node.tasks
     assert any("task yearly: not re-armed: cron" in m for _, m in shell.logs_out)
+
+
+def test_an_inbox_record_whose_task_cannot_run_is_skipped_saying_why() -> None:
+    # Its writer never took such an enqueue: written by hand. Before, it was ingested and the
+    # node died at its first dispatch (the timeout "abc").
+    owner = FakeShell(NodeConfig(node_id="owner@pid-1-a"))
+    owner.start()
+    owner.register("t")
+    inbox = owner.disk["inboxes"].setdefault((0, "writer@pid-7-w"), bytearray())
+    bad = encode_record(task("bad", None, maxExecutionSeconds="abc"))
+    inbox += bad + encode_record(task("good", None, taskType=["t"])) + encode_record(task("ok"))
+    owner.advance(5)
+    assert owner.executed_ids() == ["ok"]
+    where = "shard-0/inbox/writer@pid-7-w.log"
+    assert (
+        "warning",
+        f"{where}: task bad's record has maxExecutionSeconds 'abc', not an integer (at byte 0); "
+        "skipped",
+    ) in owner.logs_out
+    assert any(
+        m.startswith(f"{where}: skipped a corrupt line at byte {len(bad)} (task good's record has")
+        for _, m in owner.logs_out
+    )
