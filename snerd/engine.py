@@ -62,6 +62,7 @@ from snerd.handlers import (
 from snerd.io.datadir import prepare_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
+from snerd.io.stdio import one_line
 
 __all__ = ["Engine"]
 
@@ -85,7 +86,7 @@ class _EnginePeer:
 
     def log(self, level: str, message: str) -> None:
         number = logging.getLevelName(level.upper())
-        logger.log(number if isinstance(number, int) else logging.INFO, message)
+        logger.log(number if isinstance(number, int) else logging.INFO, one_line(message))
 
 
 class _GuestStarted:

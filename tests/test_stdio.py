@@ -195,3 +195,14 @@ async def test_one_line_the_daemon_could_not_write_back_does_not_end_it(tmp_path
 
 def nested_array(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
+
+
+def test_a_log_line_cannot_be_split_or_forged_by_what_it_quotes(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # A task id or an error text is quoted in log lines: a newline in it must not start a
+    # second `[Snerd]` line, and an escape sequence must not reach the terminal.
+    stdio.StdioPeer().log("warning", "task a\n[Snerd] ERROR: forged\x1b[2J\u2028end")
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1
+    assert err == "[Snerd] WARNING: task a\\x0a[Snerd] ERROR: forged\\x1b[2J\\u2028end\n"

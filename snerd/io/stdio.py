@@ -40,6 +40,20 @@ _GC_THRESHOLDS = (20_000, 20, 20)
 _FULL_GC_INTERVAL_S = 600.0
 
 
+#: Characters a log line must not carry as they are: C0 controls (a newline in a task id could
+#: forge a second `[Snerd]` line, an escape sequence could repaint the terminal), DEL, C1
+#: controls and Unicode's line and paragraph separators. Each is written as its escape.
+_UNSAFE_IN_A_LINE = {
+    code: f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)
+}
+
+
+def one_line(text: str) -> str:
+    """`text` as one printable line: control characters and line separators escaped."""
+    return text.translate(_UNSAFE_IN_A_LINE)
+
+
 def write_stderr(text: str) -> None:
     """Write a log line to stderr even if the fd was made non-blocking (trio's FdStream on a
     shared tty or pipe does that; trio `_unix_pipes.py` notes the same hazard)."""
@@ -129,7 +143,7 @@ class StdioPeer:
 
     def log(self, level: str, message: str) -> None:
         prefix = "[Snerd]" if level == "info" else f"[Snerd] {level.upper()}:"
-        write_stderr(f"{prefix} {message}\n")
+        write_stderr(f"{prefix} {one_line(message)}\n")
 
     async def writer(self, stream: trio.lowlevel.FdStream, on_closed: Any) -> None:
         """Write what `flush` could not write at once; report a closed stdout once."""
