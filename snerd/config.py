@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from snerd.core.ownership import MAX_QUEUE_SHARDS
 from snerd.io.fscheck import MOUNTINFO
 
 if TYPE_CHECKING:
@@ -67,8 +68,8 @@ class Settings:
 #: becomes in the core (microseconds as an int, a count of shards or workers), while staying
 #: far above anything a deployment needs.
 _LIMITS: dict[str, tuple[float, float]] = {
-    "SNERD_SHARDS": (1, 4096),
-    "SNERD_MAX_SHARDS": (1, 4096),
+    "SNERD_SHARDS": (1, MAX_QUEUE_SHARDS),
+    "SNERD_MAX_SHARDS": (1, MAX_QUEUE_SHARDS),
     "SNERD_MAX_WORKERS": (1, 100_000),
     "SNERD_POOLS": (1, 100_000),
     "SNERD_DRAIN_TIMEOUT": (0.0, 86_400.0),

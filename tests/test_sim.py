@@ -23,6 +23,7 @@ CONTROLS = {
     "--unsafe-no-margin": "no-margin",
     "--unsafe-no-fence": "no-fence",
     "--unsafe-wall-clock-only": "wall-clock-only",
+    "--unsafe-no-cap": "no-cap",
     "--fs nfsv3": "nfsv3",
 }
 
