@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from snerd.client import SnerdQueue
+    from snerd.config import ConfigError
     from snerd.engine import Engine
     from snerd.handlers import (
         DaemonExited,
@@ -23,9 +24,12 @@ if TYPE_CHECKING:
         current_task,
         yield_progress,
     )
+    from snerd.io.datadir import DataDirectoryError
 
 __all__ = [
+    "ConfigError",
     "DaemonExited",
+    "DataDirectoryError",
     "DuplicateTaskId",
     "Engine",
     "EnqueueError",
@@ -42,6 +46,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "SnerdQueue": "snerd.client",
     "Engine": "snerd.engine",
+    "ConfigError": "snerd.config",
+    "DataDirectoryError": "snerd.io.datadir",
     "DaemonExited": "snerd.handlers",
     "DuplicateTaskId": "snerd.handlers",
     "EnqueueError": "snerd.handlers",

@@ -20,9 +20,10 @@ import orjson
 import pytest
 import trio
 
+import snerd
 from snerd import Engine, SnerdQueue
 from snerd.handlers import DaemonExited
-from snerd.io.datadir import DataDirectoryError, prepare_data_directory
+from snerd.io.datadir import prepare_data_directory
 from tests.conftest import fill, missing_tool, small_tmpfs
 
 SNERDMQ = Path(sys.executable).parent / "snerdmq"
@@ -233,7 +234,7 @@ def test_the_engine_raises_the_error_itself_under_trio_and_asyncio(tmp_path: Pat
         (tmp_path / "f" / "q", f"{tmp_path / 'f'} is a regular file"),
     ]:
         for host in ("trio", "asyncio"):
-            with pytest.raises(DataDirectoryError) as raised:
+            with pytest.raises(snerd.DataDirectoryError) as raised:
                 if host == "trio":
                     trio.run(enter, directory)
                 else:
