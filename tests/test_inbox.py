@@ -160,6 +160,43 @@ def test_an_id_already_pending_and_a_duplicate_payload_are_dropped_at_ingest() -
     assert owner.node.stats["total_deduplicated"] == 1
 
 
+def test_a_duplicate_payload_waits_at_ingest_while_its_twin_is_not_durable() -> None:
+    # The inbox copy was acked by its writer; the owner's twin was not yet (its enqueue record
+    # in flight). Dropped against it, the copy was lost when the twin's append failed and the
+    # ingest's landed (sim seed 108945: the owner stepped down, the twin's append never made).
+    owner, other = pair()
+    owner.hold_appends = True
+    owner.enqueue("first", data={"same": 1}, auto_dedupe=True)  # its record in flight
+    other.enqueue("second", data={"same": 1}, auto_dedupe=True)
+    other.enqueue("plain")
+    assert [m["task_id"] for m in other.messages("ack")] == ["second", "plain"]
+    owner.advance(0.15)
+    assert "second" not in owner.node.tasks
+    (twin,) = [a for a in owner.held if any(r.fields.get("taskId") == "first" for r in a.records)]
+    owner.held.remove(twin)
+    owner.feed(ev.AppendFailed(token=twin.token, error="No space left on device"))
+    assert owner.messages("error")[-1]["task_id"] == "first"
+    owner.hold_appends = False
+    owner.release_held()  # what was ingested meanwhile lands
+    owner.advance(0.5)
+    assert {"second", "plain"} <= set(owner.node.tasks)
+    assert [r["taskId"] for r in owner.log_records() if r.get("snerdVia")] == ["second", "plain"]
+
+
+def test_a_duplicate_payload_is_dropped_at_ingest_once_its_twin_is_durable() -> None:
+    owner, other = pair()
+    owner.hold_appends = True
+    owner.enqueue("first", data={"same": 1}, auto_dedupe=True)
+    other.enqueue("second", data={"same": 1}, auto_dedupe=True)
+    owner.advance(0.15)  # waits for "first"
+    owner.hold_appends = False
+    owner.release_held()
+    owner.advance(0.5)
+    assert set(owner.node.tasks) == {"first"}
+    assert any("second" in m and "duplicate of pending task first" in m for _, m in owner.logs_out)
+    assert inbox_records(owner)[-1]["offset"] == len(inbox_of(other))
+
+
 def test_an_inbox_write_that_fails_is_an_error_naming_the_task() -> None:
     _owner, other = pair()
     other.disk_full = True

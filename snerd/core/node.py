@@ -3414,36 +3414,63 @@ class Node:
             # lost, here and on every replay. Read again once that one has landed.
             return
         where = f"{shard_name(chunk.shard)}/inbox/{chunk.node}.log"
-        for offset, reason in chunk.corrupt:
-            self._log("warning", f"{where}: skipped a corrupt line at byte {offset} ({reason})")
         records: list[fx.NewRecord] = []
         ids: list[str | None] = []
+        taken: set[str] = set()
+        end = chunk.end
         for record in chunk.records:
+            if self._waits_at_ingest(record.fields, taken):
+                # What it would be dropped against is not in the log yet: dropped now, this
+                # record (acked by its writer) would be lost if that append failed and this
+                # one landed. The file is taken up to it; the rest is read again later.
+                end = record.offset
+                break
             task_id = self._ingest_one(chunk, record, info, where)
             if task_id is None:
                 continue
             ids.append(task_id)
+            taken.add(task_id)
             records.append(_new_record(record.fields))
+        for offset, reason in chunk.corrupt:
+            if offset < end:
+                self._log("warning", f"{where}: skipped a corrupt line at byte {offset} ({reason})")
+        if end == chunk.start:
+            return
         records.append(
             _new_record(
                 {
                     "snerdKind": KIND_INBOX,
                     "node": chunk.node,
-                    "offset": chunk.end,
+                    "offset": end,
                     **self._meta(chunk.shard),
                 }
             )
         )
-        info.inbox_taken[chunk.node] = chunk.end
+        info.inbox_taken[chunk.node] = end
         self._append(
             chunk.shard,
             records,
             PendingAppend(
                 kind="ingest",
                 shard=chunk.shard,
-                extra={"tasks": ids, "node": chunk.node, "end": chunk.end},
+                extra={"tasks": ids, "node": chunk.node, "end": end},
             ),
         )
+
+    def _waits_at_ingest(self, fields: dict[str, Any], taken: set[str]) -> bool:
+        """An inbox record that `_ingest_one` would drop only against live tasks whose records
+        are not in the log yet (an enqueue in flight, another ingest): the task with its id,
+        or every live task with its dedupe fingerprint. Those taken in by the same ingest do
+        not count: its records land together."""
+        task_id = fields.get("taskId")
+        same = self.tasks.get(task_id) if isinstance(task_id, str) else None
+        if same is not None:
+            return same.loc is None and same.task_id not in taken
+        payload_hash = fields.get("payloadHash")
+        if not fields.get("autoDedupe") or not isinstance(payload_hash, str):
+            return False
+        twins = self.fingerprints.get(payload_hash, {})
+        return bool(twins) and all(self.tasks[t].loc is None and t not in taken for t in twins)
 
     def _ingest_one(
         self, chunk: ev.InboxChunk, record: ev.LogRecord, info: ShardInfo, where: str
