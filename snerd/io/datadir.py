@@ -24,6 +24,8 @@ import os
 import stat
 from pathlib import Path
 
+from snerd.io.files import PathError, describe_kind
+
 __all__ = ["DataDirectoryError", "prepare_data_directory"]
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -32,27 +34,9 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _SURVIVABLE = (errno.ENOSPC, errno.EDQUOT)
 
 
-class DataDirectoryError(OSError):
+class DataDirectoryError(PathError):
     """The data directory cannot be used (bad input from whoever started snerd, never a bug).
     `errno` is the system's error, `filename` the path concerned; `str()` is the sentence."""
-
-    def __init__(self, code: int, message: str, path: str) -> None:
-        super().__init__(code, message, path)
-
-    def __str__(self) -> str:
-        return str(self.strerror)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a directory"
 
 
 def _not_a_directory(path: Path) -> str | None:
@@ -61,7 +45,7 @@ def _not_a_directory(path: Path) -> str | None:
         mode = path.stat().st_mode
     except OSError:
         return None
-    return None if stat.S_ISDIR(mode) else _kind(mode)
+    return None if stat.S_ISDIR(mode) else describe_kind(mode)
 
 
 def _who() -> str:

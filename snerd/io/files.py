@@ -35,6 +35,7 @@ import sys
 from collections.abc import Iterator
 
 __all__ = [
+    "PathError",
     "RefusedFile",
     "describe_kind",
     "make_dirs",
@@ -55,17 +56,22 @@ _DIR_FLAGS = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
 PathLike = str | os.PathLike[str]
 
 
-class RefusedFile(OSError):
-    """An entry of the data directory snerd will not use: a symbolic link, or not the kind of
-    file that belongs there (a FIFO, socket, device, or a directory where a file belongs).
-    Bad input on disk, never a caller bug. `errno` is ELOOP for a link, ENOTDIR or EISDIR for
-    the wrong kind of entry, EINVAL for a special file; `filename` is the path."""
+class PathError(OSError):
+    """An `OSError` about one path whose `str()` is a whole sentence (the message already
+    names the path), not `[Errno N] message: 'path'`."""
 
     def __init__(self, code: int, message: str, path: str) -> None:
         super().__init__(code, message, path)
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+class RefusedFile(PathError):
+    """An entry of the data directory snerd will not use: a symbolic link, or not the kind of
+    file that belongs there (a FIFO, socket, device, or a directory where a file belongs).
+    Bad input on disk, never a caller bug. `errno` is ELOOP for a link, ENOTDIR or EISDIR for
+    the wrong kind of entry, EINVAL for a special file; `filename` is the path."""
 
 
 def describe_kind(mode: int) -> str:
