@@ -38,6 +38,7 @@ __all__ = [
     "PathError",
     "RefusedFile",
     "describe_kind",
+    "ensure_dir",
     "make_dirs",
     "open_dir",
     "open_file",
@@ -239,12 +240,13 @@ def make_dirs(path: PathLike, *, root: PathLike) -> None:
     """Create the directory `path` and any missing ones between `root` and it, without
     following a link; each new entry is fsynced in its parent. `root` itself (and its
     parents) is created too when missing: it is DIR, where the operator wants the queue."""
-    _ensure_root(os.fspath(root))
+    ensure_dir(os.fspath(root))
     os.close(open_dir(path, root=root, create=True))
 
 
-def _ensure_root(root: str) -> None:
-    """mkdir -p `root`, fsyncing each parent of a new directory so the new entries last."""
+def ensure_dir(root: str) -> None:
+    """mkdir -p `root` (links on the way followed: it is where the operator put the queue),
+    fsyncing each parent of a new directory so the new entries last."""
     missing: list[str] = []
     p = os.path.abspath(root)
     while not os.path.isdir(p):

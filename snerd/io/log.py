@@ -69,7 +69,7 @@ from snerd.core.records import (
     scan,
     scan_tail,
 )
-from snerd.io.files import make_dirs, open_file, replace_file, unlink_file
+from snerd.io.files import ensure_dir, make_dirs, open_file, replace_file, unlink_file
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -139,22 +139,6 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
             raise
     finally:
         os.close(fd)
-
-
-def _ensure_dir(path: str) -> None:
-    """Create `path` and missing parents, fsyncing each parent so the new entries are durable."""
-    missing: list[str] = []
-    p = path
-    while not os.path.isdir(p):
-        missing.append(p)
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    for d in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(d)
-        fsync_dir(os.path.dirname(d) or ".")
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> int:
@@ -1694,7 +1678,7 @@ class GroupCommitLog:
         except FileNotFoundError:
             parent = os.path.dirname(path) or "."
             if root is None:
-                _ensure_dir(parent)
+                ensure_dir(parent)
             else:
                 make_dirs(parent, root=root)
             try:
