@@ -676,7 +676,9 @@ _syncs = iter(range(1 << 62))
 
 async def _feed_then_stats(daemon: Daemon, data: bytes) -> list[dict[str, Any]]:
     """Send `data`, a `stats` and a `progress` of a fresh id; every message up to the echo of
-    that progress (lines fed may be `stats` too), the last of them the stats reply."""
+    that progress (lines fed may be `stats` too). The stats reply is the last message answered
+    as its line was read; acks of enqueues may follow it, even the echo (each waits for its
+    fsync: docs/protocol.md, "Reply order")."""
     sync = f"sync-{next(_syncs)}"
     tail = orjson.dumps({"action": "progress", "task_id": sync, "data": None})
     await daemon.send_raw(data + b'{"action":"stats"}\n' + tail + b"\n")
@@ -684,9 +686,17 @@ async def _feed_then_stats(daemon: Daemon, data: bytes) -> list[dict[str, Any]]:
     while True:
         message = await daemon.recv(timeout=60)
         if message["action"] == "progress" and message["task_id"] == sync:
-            assert out[-1]["action"] == "stats", out[-3:]
+            after = out[_last_stats(out) + 1 :]
+            assert all(m["action"] == "ack" for m in after), after[:3]
             return out
         out.append(message)
+
+
+def _last_stats(messages: list[dict[str, Any]]) -> int:
+    """The index of the last `stats` reply in `messages` (there must be one)."""
+    at = [n for n, m in enumerate(messages) if m["action"] == "stats"]
+    assert at, messages[-3:]
+    return at[-1]
 
 
 def _rss_kib(pid: int) -> int:
@@ -827,7 +837,7 @@ def test_a_daemon_fed_hostile_lines_keeps_answering_and_loses_nothing_acked(
         assert d.daemon is not None
         d.run(d.daemon.wait_for, lambda m: m["action"] == "membership" and m["owned"])
         again = d.run(_feed_then_stats, d.daemon, b"")
-        assert again[-1]["queue_depth"] == len(live)
+        assert again[_last_stats(again)]["queue_depth"] == len(live)
     with capsys.disabled():
         print(
             f"\n[fuzz] daemon: {fuzz_lines} fuzzed lines in {fuzz_s:.1f} s "
