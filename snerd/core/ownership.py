@@ -1,6 +1,6 @@
 """Shard ownership for one node: claims in membership.json, shard locks, renewals, release.
 
-Theory of operation (DESIGN.md §4). membership.json holds, per shard, a claim
+Theory of operation (docs/architecture.md, "Ownership, as built"). membership.json holds, per shard, a claim
 `{owner, lease_expiry, epoch, renewals}`. A node claims a shard by writing its own claim with
 `epoch + 1` (under `.membership.lock`, conditional on the version it read), then takes
 `shard-N/.lock` with a non-blocking flock. Only when both hold does the shard become *active*:
@@ -20,9 +20,9 @@ that is not an object naming its owner and lease expiry, a counter that is not a
 This module owns the decisions about claims; it never touches a file. The node composes it and
 turns its answers into effects. Where flock proves liveness (one host, a local filesystem) a
 node that takes a shard's lock has proof that its claimant is dead and takes over at once
-(DESIGN §4.8).
+(docs/architecture.md, "Ownership, as built").
 
-Lapse rule (DESIGN §4.1). A challenger may take over a claim only when BOTH hold: its wall
+Lapse rule. A challenger may take over a claim only when BOTH hold: its wall
 clock is past `lease_expiry + skew_margin` (upstream's rule, kept so upstream daemons and snerd
 agree), and it has itself seen that claim unchanged for `ttl + skew_margin` on its own monotonic
 clock (`Observer`). The second rule uses no other node's clock reading at all, so no clock
@@ -33,7 +33,7 @@ committed and stops acting when `ttl` has passed on its own monotonic clock. Wit
 renewal committed outlasts the owner's `ttl / (1 - r)` whenever
 `r <= margin / (2 ttl + margin)` (7.7 % with the defaults 30 s and 5 s).
 
-Fair shares (DESIGN §4.6). Every node writes a heartbeat under `nodes` in membership.json at
+Fair shares. Every node writes a heartbeat under `nodes` in membership.json at
 each round; a node is live for an observer while its heartbeat keeps changing (the same
 observation rule). With `S` shards and `N` live nodes a node holds at most
 `cap = ceil(S / N)` (and `max_shards`), claims free and lapsed shards up to it, and gives back
@@ -241,7 +241,7 @@ class ShardPhase(enum.Enum):
     #: Claimed, but the lock is held by another process; retried later.
     PAUSED = "paused"
     #: Claimed by another node whose lease is still live; this node tries the lock to learn
-    #: whether that node's process is gone (only where flock proves liveness, DESIGN §4.8).
+    #: whether that node's process is gone (only where flock proves liveness: docs/deployment.md).
     PROBING = "probing"
     #: Locked; its log is being read.
     LOADING = "loading"

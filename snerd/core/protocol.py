@@ -1,7 +1,7 @@
 """The SDK wire protocol: parse and validate inbound lines, build outbound messages.
 
 This module owns the shape of every newline-delimited JSON message between an SDK and the
-daemon (see PROTOCOL.md): inbound lines become typed commands (`Register`, `Enqueue`, `Result`,
+daemon (docs/protocol.md): inbound lines become typed commands (`Register`, `Enqueue`, `Result`,
 `Progress`, `StatsRequested`), which are core events; outbound messages are built here as plain
 dicts, `action` first, in the exact shapes upstream SDKs parse. It must never perform I/O, read a
 clock or decide queue semantics: it answers "what did the SDK say, and is it well-formed?", and

@@ -7,7 +7,7 @@ It is pure: no file access, no clocks, no threads. The shell (`snerd.io.log`) re
 the bytes; this module only judges them.
 
 Format. A task record keeps upstream SnerdMQ's keys and casing (`taskId`, `taskType`,
-`taskData`, `retryCount`, ... see PROTOCOL.md), so upstream tools and SDK dashboards can read a
+`taskData`, `retryCount`, ... see docs/storage.md), so upstream tools and SDK dashboards can read a
 snerd log. snerd adds keys old readers ignore: `snerdKind` (absent: a task state record;
 otherwise e.g. "dispatch", "claim"), `snerdNode`, `snerdEpoch`, and, always last, the checksum::
 
