@@ -52,7 +52,14 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig, route_shard
 from snerd.core.ownership import LockText, OwnershipConfig, owned_by
-from snerd.core.records import CorruptRecord, decode_record, encode_record, scan, scan_tail
+from snerd.core.records import (
+    CorruptRecord,
+    decode_line_at,
+    encode_record,
+    merge_base,
+    scan,
+    scan_tail,
+)
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339
 
@@ -706,7 +713,7 @@ class World:
                     continue
                 raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
                 try:
-                    got = decode_record(raw.rstrip(b"\n"))
+                    got = decode_line_at(raw, f"shard {loc.shard}:{loc.offset}+{loc.length}")
                 except CorruptRecord as exc:
                     got = {"error": str(exc)}
                 key = "task" if what == "dispatch record" else "taskId"
@@ -839,7 +846,7 @@ class World:
         raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
         problem = None
         try:
-            fields_ = decode_record(raw.rstrip(b"\n"))
+            fields_ = decode_line_at(raw, f"shard {loc.shard}:{loc.offset}+{loc.length}")
         except CorruptRecord as exc:
             problem = f"from an unreadable record at shard-{loc.shard}@{loc.offset} ({exc})"
         else:
@@ -994,15 +1001,13 @@ class World:
         self._answer(proc, read, 1_000, 5_000)
 
     def _build(self, record: fx.NewRecord) -> dict[str, Any]:
-        fields_ = dict(record.fields)
-        if record.base is not None:
-            loc = record.base
-            raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
-            base = decode_record(raw.rstrip(b"\n"))
-            fields_ = {**base, **fields_}
-            for key in record.remove:
-                fields_.pop(key, None)
-        return fields_
+        """The line a record stands for, by the core's rule (`records.merge_base`)."""
+        loc = record.base
+        if loc is None:
+            return dict(record.fields)
+        raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
+        base = decode_line_at(raw, f"shard {loc.shard}:{loc.offset}+{loc.length}")
+        return merge_base(base, record)
 
     def _fx_append(self, proc: _Proc, effect: fx.Append | fx.AppendInbox) -> None:
         """`fx.Append` to the shard's log, or `fx.AppendInbox` to the process's own inbox file

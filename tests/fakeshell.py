@@ -18,7 +18,7 @@ from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import LockText
-from snerd.core.records import decode_record, encode_record, scan
+from snerd.core.records import decode_line_at, encode_record, merge_base, scan
 
 SECOND = 1_000_000
 T0 = 1_800_000_000 * SECOND  # a wall-clock origin in 2027
@@ -341,16 +341,23 @@ class FakeShell:
         else:
             raise AssertionError(f"unexpected effect {effect!r}")
 
+    def _build(self, record: fx.NewRecord) -> dict[str, Any]:
+        """The line a record stands for, by the core's rule (`records.merge_base`)."""
+        loc = record.base
+        if loc is None:
+            return dict(record.fields)
+        src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
+        base = decode_line_at(bytes(src), f"shard {loc.shard}:{loc.offset}+{loc.length}")
+        return merge_base(base, record)
+
     def _commit(self, effect: fx.Append) -> None:
         log = self.disk["logs"].setdefault(effect.shard, bytearray())
         if self.fail_bases:
             for index, record in enumerate(effect.records):
                 if record.base is None:
                     continue
-                loc = record.base
-                src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
                 try:
-                    decode_record(bytes(src).rstrip(b"\n"))
+                    self._build(record)
                 except ValueError as exc:
                     self.queue.append(
                         ev.AppendFailed(
@@ -360,14 +367,7 @@ class FakeShell:
                     return
         offsets, lengths = [], []
         for record in effect.records:
-            fields = dict(record.fields)
-            if record.base is not None:
-                loc = record.base
-                src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
-                fields = {**decode_record(bytes(src).rstrip(b"\n")), **fields}
-                for key in record.remove:
-                    fields.pop(key, None)
-            line = encode_record(fields)
+            line = encode_record(self._build(record))
             offsets.append(len(log))
             lengths.append(len(line))
             log += line
@@ -393,6 +393,6 @@ class FakeShell:
 
     def payload(self, loc: fx.Location) -> str:
         src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
-        data = decode_record(bytes(src).rstrip(b"\n"))["taskData"]
+        data = decode_line_at(bytes(src), f"shard {loc.shard}:{loc.offset}")["taskData"]
         assert isinstance(data, str)
         return data

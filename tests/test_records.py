@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 
 from snerd.core import protocol as proto
 from snerd.core import records
+from snerd.core.effects import Location, NewRecord
 from snerd.core.records import (
     CorruptRecord,
     decode_line,
+    decode_line_at,
     decode_record,
     encode_record,
+    merge_base,
     scan,
 )
 
@@ -615,3 +618,36 @@ def test_a_checksum_key_inside_a_line_without_a_checksum_is_refused() -> None:
     assert decode_line(line)["taskId"] == "t1"
     with pytest.raises(CorruptRecord, match="snerdCrc is not the checksum at the end of the line"):
         decode_record(line)
+
+
+# --------------------------------------------------------------------------------------------
+# A record with a base: the one merge rule every shell calls
+# --------------------------------------------------------------------------------------------
+
+
+def test_merge_base_puts_fields_on_top_and_drops_removed_keys() -> None:
+    base = {"taskId": "t1", "taskData": "{}", "status": "queued", "retries": 0, "lease": 5}
+    record = NewRecord(
+        fields={"status": "retry", "retries": 1},
+        base=Location(0, 10, 20),
+        remove=("lease", "absent"),
+    )
+    merged = merge_base(base, record)
+    assert merged == {"taskId": "t1", "taskData": "{}", "status": "retry", "retries": 1}
+    assert base["status"] == "queued" and "lease" in base  # the base is not changed
+
+
+def test_merge_base_refuses_a_base_that_is_not_a_task_record() -> None:
+    record = NewRecord(fields={"status": "retry"}, base=Location(3, 128, 40))
+    with pytest.raises(CorruptRecord, match="record at shard 3 offset 128 has no taskData"):
+        merge_base({"taskId": "t1", "status": "queued"}, record)
+
+
+def test_decode_line_at_wants_one_whole_line() -> None:
+    line = encode_record({"taskId": "t1", "taskData": "{}"})
+    assert decode_line_at(line, "shard 0:0+9") == {"taskId": "t1", "taskData": "{}"}
+    for cut in (line[:-1], line[:1], b""):
+        with pytest.raises(CorruptRecord, match="no complete line at shard 0:0"):
+            decode_line_at(cut, "shard 0:0+9")
+    with pytest.raises(CorruptRecord):
+        decode_line_at(line[:-5] + b"\n", "shard 0:0+9")

@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 import orjson
 import xxhash
 
+from snerd.core.effects import NewRecord
 from snerd.core.events import LogRecord
 from snerd.core.fields import (
     MAX_ATTEMPTS,
@@ -81,8 +82,10 @@ __all__ = [
     "check_record",
     "checksum_hex",
     "decode_line",
+    "decode_line_at",
     "decode_record",
     "encode_record",
+    "merge_base",
     "scan",
     "scan_tail",
     "task_problem",
@@ -166,6 +169,38 @@ def decode_record(line: bytes | bytearray) -> dict[str, Any]:
     fields = decode_line(line)
     check_record(fields)
     return fields
+
+
+def decode_line_at(data: bytes | bytearray, where: str) -> dict[str, Any]:
+    """Decode the record whose whole line, newline included, is `data` (the bytes read at a
+    record's location; `where` names the location in the error). Raises `CorruptRecord` when
+    `data` is not one complete line or not a record (`decode_record`).
+
+    Every shell reads a record by location through this: a dispatch's payload, the base of a
+    `NewRecord`.
+    """
+    if len(data) < 2 or data[-1] != 0x0A:
+        raise CorruptRecord(f"no complete line at {where}")
+    return decode_record(data[:-1])
+
+
+def merge_base(base: Mapping[str, Any], record: NewRecord) -> dict[str, Any]:
+    """The fields of the line a `NewRecord` with a base stands for: the base record's fields
+    (`base`, as read at `record.base`), `record.fields` on top, `record.remove` dropped.
+
+    This is how the core writes a retry, a cron re-arm or a tombstone as a whole upstream-shaped
+    task record without holding payloads. A base must be a task record: one without `taskData`
+    raises `CorruptRecord` (the append fails for good; the daemon, the simulated shell and the
+    fake shell all hold it to this one rule).
+    """
+    loc = record.base
+    if "taskData" not in base:
+        where = "?" if loc is None else f"shard {loc.shard} offset {loc.offset}"
+        raise CorruptRecord(f"record at {where} has no taskData")
+    merged = {**base, **record.fields}
+    for key in record.remove:
+        merged.pop(key, None)
+    return merged
 
 
 def decode_line(line: bytes | bytearray) -> dict[str, Any]:

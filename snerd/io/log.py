@@ -64,8 +64,9 @@ from snerd.core.records import (
     LINE_LIMIT,
     CorruptRecord,
     ScanResult,
-    decode_record,
+    decode_line_at,
     encode_record,
+    merge_base,
     scan,
     scan_tail,
 )
@@ -430,9 +431,10 @@ def _pread_record(fd: int, offset: int, length: int, where: str) -> dict[str, An
     if offset < 0 or length < 2:
         raise ValueError(f"bad record location {where}:{offset}+{length}")
     data = os.pread(fd, length, offset)
-    if len(data) != length or data[-1] != 0x0A:
-        raise CorruptRecord(f"no complete line at {where}:{offset}+{length}")
-    return decode_record(data[:-1])
+    at = f"{where}:{offset}+{length}"
+    if len(data) != length:
+        raise CorruptRecord(f"no complete line at {at}")
+    return decode_line_at(data, at)
 
 
 def read_record(
@@ -541,14 +543,7 @@ def materialize(
                 source = reader.read_record(path, loc.offset, loc.length)
             else:
                 source = read_record(path, loc.offset, loc.length)
-            if "taskData" not in source:
-                raise CorruptRecord(
-                    f"record at shard {loc.shard} offset {loc.offset} has no taskData"
-                )
-            merged = {**source, **fields}
-            for key in rec.remove:
-                merged.pop(key, None)
-            fields = merged
+            fields = merge_base(source, rec)
         lines.append(encode_record(fields))
     return lines
 
