@@ -1,6 +1,7 @@
 """Inbox routing in the core: a daemon that does not own a task's shard writes the task into its
 own inbox for that shard, acks it once durable, and the owner ingests it into tasks.log with a
-record of how far it has read, so a new owner resumes exactly there (DESIGN §3)."""
+record of how far it has read, so a new owner resumes exactly there (docs/architecture.md,
+"Inboxes: every daemon takes enqueues")."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Hypothesis drives two to four `snerd.core.node.Node`s, each through its own `Fak
 sharing one disk (membership.json, the shard logs, the lock table), through starts, crashes,
 restarts under a new node id, drains, pauses (SIGSTOP), membership outages, locks the filesystem
 drops, wall-clock steps, clock-rate differences, enqueues and results. After every step (and
-the lease invariant after every wake-up of every node) it checks DESIGN §5's ownership
-invariants:
+the lease invariant after every wake-up of every node) it checks the ownership invariants
+of docs/simulation.md ("The invariants"):
 
 - no two nodes believe they own one shard at once: ACTIVE for both, and each one's monotonic
   clock still short of its `lease_deadline_mono` (paused nodes count: their clocks run on);
@@ -549,7 +549,7 @@ class OwnershipMachine(RuleBasedStateMachine):
 
     def settle(self) -> None:
         """The faults stop: every acked task must then be completed or dead-lettered (given a
-        live node and time, DESIGN §5)."""
+        live node and time: docs/simulation.md, "The invariants")."""
         for m in self._up():
             m.shell.fail_membership = False
             if m.paused:
@@ -625,7 +625,7 @@ TestOwnership.settings = settings(
 # ---------------------------------------------------------------------- negative controls
 #
 # A checker that cannot fail proves nothing. Each control removes one half of the lapse rule
-# (DESIGN §5) and drives the machine through the same few steps as its safe twin: the control
+# (docs/simulation.md, "Negative controls") and drives the machine through the same few steps as its safe twin: the control
 # must break the lease invariant, the twin must not. The search above finds these too, but
 # only in some hundreds of examples, too slow for every run.
 

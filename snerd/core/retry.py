@@ -10,7 +10,7 @@ Policies:
 - `exponential`: the n-th failure waits a time drawn uniformly from
   `[base, min(base * 2**(n - 1), cap)]`, where `base` is `retry_after_hours` and `cap` is 7 days
   (or `base` itself, when that is longer). This is "full jitter" (Brooker, "Exponential Backoff
-  And Jitter", AWS Architecture Blog, 2015) with `base` as a floor: PROTOCOL.md promises that a
+  And Jitter", AWS Architecture Blog, 2015) with `base` as a floor: docs/protocol.md ("Attempts and retries") promises that a
   task waits `retry_after_hours` between attempts, so jitter only ever adds to it. The first
   retry waits exactly `base`.
 

@@ -1,15 +1,15 @@
 """What filesystem a data directory lives on, whether snerd may run there, and whether flock
 there proves liveness.
 
-Owns the startup self-check (DESIGN §3, last bullet; research notes §4.8 and §5 rules 12 and
-14): the mount type and options from /proc/self/mountinfo (proc(5)), a verdict on them, and a
+Owns the startup self-check (docs/deployment.md, "Filesystems" and
+"The lock probe"): the mount type and options from /proc/self/mountinfo (proc(5)), a verdict on them, and a
 two-process lock probe. The verdict is a pure function of the mount's type, options and FUSE
 subtype (`judge_filesystem`), so every case is tested without mounts; the rest only reads
 files and runs the probe process. It must never unlink a lock file, and never print: the
 daemon's shell decides what to say.
 
 On a local filesystem a flock is released by the kernel the moment its holder dies, so a daemon
-that can take `shard-N/.lock` knows the previous owner's process is gone (DESIGN §4.8). On a
+that can take `shard-N/.lock` knows the previous owner's process is gone (docs/architecture.md, "Single-host takeover (proven dead)"). On a
 network filesystem a lock can outlive a partitioned holder or be lost by a live one, so there
 only the lease decides.
 """

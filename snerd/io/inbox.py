@@ -1,4 +1,5 @@
-"""Inbox files: tasks a daemon takes for a shard it does not own (DESIGN §3).
+"""Inbox files: tasks a daemon takes for a shard it does not own (docs/architecture.md,
+"Inboxes: every daemon takes enqueues").
 
 `shard-N/inbox/<node>.log` is written only by the daemon `<node>` (appends through the
 group-commit log, exactly like `tasks.log`: one record per line, checksummed, fsynced before

@@ -1,4 +1,4 @@
-"""The second process of the startup lock probe (DESIGN §3; research notes §5 rule 14).
+"""The second process of the startup lock probe (docs/deployment.md, "The lock probe").
 
 The daemon holds an exclusive flock on `DIR/.lockprobe` and runs this file as a script in a
 fresh interpreter (`python -I -S lockprobe.py PATH`), which tries the same lock without

@@ -40,7 +40,6 @@ MEMBERSHIP_LOCK = ".membership.lock"
 #: How long a membership read-modify-write waits for `.membership.lock` before giving up.
 LOCK_WAIT_S = 10.0
 _POLL_S = 0.002
-#: errno values that mean a held lock may be gone (DESIGN §4.4).
 #: Errors on a held lock's fd that mean the lock is gone: EBADFD is what a GlusterFS client
 #: with `client.strict-locks on` returns once the server has dropped the lock.
 LOST_LOCK_ERRNOS = {
@@ -167,7 +166,8 @@ class ShardLocks:
 
     The lock file is never unlinked (unlinking would let two processes lock two different
     inodes under one name). Each renewal writes and fsyncs through the fd so that a lock lost
-    on a network filesystem surfaces as an error (DESIGN §3).
+    on a network filesystem surfaces as an error (docs/architecture.md,
+    "Lock lost").
     """
 
     def __init__(self, directory: Path) -> None:
