@@ -3,7 +3,7 @@
 Owns: the daemon child process (spawn, SIGTERM drain, kill as a last resort), its pipes
 (newline-delimited JSON on stdin/stdout; its stderr relayed, prefixed, to this process's
 stderr), and the tasks that read and write them. Handlers, enqueue bookkeeping and the
-`execute` -> `result` round trip are shared with the embedded engine (`snerd.handlers`).
+`execute` -> `result` round trip are shared with the embedded engine (`snerd.sdk`).
 
 It keeps the upstream Python SDK's (snerdmq-python 0.4.2) names and argument order, so code
 written for it runs unchanged, and fixes that SDK's bugs (reference §1.5-1.6 and §6): results
@@ -34,14 +34,9 @@ import anyio
 import anyio.abc
 import orjson
 
-from snerd.handlers import (
-    _EXIT_GRACE_S,
-    DaemonExited,
-    _drain_timeout,
-    _env_overrides,
-    _QueueFace,
-    _Signal,
-)
+from snerd.sdk.errors import DaemonExited
+from snerd.sdk.face import EXIT_GRACE_S, QueueFace, drain_timeout_from_env, env_overrides
+from snerd.sdk.signals import Signal
 
 __all__ = ["SnerdQueue", "default_binary"]
 
@@ -69,7 +64,7 @@ def default_binary() -> str:
     )
 
 
-class SnerdQueue(_QueueFace):
+class SnerdQueue(QueueFace):
     """A job queue backed by a `snerdmq` daemon child process.
 
     Two ways to run it::
@@ -131,7 +126,7 @@ class SnerdQueue(_QueueFace):
         self.env: dict[str, str] = {
             **os.environ,
             **(env or {}),
-            **_env_overrides(
+            **env_overrides(
                 shards=shards,
                 max_local_shards=max_local_shards,
                 max_workers=max_workers,
@@ -140,10 +135,10 @@ class SnerdQueue(_QueueFace):
             ),
         }
         self.stderr_prefix = stderr_prefix
-        self._drain_timeout_s = _drain_timeout(self.env)
+        self._drain_timeout_s = drain_timeout_from_env(self.env)
         self._process: anyio.abc.Process | None = None
         self._outbox = bytearray()
-        self._outbox_wake: _Signal | None = None
+        self._outbox_wake: Signal | None = None
         self._pipe_broken = False
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self._log_observers: list[Callable[[str], object]] = []
@@ -230,7 +225,7 @@ class SnerdQueue(_QueueFace):
                 self._accepting = False
                 with anyio.move_on_after(2):
                     await stderr_done.wait()
-                with anyio.move_on_after(_EXIT_GRACE_S):
+                with anyio.move_on_after(EXIT_GRACE_S):
                     await process.wait()
                 if process.returncode is None:
                     process.kill()

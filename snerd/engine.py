@@ -52,17 +52,12 @@ import trio
 from snerd.config import Settings, load_settings
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.handlers import (
-    _EXIT_GRACE_S,
-    DaemonExited,
-    _drain_timeout,
-    _env_overrides,
-    _QueueFace,
-)
 from snerd.io.datadir import prepare_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
 from snerd.io.stdio import one_line
+from snerd.sdk.errors import DaemonExited
+from snerd.sdk.face import EXIT_GRACE_S, QueueFace, drain_timeout_from_env, env_overrides
 
 __all__ = ["Engine"]
 
@@ -193,7 +188,7 @@ class _GuestHost:
             del type(self)._hosts[self.loop]
 
 
-class Engine(_QueueFace):
+class Engine(QueueFace):
     """The queue, embedded: same handler API as `SnerdQueue`, no daemon process.
 
     ::
@@ -236,7 +231,7 @@ class Engine(_QueueFace):
         Raises:
             snerd.config.ConfigError: a setting does not parse (the message names it).
         """
-        overrides = _env_overrides(
+        overrides = env_overrides(
             shards=shards,
             max_local_shards=max_local_shards,
             max_workers=max_workers,
@@ -250,7 +245,7 @@ class Engine(_QueueFace):
         self._drain_timeout_s = (
             self.settings.node.drain_timeout_us / 1_000_000
             if settings is not None
-            else _drain_timeout(merged)
+            else drain_timeout_from_env(merged)
         )
         self._runtime: Runtime | None = None
         self._runtime_scope: trio.CancelScope | None = None
@@ -401,7 +396,7 @@ class Engine(_QueueFace):
                 with anyio.CancelScope(shield=True):
                     if self._runtime_scope is not None:
                         self._to_runtime(self._runtime_scope.cancel)
-                    with anyio.move_on_after(_EXIT_GRACE_S + self._drain_timeout_s):
+                    with anyio.move_on_after(EXIT_GRACE_S + self._drain_timeout_s):
                         await done.wait()
             await host.release()
         if result:
