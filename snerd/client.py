@@ -144,6 +144,7 @@ class SnerdQueue(QueueFace):
         self._log_observers: list[Callable[[str], object]] = []
 
     def _dashboard_directory(self) -> Path:
+        """The daemon's data directory (its default, `.snerdata`, when none was given)."""
         return Path(self.storage_path if self.storage_path is not None else ".snerdata")
 
     def on_daemon_log(self, callback: Callable[[str], object]) -> Callable[[str], object]:
@@ -184,12 +185,14 @@ class SnerdQueue(QueueFace):
         return await self._shutdown(timeout)
 
     def _begin_drain(self) -> None:
+        """SIGTERM the daemon, if it still runs: it drains, then exits."""
         process = self._process
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()  # SIGTERM: the daemon drains, then exits
 
     def _stop_now(self, waited: float) -> None:
+        """The daemon outlived its drain: kill it."""
         self._log(f"the daemon did not exit within {waited:g} s of SIGTERM; killing it")
         if self._process is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -198,6 +201,9 @@ class SnerdQueue(QueueFace):
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        """Spawn the daemon and serve its pipes until it exits: a writer task, a stderr relay,
+        and this task reading stdout. When stdout ends, wait (bounded) for the exit, then fail
+        whatever still waits. However this is left, the daemon is not left running."""
         self._bind_loop()
         self._outbox_wake = self._new_signal()
         args = [self.binary_path] + ([self.storage_path] if self.storage_path else [])
@@ -247,6 +253,8 @@ class SnerdQueue(QueueFace):
                 self._exited.set()
 
     def _exit_error(self) -> DaemonExited:
+        """What the calls still waiting raise: how the daemon ended and, when it was not asked
+        to, its last stderr lines."""
         code = self.exit_code
         how = (
             f"was killed by {signal.Signals(-code).name}"
@@ -261,6 +269,8 @@ class SnerdQueue(QueueFace):
     # ------------------------------------------------------------------ pipes
 
     def _post(self, message: dict[str, Any]) -> None:
+        """Queue `message` as one JSON line for the writer task (dropped once the daemon is
+        gone: nothing could answer it)."""
         if self._pipe_broken or self._outbox_wake is None or self.exit_code is not None:
             return
         if not self._outbox:
@@ -287,6 +297,7 @@ class SnerdQueue(QueueFace):
                     return
 
     def _on_line(self, line: bytes) -> None:
+        """Handle one line of the daemon's stdout: a JSON object, else logged and ignored."""
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -306,6 +317,8 @@ class SnerdQueue(QueueFace):
             done.set()
 
     def _relay_line(self, raw: bytes) -> None:
+        """Keep one daemon stderr line for `_exit_error`, hand it to the observers, and write
+        it to our stderr with the prefix."""
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if not text:
             return

@@ -109,6 +109,12 @@ class QueueFace:
     _drain_timeout_s: float
 
     def __init__(self, *, max_workers: int | None = None) -> None:
+        """A face with nothing registered and nothing started.
+
+        Args:
+            max_workers: idle handler workers kept, and threads for sync handlers (default
+                100).
+        """
         self._registry = _Registry()
         self._pending: dict[str, Waiter] = {}
         self._stats_waiters: deque[Waiter] = deque()
@@ -143,11 +149,13 @@ class QueueFace:
     # ------------------------------------------------------------------ for subclasses
 
     def _post(self, message: dict[str, Any]) -> None:
+        """Send one protocol message (on the event loop thread; must not block)."""
         raise NotImplementedError
 
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        """Run the daemon or runtime until it has exited (see the class's docstring)."""
         raise NotImplementedError
 
     def _begin_drain(self) -> None:
@@ -165,13 +173,17 @@ class QueueFace:
         self._workers.bind_loop(self._loop_thread, self._new_signal)
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start `fn(*args)` as a task in the task group handler tasks run in."""
         assert self._tg is not None
         self._tg.start_soon(fn, *args)
 
     def _log(self, text: str) -> None:
+        """Report something that went wrong in this process: one line on stderr, prefixed."""
         print(f"{self._log_prefix}{text}", file=sys.stderr, flush=True)
 
     def _not_running_error(self) -> SnerdError:
+        """What a call raises while no daemon can answer it: why it stopped, or that it was
+        never started."""
         if self._stopped_error is not None:
             return self._stopped_error
         return QueueNotRunning(
@@ -191,6 +203,11 @@ class QueueFace:
     # ------------------------------------------------------------------ lifecycle
 
     def _claim_start(self) -> None:
+        """Mark the face started; a face runs once.
+
+        Raises:
+            RuntimeError: it was started before.
+        """
         if self._started:
             raise RuntimeError(
                 f"[Snerd] this {self._face_name} was already started; make a new one"
@@ -205,6 +222,7 @@ class QueueFace:
         await self._background.start(self._serve)
 
     async def __aenter__(self) -> Self:
+        """Host `_serve` in a task group around the block; return once it has started."""
         self._claim_start()
         outer = anyio.create_task_group()
         await outer.__aenter__()
@@ -222,6 +240,8 @@ class QueueFace:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        """Shut down (shielded, bounded), then leave the task group; the block's own exception
+        propagates unchanged."""
         assert self._outer is not None
         try:
             # Bounded (drain timeout + grace, then stopped): safe to shield.
@@ -245,6 +265,9 @@ class QueueFace:
                 await dashboard.aclose()
 
     async def _drain_and_wait(self, timeout: float | None) -> int | None:
+        """Begin the drain once, wait for the exit for `timeout` seconds (default: the drain
+        timeout + `EXIT_GRACE_S`), stop it after that, and wait for the exit (and for the
+        background host, if any). The exit code; None if nothing was started."""
         if self._exited is None:
             return None
         if not self._shutting_down:
@@ -535,6 +558,8 @@ class QueueFace:
             self.membership = message
 
     def _on_error(self, message: dict[str, Any]) -> None:
+        """An `error`: the refusal of the enqueue waiting with its task id, if there is one;
+        else (no such enqueue, or a late `result`) logged."""
         task_id = message.get("task_id")
         text = message.get("message")
         text = text if isinstance(text, str) else json.dumps(text)
@@ -603,6 +628,7 @@ class _Background:
     """
 
     def __init__(self) -> None:
+        """A host with nothing started; `done` is set once what `start` ran has ended."""
         self.done: anyio.Event | None = None
         self.error: BaseException | None = None
         self._task: Any = None

@@ -170,6 +170,8 @@ class HandlerWorkers:
         return self._call_in_thread(fn, *args)
 
     async def _call_in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` in a worker thread (in a copy of this context, within the thread
+        limit), and await what it returns if that is awaitable."""
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self._thread_limit)
         context = contextvars.copy_context()
