@@ -13,18 +13,16 @@ if TYPE_CHECKING:
     from snerd.client import SnerdQueue
     from snerd.config import ConfigError
     from snerd.engine import Engine
-    from snerd.handlers import (
+    from snerd.io.datadir import DataDirectoryError
+    from snerd.sdk.context import TaskInfo, current_task, yield_progress
+    from snerd.sdk.errors import (
         DaemonExited,
         DuplicateTaskId,
-        Enqueued,
         EnqueueError,
         QueueNotRunning,
         SnerdError,
-        TaskInfo,
-        current_task,
-        yield_progress,
     )
-    from snerd.io.datadir import DataDirectoryError
+    from snerd.sdk.messages import Enqueued
 
 __all__ = [
     "ConfigError",
@@ -48,15 +46,15 @@ _LAZY = {
     "Engine": "snerd.engine",
     "ConfigError": "snerd.config",
     "DataDirectoryError": "snerd.io.datadir",
-    "DaemonExited": "snerd.handlers",
-    "DuplicateTaskId": "snerd.handlers",
-    "EnqueueError": "snerd.handlers",
-    "Enqueued": "snerd.handlers",
-    "QueueNotRunning": "snerd.handlers",
-    "SnerdError": "snerd.handlers",
-    "TaskInfo": "snerd.handlers",
-    "current_task": "snerd.handlers",
-    "yield_progress": "snerd.handlers",
+    "DaemonExited": "snerd.sdk.errors",
+    "DuplicateTaskId": "snerd.sdk.errors",
+    "EnqueueError": "snerd.sdk.errors",
+    "Enqueued": "snerd.sdk.messages",
+    "QueueNotRunning": "snerd.sdk.errors",
+    "SnerdError": "snerd.sdk.errors",
+    "TaskInfo": "snerd.sdk.context",
+    "current_task": "snerd.sdk.context",
+    "yield_progress": "snerd.sdk.context",
 }
 
 

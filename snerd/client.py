@@ -3,7 +3,7 @@
 Owns: the daemon child process (spawn, SIGTERM drain, kill as a last resort), its pipes
 (newline-delimited JSON on stdin/stdout; its stderr relayed, prefixed, to this process's
 stderr), and the tasks that read and write them. Handlers, enqueue bookkeeping and the
-`execute` -> `result` round trip are shared with the embedded engine (`snerd.handlers`).
+`execute` -> `result` round trip are shared with the embedded engine (`snerd.sdk`).
 
 It keeps the upstream Python SDK's (snerdmq-python 0.4.2) names and argument order, so code
 written for it runs unchanged, and fixes that SDK's bugs (reference §1.5-1.6 and §6): results
@@ -34,14 +34,9 @@ import anyio
 import anyio.abc
 import orjson
 
-from snerd.handlers import (
-    _EXIT_GRACE_S,
-    DaemonExited,
-    _drain_timeout,
-    _env_overrides,
-    _QueueFace,
-    _Signal,
-)
+from snerd.sdk.errors import DaemonExited
+from snerd.sdk.face import EXIT_GRACE_S, QueueFace, drain_timeout_from_env, env_overrides
+from snerd.sdk.signals import Signal
 
 __all__ = ["SnerdQueue", "default_binary"]
 
@@ -69,7 +64,7 @@ def default_binary() -> str:
     )
 
 
-class SnerdQueue(_QueueFace):
+class SnerdQueue(QueueFace):
     """A job queue backed by a `snerdmq` daemon child process.
 
     Two ways to run it::
@@ -131,7 +126,7 @@ class SnerdQueue(_QueueFace):
         self.env: dict[str, str] = {
             **os.environ,
             **(env or {}),
-            **_env_overrides(
+            **env_overrides(
                 shards=shards,
                 max_local_shards=max_local_shards,
                 max_workers=max_workers,
@@ -140,15 +135,16 @@ class SnerdQueue(_QueueFace):
             ),
         }
         self.stderr_prefix = stderr_prefix
-        self._drain_timeout_s = _drain_timeout(self.env)
+        self._drain_timeout_s = drain_timeout_from_env(self.env)
         self._process: anyio.abc.Process | None = None
         self._outbox = bytearray()
-        self._outbox_wake: _Signal | None = None
+        self._outbox_wake: Signal | None = None
         self._pipe_broken = False
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self._log_observers: list[Callable[[str], object]] = []
 
     def _dashboard_directory(self) -> Path:
+        """The daemon's data directory (its default, `.snerdata`, when none was given)."""
         return Path(self.storage_path if self.storage_path is not None else ".snerdata")
 
     def on_daemon_log(self, callback: Callable[[str], object]) -> Callable[[str], object]:
@@ -189,12 +185,14 @@ class SnerdQueue(_QueueFace):
         return await self._shutdown(timeout)
 
     def _begin_drain(self) -> None:
+        """SIGTERM the daemon, if it still runs: it drains, then exits."""
         process = self._process
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()  # SIGTERM: the daemon drains, then exits
 
     def _stop_now(self, waited: float) -> None:
+        """The daemon outlived its drain: kill it."""
         self._log(f"the daemon did not exit within {waited:g} s of SIGTERM; killing it")
         if self._process is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -203,6 +201,9 @@ class SnerdQueue(_QueueFace):
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        """Spawn the daemon and serve its pipes until it exits: a writer task, a stderr relay,
+        and this task reading stdout. When stdout ends, wait (bounded) for the exit, then fail
+        whatever still waits. However this is left, the daemon is not left running."""
         self._bind_loop()
         self._outbox_wake = self._new_signal()
         args = [self.binary_path] + ([self.storage_path] if self.storage_path else [])
@@ -230,7 +231,7 @@ class SnerdQueue(_QueueFace):
                 self._accepting = False
                 with anyio.move_on_after(2):
                     await stderr_done.wait()
-                with anyio.move_on_after(_EXIT_GRACE_S):
+                with anyio.move_on_after(EXIT_GRACE_S):
                     await process.wait()
                 if process.returncode is None:
                     process.kill()
@@ -252,6 +253,8 @@ class SnerdQueue(_QueueFace):
                 self._exited.set()
 
     def _exit_error(self) -> DaemonExited:
+        """What the calls still waiting raise: how the daemon ended and, when it was not asked
+        to, its last stderr lines."""
         code = self.exit_code
         how = (
             f"was killed by {signal.Signals(-code).name}"
@@ -266,6 +269,8 @@ class SnerdQueue(_QueueFace):
     # ------------------------------------------------------------------ pipes
 
     def _post(self, message: dict[str, Any]) -> None:
+        """Queue `message` as one JSON line for the writer task (dropped once the daemon is
+        gone: nothing could answer it)."""
         if self._pipe_broken or self._outbox_wake is None or self.exit_code is not None:
             return
         if not self._outbox:
@@ -292,6 +297,7 @@ class SnerdQueue(_QueueFace):
                     return
 
     def _on_line(self, line: bytes) -> None:
+        """Handle one line of the daemon's stdout: a JSON object, else logged and ignored."""
         try:
             message = orjson.loads(line)
         except orjson.JSONDecodeError:
@@ -311,6 +317,8 @@ class SnerdQueue(_QueueFace):
             done.set()
 
     def _relay_line(self, raw: bytes) -> None:
+        """Keep one daemon stderr line for `_exit_error`, hand it to the observers, and write
+        it to our stderr with the prefix."""
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if not text:
             return

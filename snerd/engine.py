@@ -52,17 +52,12 @@ import trio
 from snerd.config import Settings, load_settings
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.handlers import (
-    _EXIT_GRACE_S,
-    DaemonExited,
-    _drain_timeout,
-    _env_overrides,
-    _QueueFace,
-)
 from snerd.io.datadir import prepare_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
 from snerd.io.stdio import one_line
+from snerd.sdk.errors import DaemonExited
+from snerd.sdk.face import EXIT_GRACE_S, QueueFace, drain_timeout_from_env, env_overrides
 
 __all__ = ["Engine"]
 
@@ -73,18 +68,22 @@ class _EnginePeer:
     """The runtime's `Peer`: buffers messages and hands each batch to the engine at `flush`."""
 
     def __init__(self, engine: Engine) -> None:
+        """The peer of `engine`'s runtime."""
         self.engine = engine
         self.batch: list[dict[str, Any]] = []
 
     def deliver(self, message: dict[str, Any]) -> None:
+        """Keep one message of the runtime for the next `flush`."""
         self.batch.append(message)
 
     async def flush(self) -> None:
+        """Hand the messages kept so far to the engine, on its event loop, as one batch."""
         if self.batch:
             batch, self.batch = self.batch, []
             self.engine._to_host(self.engine._on_messages, batch)
 
     def log(self, level: str, message: str) -> None:
+        """Log one line of the runtime's on the `snerd.engine` logger, at its level."""
         number = logging.getLevelName(level.upper())
         logger.log(number if isinstance(number, int) else logging.INFO, one_line(message))
 
@@ -96,6 +95,7 @@ class _GuestStarted:
         self._notify = notify
 
     def started(self, value: None = None) -> None:
+        """The runtime is up: tell the host."""
         self._notify()
 
 
@@ -144,6 +144,8 @@ class _GuestHost:
             return host
 
     def _start(self) -> None:
+        """Start the guest run: a nursery that lives until `release` cancels it; `ready` is
+        set once engines can spawn into it, `done` once the run has ended."""
         loop = self.loop
 
         async def main() -> None:
@@ -193,7 +195,7 @@ class _GuestHost:
             del type(self)._hosts[self.loop]
 
 
-class Engine(_QueueFace):
+class Engine(QueueFace):
     """The queue, embedded: same handler API as `SnerdQueue`, no daemon process.
 
     ::
@@ -236,7 +238,7 @@ class Engine(_QueueFace):
         Raises:
             snerd.config.ConfigError: a setting does not parse (the message names it).
         """
-        overrides = _env_overrides(
+        overrides = env_overrides(
             shards=shards,
             max_local_shards=max_local_shards,
             max_workers=max_workers,
@@ -250,7 +252,7 @@ class Engine(_QueueFace):
         self._drain_timeout_s = (
             self.settings.node.drain_timeout_us / 1_000_000
             if settings is not None
-            else _drain_timeout(merged)
+            else drain_timeout_from_env(merged)
         )
         self._runtime: Runtime | None = None
         self._runtime_scope: trio.CancelScope | None = None
@@ -292,13 +294,16 @@ class Engine(_QueueFace):
         return await self._shutdown(timeout)
 
     def _dashboard_directory(self) -> Path:
+        """The engine's data directory."""
         return self.directory
 
     def _begin_drain(self) -> None:
+        """Submit a `DrainRequested` to the runtime, as SIGTERM does to a daemon."""
         if self._runtime is not None:
             self._to_runtime(self._runtime.submit, ev.DrainRequested(reason="shutdown"))
 
     def _stop_now(self, waited: float) -> None:
+        """The runtime outlived its drain: cancel it."""
         self._log(f"the runtime did not exit within {waited:g} s of the drain; cancelling it")
         if self._runtime_scope is not None:
             self._to_runtime(self._runtime_scope.cancel)
@@ -306,6 +311,8 @@ class Engine(_QueueFace):
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        """Run the runtime (natively under trio, as a guest under asyncio) until it exits; then
+        cancel the handlers still running and fail whatever still waits."""
         self._bind_loop()
         self._exited = anyio.Event()
         try:
@@ -339,15 +346,20 @@ class Engine(_QueueFace):
             logger.info(message)
 
     def _prepare_directory(self) -> str | None:
+        """Make the directory and adopt a legacy layout (blocking); what the adoption did, if
+        anything."""
         prepare_data_directory(self.directory)
         return adopt_legacy_layout(self.directory)
 
     def _new_runtime(self) -> Runtime:
+        """The runtime on this engine's directory, with this engine as its peer."""
         runtime = Runtime(self.directory, self.settings, _EnginePeer(self))
         self._runtime = runtime
         return runtime
 
     async def _run_native(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Under trio: run the runtime in a nursery of its own (its cancel scope is how
+        `_stop_now` stops it) until it exits."""
         runtime = self._new_runtime()
 
         async def run(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -360,6 +372,9 @@ class Engine(_QueueFace):
             task_status.started()
 
     async def _run_guest(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Under asyncio: run the runtime in the loop's shared trio guest run until it exits,
+        its outcome captured so that an error ends this engine only; cancelled from the
+        asyncio side, stop the runtime (bounded) before leaving."""
         import asyncio
 
         loop = asyncio.get_running_loop()
@@ -401,7 +416,7 @@ class Engine(_QueueFace):
                 with anyio.CancelScope(shield=True):
                     if self._runtime_scope is not None:
                         self._to_runtime(self._runtime_scope.cancel)
-                    with anyio.move_on_after(_EXIT_GRACE_S + self._drain_timeout_s):
+                    with anyio.move_on_after(EXIT_GRACE_S + self._drain_timeout_s):
                         await done.wait()
             await host.release()
         if result:
@@ -428,10 +443,13 @@ class Engine(_QueueFace):
             fn(*args)
 
     def _on_messages(self, batch: list[dict[str, Any]]) -> None:
+        """Handle a batch of the runtime's messages, in order (on the caller's event loop)."""
         for message in batch:
             self._on_message(message)
 
     def _post(self, message: dict[str, Any]) -> None:
+        """Submit `message` to the runtime: a `result` or `progress` as its event, anything
+        else as the line the SDK would write (so the daemon's parser judges it)."""
         runtime = self._runtime
         if runtime is None:
             return
@@ -451,4 +469,5 @@ class Engine(_QueueFace):
         self._to_runtime(runtime.submit, event)
 
     def _log(self, text: str) -> None:
+        """Log on the `snerd.engine` logger (an engine writes nothing to stderr itself)."""
         logger.warning(text)

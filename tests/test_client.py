@@ -39,7 +39,7 @@ from snerd import (
 )
 from snerd.client import _read_lines
 from snerd.core.protocol import ENQUEUE_OPTIONS
-from snerd.handlers import _json_text, parse_task_data
+from snerd.sdk.messages import json_text, parse_task_data
 from tests.sdkhelpers import Calls, Runner, wait_for_stats
 from tests.sdkhelpers import run as run  # the fixture
 
@@ -782,7 +782,7 @@ _ANY_JSON = st.recursive(
 @given(_ANY_JSON)
 def test_task_data_is_sent_as_json_dumps_writes_it(value: Any) -> None:
     # auto_dedupe hashes the text: it must be byte for byte what the upstream SDK sends.
-    assert _json_text(value) == json.dumps(value)
+    assert json_text(value) == json.dumps(value)
 
 
 def _cycle() -> list[Any]:
@@ -797,9 +797,9 @@ def _cycle() -> list[Any]:
     ids=["cycle", "object", "set", "tuple-key", "lone-surrogate", "shared"],
 )
 def test_task_data_json_dumps_refuses_is_refused_alike(value: Any) -> None:
-    assert _dumps_outcome(_json_text, value) == _dumps_outcome(json.dumps, value)
+    assert _dumps_outcome(json_text, value) == _dumps_outcome(json.dumps, value)
     # And the fast path is not left broken by a failure: the next value encodes.
-    assert _json_text({"after": [1, 2]}) == '{"after": [1, 2]}'
+    assert json_text({"after": [1, 2]}) == '{"after": [1, 2]}'
 
 
 # --- reading the daemon's lines -------------------------------------------------------------------

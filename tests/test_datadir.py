@@ -21,8 +21,7 @@ import pytest
 import trio
 
 import snerd
-from snerd import Engine, SnerdQueue
-from snerd.handlers import DaemonExited
+from snerd import DaemonExited, Engine, SnerdQueue
 from snerd.io.datadir import prepare_data_directory
 from tests.conftest import fill, missing_tool, small_tmpfs
 

@@ -37,8 +37,8 @@ from typing import Any
 import anyio
 import orjson
 
+from snerd import DaemonExited, EnqueueError, SnerdError, current_task
 from snerd.client import SnerdQueue
-from snerd.handlers import DaemonExited, EnqueueError, SnerdError, current_task
 
 #: Daemon stderr lines forwarded as `log` events (the rest stay in the worker's stderr file).
 _LOG_MARKS = (

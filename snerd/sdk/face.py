@@ -1,16 +1,17 @@
-"""Handler plumbing shared by the two public faces, `SnerdQueue` (the SDK that spawns the daemon)
-and `Engine` (the same queue in-process).
+"""`QueueFace`: everything the two public faces share, `SnerdQueue` (the SDK that spawns the
+daemon) and `Engine` (the same queue in-process).
 
-Owns: the handler registry (handlers, dead-letter handlers, progress callbacks), running one
-attempt of a handler (async or sync, with the SDK-side timeout) and turning its outcome into a
-`result` message, building the `enqueue` message both faces send, matching the daemon's `ack` /
-`error` / `stats` replies to the calls waiting for them, the per-task context behind
-`yield_progress` and `current_task`, and the public exceptions.
+Owns: the lifecycle both faces share (`start_listening` / `start` ... `shutdown`, or `async
+with`), the handler registry (handlers, dead-letter handlers, progress callbacks), `enqueue`
+and `stats` and the waiting calls behind them, the dispatch of each message from the daemon
+(`ack` / `error` / `stats` replies matched to their calls, `execute` handed to the workers,
+dead letters, progress handed to the observers in order), the embedded dashboard, and the
+`SNERD_*` variables the faces' constructor arguments stand for.
 
-Both faces speak the wire protocol (PROTOCOL.md) as plain dicts: the SDK writes them to the
-daemon's stdin, the engine hands them to its in-process runtime. So a face only has to say how a
-message goes out (`_post`) and where a handler task runs (`_spawn`); everything else lives here
-and behaves the same in both.
+Both faces speak the wire protocol (docs/protocol.md, "SDK → daemon" and "Daemon → SDK") as
+plain dicts: the SDK writes them to the daemon's stdin, the engine hands them to its in-process
+runtime. So a face only has to say how a message goes out (`_post`) and where a handler task
+runs (`_spawn`); everything else lives here and behaves the same in both.
 
 It must never: block the event loop (sync handlers run in worker threads), decide anything about
 the queue (retries, ordering, dedupe are the daemon's), or touch the daemon's files.
@@ -18,464 +19,69 @@ the queue (retries, ordering, dedupe are the daemon's), or touch the daemon's fi
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import datetime as dt
 import inspect
 import json
-import math
-import re
 import sys
 import threading
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
-from json.encoder import (  # type: ignore[attr-defined]
-    JSONEncoder,
-    c_make_encoder,
-    encode_basestring_ascii,
-)
 from operator import is_not
 from pathlib import Path
-from types import FunctionType, TracebackType
-from typing import Any, Protocol, Self, TypeAlias, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeAlias, TypeVar
 
 import anyio
 import anyio.abc
-import anyio.from_thread
-import anyio.to_thread
-import orjson
 import sniffio
 
-from snerd.core.protocol import ENQUEUE_OPTIONS, failed_to_enqueue
-from snerd.core.slots import slot_constructor
+from snerd.core.protocol import ENQUEUE_OPTIONS, unknown_result
+from snerd.sdk.context import yield_progress
+from snerd.sdk.errors import DuplicateTaskId, EnqueueError, QueueNotRunning, SnerdError
+from snerd.sdk.messages import (
+    Enqueued,
+    build_enqueue_message,
+    describe_error,
+    enqueued_from_ack,
+)
+from snerd.sdk.signals import Signal, Waiter, signal_factory
+from snerd.sdk.workers import DeadLetterHandler, Handler, HandlerWorkers
 
 __all__ = [
-    "DaemonExited",
-    "DeadLetterHandler",
-    "DuplicateTaskId",
-    "EnqueueError",
-    "Enqueued",
-    "Handler",
+    "EXIT_GRACE_S",
     "ProgressCallback",
-    "QueueNotRunning",
-    "SnerdError",
-    "TaskInfo",
-    "build_enqueue_message",
-    "current_task",
-    "parse_task_data",
-    "yield_progress",
+    "QueueFace",
+    "drain_timeout_from_env",
+    "env_overrides",
 ]
 
-#: A task handler: gets the parsed task data. Async functions run on the event loop; plain
-#: functions run in a worker thread. Returning normally is success; raising is a failed attempt.
-Handler: TypeAlias = Callable[[Any], Any]
-#: A dead-letter handler: gets the parsed task data, and the final error text when it takes a
-#: second positional parameter.
-DeadLetterHandler: TypeAlias = Callable[..., Any]
 #: A progress observer: `(task_id, data)`; sync or async.
 ProgressCallback: TypeAlias = Callable[[str, Any], Any]
 
-F = TypeVar("F", bound=Callable[..., Any])
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-#: The text the SDK reports for an attempt it cut short (the same text the daemon uses).
-TIMED_OUT = "Task execution timed out after {seconds} seconds"
-#: Prefix of the daemon's error for a `result` that matched no running attempt. Such an error
-#: carries a task id but is never the answer to an enqueue.
-_UNKNOWN_RESULT = "Received result for unknown/expired task_id"
+#: What the daemon's error for a `result` that matched no running attempt starts with (its text
+#: up to the task id). Such an error carries a task id but is never the answer to an enqueue.
+_UNKNOWN_RESULT = unknown_result("").rstrip()
 #: Grace after the drain timeout before `shutdown` stops a daemon or runtime that has not
 #: exited (kills the daemon, cancels the runtime).
-_EXIT_GRACE_S = 5.0
-
-
-# --- errors ------------------------------------------------------------------------------------
-
-
-class SnerdError(RuntimeError):
-    """Base of every error snerd's SDK and engine raise.
-
-    A `RuntimeError` subclass, because the upstream Python SDK raised plain `RuntimeError` and
-    code written for it catches that.
-
-    Attributes:
-        message: the text, for an `EnqueueError` exactly the daemon's.
-        task_id: the task concerned, when there is one.
-    """
-
-    def __init__(self, message: str, *, task_id: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.task_id = task_id
-
-
-class EnqueueError(SnerdError):
-    """The daemon refused an enqueue (bad input, shutting down, disk full...); `message` is the
-    daemon's `error` text, e.g. `Failed to enqueue: max_retries must be 0 or more, got -1`."""
-
-
-class DaemonExited(SnerdError):
-    """The daemon (or the engine's runtime) stopped before it answered."""
-
-
-class QueueNotRunning(SnerdError):
-    """The queue was never started, is shutting down, or has stopped."""
-
-
-class DuplicateTaskId(SnerdError):
-    """An enqueue with this task id is already waiting for its ack in this process. (Upstream
-    SDKs silently dropped one of the two answers; the daemon itself refuses an id that is still
-    pending once the first one is stored.)"""
-
-
-# --- values ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueued:
-    """What an acknowledged enqueue returns: the record is durable (or was deduplicated)."""
-
-    task_id: str
-    #: The shard the task went to (`"shard-N"`), when the daemon says.
-    shard: str | None = None
-    #: True when `auto_dedupe` dropped it because an identical task is still pending.
-    deduplicated: bool = False
-
-
-#: `Enqueued(task_id, shard, deduplicated)`, built without the frozen `__init__`'s calls.
-_new_enqueued = slot_constructor(Enqueued, "task_id", "shard", "deduplicated")
-
-
-@dataclass(frozen=True, slots=True)
-class TaskInfo:
-    """The attempt a handler is running, from `current_task()`."""
-
-    task_id: str
-    task_type: str
-    #: 1 for the first attempt; None when the daemon did not say (upstream daemons).
-    attempt: int | None = None
-    max_execution_seconds: int | None = None
-
-
-class _Running:
-    """The attempt a handler runs, as `current_task()` and `yield_progress` find it. Its
-    `TaskInfo` is made only when asked for (a frozen dataclass costs a call per field, on
-    every `execute`)."""
-
-    __slots__ = ("attempt", "face", "limit", "loop_thread", "task_id", "task_type")
-
-    def __init__(
-        self,
-        task_id: str,
-        task_type: str,
-        attempt: int | None,
-        limit: int | None,
-        face: _QueueFace,
-        loop_thread: int,
-    ) -> None:
-        self.task_id = task_id
-        self.task_type = task_type
-        self.attempt = attempt
-        self.limit = limit
-        self.face = face
-        self.loop_thread = loop_thread
-
-    @property
-    def info(self) -> TaskInfo:
-        return TaskInfo(self.task_id, self.task_type, self.attempt, self.limit)
-
-
-_CURRENT: contextvars.ContextVar[_Running | None] = contextvars.ContextVar(
-    "snerd_current_task", default=None
-)
-
-
-def current_task() -> TaskInfo:
-    """The task whose handler is calling.
-
-    Raises:
-        RuntimeError: called outside a task handler.
-    """
-    running = _CURRENT.get()
-    if running is None:
-        raise RuntimeError("[Snerd] current_task() must be called within a task handler")
-    return running.info
-
-
-def yield_progress(data: Any) -> None:
-    """Report progress of the running task; observers see it through `on_progress`.
-
-    Works from async handlers and from sync handlers (in their worker thread). `data` is any
-    JSON value; snerd passes it on unchanged (upstream daemons accept only strings).
-
-    Raises:
-        RuntimeError: called outside a task handler.
-    """
-    running = _CURRENT.get()
-    if running is None:
-        raise RuntimeError("[Snerd] yield_progress must be called within a task handler context.")
-    message = {"action": "progress", "task_id": running.task_id, "data": data}
-    if threading.get_ident() == running.loop_thread:
-        running.face._post(message)
-    else:
-        anyio.from_thread.run_sync(running.face._post, message)
-
-
-# --- messages ----------------------------------------------------------------------------------
-
-
-#: A run of digits that may be an integer beyond 64 bits, which orjson would read as a float
-#: where `json.loads` gives an int (a run inside a string also sends the text to `json.loads`).
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
-
-
-def parse_task_data(raw: Any) -> Any:
-    """Task data as handlers get it: JSON text parsed, anything else (or text that is not JSON)
-    passed as it is, like upstream SDKs.
-
-    The value is exactly `json.loads`'s: orjson parses the text when that is certain to give
-    the same value (it refuses what `json.loads` alone accepts, NaN, Infinity, lone
-    surrogates, deep nesting, and then `json.loads` decides), else `json.loads` does."""
-    if isinstance(raw, str):
-        if _LONG_DIGITS.search(raw) is None:
-            try:
-                return orjson.loads(raw)
-            except ValueError:
-                pass
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return raw
-    return raw
-
-
-#: `json.dumps`'s own C encoder with its default arguments, made once: `json.dumps` makes a
-#: new one on every call, which is most of its cost for a small value. No cycle check; a
-#: value it cannot encode goes to `json.dumps`, which says what is wrong.
-_C_ENCODER = (
-    None
-    if c_make_encoder is None
-    else c_make_encoder(
-        None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True
-    )
-)
-
-
-def _json_text(data: Any) -> str:
-    """`json.dumps(data)`, exactly (default separators, ASCII only, NaN allowed), faster."""
-    if _C_ENCODER is not None:
-        try:
-            return "".join(_C_ENCODER(data, 0))
-        except (TypeError, ValueError, RecursionError):
-            pass  # (a cycle ends in RecursionError without the check)
-    return json.dumps(data)
-
-
-def _format_execute_at(value: str | dt.datetime | dt.timedelta) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dt.timedelta):
-        value = dt.datetime.now(dt.UTC) + value
-    # A naive datetime is local time (datetime.astimezone's rule), never silently UTC.
-    moment = value.astimezone(dt.UTC)
-    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-def build_enqueue_message(
-    task_id: str,
-    task_type: str,
-    data: Any,
-    max_retries: int,
-    retry_after_hours: float,
-    options: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The `enqueue` message, as the upstream Python SDK builds it.
-
-    `options` are the other arguments of `_QueueFace.enqueue` by name, in its order; those
-    that are None are left out. `execute_at` is written as RFC 3339 (a datetime or a timedelta
-    from now) and `trigger_after_ids` as a list. `data` is serialized with `json.dumps` and its
-    default separators, exactly as upstream did, so `auto_dedupe` fingerprints match tasks
-    enqueued by the upstream SDK. Values are not checked here: the daemon validates them, so
-    the error texts are the daemon's. Except a NaN or an infinity, which JSON cannot carry
-    (orjson writes null, which the daemon would read as "absent": urgency 0): refused here,
-    in the daemon's words.
-
-    Raises:
-        EnqueueError: `retry_after_hours` or `urgency_score` is not finite.
-    """
-    for name, number in (
-        ("retry_after_hours", retry_after_hours),
-        ("urgency_score", options.get("urgency_score")),
-    ):
-        if type(number) is float and not math.isfinite(number):
-            raise EnqueueError(
-                failed_to_enqueue(f"{name} must be a finite number, got {number}"), task_id=task_id
-            )
-    message: dict[str, Any] = {
-        "action": "enqueue",
-        "task_id": task_id,
-        "task_type": task_type,
-        "task_data": _json_text(data),
-        "max_retries": max_retries,
-        "retry_after_hours": retry_after_hours,
-    }
-    for key, value in options.items():
-        if value is None:
-            continue
-        if key == "execute_at":
-            value = _format_execute_at(value)
-        elif key == "trigger_after_ids":
-            value = list(value)
-        message[key] = value
-    return message
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    if type(fn) is FunctionType:  # the common case, decided as inspect would, only sooner
-        return bool(fn.__code__.co_flags & inspect.CO_COROUTINE)
-    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
-    return inspect.iscoroutinefunction(fn) or (
-        call is not None and inspect.iscoroutinefunction(call)
-    )
-
-
-def _positional_arity(fn: Callable[..., Any]) -> int:
-    """How many positional arguments `fn` accepts (a large number for `*args`)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    count = 0
-    for p in params:
-        if p.kind is inspect.Parameter.VAR_POSITIONAL:
-            return 1 << 16
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
-            count += 1
-    return count
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    name = type(exc).__name__
-    described = f"{name}: {text}" if text else name
-    # A lone surrogate (a file name decoded with surrogateescape, say) cannot be sent as JSON:
-    # the result would never leave the SDK. It is written as its escape instead.
-    return described.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-class _Signal(Protocol):
-    """A one-shot wake-up of one waiting task, on the event loop's thread (`anyio.Event`'s
-    interface)."""
-
-    def set(self) -> None: ...
-
-    def wait(self) -> Awaitable[Any]: ...
-
-
-class _FutureSignal:
-    """`_Signal` on asyncio: a bare future. Each enqueue and each `execute` waits on one, and
-    `anyio.Event` puts two layers and a look-up of the running library in front of the same
-    future (about a fifth of the SDK's CPU per job)."""
-
-    __slots__ = ("_future",)
-
-    def __init__(self, future: asyncio.Future[None]) -> None:
-        self._future = future
-
-    def set(self) -> None:
-        if not self._future.done():  # (done too when its waiter was cancelled)
-            self._future.set_result(None)
-
-    def wait(self) -> Awaitable[None]:
-        return self._future
-
-
-def _signal_factory() -> Callable[[], _Signal]:
-    """How the running event loop makes a `_Signal`: a bare future on asyncio, `trio.Event`
-    (which `anyio.Event` wraps) on trio. Call on the loop's thread."""
-    if sniffio.current_async_library() == "asyncio":
-        create_future = asyncio.get_running_loop().create_future
-        return lambda: _FutureSignal(create_future())
-    import trio
-
-    return trio.Event
-
-
-class _Waiter:
-    """One call waiting for the daemon's answer."""
-
-    __slots__ = ("abandoned", "error", "event", "value")
-
-    def __init__(self, event: _Signal) -> None:
-        self.event = event
-        self.value: Any = None
-        self.error: SnerdError | None = None
-        self.abandoned = False
-
-    def resolve(self, value: Any) -> None:
-        self.value = value
-        self.event.set()
-
-    def fail(self, error: SnerdError) -> None:
-        self.error = error
-        self.event.set()
-
-
-class _InContext:
-    """Await `coro` with each of its steps run in `context`, as a task of its own would run it
-    (what a handler sets in context variables stays its own), without the cost of a task.
-    `on_suspend` is called each time `coro` waits (yields to the event loop)."""
-
-    __slots__ = ("context", "coro", "on_suspend")
-
-    def __init__(
-        self,
-        coro: Coroutine[Any, Any, Any],
-        context: contextvars.Context,
-        on_suspend: Callable[[], None],
-    ) -> None:
-        self.coro = coro
-        self.context = context
-        self.on_suspend = on_suspend
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro = self.coro
-        run = self.context.run
-        send = coro.send
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                if error is None:
-                    signal = run(send, value)
-                else:
-                    signal = run(coro.throw, error)
-            except StopIteration as stop:
-                return stop.value
-            error = None
-            self.on_suspend()
-            try:
-                value = yield signal
-            except GeneratorExit:
-                run(coro.close)
-                raise
-            except BaseException as exc:
-                value = None
-                error = exc
-
-
-# --- the shared face ---------------------------------------------------------------------------
+EXIT_GRACE_S = 5.0
 
 
 @dataclass
 class _Registry:
+    """What the application registered: handlers and dead-letter handlers by task type, and
+    the progress observers in the order they came."""
+
     handlers: dict[str, Handler] = field(default_factory=dict)
     dead_letter: dict[str, DeadLetterHandler] = field(default_factory=dict)
     progress: list[ProgressCallback] = field(default_factory=list)
 
 
-class _QueueFace:
+class QueueFace:
     """Everything the SDK and the engine share; subclasses say how messages go out and what
     runs behind them.
 
@@ -503,27 +109,32 @@ class _QueueFace:
     _drain_timeout_s: float
 
     def __init__(self, *, max_workers: int | None = None) -> None:
+        """A face with nothing registered and nothing started.
+
+        Args:
+            max_workers: idle handler workers kept, and threads for sync handlers (default
+                100).
+        """
         self._registry = _Registry()
-        self._pending: dict[str, _Waiter] = {}
-        self._stats_waiters: deque[_Waiter] = deque()
+        self._pending: dict[str, Waiter] = {}
+        self._stats_waiters: deque[Waiter] = deque()
         self._progress_backlog: deque[tuple[Any, Any]] = deque()
         self._progress_draining = False
         self._accepting = False
         self._stopped_error: SnerdError | None = None
         self._loop_thread: int | None = None
         #: Makes the wake-ups of waiting calls and workers (`_bind_loop`).
-        self._new_signal: Callable[[], _Signal] = anyio.Event
-        self._thread_limit = max_workers or 100
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._new_signal: Callable[[], Signal] = anyio.Event
         #: The daemon's last `membership` message (which shards this daemon owns), if any.
         self.membership: dict[str, Any] | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        #: `execute` messages not started yet, each with the context it runs in, oldest first.
-        self._jobs: deque[tuple[dict[str, Any], contextvars.Context]] = deque()
-        #: A worker has been woken (or spawned) and has not run yet: it takes the next job.
-        self._worker_coming = False
-        #: How each idle worker is woken, the last one to go idle last.
-        self._idle_workers: list[_Signal] = []
+        self._workers = HandlerWorkers(
+            self._registry.handlers,
+            max_workers=max_workers,
+            post=self._post,
+            spawn=self._spawn,
+            log=self._log,
+        )
         self._outer: anyio.abc.TaskGroup | None = None
         self._background: _Background | None = None
         self._started = False
@@ -538,11 +149,13 @@ class _QueueFace:
     # ------------------------------------------------------------------ for subclasses
 
     def _post(self, message: dict[str, Any]) -> None:
+        """Send one protocol message (on the event loop thread; must not block)."""
         raise NotImplementedError
 
     async def _serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        """Run the daemon or runtime until it has exited (see the class's docstring)."""
         raise NotImplementedError
 
     def _begin_drain(self) -> None:
@@ -556,16 +169,21 @@ class _QueueFace:
     def _bind_loop(self) -> None:
         """`_serve` runs on this thread and event loop (call it first thing)."""
         self._loop_thread = threading.get_ident()
-        self._new_signal = _signal_factory()
+        self._new_signal = signal_factory()
+        self._workers.bind_loop(self._loop_thread, self._new_signal)
 
     def _spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
+        """Start `fn(*args)` as a task in the task group handler tasks run in."""
         assert self._tg is not None
         self._tg.start_soon(fn, *args)
 
     def _log(self, text: str) -> None:
+        """Report something that went wrong in this process: one line on stderr, prefixed."""
         print(f"{self._log_prefix}{text}", file=sys.stderr, flush=True)
 
     def _not_running_error(self) -> SnerdError:
+        """What a call raises while no daemon can answer it: why it stopped, or that it was
+        never started."""
         if self._stopped_error is not None:
             return self._stopped_error
         return QueueNotRunning(
@@ -585,6 +203,11 @@ class _QueueFace:
     # ------------------------------------------------------------------ lifecycle
 
     def _claim_start(self) -> None:
+        """Mark the face started; a face runs once.
+
+        Raises:
+            RuntimeError: it was started before.
+        """
         if self._started:
             raise RuntimeError(
                 f"[Snerd] this {self._face_name} was already started; make a new one"
@@ -599,6 +222,7 @@ class _QueueFace:
         await self._background.start(self._serve)
 
     async def __aenter__(self) -> Self:
+        """Host `_serve` in a task group around the block; return once it has started."""
         self._claim_start()
         outer = anyio.create_task_group()
         await outer.__aenter__()
@@ -616,6 +240,8 @@ class _QueueFace:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        """Shut down (shielded, bounded), then leave the task group; the block's own exception
+        propagates unchanged."""
         assert self._outer is not None
         try:
             # Bounded (drain timeout + grace, then stopped): safe to shield.
@@ -639,6 +265,9 @@ class _QueueFace:
                 await dashboard.aclose()
 
     async def _drain_and_wait(self, timeout: float | None) -> int | None:
+        """Begin the drain once, wait for the exit for `timeout` seconds (default: the drain
+        timeout + `EXIT_GRACE_S`), stop it after that, and wait for the exit (and for the
+        background host, if any). The exit code; None if nothing was started."""
         if self._exited is None:
             return None
         if not self._shutting_down:
@@ -649,7 +278,7 @@ class _QueueFace:
                     f"[Snerd] {self._noun} is shutting down; enqueue rejected."
                 )
             self._begin_drain()
-        limit = self._drain_timeout_s + _EXIT_GRACE_S if timeout is None else timeout
+        limit = self._drain_timeout_s + EXIT_GRACE_S if timeout is None else timeout
         with anyio.move_on_after(limit):
             await self._exited.wait()
         if not self._exited.is_set():
@@ -695,19 +324,19 @@ class _QueueFace:
         """
         self._registry.dead_letter[task_type] = handler
 
-    def handler(self, task_type: str) -> Callable[[F], F]:
+    def handler(self, task_type: str) -> Callable[[_F], _F]:
         """Decorator form of `register_handler`: `@q.handler("email")`."""
 
-        def register(fn: F) -> F:
+        def register(fn: _F) -> _F:
             self.register_handler(task_type, fn)
             return fn
 
         return register
 
-    def max_retry_handler(self, task_type: str) -> Callable[[F], F]:
+    def max_retry_handler(self, task_type: str) -> Callable[[_F], _F]:
         """Decorator form of `register_max_retry_handler`."""
 
-        def register(fn: F) -> F:
+        def register(fn: _F) -> _F:
             self.register_max_retry_handler(task_type, fn)
             return fn
 
@@ -850,7 +479,7 @@ class _QueueFace:
                 f"[Snerd] An enqueue of task '{task_id}' is already waiting for its ack",
                 task_id=task_id,
             )
-        waiter = _Waiter(self._new_signal())
+        waiter = Waiter(self._new_signal())
         self._pending[task_id] = waiter
         try:
             self._post(message)
@@ -872,7 +501,7 @@ class _QueueFace:
         """
         if self._stopped_error is not None or self._loop_thread is None:
             raise self._not_running_error()
-        waiter = _Waiter(self._new_signal())
+        waiter = Waiter(self._new_signal())
         self._stats_waiters.append(waiter)
         self._post({"action": "stats"})
         try:
@@ -892,19 +521,13 @@ class _QueueFace:
         """Handle one message from the daemon (on the event loop thread)."""
         action = message.get("action")
         if action == "execute":
-            self._dispatch_execute(message)
+            self._workers.dispatch(message)
         elif action == "ack":
             task_id = message.get("task_id")
-            waiter = self._pending.pop(task_id, None) if isinstance(task_id, str) else None
-            if waiter is not None:
-                shard = message.get("shard")
-                waiter.resolve(
-                    _new_enqueued(
-                        task_id,
-                        shard if isinstance(shard, str) else None,
-                        message.get("deduplicated") is True,
-                    )
-                )
+            if isinstance(task_id, str):
+                waiter = self._pending.pop(task_id, None)
+                if waiter is not None:
+                    waiter.resolve(enqueued_from_ack(task_id, message))
         elif action == "error":
             self._on_error(message)
         elif action == "max_retries_reached":
@@ -918,7 +541,7 @@ class _QueueFace:
                     f"permanently failed: {message.get('error')}"
                 )
             else:
-                self._spawn(self._dead_letter, handler, message)
+                self._spawn(self._workers.dead_letter, handler, message)
         elif action == "progress":
             if self._registry.progress:
                 self._progress_backlog.append((message.get("task_id"), message.get("data")))
@@ -935,6 +558,8 @@ class _QueueFace:
             self.membership = message
 
     def _on_error(self, message: dict[str, Any]) -> None:
+        """An `error`: the refusal of the enqueue waiting with its task id, if there is one;
+        else (no such enqueue, or a late `result`) logged."""
         task_id = message.get("task_id")
         text = message.get("message")
         text = text if isinstance(text, str) else json.dumps(text)
@@ -957,139 +582,12 @@ class _QueueFace:
                         if inspect.isawaitable(result):
                             await result
                     except Exception as exc:
-                        self._log(f"progress callback {callback!r} failed: {_describe(exc)}")
+                        self._log(f"progress callback {callback!r} failed: {describe_error(exc)}")
         finally:
             self._progress_draining = False
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-        """What to await to run `fn(*args)`: an async one on the loop (its own coroutine, no
-        frame around it), a sync one in a worker thread (abandoned on cancel, so a stuck sync
-        handler never holds up a shutdown)."""
-        if _is_async(fn):
-            return fn(*args)  # type: ignore[no-any-return]
-        return self._call_in_thread(fn, *args)
 
-    async def _call_in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self._thread_limit)
-        context = contextvars.copy_context()
-        result = await anyio.to_thread.run_sync(
-            context.run, fn, *args, abandon_on_cancel=True, limiter=self._limiter
-        )
-        if inspect.isawaitable(result):
-            await result
-
-    def _dispatch_execute(self, message: dict[str, Any]) -> None:
-        """Start running an `execute` now, as a task of its own would: in a copy of the
-        current context, concurrently with every other one.
-
-        Jobs wait in `_jobs` for a worker task. A worker runs them one after another while
-        they finish without waiting (a handler that does not await anything); when one waits,
-        another worker is called for the jobs behind it. So no job ever waits for another's
-        handler to finish, and a burst of quick handlers costs one task wake-up, not one
-        each. As many idle workers as `max_workers` (default 100) are kept."""
-        self._jobs.append((message, contextvars.copy_context()))
-        if not self._worker_coming:
-            self._call_worker()
-
-    def _call_worker(self) -> None:
-        """Make sure a worker will take the next job: wake an idle one, or start one."""
-        self._worker_coming = True
-        if self._idle_workers:
-            self._idle_workers.pop().set()
-        else:
-            self._spawn(self._execute_worker)
-
-    def _job_waits(self) -> None:
-        """The job a worker runs waits (its handler awaits): the jobs behind it need another
-        worker."""
-        if self._jobs and not self._worker_coming:
-            self._call_worker()
-
-    async def _execute_worker(self) -> None:
-        jobs = self._jobs
-        idle = self._idle_workers
-        job_waits = self._job_waits
-        wake: _Signal | None = None
-        try:
-            while True:
-                self._worker_coming = False  # this is the worker that was coming
-                while jobs:
-                    message, context = jobs.popleft()
-                    await _InContext(self._execute(message), context, job_waits)
-                if len(idle) >= self._thread_limit:
-                    return  # enough idle ones (the daemon runs at most max_workers at once)
-                wake = self._new_signal()
-                idle.append(wake)
-                await wake.wait()
-        finally:
-            if wake is not None and wake in idle:
-                idle.remove(wake)
-
-    async def _execute(self, message: dict[str, Any]) -> None:
-        task_id = message.get("task_id")
-        task_type = message.get("task_type")
-        if not isinstance(task_id, str) or not isinstance(task_type, str):
-            self._log(f"ignored a malformed execute message: {message!r}")
-            return
-        attempt = message.get("attempt")
-        attempt = attempt if type(attempt) is int else None  # (JSON numbers: int or float)
-        limit = message.get("max_execution_seconds")
-        limit = limit if type(limit) is int or type(limit) is float else None
-        error: str | None = None
-        handler = self._registry.handlers.get(task_type)
-        if handler is None:
-            error = f"No handler registered for task type '{task_type}'."
-        else:
-            data = parse_task_data(message.get("task_data"))
-            assert self._loop_thread is not None
-            running = _Running(
-                task_id,
-                task_type,
-                attempt,
-                None if limit is None else int(limit),
-                self,
-                self._loop_thread,
-            )
-            token = _CURRENT.set(running)
-            try:
-                if limit is None:
-                    await self._call(handler, data)
-                else:
-                    with anyio.move_on_after(limit) as scope:
-                        await self._call(handler, data)
-                    if scope.cancelled_caught:
-                        error = TIMED_OUT.format(seconds=running.limit)
-            except Exception as exc:
-                error = _describe(exc)
-            finally:
-                _CURRENT.reset(token)
-        result: dict[str, Any] = {
-            "action": "result",
-            "task_id": task_id,
-            "status": "success" if error is None else "error",
-        }
-        if error is not None:
-            result["error_msg"] = error
-        if attempt is not None:
-            result["attempt"] = attempt
-        self._post(result)
-
-    async def _dead_letter(self, handler: DeadLetterHandler, message: dict[str, Any]) -> None:
-        data = parse_task_data(message.get("task_data"))
-        args: tuple[Any, ...] = (data,)
-        if _positional_arity(handler) >= 2:
-            error = message.get("error")
-            args = (data, error if isinstance(error, str) else None)
-        try:
-            await self._call(handler, *args)
-        except Exception as exc:
-            self._log(
-                f"Error in max retry handler for task {message.get('task_id')}: {_describe(exc)}"
-            )
-
-
-def _env_overrides(
+def env_overrides(
     *,
     shards: int | None,
     max_local_shards: int | None,
@@ -1112,7 +610,7 @@ def _env_overrides(
     return env
 
 
-def _drain_timeout(env: Mapping[str, str]) -> float:
+def drain_timeout_from_env(env: Mapping[str, str]) -> float:
     """SNERD_DRAIN_TIMEOUT as the daemon will read it (30 s when unset or unreadable; the
     daemon itself refuses an unreadable value)."""
     raw = env.get("SNERD_DRAIN_TIMEOUT", "").strip()
@@ -1130,6 +628,7 @@ class _Background:
     """
 
     def __init__(self) -> None:
+        """A host with nothing started; `done` is set once what `start` ran has ended."""
         self.done: anyio.Event | None = None
         self.error: BaseException | None = None
         self._task: Any = None
@@ -1154,7 +653,9 @@ class _Background:
             except BaseException as exc:
                 self.error = exc
                 if started.is_set():  # nobody is awaiting the start any more: say it here
-                    print(f"[snerd] background service failed: {_describe(exc)}", file=sys.stderr)
+                    print(
+                        f"[snerd] background service failed: {describe_error(exc)}", file=sys.stderr
+                    )
             finally:
                 started.set()
                 done.set()

@@ -1,0 +1,55 @@
+"""The exceptions snerd's SDK and engine raise: `SnerdError` and its four kinds.
+
+Owns: the public error types of both faces (`SnerdQueue`, `Engine`) and what each one means:
+the daemon refused a call (`EnqueueError`, carrying the daemon's own text), the daemon or
+runtime is gone (`DaemonExited`), the queue is not running (`QueueNotRunning`), or this process
+asked twice at once (`DuplicateTaskId`).
+
+It must never: import anything else of the SDK's (every other module of it raises these).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DaemonExited",
+    "DuplicateTaskId",
+    "EnqueueError",
+    "QueueNotRunning",
+    "SnerdError",
+]
+
+
+class SnerdError(RuntimeError):
+    """Base of every error snerd's SDK and engine raise.
+
+    A `RuntimeError` subclass, because the upstream Python SDK raised plain `RuntimeError` and
+    code written for it catches that.
+
+    Attributes:
+        message: the text, for an `EnqueueError` exactly the daemon's.
+        task_id: the task concerned, when there is one.
+    """
+
+    def __init__(self, message: str, *, task_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.task_id = task_id
+
+
+class EnqueueError(SnerdError):
+    """The daemon refused an enqueue (bad input, shutting down, disk full...); `message` is the
+    daemon's `error` text, e.g. `Failed to enqueue: max_retries must be 0 or more, got -1`."""
+
+
+class DaemonExited(SnerdError):
+    """The daemon (or the engine's runtime) stopped before it answered."""
+
+
+class QueueNotRunning(SnerdError):
+    """The queue was never started, is shutting down, or has stopped."""
+
+
+class DuplicateTaskId(SnerdError):
+    """An enqueue with this task id is already waiting for its ack in this process. (Upstream
+    SDKs silently dropped one of the two answers; the daemon itself refuses an id that is still
+    pending once the first one is stored.)"""

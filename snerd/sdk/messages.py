@@ -1,0 +1,201 @@
+"""The protocol messages as the SDK writes and reads them (docs/protocol.md, "SDK → daemon"
+and "Daemon → SDK"), as plain dicts.
+
+Owns: the `enqueue` message both faces send (`build_enqueue_message`, with task data written
+byte for byte as `json.dumps` writes it, which `auto_dedupe` fingerprints depend on), the
+`result` message of one attempt, task data as handlers get it (`parse_task_data`), the value an
+`ack` stands for (`Enqueued`), and the text an exception is reported as (`describe_error`).
+
+It must never: check option values (the daemon does, so its error texts reach the caller
+unchanged; only what JSON cannot carry is refused here), or do I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from json.encoder import (  # type: ignore[attr-defined]
+    JSONEncoder,
+    c_make_encoder,
+    encode_basestring_ascii,
+)
+from typing import Any
+
+import orjson
+
+from snerd.core.protocol import failed_to_enqueue
+from snerd.core.slots import slot_constructor
+from snerd.sdk.errors import EnqueueError
+
+__all__ = [
+    "Enqueued",
+    "build_enqueue_message",
+    "describe_error",
+    "enqueued_from_ack",
+    "json_text",
+    "parse_task_data",
+    "result_message",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """What an acknowledged enqueue returns: the record is durable (or was deduplicated)."""
+
+    task_id: str
+    #: The shard the task went to (`"shard-N"`), when the daemon says.
+    shard: str | None = None
+    #: True when `auto_dedupe` dropped it because an identical task is still pending.
+    deduplicated: bool = False
+
+
+#: `Enqueued(task_id, shard, deduplicated)`, built without the frozen `__init__`'s calls.
+_new_enqueued = slot_constructor(Enqueued, "task_id", "shard", "deduplicated")
+
+
+def enqueued_from_ack(task_id: str, message: dict[str, Any]) -> Enqueued:
+    """What the daemon's `ack` of the enqueue of `task_id` says (a `shard` or `deduplicated`
+    of the wrong type is read as absent)."""
+    shard = message.get("shard")
+    return _new_enqueued(
+        task_id,
+        shard if isinstance(shard, str) else None,
+        message.get("deduplicated") is True,
+    )
+
+
+#: A run of digits that may be an integer beyond 64 bits, which orjson would read as a float
+#: where `json.loads` gives an int (a run inside a string also sends the text to `json.loads`).
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+
+
+def parse_task_data(raw: Any) -> Any:
+    """Task data as handlers get it: JSON text parsed, anything else (or text that is not JSON)
+    passed as it is, like upstream SDKs.
+
+    The value is exactly `json.loads`'s: orjson parses the text when that is certain to give
+    the same value (it refuses what `json.loads` alone accepts, NaN, Infinity, lone
+    surrogates, deep nesting, and then `json.loads` decides), else `json.loads` does."""
+    if isinstance(raw, str):
+        if _LONG_DIGITS.search(raw) is None:
+            try:
+                return orjson.loads(raw)
+            except ValueError:
+                pass
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+#: `json.dumps`'s own C encoder with its default arguments, made once: `json.dumps` makes a
+#: new one on every call, which is most of its cost for a small value. No cycle check; a
+#: value it cannot encode goes to `json.dumps`, which says what is wrong.
+_C_ENCODER = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(
+        None, JSONEncoder().default, encode_basestring_ascii, None, ": ", ", ", False, False, True
+    )
+)
+
+
+def json_text(data: Any) -> str:
+    """`json.dumps(data)`, exactly (default separators, ASCII only, NaN allowed), faster."""
+    if _C_ENCODER is not None:
+        try:
+            return "".join(_C_ENCODER(data, 0))
+        except (TypeError, ValueError, RecursionError):
+            pass  # (a cycle ends in RecursionError without the check)
+    return json.dumps(data)
+
+
+def _format_execute_at(value: str | dt.datetime | dt.timedelta) -> str:
+    """`execute_at` as the message carries it: RFC 3339 in UTC, a string as it is."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dt.timedelta):
+        value = dt.datetime.now(dt.UTC) + value
+    # A naive datetime is local time (datetime.astimezone's rule), never silently UTC.
+    moment = value.astimezone(dt.UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def build_enqueue_message(
+    task_id: str,
+    task_type: str,
+    data: Any,
+    max_retries: int,
+    retry_after_hours: float,
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The `enqueue` message, as the upstream Python SDK builds it.
+
+    `options` are the other arguments of `QueueFace.enqueue` by name, in its order; those
+    that are None are left out. `execute_at` is written as RFC 3339 (a datetime or a timedelta
+    from now) and `trigger_after_ids` as a list. `data` is serialized with `json.dumps` and its
+    default separators, exactly as upstream did, so `auto_dedupe` fingerprints match tasks
+    enqueued by the upstream SDK. Values are not checked here: the daemon validates them, so
+    the error texts are the daemon's. Except a NaN or an infinity, which JSON cannot carry
+    (orjson writes null, which the daemon would read as "absent": urgency 0): refused here,
+    in the daemon's words.
+
+    Raises:
+        EnqueueError: `retry_after_hours` or `urgency_score` is not finite.
+    """
+    for name, number in (
+        ("retry_after_hours", retry_after_hours),
+        ("urgency_score", options.get("urgency_score")),
+    ):
+        if type(number) is float and not math.isfinite(number):
+            raise EnqueueError(
+                failed_to_enqueue(f"{name} must be a finite number, got {number}"), task_id=task_id
+            )
+    message: dict[str, Any] = {
+        "action": "enqueue",
+        "task_id": task_id,
+        "task_type": task_type,
+        "task_data": json_text(data),
+        "max_retries": max_retries,
+        "retry_after_hours": retry_after_hours,
+    }
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key == "execute_at":
+            value = _format_execute_at(value)
+        elif key == "trigger_after_ids":
+            value = list(value)
+        message[key] = value
+    return message
+
+
+def result_message(task_id: str, error: str | None, attempt: int | None) -> dict[str, Any]:
+    """The `result` of one attempt: success when `error` is None; `attempt` echoed when the
+    `execute` carried one."""
+    result: dict[str, Any] = {
+        "action": "result",
+        "task_id": task_id,
+        "status": "success" if error is None else "error",
+    }
+    if error is not None:
+        result["error_msg"] = error
+    if attempt is not None:
+        result["attempt"] = attempt
+    return result
+
+
+def describe_error(exc: BaseException) -> str:
+    """`"<ExceptionType>: <message>"` (the type alone when the message is empty), as a failed
+    attempt's `error_msg` and the SDK's log lines carry it."""
+    text = str(exc)
+    name = type(exc).__name__
+    described = f"{name}: {text}" if text else name
+    # A lone surrogate (a file name decoded with surrogateescape, say) cannot be sent as JSON:
+    # the result would never leave the SDK. It is written as its escape instead.
+    return described.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -1,0 +1,287 @@
+"""Running handlers: the worker tasks that turn each `execute` into one attempt and its
+`result`, and the calls of dead-letter handlers.
+
+Owns: the queue of jobs (`execute` messages not started yet), the worker tasks that run them
+and the idle ones kept for reuse, one attempt of a handler (async on the event loop, sync in a
+worker thread; in the context of its own `CURRENT_ATTEMPT`; cut short after its
+`max_execution_seconds`), and the thread limit sync handlers share.
+
+Jobs wait in one queue for a worker. A worker runs them one after another while they finish
+without waiting (a handler that does not await anything); when one waits, another worker is
+called for the jobs behind it. So no job ever waits for another's handler to finish, as if each
+had a task of its own, and a burst of quick handlers costs one task wake-up, not one each.
+
+It must never: decide a retry (the SDK-side timeout only cuts the attempt short in this
+process; the daemon decides what follows), block the event loop, or let a handler's exception
+escape (it becomes the attempt's error text).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from types import FunctionType
+from typing import Any, TypeAlias
+
+import anyio
+import anyio.to_thread
+
+from snerd.core.protocol import timed_out
+from snerd.sdk.context import CURRENT_ATTEMPT, RunningAttempt
+from snerd.sdk.messages import describe_error, parse_task_data, result_message
+from snerd.sdk.signals import Signal
+
+__all__ = ["DeadLetterHandler", "Handler", "HandlerWorkers"]
+
+#: A task handler: gets the parsed task data. Async functions run on the event loop; plain
+#: functions run in a worker thread. Returning normally is success; raising is a failed attempt.
+Handler: TypeAlias = Callable[[Any], Any]
+#: A dead-letter handler: gets the parsed task data, and the final error text when it takes a
+#: second positional parameter.
+DeadLetterHandler: TypeAlias = Callable[..., Any]
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling `fn` gives a coroutine (an async function, or an object with an async
+    `__call__`)."""
+    if type(fn) is FunctionType:  # the common case, decided as inspect would, only sooner
+        return bool(fn.__code__.co_flags & inspect.CO_COROUTINE)
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return inspect.iscoroutinefunction(fn) or (
+        call is not None and inspect.iscoroutinefunction(call)
+    )
+
+
+def _positional_arity(fn: Callable[..., Any]) -> int:
+    """How many positional arguments `fn` accepts (a large number for `*args`)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    count = 0
+    for p in params:
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return 1 << 16
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count
+
+
+class _InContext:
+    """Await `coro` with each of its steps run in `context`, as a task of its own would run it
+    (what a handler sets in context variables stays its own), without the cost of a task.
+    `on_suspend` is called each time `coro` waits (yields to the event loop)."""
+
+    __slots__ = ("context", "coro", "on_suspend")
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        context: contextvars.Context,
+        on_suspend: Callable[[], None],
+    ) -> None:
+        self.coro = coro
+        self.context = context
+        self.on_suspend = on_suspend
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self.coro
+        run = self.context.run
+        send = coro.send
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                if error is None:
+                    signal = run(send, value)
+                else:
+                    signal = run(coro.throw, error)
+            except StopIteration as stop:
+                return stop.value
+            error = None
+            self.on_suspend()
+            try:
+                value = yield signal
+            except GeneratorExit:
+                run(coro.close)
+                raise
+            except BaseException as exc:
+                value = None
+                error = exc
+
+
+class HandlerWorkers:
+    """The worker tasks of one face, running its handlers.
+
+    The face hands over each `execute` (`dispatch`) and each dead letter (`dead_letter`, in a
+    task of its own) and says which event loop runs them (`bind_loop`); this posts the
+    `result` of every attempt through `post`.
+    """
+
+    def __init__(
+        self,
+        handlers: Mapping[str, Handler],
+        *,
+        max_workers: int | None,
+        post: Callable[[dict[str, Any]], None],
+        spawn: Callable[..., None],
+        log: Callable[[str], None],
+    ) -> None:
+        """Workers for `handlers`; none runs until the first `dispatch`.
+
+        Args:
+            handlers: the registry's handlers by task type (read at each `execute`, so
+                handlers registered later are found).
+            max_workers: idle workers kept, and threads for sync handlers (default 100).
+            post: sends one protocol message, on the event loop thread.
+            spawn: starts `fn(*args)` as a task in the face's task group.
+            log: reports what went wrong in this process (a malformed message, a failed
+                dead-letter handler).
+        """
+        self._handlers = handlers
+        self._post = post
+        self._spawn = spawn
+        self._log = log
+        self._thread_limit = max_workers or 100
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._loop_thread: int | None = None
+        #: Makes the wake-ups of idle workers (`bind_loop`).
+        self._new_signal: Callable[[], Signal] = anyio.Event
+        #: `execute` messages not started yet, each with the context it runs in, oldest first.
+        self._jobs: deque[tuple[dict[str, Any], contextvars.Context]] = deque()
+        #: A worker has been woken (or spawned) and has not run yet: it takes the next job.
+        self._worker_coming = False
+        #: How each idle worker is woken, the last one to go idle last.
+        self._idle_workers: list[Signal] = []
+
+    def bind_loop(self, loop_thread: int, new_signal: Callable[[], Signal]) -> None:
+        """Handlers run on this thread's event loop, whose wake-ups `new_signal` makes."""
+        self._loop_thread = loop_thread
+        self._new_signal = new_signal
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+        """What to await to run `fn(*args)`: an async one on the loop (its own coroutine, no
+        frame around it), a sync one in a worker thread (abandoned on cancel, so a stuck sync
+        handler never holds up a shutdown)."""
+        if _is_async(fn):
+            return fn(*args)  # type: ignore[no-any-return]
+        return self._call_in_thread(fn, *args)
+
+    async def _call_in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` in a worker thread (in a copy of this context, within the thread
+        limit), and await what it returns if that is awaitable."""
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self._thread_limit)
+        context = contextvars.copy_context()
+        result = await anyio.to_thread.run_sync(
+            context.run, fn, *args, abandon_on_cancel=True, limiter=self._limiter
+        )
+        if inspect.isawaitable(result):
+            await result
+
+    # ------------------------------------------------------------------ execute
+
+    def dispatch(self, message: dict[str, Any]) -> None:
+        """Start running an `execute` now, as a task of its own would: in a copy of the
+        current context, concurrently with every other one (see the module's header). As many
+        idle workers as `max_workers` are kept."""
+        self._jobs.append((message, contextvars.copy_context()))
+        if not self._worker_coming:
+            self._call_worker()
+
+    def _call_worker(self) -> None:
+        """Make sure a worker will take the next job: wake an idle one, or start one."""
+        self._worker_coming = True
+        if self._idle_workers:
+            self._idle_workers.pop().set()
+        else:
+            self._spawn(self._worker)
+
+    def _job_waits(self) -> None:
+        """The job a worker runs waits (its handler awaits): the jobs behind it need another
+        worker."""
+        if self._jobs and not self._worker_coming:
+            self._call_worker()
+
+    async def _worker(self) -> None:
+        """One worker task: run jobs while there are any, then idle until woken, or end when
+        enough others idle already."""
+        jobs = self._jobs
+        idle = self._idle_workers
+        job_waits = self._job_waits
+        wake: Signal | None = None
+        try:
+            while True:
+                self._worker_coming = False  # this is the worker that was coming
+                while jobs:
+                    message, context = jobs.popleft()
+                    await _InContext(self._execute(message), context, job_waits)
+                if len(idle) >= self._thread_limit:
+                    return  # enough idle ones (the daemon runs at most max_workers at once)
+                wake = self._new_signal()
+                idle.append(wake)
+                await wake.wait()
+        finally:
+            if wake is not None and wake in idle:
+                idle.remove(wake)
+
+    async def _execute(self, message: dict[str, Any]) -> None:
+        """Run one attempt of the `execute` in `message` and post its `result`."""
+        task_id = message.get("task_id")
+        task_type = message.get("task_type")
+        if not isinstance(task_id, str) or not isinstance(task_type, str):
+            self._log(f"ignored a malformed execute message: {message!r}")
+            return
+        attempt = message.get("attempt")
+        attempt = attempt if type(attempt) is int else None  # (JSON numbers: int or float)
+        limit = message.get("max_execution_seconds")
+        limit = limit if type(limit) is int or type(limit) is float else None
+        error: str | None = None
+        handler = self._handlers.get(task_type)
+        if handler is None:
+            error = f"No handler registered for task type '{task_type}'."
+        else:
+            data = parse_task_data(message.get("task_data"))
+            assert self._loop_thread is not None
+            running = RunningAttempt(
+                task_id,
+                task_type,
+                attempt,
+                None if limit is None else int(limit),
+                self._post,
+                self._loop_thread,
+            )
+            token = CURRENT_ATTEMPT.set(running)
+            try:
+                if limit is None:
+                    await self._call(handler, data)
+                else:
+                    with anyio.move_on_after(limit) as scope:
+                        await self._call(handler, data)
+                    if scope.cancelled_caught:
+                        error = timed_out(int(limit))
+            except Exception as exc:
+                error = describe_error(exc)
+            finally:
+                CURRENT_ATTEMPT.reset(token)
+        self._post(result_message(task_id, error, attempt))
+
+    # ------------------------------------------------------------------ dead letters
+
+    async def dead_letter(self, handler: DeadLetterHandler, message: dict[str, Any]) -> None:
+        """Call `handler` for the `max_retries_reached` in `message` (with the final error
+        text when it takes a second positional parameter); log what it raises."""
+        data = parse_task_data(message.get("task_data"))
+        args: tuple[Any, ...] = (data,)
+        if _positional_arity(handler) >= 2:
+            error = message.get("error")
+            args = (data, error if isinstance(error, str) else None)
+        try:
+            await self._call(handler, *args)
+        except Exception as exc:
+            self._log(
+                f"Error in max retry handler for task {message.get('task_id')}: "
+                f"{describe_error(exc)}"
+            )
