@@ -43,6 +43,9 @@ def now_us() -> int:
 
 @dataclass(slots=True, eq=False)
 class Node:
+    """One node: where it runs, its worker and daemon of the current incarnation, and what
+    its worker has told the controller (answers awaited, shards it believes it owns, log)."""
+
     #: The node's label (`n1`): its daemon's HOSTNAME, the first part of its names.
     host: str
     #: The queue directory as this host (the controller) sees it.

@@ -53,6 +53,9 @@ __all__ = ["Outcome", "Run", "gluster_control", "run"]
 
 @dataclass(slots=True)
 class Outcome:
+    """What one run gave: its history and the checker's report on it, its faults, and
+    whether the run itself went as asked (`problems`, `drained`)."""
+
     config: RunConfig
     history: list[dict[str, Any]]
     report: Report
@@ -117,6 +120,7 @@ class Run:
                 self.signals.on_signal = None
 
     async def _main(self) -> tuple[bool, list[str]]:
+        """The phases: setup, chaos (the heal at its end), drain, every worker stopped."""
         await self.setup()
         await self.chaos()
         self.cluster.record("phase", name="liveness")
