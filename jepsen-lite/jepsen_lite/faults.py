@@ -23,6 +23,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jepsen_lite import nemesis as nem
@@ -451,11 +452,7 @@ async def partition(nemesis: Nemesis) -> None:
     assert g is not None
     victims = [n for n in nemesis.cluster.nodes if n.directory == nemesis.cluster.dirs[0]]
     others = [n for n in nemesis.cluster.nodes if n.directory != nemesis.cluster.dirs[0]]
-    ping_opt = await asyncio.to_thread(nem.volume_option, g, "network.ping-timeout")
-    try:
-        ping = float(ping_opt or "42")
-    except ValueError:
-        ping = 42.0
+    ping = await asyncio.to_thread(_ping_timeout, g)
     hold = ping + 4.0
     end = time.monotonic() + 10.0  # a cut matters most while mount A owns shards
     while time.monotonic() < end and not any(n.believed for n in victims):
@@ -478,13 +475,7 @@ async def partition(nemesis: Nemesis) -> None:
     t0 = time.monotonic()
     first = nem.probe_stat(g.mount_a)  # hangs until the client gives up
     nemesis.probes.append(first)
-    taken: dict[int, tuple[str, float]] = {}
-    while time.monotonic() - t0 < hold:
-        for n in others:
-            for s in set(owned) & n.believed:
-                if s not in taken and n.name:
-                    taken[s] = (n.name, time.monotonic() - t0)
-        await asyncio.sleep(0.1)
+    taken = await _takeovers(others, set(owned), t0, hold)
     during_first = await asyncio.to_thread(first.result, hold)
     during_late = await asyncio.to_thread(_probe, nemesis, 3.0)
     healed, why_up = await asyncio.to_thread(nem.set_link, g, True)
@@ -534,6 +525,30 @@ async def partition(nemesis: Nemesis) -> None:
         f"{len(fs_errors)}; restarted: {info['victims_restarted'] or 'none'}"
         + (f"; link up failed: {why_up}" if not healed else ""),
     )
+
+
+def _ping_timeout(g: nem.GlusterControl) -> float:
+    """The volume's network.ping-timeout, s (GlusterFS's default 42 when it cannot be read)."""
+    ping_opt = nem.volume_option(g, "network.ping-timeout")
+    try:
+        return float(ping_opt or "42")
+    except ValueError:
+        return 42.0
+
+
+async def _takeovers(
+    others: list[Node], shards: set[int], t0: float, hold: float
+) -> dict[int, tuple[str, float]]:
+    """Watch until `hold` s after `t0` (monotonic): which of `shards` another node took over,
+    and when (s after `t0`), the first one for each."""
+    taken: dict[int, tuple[str, float]] = {}
+    while time.monotonic() - t0 < hold:
+        for n in others:
+            for s in shards & n.believed:
+                if s not in taken and n.name:
+                    taken[s] = (n.name, time.monotonic() - t0)
+        await asyncio.sleep(0.1)
+    return taken
 
 
 def _monkey_off(nemesis: Nemesis) -> bool:
@@ -623,22 +638,10 @@ async def clear_locks(nemesis: Nemesis) -> None:
     if node is None or not node.believed or node.daemon_pid is None:
         return
     other_dir = next((d for d in nemesis.cluster.dirs if d != node.directory), node.directory)
-    # A shard whose lock is held now: what a node last announced can be a moment old (a
-    # give-back or a takeover under way releases the lock before the next announcement),
-    # and clearing a lock nobody holds proves nothing. None held: no fault this round.
-    shards = sorted(node.believed)
-    nemesis.rng.shuffle(shards)
-    shard, before = shards[0], ""
-    for shard in shards:
-        before = await asyncio.to_thread(nem.probe_lock, other_dir / f"shard-{shard}" / ".lock")
-        if before == "BLOCKED":
-            break
-    else:
-        nemesis.cluster.log(
-            f"nemesis: clear-locks on {node.name} skipped: no lock of its shards "
-            f"{sorted(node.believed)} held (last probe: {before})"
-        )
+    held = await _held_shard(nemesis, node, other_dir)
+    if held is None:  # no fault this round
         return
+    shard, before = held
     # the lock file's path from the volume's root (dirs[0] is the queue seen through A)
     volume_path = "/" + str(
         (nemesis.cluster.dirs[0] / f"shard-{shard}" / ".lock").relative_to(g.mount_a)
@@ -701,6 +704,25 @@ async def clear_locks(nemesis: Nemesis) -> None:
         + f"the victim (frozen {hold:.1f} s: {stopped}, then {running}) owns "
         f"{owned_after} after; its step-downs for the shard: {len(stepped)}",
     )
+
+
+async def _held_shard(nemesis: Nemesis, node: Node, other_dir: Path) -> tuple[int, str] | None:
+    """A shard of `node` whose lock is held now (probed from `other_dir`), and the probe's
+    answer; None (logged) when none is. What a node last announced can be a moment old (a
+    give-back or a takeover under way releases the lock before the next announcement), and
+    clearing a lock nobody holds proves nothing."""
+    shards = sorted(node.believed)
+    nemesis.rng.shuffle(shards)
+    before = ""
+    for shard in shards:
+        before = await asyncio.to_thread(nem.probe_lock, other_dir / f"shard-{shard}" / ".lock")
+        if before == "BLOCKED":
+            return shard, before
+    nemesis.cluster.log(
+        f"nemesis: clear-locks on {node.name} skipped: no lock of its shards "
+        f"{sorted(node.believed)} held (last probe: {before})"
+    )
+    return None
 
 
 #: Every fault the command line accepts, by name, and its routine: the only list of them.
