@@ -23,8 +23,11 @@ process) under a nemesis, judged by the simulator's checker (docs/chaos.md).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import queue
+import random
 import re
 import signal
 import subprocess
@@ -39,9 +42,12 @@ from sim.checker import DOUBLE_OWNERSHIP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jepsen-lite"))
 
-from jepsen_lite import control
+from jepsen_lite import faults, phases
 from jepsen_lite import nemesis as nem
-from jepsen_lite.control import FULL_SLACK, Outcome, RunConfig, gluster_control, run
+from jepsen_lite.cluster import Cluster
+from jepsen_lite.config import RunConfig, config_problem
+from jepsen_lite.faults import FAULTS, FULL_SLACK, GLUSTER_FAULTS, Nemesis
+from jepsen_lite.phases import Outcome, gluster_control, run
 from jepsen_lite.plot import plot
 from jepsen_lite.report import summary, summary_table
 
@@ -195,11 +201,11 @@ def test_loop_fs_undone_when_the_run_fails(tmp_path: Path, monkeypatch: pytest.M
     out = tmp_path / "out"
     seen: list[str | None] = []
 
-    async def boom(self: control.Run) -> tuple[bool, list[str]]:
-        seen.append(nem.mounted_fstype(self.dirs[0]))
+    async def boom(self: phases.Run) -> tuple[bool, list[str]]:
+        seen.append(nem.mounted_fstype(self.cluster.dirs[0]))
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(control.Run, "_main", boom)
+    monkeypatch.setattr(phases.Run, "_main", boom)
     with pytest.raises(RuntimeError, match="boom"):
         run(RunConfig(fs="loop", nodes=1, shards=1, duration=1, nemesis=(), out=out))
     assert seen == ["ext4"]
@@ -461,6 +467,48 @@ def test_hosts_refusals(args: list[str], says: str, capsys: pytest.CaptureFixtur
 
     assert main([*args, "--duration", "1"]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_faults_is_the_one_list_of_fault_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every fault name the run accepts is a key of `faults.FAULTS`, each with its routine, and
+    the nemesis runs a fault through that table: one rotation runs each fault asked for once."""
+    assert len(FAULTS) == 8, FAULTS
+    assert all(inspect.iscoroutinefunction(routine) for routine in FAULTS.values())
+    assert set(GLUSTER_FAULTS) <= set(FAULTS)
+    assert not hasattr(nem, "NEMESES"), "a second list of fault names"
+    for name in FAULTS:  # the refusals that remain are about the setup, never the name
+        problem = config_problem(RunConfig(nemesis=(name,))) or ""
+        assert "unknown nemesis" not in problem, (name, problem)
+    ran: list[str] = []
+    for name in FAULTS:
+
+        async def fake(nemesis: Nemesis, name: str = name) -> None:
+            ran.append(name)
+
+        monkeypatch.setitem(faults.FAULTS, name, fake)
+    config = RunConfig(nemesis=tuple(FAULTS), ttl_s=0.001, gap_s=0.0, out=tmp_path)
+    nemesis = Nemesis(Cluster(config, [tmp_path], tmp_path), config, random.Random(5))
+    asyncio.run(nemesis.run(time.monotonic() + 0.05))
+    assert sorted(ran[: len(FAULTS)]) == sorted(FAULTS), ran
+
+
+def test_an_unknown_fault_name_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fault name not in `faults.FAULTS` is refused, naming it and every known one: by the
+    command line (exit 2) and by `run` (ValueError), before any directory is made."""
+    from jepsen_lite.cli import main
+
+    says = f"unknown nemesis bogus (known: {', '.join(FAULTS)})"
+    assert config_problem(RunConfig(nemesis=("kill", "bogus"))) == says
+    out = tmp_path / "out"
+    assert main(["--nemesis", "kill,bogus", "--duration", "1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == says
+    with pytest.raises(ValueError, match=r"unknown nemesis bogus \(known: kill, pause, "):
+        run(RunConfig(nemesis=("bogus",), out=out))
+    assert not out.exists()
 
 
 def test_negative_control_no_fence_with_lock_faults(tmp_path: Path) -> None:

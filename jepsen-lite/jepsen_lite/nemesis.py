@@ -2,7 +2,10 @@
 file, filling and freeing a filesystem, small tmpfs and loop-device (ext4) mounts, lock-file
 replacement, signals turned into a clean exit, and for GlusterFS a client's network link (a
 partition), the volume's lock options, and the brick's POSIX locks on a file (clear-locks, with
-a probe of the lock from another mount)."""
+a probe of the lock from another mount).
+
+The faults themselves, what counts as proof that each took, and their names, are
+`jepsen_lite.faults`'s; nothing here lists them."""
 
 from __future__ import annotations
 
@@ -24,9 +27,7 @@ from typing import Any
 
 __all__ = [
     "FILLABLE_FS",
-    "GLUSTER_NEMESES",
     "GONE",
-    "NEMESES",
     "GlusterControl",
     "LoopFs",
     "Machine",
@@ -54,21 +55,8 @@ __all__ = [
     "write_clock_file",
 ]
 
-#: Every nemesis name the command line accepts.
-NEMESES = (
-    "kill",
-    "pause",
-    "clock",
-    "disk-full",
-    "lock-fault",
-    "partition",
-    "monkey-unlock",
-    "clear-locks",
-)
 #: The filesystems `disk-full` can fill: ones the run made for itself, small.
 FILLABLE_FS = ("tmpfs", "loop")
-#: Those that need --fs glusterfs (a volume this run can reconfigure or cut off).
-GLUSTER_NEMESES = ("partition", "monkey-unlock", "clear-locks")
 
 
 def _state_of(stat: str) -> str:

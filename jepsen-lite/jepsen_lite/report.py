@@ -57,7 +57,7 @@ def takeovers(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]
 
 
 def summary(outcome: Any) -> dict[str, Any]:
-    """The figures of a run (`outcome`: a `jepsen_lite.control.Outcome`)."""
+    """The figures of a run (`outcome`: a `jepsen_lite.phases.Outcome`)."""
     h = outcome.history
     phases = Counter(e.get("phase") for e in h if e.get("kind") == "enqueue")
     latencies = [e["latency_us"] for e in h if e.get("kind") == "enqueue" and "latency_us" in e]

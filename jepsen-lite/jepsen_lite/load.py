@@ -1,0 +1,124 @@
+"""The client load of the chaos phase: enqueues to random running nodes, a Poisson stream at
+`rate`, each recorded as an `enqueue` invoke and its outcome (`ok`, `fail`, or `info` when it
+is not known: no answer within 10 s, the node gone). The acked tasks are what the drain
+waits for.
+
+A task's handler sleeps a little and fails some attempts on purpose (the worker does what its
+`data` says); a share of the tasks (`rl_share`) is in a rate-limited group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import TYPE_CHECKING, Any
+
+from jepsen_lite.cluster import Cluster, Node, now_us
+
+if TYPE_CHECKING:
+    from jepsen_lite.config import RunConfig
+
+__all__ = ["RL_GROUP", "RL_LIMIT", "Load"]
+
+#: The rate-limited group and its limit (a share of the tasks carries it).
+RL_GROUP = "rl"
+RL_LIMIT = 60
+
+
+class Load:
+    def __init__(self, cluster: Cluster, config: RunConfig, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.c = config
+        #: Shared with the nemesis: one seed draws both.
+        self.rng = rng
+        self.seq = 0
+        #: Enqueues waiting for their answer.
+        self.ops: set[asyncio.Task[None]] = set()
+        self.stop = asyncio.Event()
+        self.acked: set[str] = set()
+
+    async def run(self) -> None:
+        """Enqueue, as a Poisson stream at `rate`, to random running nodes until `stop` is set."""
+        while not self.stop.is_set():
+            await asyncio.sleep(self.rng.expovariate(self.c.rate))
+            running = [n for n in self.cluster.nodes if n.up]
+            if not running or len(self.ops) > 2000:
+                continue
+            node = self.rng.choice(running)
+            self.seq += 1
+            task = f"t{self.seq}"
+            max_retries = self.rng.randint(0, 2)
+            fail = [a for a in range(1, max_retries + 2) if self.rng.random() < 0.1]
+            data = {
+                "id": task,
+                "sleep": self.rng.choice([0, 0, 0, 0.01, 0.05, 0.2]),
+                "fail": fail,
+            }
+            group = RL_GROUP if self.rng.random() < self.c.rl_share else None
+            op = asyncio.create_task(self.enqueue(node, task, data, max_retries, group))
+            self.ops.add(op)
+            op.add_done_callback(self.ops.discard)
+
+    async def enqueue(
+        self, node: Node, task: str, data: dict[str, Any], max_retries: int, group: str | None
+    ) -> None:
+        name = node.name
+        attrs = {
+            "type": "t",
+            "max_retries": max_retries,
+            "urgency": 0,
+            "group": group,
+            "max_per_minute": RL_LIMIT if group else None,
+            "fingerprint": None,
+            "delay_us": 0,
+            "parents": [],
+        }
+        t0 = now_us()
+        self.cluster.record("enqueue", t0, phase="invoke", task=task, node=name, attrs=attrs)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        node.waiting[task] = fut
+        cmd = {
+            "op": "enqueue",
+            "task": task,
+            "data": data,
+            "max_retries": max_retries,
+            "group": group,
+            "max_per_minute": RL_LIMIT if group else None,
+        }
+
+        def unknown(why: str) -> None:
+            """The enqueue's outcome is not known (`info`)."""
+            node.waiting.pop(task, None)
+            self.cluster.record(
+                "enqueue", max(now_us(), t0), phase="info", task=task, node=name, error=why
+            )
+
+        if not await self.cluster.send(node, cmd):
+            unknown("could not write to the worker")
+            return
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(fut), 10)
+        except TimeoutError:
+            unknown("no answer within 10 s")
+            return
+        status = reply.get("status")
+        t = max(int(reply.get("t") or now_us()), t0)
+        if status == "ok":
+            self.acked.add(task)
+            extra: dict[str, Any] = {}
+            if isinstance(reply.get("shard"), int):
+                extra["shard"] = reply["shard"]
+            if reply.get("deduplicated"):
+                extra["deduplicated"] = True
+            self.cluster.record(
+                "enqueue", t, phase="ok", task=task, node=name, latency_us=t - t0, **extra
+            )
+        else:
+            self.cluster.record(
+                "enqueue",
+                t,
+                phase="fail" if status == "fail" else "info",
+                task=task,
+                node=name,
+                error=reply.get("error"),
+            )
