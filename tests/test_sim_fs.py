@@ -684,7 +684,8 @@ def test_the_world_reads_and_records_a_torn_record_that_lost_only_its_newline() 
     # The tear stops one byte short of a tombstone's end: the history must list it (the next
     # owner keeps it: `snerd.core.records.scan_tail`), and the owner's read must keep it too.
     from sim.clock import NodeClock
-    from sim.world import SECOND, WALL_ORIGIN, Settings, World
+    from sim.settings import SECOND, WALL_ORIGIN, Settings
+    from sim.world import World
     from snerd.core import effects as fx
     from snerd.core.records import encode_record, scan
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from sim.clock import NodeClock
-from sim.world import SECOND, WALL_ORIGIN, Settings, World
+from sim.settings import SECOND, WALL_ORIGIN, Settings
+from sim.world import World
 from snerd.core import effects as fx
 from snerd.core.records import encode_record, scan
 
