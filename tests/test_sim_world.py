@@ -31,7 +31,7 @@ def _append(world: World, token: int, *records: dict[str, Any]) -> None:
     at once and leaves it pending (its fsync never returns before the crash)."""
     effect = fx.Append(token=token, shard=0, records=tuple(fx.NewRecord(fields=r) for r in records))
     lines = [encode_record(r) for r in records]
-    world._issue_append(world.procs[0], effect, list(records), lines, world.t + SECOND, world.t)
+    world.shell.issue_append(world.procs[0], effect, list(records), lines, world.t + SECOND, world.t)
 
 
 def test_a_tombstone_torn_after_a_lost_append_is_in_the_history_as_readers_salvage_it() -> None:
@@ -51,7 +51,7 @@ def test_a_tombstone_torn_after_a_lost_append_is_in_the_history_as_readers_salva
     _append(world, 1, {"snerdKind": "dispatch", "task": "t222", "attempt": 1})
     _append(world, 2, tombstone, {"taskId": "t208", **done})
     world.rng_crash = _Draws()  # type: ignore[assignment]
-    world._down(world.procs[0], crashed=True)
+    world.down(world.procs[0], crashed=True)
 
     read = scan(world.fs.read_log(0)).records
     assert [r.fields for r in read] == [tombstone]  # salvaged from the corrupt line
@@ -71,7 +71,7 @@ def test_a_dispatch_torn_after_a_lost_append_is_not_in_the_history() -> None:
         {"taskId": "t208", "taskType": "t", "snerdOutcome": "completed"},
     )
     world.rng_crash = _Draws()  # type: ignore[assignment]
-    world._down(world.procs[0], crashed=True)
+    world.down(world.procs[0], crashed=True)
 
     assert scan(world.fs.read_log(0)).records == []
     assert [e for e in world.history if e["kind"] == "record"] == []
