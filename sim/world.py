@@ -36,11 +36,11 @@ phase* with faults and a workload, then a *liveness phase*: faults stop, paused 
 resume, crashed ones restart, producers stop, and every acknowledged task must finish and
 ownership must settle into an even spread within a bound (`_judge_liveness`, every second).
 
-Everything the run does is recorded in a history (`sim.check`'s format), which the checkers
-judge; its digest hashes it so two runs of one seed can be compared byte for byte. The world
-checks a few things the history cannot show (a node's record locations, its proofs of death,
-its cap on shards); what it reads of a node for them beyond its public API is read through
-`sim.node_view`.
+Everything the run does is recorded in a history (in the format `sim.check.history` defines),
+which the checkers (`sim.check`) judge; its digest hashes it so two runs of one seed can be
+compared byte for byte. The world checks a few things the history cannot show (a node's record
+locations, its proofs of death, its cap on shards); what it reads of a node for them beyond its
+public API is read through `sim.node_view`.
 
 Determinism: one `random.Random(seed)` derives a child generator per subsystem, draws use only
 `random()` (whose sequence Python promises across versions), events tie-break on a sequence
@@ -61,7 +61,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from sim import checker
+from sim import check
 from sim.clock import NodeClock
 from sim.faults import Faults
 from sim.fs import SimFS
@@ -110,7 +110,7 @@ class Outcome:
     """What a run produced."""
 
     settings: Settings
-    report: checker.Report
+    report: check.Report
     #: Violations the world itself found (liveness, a wrong payload location, ...).
     world_violations: tuple[str, ...]
     digest: str
@@ -170,7 +170,7 @@ class World:
             #: counted when the claim taking the shard over lands (no lease lapse waited for).
             "owners_found_gone": 0,
         }
-        self.watch = checker.LivenessWatch()
+        self.watch = check.LivenessWatch()
         self._ownership = OwnershipConfig(
             ttl_us=settings.ttl_us,
             skew_margin_us=0 if settings.unsafe_no_margin else settings.margin_us,
