@@ -17,8 +17,8 @@ copies what its compactor read).
 It drives the node only through its public API (`on_commit`) and reads what else it needs to
 record through `sim.node_view`. Where the daemon's rule for a record lives in the core
 (`records.merge_base`, `records.scan_tail`), the shell calls it rather than keeping a copy.
-This module is above ~500 lines because it is one vocabulary: nineteen effects, the writer
-thread's batching and the file-order bookkeeping the append and compaction effects share.
+It is one module because it is one vocabulary: nineteen effect types, the writer thread's
+batching, and the file-order bookkeeping the append, compaction and crash paths share.
 """
 
 from __future__ import annotations
@@ -122,6 +122,8 @@ class Shell:
         return at
 
     def carry_out(self, proc: Proc, effects: list[fx.Effect]) -> None:
+        """Carry out `effects` of `proc` in order, the lazy ones last (`fx.lazy_last`); a
+        paused process's wait for it to resume."""
         if proc.state == "paused":
             proc.waiting.append((CARRY_OUT, effects))
             return
@@ -133,6 +135,8 @@ class Shell:
             handler(self, proc, effect)
 
     def answer(self, proc: Proc, event: ev.Event, lo: int, hi: int, lane: str = "meta") -> None:
+        """Answer `proc` with `event` when a call on `lane` issued now completes (its latency
+        drawn from `lo` to `hi` µs, or longer with slow I/O)."""
         # `_io_done_at` and `_io_latency` written out (an answer per meta call), and the
         # world's `at`.
         s, rng, world = self.s, self.rng_io, self.world
@@ -267,6 +271,8 @@ class Shell:
     def membership_done(
         self, proc: Proc, effect: fx.WriteMembership, before: bool, after: bool
     ) -> None:
+        """A membership write of `proc` lands now (`before`, `after`: whether it fails before or
+        after it takes effect, drawn when it was issued), and the node hears how it went."""
         out = self.fs.write_membership(
             proc.pid, effect.doc, effect.expected_version, fail_before=before, fail_after=after
         )
@@ -390,6 +396,8 @@ class Shell:
         done_at: int,
         queued: int,
     ) -> None:
+        """The writer thread of `proc` writes `effect`'s lines now; their fsync returns at
+        `done_at` (`queued`: when the node handed the append over)."""
         fs = self.fs
         enospc = fs.disk_full
         inbox = type(effect) is _APPEND_INBOX
@@ -449,6 +457,8 @@ class Shell:
         heappush(world.queue, (done_at, world.seq, APPEND_DONE, proc.index, proc.inc, pending))
 
     def append_done(self, proc: Proc, pending: _Append) -> None:
+        """The fsync of `pending` returned, or its write failed: the node hears it, after what
+        `Node.on_commit` lets go at once."""
         if pending.error is not None:
             self.world.deliver(proc, ev.AppendFailed(token=pending.token, error=pending.error))
             return

@@ -40,6 +40,8 @@ class Runs:
 
 
 def task_runs(a: Analysis) -> list[Runs]:
+    """The executes of `a` grouped by task incarnation: an execute belongs to the latest
+    invoke of its task before it."""
     runs: dict[tuple[str, int], Runs] = {}
     for x in a.executes:
         inv = a.invoke_before(x.task, x.index)
@@ -51,6 +53,8 @@ def task_runs(a: Analysis) -> list[Runs]:
 
 
 def judge_attempts(runs: list[Runs]) -> tuple[list[Violation], int, int]:
+    """Invariant 4 on `runs`: its violations, the crash re-executions, and the most distinct
+    attempts any task made."""
     out: list[Violation] = []
     re_executions = 0
     most = 0
@@ -86,6 +90,7 @@ def judge_attempts(runs: list[Runs]) -> tuple[list[Violation], int, int]:
 
 
 def judge_rate_windows(params: Params, runs: list[Runs]) -> list[Violation]:
+    """Invariant 5 on `runs`, judged with the clock slack `params` allows."""
     window = RATE_WINDOW_US - params.window_slack_us
     if window <= 0:
         return []

@@ -25,6 +25,8 @@ __all__ = ["is_satisfied", "judge_at_least_once", "unfinished_tasks"]
 
 
 def is_satisfied(a: Analysis, ack: Ack) -> bool:
+    """Whether `ack` is covered so far: its task finished after the invoke (or, for a
+    duplicate, some task with its fingerprint finished)."""
     if not ack.deduplicated:
         if a.finished_after(ack.task, ack.invoke.index) is not None:
             return True
@@ -115,6 +117,7 @@ def _first(pair: tuple[int, Any]) -> int:
 
 
 def unfinished_tasks(a: Analysis) -> list[str]:
+    """The tasks of the acks not covered yet, in ack order, once each."""
     out: dict[str, None] = {}
     for ack in a.acks:
         if not is_satisfied(a, ack):

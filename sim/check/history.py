@@ -94,6 +94,7 @@ __all__ = [
     "Invoke",
     "Record",
     "analyse",
+    "parse_params",
     "start_analysis",
 ]
 
@@ -111,6 +112,8 @@ class HistoryError(ValueError):
 
 @dataclass(slots=True)
 class Invoke:
+    """An enqueue `invoke` entry, its attrs read as the format says (missing: None, 0, [])."""
+
     index: int
     t: int
     task: str
@@ -129,6 +132,8 @@ class Invoke:
 
 @dataclass(slots=True)
 class Ack:
+    """An enqueue's "ok" outcome, with the invoke it answers."""
+
     index: int
     t: int
     task: str
@@ -140,6 +145,8 @@ class Ack:
 
 @dataclass(slots=True)
 class InboxRecord:
+    """An `inbox_record` entry."""
+
     index: int
     t: int
     shard: int
@@ -151,6 +158,8 @@ class InboxRecord:
 
 @dataclass(slots=True)
 class Record:
+    """A `record` entry, with its acceptance judged (in its shard's file order)."""
+
     index: int
     t: int
     shard: int
@@ -177,6 +186,8 @@ class Record:
 
 @dataclass(slots=True)
 class Execute:
+    """An `execute` entry."""
+
     index: int
     t: int
     task: str
@@ -188,6 +199,8 @@ class Execute:
 
 @dataclass(slots=True)
 class Belief:
+    """A `belief` entry."""
+
     index: int
     t: int
     node: str
@@ -487,6 +500,7 @@ def _int_epoch(value: Any) -> int | None:
 
 
 def parse_params(history: History) -> Params:
+    """The `params` entry a history must start with."""
     if not history or history[0].get("kind") != "params":
         raise HistoryError("a history must start with its 'params' entry")
     p = history[0]

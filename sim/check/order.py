@@ -173,6 +173,7 @@ def judge_priority(a: Analysis, via_inbox: list[bool] | None = None) -> list[Vio
 
 
 def judge_dedupe(a: Analysis) -> list[Violation]:
+    """Invariant 7 on `a`."""
     out: list[Violation] = []
     # Per shard: live task -> its fingerprint (None when it takes no part in dedupe).
     live: dict[int, dict[str, str | None]] = defaultdict(dict)

@@ -186,6 +186,7 @@ def judge_fenced_acts(a: Analysis, via_inbox: list[bool] | None = None) -> list[
 
 
 def judge_belief(a: Analysis) -> tuple[list[Violation], dict[int, int]]:
+    """Invariant 8 on `a`: its violations, and the overlap measured per shard (µs)."""
     # Intervals per shard: (start, end, node, index of the "on" entry).
     intervals: dict[int, list[tuple[int, int, str, int]]] = defaultdict(list)
     open_: dict[tuple[int, str], tuple[int, int]] = {}
