@@ -205,9 +205,10 @@ class Settings:
         return settings.forced()
 
     def forced(self) -> Settings:
-        """The world each negative control needs to be seen (DESIGN §5): a control must make
-        the model unsafe in worlds where the safe model stays safe. `faults_of` names a
-        control whose world to build without its unsafe switch: its safe twin, which must pass.
+        """The world each negative control needs to be seen (docs/simulation.md, "Negative
+        controls"): a control must make the model unsafe in worlds where the safe model stays
+        safe. `faults_of` names a control whose world to build without its unsafe switch: its
+        safe twin, which must pass.
         """
         changes: dict[str, Any] = {}
         twin = self.faults_of
