@@ -13,7 +13,8 @@ import heapq
 import time
 
 from bench.common import Measurement, Rate, Scratch
-from sim.world import Settings, World
+from sim.settings import Settings
+from sim.world import World
 
 __all__ = ["sim_events"]
 

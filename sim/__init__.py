@@ -3,5 +3,5 @@
 One seed reproduces one run: virtual true time in integer microseconds, per-node clocks with
 offset, drift and steps, a shared filesystem model with faults, processes that crash and pause,
 a workload of producers and handlers, and checkers that judge the recorded history
-(`sim.checker`, shared with jepsen-lite). It never imports `snerd.io`.
+(`sim.check`, shared with jepsen-lite). It never imports `snerd.io`.
 """

@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sim.world import SECOND, Outcome, Settings, run
+from sim.settings import SECOND, Settings
+from sim.world import Outcome, run
 
 __all__ = ["main", "repro_command", "run_seed"]
 

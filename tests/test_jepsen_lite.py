@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.checker import DOUBLE_OWNERSHIP
+from sim.check import DOUBLE_OWNERSHIP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jepsen-lite"))
 

@@ -7,7 +7,8 @@ capped seeds on their own, so that a change to the rule shows up here by name.
 
 from __future__ import annotations
 
-from sim.world import Settings, run
+from sim.settings import Settings
+from sim.world import run
 
 
 def capped_seeds(count: int, *, probes: bool) -> list[int]:

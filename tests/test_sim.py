@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.world import Settings, World, run
+from sim.settings import Settings
+from sim.world import World, run
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Seeds every CI run checks (the issue asks for at least 500), plus the regression seeds.

@@ -684,7 +684,8 @@ def test_the_world_reads_and_records_a_torn_record_that_lost_only_its_newline() 
     # The tear stops one byte short of a tombstone's end: the history must list it (the next
     # owner keeps it: `snerd.core.records.scan_tail`), and the owner's read must keep it too.
     from sim.clock import NodeClock
-    from sim.world import SECOND, WALL_ORIGIN, Settings, World
+    from sim.settings import SECOND, WALL_ORIGIN, Settings
+    from sim.world import World
     from snerd.core import effects as fx
     from snerd.core.records import encode_record, scan
 
@@ -699,12 +700,12 @@ def test_the_world_reads_and_records_a_torn_record_that_lost_only_its_newline() 
     }
     effect = fx.Append(token=1, shard=0, records=(fx.NewRecord(fields=tombstone),))
     line = encode_record(tombstone)
-    world._issue_append(world.procs[0], effect, [tombstone], [line], world.t + SECOND, world.t)
+    world.shell.issue_append(world.procs[0], effect, [tombstone], [line], world.t + SECOND, world.t)
     world.rng_crash = _LastCut()  # type: ignore[assignment]
-    world._down(world.procs[0], crashed=True)
+    world.down(world.procs[0], crashed=True)
     assert world.fs.read_log(0) == line[:-1]
     assert [e["fields"] for e in world.history if e["kind"] == "record"] == [tombstone]
-    world._fx_read_log(world.procs[0], fx.ReadLog(shard=0))
+    world.shell._read_log(world.procs[0], fx.ReadLog(shard=0))
     assert world.fs.read_log(0) == line
     assert [r.fields for r in scan(world.fs.read_log(0)).records] == [tombstone]
     assert world.fs.stats().newlines_restored == 1

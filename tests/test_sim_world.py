@@ -1,12 +1,17 @@
 """The simulated shell's bookkeeping, driven step by step: what the history says is in a log
-must be what the log's readers parse there, or the checkers judge a run nobody saw."""
+must be what the log's readers parse there, or the checkers judge a run nobody saw. And the
+simulator drives a node through its public API only (what else it reads is in `sim.node_view`)."""
 
 from __future__ import annotations
 
+import ast
+import pathlib
 from typing import Any
 
+import sim
 from sim.clock import NodeClock
-from sim.world import SECOND, WALL_ORIGIN, Settings, World
+from sim.settings import SECOND, WALL_ORIGIN, Settings
+from sim.world import World
 from snerd.core import effects as fx
 from snerd.core.records import encode_record, scan
 
@@ -30,7 +35,9 @@ def _append(world: World, token: int, *records: dict[str, Any]) -> None:
     at once and leaves it pending (its fsync never returns before the crash)."""
     effect = fx.Append(token=token, shard=0, records=tuple(fx.NewRecord(fields=r) for r in records))
     lines = [encode_record(r) for r in records]
-    world._issue_append(world.procs[0], effect, list(records), lines, world.t + SECOND, world.t)
+    world.shell.issue_append(
+        world.procs[0], effect, list(records), lines, world.t + SECOND, world.t
+    )
 
 
 def test_a_tombstone_torn_after_a_lost_append_is_in_the_history_as_readers_salvage_it() -> None:
@@ -50,7 +57,7 @@ def test_a_tombstone_torn_after_a_lost_append_is_in_the_history_as_readers_salva
     _append(world, 1, {"snerdKind": "dispatch", "task": "t222", "attempt": 1})
     _append(world, 2, tombstone, {"taskId": "t208", **done})
     world.rng_crash = _Draws()  # type: ignore[assignment]
-    world._down(world.procs[0], crashed=True)
+    world.down(world.procs[0], crashed=True)
 
     read = scan(world.fs.read_log(0)).records
     assert [r.fields for r in read] == [tombstone]  # salvaged from the corrupt line
@@ -70,7 +77,38 @@ def test_a_dispatch_torn_after_a_lost_append_is_not_in_the_history() -> None:
         {"taskId": "t208", "taskType": "t", "snerdOutcome": "completed"},
     )
     world.rng_crash = _Draws()  # type: ignore[assignment]
-    world._down(world.procs[0], crashed=True)
+    world.down(world.procs[0], crashed=True)
 
     assert scan(world.fs.read_log(0)).records == []
     assert [e for e in world.history if e["kind"] == "record"] == []
+
+
+#: `Node`'s public API: what the simulator may call or read on a node outside `sim.node_view`.
+_NODE_API = {"handle", "handle_burst", "on_commit", "wake_in", "owned_shards", "waiting_types"}
+
+
+def _node_reads(path: pathlib.Path) -> set[str]:
+    """The attributes read on a `node` or a `….node` in the module at `path`."""
+    reads = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        if (isinstance(owner, ast.Name) and owner.id == "node") or (
+            isinstance(owner, ast.Attribute) and owner.attr == "node"
+        ):
+            reads.add(node.attr)
+    return reads
+
+
+def test_the_simulator_reads_a_node_only_through_its_api_or_node_view() -> None:
+    modules = sorted(pathlib.Path(sim.__file__).parent.glob("*.py"))
+    assert len(modules) > 5
+    beyond = {
+        path.name: sorted(_node_reads(path) - _NODE_API)
+        for path in modules
+        if path.name != "node_view.py"
+    }
+    assert {name: reads for name, reads in beyond.items() if reads} == {}
+    # The check can fail: node_view itself reads past the API.
+    assert _node_reads(pathlib.Path(sim.__file__).parent / "node_view.py") - _NODE_API

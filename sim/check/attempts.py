@@ -1,0 +1,130 @@
+"""Invariants 4 and 5: attempts within `1 + max_retries`, and rate windows kept.
+
+4. **Attempts** (`ATTEMPTS_EXCEEDED`): per task incarnation, the distinct attempt numbers
+   executed stay within `1 + max_retries`, and none is above it. Re-executing an attempt
+   number already executed is a crash re-execution, allowed and counted apart
+   (`Metrics.re_executions`). Cron tasks (attrs `cron`) re-arm with their attempt count reset,
+   so they are skipped.
+5. **Rate windows** (`RATE_EXCEEDED`): per rate-limit group (tasks with `group` and
+   `max_per_minute`), the first execute of each (task, attempt) counts at its true time; any
+   `m + 1` of them less than 60 s minus `window_slack_us` apart are a violation (`m`: the
+   largest limit the group's tasks name). Crash re-executions do not count, so the judgement
+   is never stricter than the daemon's, which counts every dispatch; the slack covers clock
+   error and dispatch-to-execute delay.
+
+Both read a task's executes grouped by incarnation (`task_runs`): a task id may be enqueued
+again once finished. Judgements only, over a parsed history (`sim.check.history.Analysis`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sim.check.history import Analysis, Execute, Invoke
+from sim.check.report import ATTEMPTS_EXCEEDED, RATE_EXCEEDED, Params, Violation, at
+from snerd.core.retry import attempts_allowed
+from snerd.core.shardlog import RATE_WINDOW_US
+
+__all__ = ["Runs", "judge_attempts", "judge_rate_windows", "task_runs"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runs:
+    """The executes of one task incarnation. A task id may be enqueued again once finished;
+    an execute belongs to the latest invoke of its task before it."""
+
+    task: str
+    invoke: Invoke | None
+    executes: list[Execute]
+
+
+def task_runs(a: Analysis) -> list[Runs]:
+    """The executes of `a` grouped by task incarnation: an execute belongs to the latest
+    invoke of its task before it."""
+    runs: dict[tuple[str, int], Runs] = {}
+    for x in a.executes:
+        inv = a.invoke_before(x.task, x.index)
+        key = (x.task, inv.index if inv is not None else -1)
+        if key not in runs:
+            runs[key] = Runs(task=x.task, invoke=inv, executes=[])
+        runs[key].executes.append(x)
+    return list(runs.values())
+
+
+def judge_attempts(runs: list[Runs]) -> tuple[list[Violation], int, int]:
+    """Invariant 4 on `runs`: its violations, the crash re-executions, and the most distinct
+    attempts any task made."""
+    out: list[Violation] = []
+    re_executions = 0
+    most = 0
+    for run in runs:
+        inv = run.invoke
+        # Cron tasks re-arm with retryCount 0, so their attempt numbers repeat by design; a task
+        # never enqueued is `INVENTED_TASK`'s business.
+        judged = inv is not None and inv.cron is None
+        allowed = attempts_allowed(inv.max_retries) if inv is not None else 0
+        seen: set[int] = set()
+        for x in run.executes:
+            if x.attempt in seen:
+                re_executions += 1
+                continue
+            seen.add(x.attempt)
+            if judged and (len(seen) > allowed or x.attempt > allowed):
+                judged = False  # one violation per task is enough to read
+                assert inv is not None
+                out.append(
+                    Violation(
+                        kind=ATTEMPTS_EXCEEDED,
+                        index=x.index,
+                        t=x.t,
+                        message=(
+                            f"task {run.task} ran attempt {x.attempt} on {x.node} at {at(x.t)}: "
+                            f"attempts {sorted(seen)} so far, but max_retries={inv.max_retries} "
+                            f"allows {allowed}"
+                        ),
+                    )
+                )
+        most = max(most, len(seen))
+    return out, re_executions, most
+
+
+def judge_rate_windows(params: Params, runs: list[Runs]) -> list[Violation]:
+    """Invariant 5 on `runs`, judged with the clock slack `params` allows."""
+    window = RATE_WINDOW_US - params.window_slack_us
+    if window <= 0:
+        return []
+    limits: dict[str, int] = {}
+    firsts: dict[str, list[Execute]] = defaultdict(list)
+    for run in runs:
+        inv = run.invoke
+        if inv is None or inv.group is None or inv.max_per_minute is None:
+            continue
+        # Tasks of one group may name different limits; the largest is the loosest judgement.
+        limits[inv.group] = max(limits.get(inv.group, 0), inv.max_per_minute)
+        seen: set[int] = set()
+        for x in run.executes:
+            if x.attempt not in seen:
+                seen.add(x.attempt)
+                firsts[inv.group].append(x)
+    out: list[Violation] = []
+    for group, execs in sorted(firsts.items()):
+        execs.sort(key=lambda x: x.index)
+        m = limits[group]
+        for j in range(m, len(execs)):
+            first, last = execs[j - m], execs[j]
+            if last.t - first.t < window:
+                out.append(
+                    Violation(
+                        kind=RATE_EXCEEDED,
+                        index=last.index,
+                        t=last.t,
+                        message=(
+                            f"group {group} (max_per_minute={m}): {m + 1} first executions within "
+                            f"{(last.t - first.t) / 1e6:.3f} s, from task {first.task} at "
+                            f"{at(first.t)} to task {last.task} at {at(last.t)} (window judged: "
+                            f"{window / 1e6:.3f} s, 60 s less {params.window_slack_us} µs slack)"
+                        ),
+                    )
+                )
+    return out

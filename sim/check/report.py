@@ -1,0 +1,137 @@
+"""The verdict's vocabulary: violation kinds, `Violation`, `Params`, `Metrics` and `Report`.
+
+Every invariant module (`sim.check.delivery`, `.ownership`, `.attempts`, `.order`) reports what
+it finds as `Violation`s of the kinds named here, and `sim.check.verdict` gathers them into one
+`Report` with the run's `Metrics`. Data only: nothing here reads a history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "ACK_NOT_DURABLE",
+    "ATTEMPTS_EXCEEDED",
+    "BELIEF_OVERLAP",
+    "DOUBLE_OWNERSHIP",
+    "DUPLICATE_PENDING",
+    "INVENTED_TASK",
+    "LOST_TASK",
+    "PRIORITY_INVERSION",
+    "RATE_EXCEEDED",
+    "STALE_OWNER_ACTED",
+    "Metrics",
+    "Params",
+    "Report",
+    "Violation",
+    "at",
+]
+
+#: An acked task never completed nor dead-lettered (check 1).
+LOST_TASK = "lost_task"
+#: A task id in an accepted record or an execute that no client ever enqueued (check 1).
+INVENTED_TASK = "invented_task"
+#: Accepted transitions out of epoch order, or one epoch of a shard used by two nodes (check 2).
+DOUBLE_OWNERSHIP = "double_ownership"
+#: An execute without an accepted dispatch record durable before it (check 3).
+STALE_OWNER_ACTED = "stale_owner_acted"
+#: An ack without an accepted enqueue record durable before it (check 3).
+ACK_NOT_DURABLE = "ack_not_durable"
+#: More distinct attempts than `1 + max_retries` (check 4).
+ATTEMPTS_EXCEEDED = "attempts_exceeded"
+#: More than `max_per_minute` first executions of a group in one window (check 5).
+RATE_EXCEEDED = "rate_exceeded"
+#: A ready task passed over for a less urgent one while a slot was free (check 6).
+PRIORITY_INVERSION = "priority_inversion"
+#: Two live tasks with one fingerprint in one shard (check 7).
+DUPLICATE_PENDING = "duplicate_pending"
+#: Two nodes believed they owned one shard at once, though the assumptions held (check 8).
+BELIEF_OVERLAP = "belief_overlap"
+
+
+def at(t: int) -> str:
+    """True time `t` (µs) as a message shows it."""
+    return f"t={t / 1_000_000:.6f}s"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Violation:
+    """One broken invariant, located at the history entry that proves it."""
+
+    #: One of the module's violation kinds (`LOST_TASK`, `DOUBLE_OWNERSHIP`, ...).
+    kind: str
+    #: What happened, for a person reading a failed run.
+    message: str
+    #: Index of the offending history entry.
+    index: int
+    #: That entry's true time (µs).
+    t: int
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] #{self.index} {at(self.t)}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Params:
+    """The history's first entry: the run's settings as the checker needs them."""
+
+    ttl_us: int
+    margin_us: int
+    fence: bool
+    assumptions_hold: bool
+    window_slack_us: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """Measurements reported whether or not anything failed."""
+
+    #: True time during which two or more nodes believed they owned one shard, summed over
+    #: shards; and per shard.
+    belief_overlap_us: int
+    belief_overlap_us_by_shard: Mapping[int, int]
+    #: "ok" enqueue replies, and how many of them said `deduplicated`.
+    acked: int
+    deduplicated: int
+    #: Acks of enqueues made durable in an inbox file (see `inbox_record`).
+    inbox_acked: int
+    #: Acked tasks that finished (accepted tombstone; deduplicated: their fingerprint finished).
+    finished: int
+    #: Dead-letter deliveries the SDK saw.
+    dead_letters: int
+    #: Execute entries, and those that repeated a (task, attempt) already executed.
+    executions: int
+    re_executions: int
+    #: The most distinct attempts any task made.
+    max_attempts: int
+    #: Records fencing kept out of the state (0 when the system under test does not fence).
+    fenced_records: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """The verdict on one history: every violation found, and the metrics."""
+
+    violations: tuple[Violation, ...]
+    metrics: Metrics
+
+    @property
+    def ok(self) -> bool:
+        """True when no invariant was broken."""
+        return not self.violations
+
+    def describe(self, limit: int = 20) -> str:
+        """A few lines for a person: the verdict, the metrics, the first `limit` violations."""
+        m = self.metrics
+        lines = [
+            f"{'OK' if self.ok else 'FAILED'}: {len(self.violations)} violation(s); "
+            f"acked {m.acked} ({m.deduplicated} deduplicated), finished {m.finished}, "
+            f"executions {m.executions} (re-executions {m.re_executions}), max attempts "
+            f"{m.max_attempts}, fenced records {m.fenced_records}, belief overlap "
+            f"{m.belief_overlap_us} µs"
+        ]
+        lines += [str(v) for v in self.violations[:limit]]
+        if len(self.violations) > limit:
+            lines.append(f"... and {len(self.violations) - limit} more")
+        return "\n".join(lines)

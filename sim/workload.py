@@ -1,0 +1,225 @@
+"""The workload of one world: producers, the SDK client of each process, and its handlers.
+
+Producers enqueue at a Poisson rate through the safety phase (and stop in the liveness phase).
+Each task's attributes are drawn from the settings: retries, auto_dedupe (with payloads reused
+so that duplicates happen), a rate-limit group, an urgency, a hard timeout, a delay. A task goes
+to its shard's owner per membership.json most of the time, as a smart client sends it, and to
+any live process otherwise (`Settings.route_any_prob`): a process that does not own the shard
+takes it into its inbox. Every enqueue is recorded as an `invoke`; the shell records its
+outcome when the reply comes (`Shell._send`, `Shell._ack_enqueued`).
+
+The SDK client writes lines to its process's stdin at once, or holds them for
+`Settings.line_burst_us` and writes them together. Its handlers take a drawn time to run an
+attempt, fail with a drawn probability, and some hang past their hard timeout; a result goes
+back as a line like any other.
+
+All draws come from the world's workload generator, in the order the run makes them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import xxhash
+
+from sim.process import FLUSH_LINES, HANDLER_DONE, PRODUCE, Proc
+from sim.settings import SECOND, exp, uniform
+from snerd.core import effects as fx
+from snerd.core import events as ev
+from snerd.core.node import route_shard
+from snerd.core.slots import slot_constructor
+from snerd.core.timefmt import format_rfc3339
+
+if TYPE_CHECKING:
+    from sim.world import World
+
+__all__ = ["TASK_TYPE", "Workload"]
+
+#: The one task type every process registers a handler for.
+TASK_TYPE = "t"
+
+_line_received = slot_constructor(ev.LineReceived, "line")
+
+
+class Workload:
+    """The producers and SDK clients of one world."""
+
+    def __init__(self, world: World, rng: random.Random) -> None:
+        self.world = world
+        self.s = world.s
+        self.rng = rng
+        self.next_task = 0
+        #: Recent auto_dedupe payloads, for duplicates.
+        self.dedupe_payloads: deque[str] = deque(maxlen=8)
+        self._owners_cache: tuple[int, dict[int, str]] = (-1, {})
+
+    def start(self) -> None:
+        """Schedule the first enqueue."""
+        self.world.at(exp(self.rng, self.s.enqueue_rate), PRODUCE)
+
+    # ------------------------------------------------------------------ producers
+
+    def produce(self) -> None:
+        """A producer enqueues one task (and the next enqueue is scheduled)."""
+        world = self.world
+        if world.liveness:
+            return
+        s, rng = self.s, self.rng
+        world.at(world.t + exp(rng, s.enqueue_rate), PRODUCE)
+        self.next_task += 1
+        task = f"t{self.next_task}"
+        msg, attrs = self._draw_task(task)
+        delay = 0
+        if rng.random() < s.delay_prob:
+            delay = uniform(rng, SECOND, 20 * SECOND)
+        target = self._target(attrs.get("group") or attrs["fingerprint"] or task)
+        if target is None:
+            return
+        if delay:
+            msg["execute_at"] = format_rfc3339(target.clock.wall(world.t) + delay)
+        attrs["delay_us"] = delay
+        world.counters["enqueues"] += 1
+        world.record(
+            {
+                "kind": "enqueue",
+                "phase": "invoke",
+                "task": task,
+                "node": target.name,
+                "attrs": attrs,
+            }
+        )
+        target.outstanding[task] = None
+        self.write_line(target, orjson.dumps(msg))
+
+    def _draw_task(self, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The enqueue message of `task` and its attributes for the history (all but its
+        delay), drawn."""
+        s, rng = self.s, self.rng
+        data = orjson.dumps({"n": self.next_task}).decode()
+        attrs: dict[str, Any] = {
+            "type": TASK_TYPE,
+            "max_retries": int(rng.random() * (s.retries_max + 1)),
+        }
+        msg: dict[str, Any] = {
+            "action": "enqueue",
+            "task_id": task,
+            "task_type": TASK_TYPE,
+            "max_retries": attrs["max_retries"],
+            "retry_after_hours": 0.0,
+        }
+        fingerprint = None
+        if rng.random() < s.dedupe_prob:
+            if self.dedupe_payloads and rng.random() < 0.5:
+                data = self.dedupe_payloads[int(rng.random() * len(self.dedupe_payloads))]
+            else:
+                self.dedupe_payloads.append(data)
+            msg["auto_dedupe"] = True
+            fingerprint = xxhash.xxh64_hexdigest((TASK_TYPE + data).encode()).lstrip("0") or "0"
+        attrs["fingerprint"] = fingerprint
+        msg["task_data"] = data
+        if rng.random() < s.group_prob:
+            group = "g0" if rng.random() < 0.5 else "g1"
+            msg["rate_limit_group"] = group
+            msg["max_per_minute"] = 600 if group == "g0" else 120
+            attrs["group"] = group
+            attrs["max_per_minute"] = msg["max_per_minute"]
+        if rng.random() < s.urgency_prob:
+            msg["urgency_score"] = attrs["urgency"] = 1 + int(rng.random() * 9)
+        if rng.random() < s.timeout_prob:
+            msg["max_execution_seconds"] = attrs["timeout_s"] = 1 + int(rng.random() * 4)
+        return msg, attrs
+
+    def _target(self, key: str) -> Proc | None:
+        """The process a task routed by `key` is sent to (None: every process is down): the
+        shard's owner per membership.json most of the time (a smart client), any live process
+        otherwise (`route_any_prob`); a process that does not own the shard (yet, or any more)
+        takes the task into its inbox for it."""
+        s, rng = self.s, self.rng
+        live = [p for p in self.world.procs if p.state != "down"]
+        if not live:
+            return None
+        shard = route_shard(key, s.shards) if s.shards != 1 else 0
+        target = live[int(rng.random() * len(live))]
+        if rng.random() >= s.route_any_prob:
+            owner = self._owners().get(shard)
+            for p in live:
+                if p.name == owner:
+                    target = p
+        return target
+
+    def _owners(self) -> dict[int, str]:
+        """Each shard's owner per membership.json (parsed once per version of the file)."""
+        fs = self.world.fs
+        version = fs.membership_generation
+        if self._owners_cache[0] != version:
+            doc = fs.read_membership() or {}
+            claims = doc.get("claims") or {}
+            owners = {}
+            for shard in range(self.s.shards):
+                owner = (claims.get(f"shard-{shard}") or {}).get("owner")
+                if isinstance(owner, str):
+                    owners[shard] = owner
+            self._owners_cache = (version, owners)
+        return self._owners_cache[1]
+
+    # ------------------------------------------------------------------ the SDK client
+
+    def write_line(self, proc: Proc, line: bytes, *, result: bool = False) -> None:
+        """The SDK client writes `line` to `proc`'s stdin: at once, or, with line bursts, held
+        (`Settings.line_burst_us`) and written with the lines that follow meanwhile."""
+        world = self.world
+        burst_us = self.s.line_burst_us
+        if not burst_us:
+            world.deliver(proc, _line_received(line))
+            return
+        if not proc.pending_lines:
+            world.at(world.t + burst_us, FLUSH_LINES, proc.index, proc.inc)
+        proc.pending_lines.append(line)
+        if result:
+            proc.pending_results += 1
+
+    def flush_lines(self, proc: Proc) -> None:
+        """The SDK client writes the lines it held, together: one `LinesReceived`."""
+        if not proc.pending_lines:
+            return
+        lines, proc.pending_lines = proc.pending_lines, []
+        counters = self.world.counters
+        if len(lines) > 1:
+            counters["burst_lines"] += len(lines)
+            counters["burst_results"] += proc.pending_results
+        proc.pending_results = 0
+        self.world.deliver(proc, ev.LinesReceived(lines=lines))
+
+    def run_handler(self, proc: Proc, effect: fx.Execute) -> None:
+        """A handler of `proc` starts an attempt: how long it takes and whether it fails are
+        drawn, and its result comes back then (`handler_done`)."""
+        s, rng, world = self.s, self.rng, self.world
+        ok = rng.random() >= s.fail_prob
+        slow = rng.random() < s.slow_prob
+        hang = rng.random() < s.hang_prob
+        took = uniform(rng, 1_000, 50_000) if not slow else uniform(rng, 0, s.ttl_us)
+        if effect.max_execution_seconds and hang:
+            # Hangs past its hard timeout: the daemon fails the attempt at the deadline; this
+            # result, when it finally comes, must be refused.
+            took = 3 * effect.max_execution_seconds * SECOND
+        world.at(
+            world.t + took,
+            HANDLER_DONE,
+            proc.index,
+            proc.inc,
+            (effect.task_id, effect.attempt, ok),
+        )
+
+    def handler_done(self, proc: Proc, task: str, attempt: int, ok: bool) -> None:
+        """A handler of `proc` returned: the SDK client writes its result."""
+        self.world.record(
+            {"kind": "handler_done", "task": task, "attempt": attempt, "node": proc.name, "ok": ok}
+        )
+        result: dict[str, Any] = {"action": "result", "task_id": task, "attempt": attempt}
+        result["status"] = "success" if ok else "error"
+        if not ok:
+            result["error_msg"] = "simulated failure"
+        self.write_line(proc, orjson.dumps(result), result=True)
