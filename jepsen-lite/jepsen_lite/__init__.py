@@ -1,6 +1,6 @@
 """jepsen-lite: a cluster of real `snerdmq` daemons (each spawned by the real SDK in its own
 worker process) on a real directory, under a nemesis; a recorded history judged by the same
-checker the simulator uses (`sim.checker`). See docs/chaos.md.
+checker the simulator uses (`sim.check`). See docs/chaos.md.
 
 Modules:
 

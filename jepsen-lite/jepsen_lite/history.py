@@ -1,4 +1,4 @@
-"""The history of a run, in the format `sim.checker` judges (its module docstring).
+"""The history of a run, in the format `sim.check` judges (`sim/check/history.py`).
 
 What the workers saw (invokes and their outcomes, executes, beliefs, dead letters) is recorded
 as it happens, stamped with the host's wall clock, the run's true time. What the daemons wrote

@@ -17,7 +17,7 @@ Phases (all bounded in time):
 4. **drain**: wait (bounded) until every acked task has a tombstone, then stop every worker
    (its SDK drains its daemon).
 5. **judge**: the shard logs and inboxes are read back into the history
-   (`jepsen_lite.history`), written to `history.jsonl`, and judged by `sim.checker.check`.
+   (`jepsen_lite.history`), written to `history.jsonl`, and judged by `sim.check.check`.
 
 The phases are the only part that knows the order; the parts they drive each own their state:
 `cluster.Cluster` the worker processes and the record, `load.Load` the enqueues and their acks,
@@ -46,7 +46,7 @@ from jepsen_lite.config import RunConfig, config_problem
 from jepsen_lite.faults import Fault, Nemesis
 from jepsen_lite.history import build_history, finished_tasks
 from jepsen_lite.load import Load
-from sim.checker import Report, check
+from sim.check import Report, check
 
 __all__ = ["Outcome", "Run", "gluster_control", "run"]
 
