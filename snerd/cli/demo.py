@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from snerd.tools import _number_arg
+from snerd.cli.args import number_arg
 
 __all__ = ["DemoResult", "main", "run_demo"]
 
@@ -477,6 +477,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if result.ok else 1
 
 
-_positive_seconds = _number_arg(
+_positive_seconds = number_arg(
     "--timeout", float, "a number of seconds", "above 0", lambda v: v > 0
 )
