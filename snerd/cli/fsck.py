@@ -116,148 +116,20 @@ def _tail_text(scan: ShardScan) -> str:
 
 def _fsck(args: argparse.Namespace) -> int:
     queue, unusable = open_queue_to_check(args.directory)
-    top = queue_entries(queue)
-    if unusable is not None and not any(p == str(queue.directory / MEMBERSHIP) for p, _ in top):
-        top.insert(
-            0,
-            (
-                str(queue.directory / MEMBERSHIP),
-                f"{unusable}: {UNUSABLE_MEANS} (the shard directories found on disk are "
-                "checked below)",
-            ),
-        )
+    top = _top_entries(queue, unusable)
     shards = [_fsck_shard(queue, s) for s in range(queue.shards)]
     if args.repair:
-        for item in shards:
-            if not (item.scan.torn or item.temps) or item.error is not None:
-                continue
-            shard = item.scan.shard
-            if queue.legacy:
-                item.not_repaired.append(
-                    "upstream v0.2 layout: a snerd daemon repairs it when it adopts it"
-                )
-                continue
-            try:
-                with shard_locks(queue, [shard], tool_owner("fsck")):
-                    item.repaired.extend(_repair_shard(queue, shard))
-            except QueueError:
-                item.not_repaired.append(
-                    f"held by a daemon ({item.lock.holder()}); a daemon repairs the last line "
-                    "and removes temp files itself when it loads a shard"
-                )
-            except OSError as exc:
-                item.not_repaired.append(f"could not repair it: {exc}")
-        repaired = shards
-        shards = [_fsck_shard(queue, s.scan.shard) for s in repaired]
-        for new, old in zip(shards, repaired, strict=True):
-            new.repaired, new.not_repaired = old.repaired, old.not_repaired
-    live_in: dict[str, list[int]] = {}
-    for item in shards:
-        for task_id in item.scan.fold.live:
-            live_in.setdefault(task_id, []).append(item.scan.shard)
-    duplicates = {t: s for t, s in live_in.items() if len(s) > 1}
-    problems = len(top)
+        shards = _repair(queue, shards)
+    duplicates = _live_in_several(shards)
+    problems = len(top) + len(duplicates)
     report: list[dict[str, Any]] = []
     lines: list[str] = [problem for _path, problem in top]
     for item in shards:
-        scan = item.scan
-        name = shard_name(scan.shard)
-        # An unterminated last line in a log a daemon holds may be an append in progress.
-        tail_problem = bool(scan.torn) and item.lock.state != "held"
-        # Live tasks whose record they cannot run with (`snerd.core.records.task_problem`).
-        unrunnable = scan.fold.unrunnable()
-        shard_problems = (
-            len(scan.corrupt)
-            + len(unrunnable)
-            + int(tail_problem)
-            + len(item.temps)
-            + len(item.entries)
-            + int(item.error is not None and not item.entries)
-        )
+        shard_problems = _problems(item)
         problems += shard_problems
-        kept = scan.torn and scan.tail_records
-        report.append(
-            {
-                "shard": name,
-                "log": str(scan.path),
-                "exists": scan.exists,
-                "bytes": scan.size,
-                "records": scan.fold.records,
-                "corrupt": [{"offset": o, "reason": r} for o, r in scan.corrupt],
-                "unrunnable": [
-                    {"offset": r.offset, "task_id": r.fields["taskId"], "reason": why}
-                    for r, why in unrunnable
-                ],
-                "torn_tail": (
-                    {"offset": scan.torn_at, "bytes": scan.torn}
-                    if scan.torn and not kept
-                    else None
-                ),
-                "unterminated_record": (
-                    {"offset": scan.torn_at, "bytes": scan.torn} if kept else None
-                ),
-                "stale": [
-                    {"offset": s.offset, "epoch": s.epoch, "fence": s.fence, "kind": s.kind}
-                    for s in scan.fold.stale
-                ],
-                "temp_files": [{"name": n, "bytes": b} for n, b in item.temps],
-                "refused_entries": [{"path": p, "problem": t} for p, t in item.entries],
-                "error": item.error,
-                "lock": item.lock.state,
-                "lock_holder": item.lock.holder() if item.lock.state == "held" else None,
-                "repaired": item.repaired,
-                "not_repaired": item.not_repaired,
-                "problems": shard_problems,
-            }
-        )
-        if item.entries:
-            lines.append(f"{name}: cannot be used:")  # the entries below say why
-        elif item.error is not None:
-            lines.append(f"{name}: cannot be used: {item.error}")
-        elif not scan.exists:
-            lines.append(f"{name}: no tasks.log (nothing written yet)")
-        else:
-            lock = f", lock held by {item.lock.holder()}" if item.lock.state == "held" else ""
-            lines.append(
-                f"{name}: {scan.fold.records} record(s), {fmt_bytes(scan.size)}{lock}"
-                + ("" if shard_problems else ", OK")
-            )
-        for _path, problem in item.entries:
-            lines.append(f"  {problem}")
-        for offset, reason in scan.corrupt[:_SHOW_CORRUPT]:
-            lines.append(f"  corrupt line at byte {offset}: {reason}")
-        if len(scan.corrupt) > _SHOW_CORRUPT:
-            lines.append(f"  ... and {len(scan.corrupt) - _SHOW_CORRUPT} more (--json lists all)")
-        for record, why in unrunnable[:_SHOW_CORRUPT]:
-            lines.append(
-                f"  {why} (at byte {record.offset}): a daemon dead-letters it when it loads "
-                "the shard"
-            )
-        if len(unrunnable) > _SHOW_CORRUPT:
-            lines.append(f"  ... and {len(unrunnable) - _SHOW_CORRUPT} more (--json lists all)")
-        if scan.torn:
-            why = ""
-            if item.lock.state == "held":
-                why = " (a daemon holds the lock: maybe an append in progress)"
-            elif not scan.tail_records:
-                why = " (a crash mid-append: no whole record in it, never acknowledged)"
-            lines.append(f"  {_tail_text(scan)}{why}")
-        if scan.fold.stale:
-            first = scan.fold.stale[0]
-            lines.append(
-                f"  {len(scan.fold.stale)} stale-epoch record(s) fenced off, ignored as the "
-                f"daemon ignores them (first at byte {first.offset}: epoch {first.epoch} < "
-                f"{first.fence}); not a problem"
-            )
-        for tmp, size in item.temps:
-            lines.append(f"  leftover temp file {tmp} ({fmt_bytes(size)}) from an interrupted "
-                         "compaction; the log itself is intact")
-        for text in item.repaired:
-            lines.append(f"  repaired: {text}")
-        for text in item.not_repaired:
-            lines.append(f"  not repaired: {text}")
+        report.append(_shard_json(item, shard_problems))
+        lines.extend(_shard_lines(item, shard_problems))
     for task_id, where in sorted(duplicates.items()):
-        problems += 1
         lines.append(
             f"task {task_id} is live in {', '.join(shard_name(s) for s in where)}: a daemon "
             "keeps only one of them (the first shard it loads)"
@@ -291,6 +163,161 @@ def _fsck(args: argparse.Namespace) -> int:
         return 1
     print("fsck: no problems.")
     return 0
+
+
+def _top_entries(queue: Queue, unusable: str | None) -> list[tuple[str, str]]:
+    """The problems with DIR's own entries, an unusable membership.json first."""
+    top = queue_entries(queue)
+    if unusable is not None and not any(p == str(queue.directory / MEMBERSHIP) for p, _ in top):
+        top.insert(
+            0,
+            (
+                str(queue.directory / MEMBERSHIP),
+                f"{unusable}: {UNUSABLE_MEANS} (the shard directories found on disk are "
+                "checked below)",
+            ),
+        )
+    return top
+
+
+def _repair(queue: Queue, shards: list[_FsckShard]) -> list[_FsckShard]:
+    """`--repair`: repair each shard that needs it and no daemon holds; the shards read again,
+    each with what was and was not repaired."""
+    for item in shards:
+        if not (item.scan.torn or item.temps) or item.error is not None:
+            continue
+        shard = item.scan.shard
+        if queue.legacy:
+            item.not_repaired.append(
+                "upstream v0.2 layout: a snerd daemon repairs it when it adopts it"
+            )
+            continue
+        try:
+            with shard_locks(queue, [shard], tool_owner("fsck")):
+                item.repaired.extend(_repair_shard(queue, shard))
+        except QueueError:
+            item.not_repaired.append(
+                f"held by a daemon ({item.lock.holder()}); a daemon repairs the last line "
+                "and removes temp files itself when it loads a shard"
+            )
+        except OSError as exc:
+            item.not_repaired.append(f"could not repair it: {exc}")
+    again = [_fsck_shard(queue, s.scan.shard) for s in shards]
+    for new, old in zip(again, shards, strict=True):
+        new.repaired, new.not_repaired = old.repaired, old.not_repaired
+    return again
+
+
+def _live_in_several(shards: list[_FsckShard]) -> dict[str, list[int]]:
+    """Task ids live in more than one shard, with those shards."""
+    live_in: dict[str, list[int]] = {}
+    for item in shards:
+        for task_id in item.scan.fold.live:
+            live_in.setdefault(task_id, []).append(item.scan.shard)
+    return {t: s for t, s in live_in.items() if len(s) > 1}
+
+
+def _problems(item: _FsckShard) -> int:
+    """How many problems a shard has (stale records are none)."""
+    scan = item.scan
+    # An unterminated last line in a log a daemon holds may be an append in progress.
+    tail_problem = bool(scan.torn) and item.lock.state != "held"
+    return (
+        len(scan.corrupt)
+        # Live tasks whose record they cannot run with (`snerd.core.records.task_problem`).
+        + len(scan.fold.unrunnable())
+        + int(tail_problem)
+        + len(item.temps)
+        + len(item.entries)
+        + int(item.error is not None and not item.entries)
+    )
+
+
+def _shard_json(item: _FsckShard, problems: int) -> dict[str, Any]:
+    """A shard's entry in `--json`'s `shards`."""
+    scan = item.scan
+    kept = scan.torn and scan.tail_records
+    return {
+        "shard": shard_name(scan.shard),
+        "log": str(scan.path),
+        "exists": scan.exists,
+        "bytes": scan.size,
+        "records": scan.fold.records,
+        "corrupt": [{"offset": o, "reason": r} for o, r in scan.corrupt],
+        "unrunnable": [
+            {"offset": r.offset, "task_id": r.fields["taskId"], "reason": why}
+            for r, why in scan.fold.unrunnable()
+        ],
+        "torn_tail": (
+            {"offset": scan.torn_at, "bytes": scan.torn} if scan.torn and not kept else None
+        ),
+        "unterminated_record": ({"offset": scan.torn_at, "bytes": scan.torn} if kept else None),
+        "stale": [
+            {"offset": s.offset, "epoch": s.epoch, "fence": s.fence, "kind": s.kind}
+            for s in scan.fold.stale
+        ],
+        "temp_files": [{"name": n, "bytes": b} for n, b in item.temps],
+        "refused_entries": [{"path": p, "problem": t} for p, t in item.entries],
+        "error": item.error,
+        "lock": item.lock.state,
+        "lock_holder": item.lock.holder() if item.lock.state == "held" else None,
+        "repaired": item.repaired,
+        "not_repaired": item.not_repaired,
+        "problems": problems,
+    }
+
+
+def _shard_lines(item: _FsckShard, problems: int) -> list[str]:
+    """A shard's lines in the human report."""
+    scan = item.scan
+    name = shard_name(scan.shard)
+    unrunnable = scan.fold.unrunnable()
+    lines = []
+    if item.entries:
+        lines.append(f"{name}: cannot be used:")  # the entries below say why
+    elif item.error is not None:
+        lines.append(f"{name}: cannot be used: {item.error}")
+    elif not scan.exists:
+        lines.append(f"{name}: no tasks.log (nothing written yet)")
+    else:
+        lock = f", lock held by {item.lock.holder()}" if item.lock.state == "held" else ""
+        lines.append(
+            f"{name}: {scan.fold.records} record(s), {fmt_bytes(scan.size)}{lock}"
+            + ("" if problems else ", OK")
+        )
+    for _path, problem in item.entries:
+        lines.append(f"  {problem}")
+    for offset, reason in scan.corrupt[:_SHOW_CORRUPT]:
+        lines.append(f"  corrupt line at byte {offset}: {reason}")
+    if len(scan.corrupt) > _SHOW_CORRUPT:
+        lines.append(f"  ... and {len(scan.corrupt) - _SHOW_CORRUPT} more (--json lists all)")
+    for record, why in unrunnable[:_SHOW_CORRUPT]:
+        lines.append(
+            f"  {why} (at byte {record.offset}): a daemon dead-letters it when it loads "
+            "the shard"
+        )
+    if len(unrunnable) > _SHOW_CORRUPT:
+        lines.append(f"  ... and {len(unrunnable) - _SHOW_CORRUPT} more (--json lists all)")
+    if scan.torn:
+        why = ""
+        if item.lock.state == "held":
+            why = " (a daemon holds the lock: maybe an append in progress)"
+        elif not scan.tail_records:
+            why = " (a crash mid-append: no whole record in it, never acknowledged)"
+        lines.append(f"  {_tail_text(scan)}{why}")
+    if scan.fold.stale:
+        first = scan.fold.stale[0]
+        lines.append(
+            f"  {len(scan.fold.stale)} stale-epoch record(s) fenced off, ignored as the "
+            f"daemon ignores them (first at byte {first.offset}: epoch {first.epoch} < "
+            f"{first.fence}); not a problem"
+        )
+    for tmp, size in item.temps:
+        lines.append(f"  leftover temp file {tmp} ({fmt_bytes(size)}) from an interrupted "
+                     "compaction; the log itself is intact")
+    lines.extend(f"  repaired: {text}" for text in item.repaired)
+    lines.extend(f"  not repaired: {text}" for text in item.not_repaired)
+    return lines
 
 
 def _repair_shard(queue: Queue, shard: int) -> list[str]:
