@@ -503,8 +503,7 @@ def claimable(
             and not observer.claim_unchanged_for(shard, config.lapse_us, mono_us)
         ):
             continue  # (checked first: it is cheaper than parsing the expiry)
-        view = claim_view(doc, shard)
-        if view.lease_expiry_us is None or wall_us <= view.lease_expiry_us + config.skew_margin_us:
+        if lease_state(claim_view(doc, shard), wall_us, config) != "lapsed":
             continue
         out.append(shard)
     return out
