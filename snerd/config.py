@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigError",
     "Settings",
+    "ToolSettings",
+    "env_dashboard_token",
     "load_settings",
+    "load_tool_settings",
     "make_node_id",
     "parse_pools",
     "seconds_setting",
@@ -125,8 +128,7 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
 
 def seconds_setting(env: Mapping[str, str], name: str, default: float) -> float:
     """The setting `name` (one of `_LIMITS`) in seconds, `default` when unset or empty; a
-    ConfigError naming it when it is not a number in its range. Also what the subcommands read
-    (`snerd.tools`), so that they refuse exactly what the daemon refuses."""
+    ConfigError naming it when it is not a number in its range."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -201,6 +203,53 @@ def make_node_id(env: Mapping[str, str]) -> str:
     return f"{host or 'unknown-host'}@pid-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolSettings:
+    """The settings a reader of a queue directory shares with the daemons (`snerdmq stats`,
+    `validate`, `compact`, `replay`, the dashboard): read by the same rules, so a tool refuses
+    what the daemon refuses and judges a lease with the parameters the daemons run with."""
+
+    #: SNERD_LEASE_TTL, in seconds.
+    lease_ttl_s: float = 30.0
+    #: SNERD_CLOCK_SKEW_MARGIN, in seconds: added to a lease before it counts as lapsed.
+    skew_margin_s: float = 5.0
+    #: Test hook: seconds added to the wall clock (SNERD_TEST_CLOCK_OFFSET).
+    clock_offset_s: float = 0.0
+    #: Test hook: the mount table the filesystem check reads (SNERD_TEST_MOUNTINFO).
+    mountinfo_path: str = MOUNTINFO
+
+    @property
+    def lease_ttl_us(self) -> int:
+        return int(self.lease_ttl_s * 1_000_000)
+
+    @property
+    def skew_margin_us(self) -> int:
+        return int(self.skew_margin_s * 1_000_000)
+
+    @property
+    def clock_offset_us(self) -> int:
+        return int(self.clock_offset_s * 1_000_000)
+
+
+def load_tool_settings(env: Mapping[str, str] | None = None) -> ToolSettings:
+    """Read and validate the SNERD_* variables a reader shares with the daemons (`load_settings`
+    reads them through this too). Raises ConfigError naming the bad one."""
+    env = os.environ if env is None else env
+    return ToolSettings(
+        skew_margin_s=seconds_setting(env, "SNERD_CLOCK_SKEW_MARGIN", 5.0),
+        lease_ttl_s=seconds_setting(env, "SNERD_LEASE_TTL", 30.0),
+        clock_offset_s=seconds_setting(env, "SNERD_TEST_CLOCK_OFFSET", 0.0),
+        mountinfo_path=env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO,
+    )
+
+
+def env_dashboard_token(env: Mapping[str, str] | None = None) -> str | None:
+    """SNERD_DASHBOARD_TOKEN as set (None: unset). Whether it may be used, and where, is the
+    dashboard's rule (`snerd.dashboard.server.check_exposure`)."""
+    env = os.environ if env is None else env
+    return env.get("SNERD_DASHBOARD_TOKEN")
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every SNERD_* variable. Raises ConfigError naming the bad one."""
     # Imported here: the subcommands read their few settings (`seconds_setting`) without the
@@ -220,17 +269,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     max_workers = _int(env, "SNERD_MAX_WORKERS", 100)
     pools = parse_pools(env.get("SNERD_POOLS", ""))
     drain = seconds_setting(env, "SNERD_DRAIN_TIMEOUT", 30.0)
-    skew = seconds_setting(env, "SNERD_CLOCK_SKEW_MARGIN", 5.0)
-    ttl = seconds_setting(env, "SNERD_LEASE_TTL", 30.0)
+    shared = load_tool_settings(env)
+    skew, ttl = shared.skew_margin_s, shared.lease_ttl_s
     fsync = _choice(env, "SNERD_FSYNC", "always", FSYNC_POLICIES)
     fsync_interval_ms = _int(env, "SNERD_FSYNC_INTERVAL_MS", 100)
     backoff = _choice(env, "SNERD_BACKOFF", "constant", ("constant", "exponential"))
-    offset = seconds_setting(env, "SNERD_TEST_CLOCK_OFFSET", 0.0)
+    offset = shared.clock_offset_s
     max_line = _int(env, "SNERD_MAX_LINE_BYTES", 64 * 1024 * 1024)
     inbox_poll_ms = _int(env, "SNERD_INBOX_POLL_MS", 100)
     inbox_idle_poll_ms = _int(env, "SNERD_INBOX_IDLE_POLL_MS", 1000)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
-    mountinfo = env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO
+    mountinfo = shared.mountinfo_path
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
     # owners (no fencing), so a double ownership corrupts the log's state.
     unsafe_no_fence = _flag(env, "SNERD_TEST_UNSAFE_NO_FENCE")

@@ -1,4 +1,4 @@
-"""The `snerdmq` operator subcommands (`snerd.tools`) on real directories.
+"""The `snerdmq` operator subcommands (`snerd.cli`) on real directories.
 
 Most tests plant a queue directory record by record (`encode_record`, the daemon's own codec)
 and call `snerd.cli.main` in-process, which is fast and exact. Where a daemon matters — a lock
@@ -22,11 +22,10 @@ from typing import Any
 import orjson
 import pytest
 
-from snerd.cli import main
+from snerd.cli import SUBCOMMANDS, main
 from snerd.core.records import decode_record, encode_record
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 from snerd.io.membership import ShardLocks
-from snerd.tools import SUBCOMMANDS
 
 SECOND = 1_000_000
 NOW = time.time_ns() // 1000

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from snerd.config import ConfigError, load_settings
+from snerd.config import ConfigError, load_settings, load_tool_settings
 
 
 def test_the_inbox_polls_default_to_100_ms_and_1_s_and_follow_their_variables() -> None:
@@ -59,3 +59,25 @@ def test_a_value_out_of_its_range_is_refused_saying_the_range(
 def test_the_enumerations_take_any_case() -> None:
     settings = load_settings({"SNERD_BACKOFF": " Exponential ", "SNERD_FSYNC": "NEVER"})
     assert (settings.node.backoff, settings.fsync) == ("exponential", "never")
+
+
+def test_the_tools_read_the_lease_settings_as_the_daemon_does() -> None:
+    env = {
+        "SNERD_LEASE_TTL": "12",
+        "SNERD_CLOCK_SKEW_MARGIN": "0.5",
+        "SNERD_TEST_CLOCK_OFFSET": "-3",
+        "SNERD_TEST_MOUNTINFO": " /tmp/mounts ",
+    }
+    tool = load_tool_settings(env)
+    assert (tool.lease_ttl_us, tool.skew_margin_us, tool.clock_offset_us) == (
+        12_000_000, 500_000, -3_000_000
+    )
+    assert tool.mountinfo_path == "/tmp/mounts"
+    daemon = load_settings(env)
+    assert daemon.node.ownership.ttl_us == tool.lease_ttl_us
+    assert daemon.node.ownership.skew_margin_us == tool.skew_margin_us
+    assert (daemon.clock_offset_s, daemon.mountinfo_path) == (-3.0, "/tmp/mounts")
+    for name in ("SNERD_LEASE_TTL", "SNERD_CLOCK_SKEW_MARGIN", "SNERD_TEST_CLOCK_OFFSET"):
+        for load in (load_tool_settings, load_settings):
+            with pytest.raises(ConfigError, match=name):
+                load({name: "soon"})

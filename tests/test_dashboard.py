@@ -27,12 +27,13 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from snerd import Engine, SnerdQueue, yield_progress
+from snerd.cli.dashboard import main as dashboard_main
 from snerd.core.records import encode_record
 from snerd.core.timefmt import format_rfc3339
 from snerd.dashboard.app import COOKIE, create_app, host_of
-from snerd.dashboard.serve import dashboard_main, is_loopback
+from snerd.dashboard.server import is_loopback
 from snerd.dashboard.view import QueueView
-from snerd.tools import open_queue, rescan_shard
+from snerd.queuedir import open_queue, rescan_shard
 from tests.conftest import missing_tool
 from tests.daemon import SNERDMQ, Daemon
 from tests.sdkhelpers import Calls, Runner

@@ -1,6 +1,6 @@
 """`snerdmq demo`: the guided tour runs to completion against a real daemon, twice on one DIR.
 
-The first run goes through `snerd.demo.main` in-process; the second through the console script,
+The first run goes through `snerd.cli.demo.main` in-process; the second through the console script,
 as `make run` calls it. Both spawn a real `snerdmq` daemon through `snerd.SnerdQueue`.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from snerd.cli import main as cli_main
-from snerd.demo import main
+from snerd.cli.demo import main
 
 SNERDMQ = Path(sys.executable).parent / "snerdmq"
 COMMAND = [str(SNERDMQ)] if SNERDMQ.exists() else [sys.executable, "-m", "snerd.cli"]

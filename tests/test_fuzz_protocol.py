@@ -43,7 +43,7 @@ from snerd.core.cron import normalize_cron
 from snerd.core.node import NodeConfig, NodePhase
 from snerd.core.retry import MAX_RETRY_AFTER_HOURS
 from snerd.core.timefmt import MAX_US, MIN_US, format_rfc3339, parse_rfc3339
-from snerd.tools import open_queue, scan_shard
+from snerd.queuedir import open_queue, scan_shard
 from tests.daemon import Daemon
 from tests.fakeshell import FakeShell
 

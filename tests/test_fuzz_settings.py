@@ -19,9 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import snerd.config
-from snerd.config import ConfigError, Settings, load_settings
+from snerd.config import ConfigError, Settings, env_dashboard_token, load_settings
 from snerd.core.node import SECOND
 from snerd.core.timefmt import MAX_US, MIN_US
+from snerd.dashboard.server import check_exposure
 
 #: Every variable load_settings reads, and the kind of value it takes.
 WHOLE = [
@@ -50,6 +51,9 @@ OTHER = [
     "SNERD_TEST_MOUNTINFO",
 ]
 SETTINGS = WHOLE + SECONDS + OTHER
+#: Read by snerd.config for another reader and taken as it is (`env_dashboard_token`); whether
+#: it may be used is that reader's rule (`snerd.dashboard.server.check_exposure`).
+AS_IS = ["SNERD_DASHBOARD_TOKEN"]
 
 #: Characters as they may come out of `os.environ`: any text, lone surrogates included
 #: (undecodable bytes), and digits of other scripts that int() and float() would accept.
@@ -162,4 +166,18 @@ def test_a_whole_number_in_range_loads_as_itself(name: str, fraction: float, pad
 def test_every_variable_config_reads_is_fuzzed() -> None:
     source = Path(snerd.config.__file__).read_text()
     read = set(re.findall(r'"(SNERD_[A-Z_]+)"', source))
-    assert read == set(SETTINGS), read ^ set(SETTINGS)
+    assert read == set(SETTINGS + AS_IS), read ^ set(SETTINGS + AS_IS)
+
+
+@given(value=st.text(_CHARS, max_size=60))
+def test_the_dashboard_token_is_taken_as_it_is_and_a_blank_one_refused(value: str) -> None:
+    assert env_dashboard_token({"SNERD_DASHBOARD_TOKEN": value}) == value
+    if value.strip() == "":
+        try:
+            check_exposure("127.0.0.1", value)
+        except ValueError as exc:
+            assert "SNERD_DASHBOARD_TOKEN" in str(exc)
+        else:
+            raise AssertionError(f"a blank token {value!r} was taken")
+    else:
+        assert check_exposure("0.0.0.0", value) == value

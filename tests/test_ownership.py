@@ -15,10 +15,13 @@ from snerd.core.ownership import (
     OwnershipConfig,
     check_membership,
     claim_epoch,
+    claim_view,
     claimable,
     fair_cap,
     give_back,
+    grow,
     initial_doc,
+    lease_state,
     live_foreign,
     lock_names_claim,
     owned_by,
@@ -359,3 +362,51 @@ def test_a_lock_file_holding_anything_reads_as_fields_absent_never_an_error() ->
     assert LockText.parse("12\nx\n3\nreleased\n") == LockText(
         pid=12, owner="x", epoch=3, released=True
     )
+
+
+# ------------------------------------------------------------------------------ readers' rules
+
+
+def test_one_claim_parser_reads_what_is_there_and_anything_else_as_absent() -> None:
+    view = claim_view(doc_with("a@pid-1-aa", T, epoch=4), 0)
+    assert (view.owner, view.lease_expiry_us, view.epoch) == ("a@pid-1-aa", T, 4)
+    assert view.lease_expiry == format_rfc3339(T)
+    assert claim_view(doc_with("a", T), 1).owner is None
+    odd = {"shards": 1, "claims": {"shard-0": {"owner": 3, "lease_expiry": 5, "epoch": True}}}
+    view = claim_view(odd, 0)
+    assert (view.owner, view.lease_expiry, view.lease_expiry_us, view.epoch) == (None, None, None, 0)
+    # A document nobody checked (a hand-edited file `validate` shows) never raises.
+    assert claim_view({"claims": [1]}, 0).owner is None
+    assert claim_epoch({"claims": {}, "epochs": [2]}, 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("expiry_s", "state"),
+    [(12, "live"), (0, "live"), (-3, "grace"), (-5, "grace"), (-6, "lapsed"), (None, "free")],
+)
+def test_lease_states_on_a_readers_wall_clock(expiry_s: int | None, state: str) -> None:
+    doc = initial_doc(queue="q", shards=1) if expiry_s is None else doc_with("a", T + expiry_s * S)
+    assert lease_state(claim_view(doc, 0), T, CFG) == state
+    if state == "lapsed":  # the wall half of the takeover rule agrees
+        assert 0 in claimable(doc, node_id="b", wall_us=T, config=CFG)
+
+
+def test_an_unparseable_expiry_has_its_own_lease_state() -> None:
+    doc = doc_with("a", T)
+    doc["claims"]["shard-0"]["lease_expiry"] = "tomorrow"
+    view = claim_view(doc, 0)
+    assert lease_state(view, T, CFG) == "unparseable" and view.lease_expiry == "tomorrow"
+
+
+def test_growing_a_queue_adds_shards_and_counts_the_version_on() -> None:
+    doc = doc_with("a", T)
+    doc["version"] = 7
+    grown = grow(doc, 3)
+    assert (grown["shards"], grown["version"]) == (5, 8)
+    assert grown["claims"] == doc["claims"] and doc["shards"] == 2  # the input is not changed
+    check_membership(grown)
+    fresh = grow(None, 2)
+    assert fresh == {"queue": "snerdmq-daemon", "shards": 2, "version": 1, "claims": {}}
+    check_membership(fresh)
+    with pytest.raises(AssertionError):
+        grow(initial_doc(queue="q", shards=MAX_QUEUE_SHARDS), 1)

@@ -24,7 +24,10 @@ from snerd.core.shardlog import (
     OUTCOME_COMPLETED,
     OUTCOME_DEAD,
     OUTCOME_DEAD_INFERRED,
+    find_dead_letters,
     fold_records,
+    plan_replay,
+    replay_record,
     tombstone_outcome,
 )
 from snerd.core.timefmt import MAX_US, format_rfc3339
@@ -468,3 +471,59 @@ def test_an_inbox_record_whose_task_cannot_run_is_skipped_saying_why() -> None:
         m.startswith(f"{where}: skipped a corrupt line at byte {len(bad)} (task good's record has")
         for _, m in owner.logs_out
     )
+
+
+# ------------------------------------------------------------------------------ across shards
+
+
+def folds_of(*logs: list[dict[str, Any]]) -> dict[int, Any]:
+    return {shard: fold_log(log_of(records)) for shard, records in enumerate(logs)}
+
+
+def dead(task_id: str, at: str = TS, **extra: Any) -> dict[str, Any]:
+    return {**tomb(task_id, OUTCOME_DEAD, retryCount=3, LastErrorObj="boom", **extra), "deletedAt": at}
+
+
+def test_a_dead_letter_counts_when_live_nowhere_and_the_latest_finish_wins() -> None:
+    later = format_rfc3339(T0)
+    folds = folds_of(
+        [claim(1), dead("a"), dead("b"), dead("c"), dead("d")],
+        [claim(1), task("b"), {**tomb("c"), "deletedAt": later}, dead("e")],
+    )
+    found = find_dead_letters(folds)
+    # b is live again in shard 1; c completed later in shard 1: neither is a dead letter.
+    assert [(d.shard, d.letter.task_id) for d in found] == [(0, "a"), (0, "d"), (1, "e")]
+    assert [d.letter.task_id for d in find_dead_letters(folds, ids=["d", "e"])] == ["d", "e"]
+    assert find_dead_letters(folds, task_type="other") == []
+
+
+def test_a_replayed_record_is_the_task_afresh_with_its_data_and_seq() -> None:
+    (d,) = find_dead_letters(folds_of([claim(1), dead("a", snerdSeq=7)]))
+    fields = replay_record(d.letter.record, now="NOW", epoch=4, node="tool")
+    assert next(iter(fields)) == "taskId"
+    assert fields["taskData"] == d.letter.record.fields["taskData"]
+    assert fields["snerdSeq"] == 7
+    assert (fields["retryCount"], fields["executeAt"], fields["retryAfterTime"]) == (0, "NOW", "NOW")
+    assert (fields["snerdNode"], fields["snerdEpoch"], fields["snerdReplayedAt"]) == ("tool", 4, "NOW")
+    for gone in ("deletedAt", "snerdOutcome", "LastErrorObj", "LastJobError"):
+        assert gone not in fields
+
+
+def test_a_replay_skips_duplicates_of_pending_deduped_tasks_and_tasks_without_data() -> None:
+    twin = {"autoDedupe": True, "payloadHash": "h1"}
+    folds = folds_of(
+        [claim(1), task("live", **twin), dead("a", **twin), dead("b", payloadHash="h1")],
+        [claim(1), dead("c", autoDedupe=True, payloadHash="h2"),
+         dead("d", autoDedupe=True, payloadHash="h2")],
+    )
+    plan = plan_replay(find_dead_letters(folds), folds)
+    # a is a twin of a pending task; d of c, replayed first; b has no autoDedupe: replayed.
+    assert sorted(d.letter.task_id for d in plan.replay) == ["b", "c"]
+    assert plan.skipped == [
+        "a: an identical task (live) is pending (auto_dedupe)",
+        "d: an identical task (c) is pending (auto_dedupe)",
+    ]
+    no_data = folds_of([claim(1), dead("x")])
+    del no_data[0].finished["x"].fields["taskData"]
+    plan = plan_replay(find_dead_letters(no_data), no_data)
+    assert plan.replay == [] and plan.skipped == ["x: its tombstone has no taskData"]

@@ -65,6 +65,7 @@ __all__ = [
     "nests_deeper",
     "show",
     "utf8_size",
+    "whole_or_none",
 ]
 
 #: Longest task id, in UTF-8 bytes. Ids are keys in memory, in every log record and in messages.
@@ -308,3 +309,10 @@ def nests_deeper(doc: dict[str, Any] | list[Any], limit: int) -> bool:
         depth += 1
         level = deeper
     return False
+
+
+def whole_or_none(value: Any) -> int | None:
+    """`value` when it is a JSON whole number (an int, not a bool), else None: how a reader
+    that shows what it found takes a count from disk (a heartbeat's `beat`, a record's
+    `retryCount`)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -67,6 +67,8 @@ from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 EPOCHS_KEY = "epochs"
 #: Top-level key of membership.json holding each node's heartbeat (snerd's addition).
 NODES_KEY = "nodes"
+#: The queue name of a document a daemon or `add-shards` creates (upstream's).
+DEFAULT_QUEUE = "snerdmq-daemon"
 #: The most shards a queue may have (the ceiling of SNERD_SHARDS in `snerd.config`, and of
 #: `add-shards`). Every membership round walks every shard (claims, what the node observed,
 #: its probes), so a count far beyond any deployment's stops a daemon answering
@@ -78,7 +80,9 @@ MAX_QUEUE_SHARDS = 4096
 MAX_COUNT = 2**53 - 1
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "EPOCHS_KEY",
+    "LEASE_STATES",
     "MAX_COUNT",
     "MAX_QUEUE_SHARDS",
     "NODES_KEY",
@@ -93,10 +97,13 @@ __all__ = [
     "claim_epoch",
     "claim_owner",
     "claim_signature",
+    "claim_view",
     "claimable",
     "fair_cap",
     "give_back",
+    "grow",
     "initial_doc",
+    "lease_state",
     "live_foreign",
     "lock_names_claim",
     "owned_by",
@@ -283,25 +290,34 @@ class ClaimView:
 
     owner: str | None
     lease_expiry_us: int | None
+    #: The claim's own epoch (`claim_epoch`: the shard's highest, released claims included).
     epoch: int
     renewals: int
+    #: `lease_expiry` as written (None: absent, or not a string).
+    lease_expiry: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
 
 
-def _claim_view(doc: dict[str, Any], shard: int) -> ClaimView:
+def claim_view(doc: dict[str, Any], shard: int) -> ClaimView:
+    """The claim `doc` holds for `shard`, the one parser of claims for every reader (the
+    node, the operator tools, the dashboard). A field that is not what snerd or upstream
+    writes reads as absent, so a reader that shows a document it did not check (`validate`
+    on a hand-edited file) gets a view, never an exception."""
     claims = doc.get("claims") or {}
-    raw = claims.get(shard_name(shard))
+    raw = claims.get(shard_name(shard)) if isinstance(claims, dict) else None
     if not isinstance(raw, dict):
         return ClaimView(owner=None, lease_expiry_us=None, epoch=0, renewals=0)
+    text = raw.get("lease_expiry")
     expiry: int | None
     try:
-        expiry = parse_rfc3339(str(raw.get("lease_expiry")))
+        expiry = parse_rfc3339(str(text))
     except ValueError:
         expiry = None
     epoch = raw.get("epoch")
     renewals = raw.get("renewals")
     return ClaimView(
         owner=raw.get("owner") if isinstance(raw.get("owner"), str) else None,
+        lease_expiry=text if isinstance(text, str) else None,
         lease_expiry_us=expiry,
         epoch=epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0,
         renewals=renewals if isinstance(renewals, int) and not isinstance(renewals, bool) else 0,
@@ -356,7 +372,7 @@ def lock_names_claim(text: LockText, doc: dict[str, Any], shard: int) -> bool:
     A snerd claim: the file names its owner and epoch. Upstream's claim (no epoch; upstream
     writes only its pid into the lock file): the file holds just the pid in the owner's id
     (`<host>@pid-<pid>`)."""
-    view = _claim_view(doc, shard)
+    view = claim_view(doc, shard)
     if view.owner is None:
         return False
     if text.released:
@@ -407,16 +423,53 @@ def claim_epoch(doc: dict[str, Any], shard: int) -> int:
     Epochs also live outside the claims, under `EPOCHS_KEY`, because a released shard has no
     claim (upstream's shape: an absent key means free) and its epoch must not start over.
     """
-    recorded = (doc.get(EPOCHS_KEY) or {}).get(shard_name(shard), 0)
+    epochs = doc.get(EPOCHS_KEY) or {}
+    recorded = epochs.get(shard_name(shard), 0) if isinstance(epochs, dict) else 0
     if not isinstance(recorded, int) or isinstance(recorded, bool):
         recorded = 0
-    return max(recorded, _claim_view(doc, shard).epoch)
+    return max(recorded, claim_view(doc, shard).epoch)
 
 
 def initial_doc(*, queue: str, shards: int) -> dict[str, Any]:
     """A fresh membership document: no claims yet (upstream shape plus nothing else)."""
     assert 1 <= shards <= MAX_QUEUE_SHARDS
     return {"queue": queue, "shards": shards, "version": 0, "claims": {}}
+
+
+def grow(doc: dict[str, Any] | None, n: int, *, queue: str = DEFAULT_QUEUE) -> dict[str, Any]:
+    """membership.json after `add-shards n`: `n` more shards and the version counted on, every
+    claim and epoch kept (shards are never removed; tasks stay where they are). A directory
+    without a document gets a queue of `n` shards at version 1: written where none was, it is
+    the document's first change (`initial_doc` is version 0, what a daemon starts from)."""
+    assert n >= 1, n
+    if doc is None:
+        return {**initial_doc(queue=queue, shards=n), "version": 1}
+    shards = doc["shards"]
+    assert isinstance(shards, int) and not isinstance(shards, bool) and shards >= 0, shards
+    assert shards + n <= MAX_QUEUE_SHARDS, (shards, n)
+    version = doc.get("version", 0)
+    version = version if isinstance(version, int) else 0
+    return {**doc, "shards": shards + n, "version": version + 1}
+
+
+#: The states of a claim's lease on a reader's wall clock (`lease_state`).
+LEASE_STATES = ("free", "live", "grace", "lapsed", "unparseable")
+
+
+def lease_state(claim: ClaimView, now_us: int, config: OwnershipConfig) -> str:
+    """One of `LEASE_STATES`: `free` (no owner), `unparseable` (an expiry that does not parse:
+    daemons never take such a claim over), `live` (not expired at `now_us`), `grace` (expired,
+    within the skew margin) or `lapsed` (past `lease_expiry + skew_margin`: upstream's wall
+    rule, the half of `claimable`'s rule a reader without an `Observer` can judge)."""
+    if claim.owner is None:
+        return "free"
+    if claim.lease_expiry_us is None:
+        return "unparseable"
+    if now_us <= claim.lease_expiry_us:
+        return "live"
+    if now_us <= claim.lease_expiry_us + config.skew_margin_us:
+        return "grace"
+    return "lapsed"
 
 
 def claimable(
@@ -450,8 +503,7 @@ def claimable(
             and not observer.claim_unchanged_for(shard, config.lapse_us, mono_us)
         ):
             continue  # (checked first: it is cheaper than parsing the expiry)
-        view = _claim_view(doc, shard)
-        if view.lease_expiry_us is None or wall_us <= view.lease_expiry_us + config.skew_margin_us:
+        if lease_state(claim_view(doc, shard), wall_us, config) != "lapsed":
             continue
         out.append(shard)
     return out
@@ -666,7 +718,7 @@ def with_claims(
     epochs = dict(doc.get(EPOCHS_KEY) or {})
     expiry = format_rfc3339(wall_us + config.ttl_us)
     for shard in shards:
-        view = _claim_view(doc, shard)
+        view = claim_view(doc, shard)
         if view.owner == node_id and shard not in anew:
             epoch, renewals = view.epoch, view.renewals + 1
         else:

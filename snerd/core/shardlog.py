@@ -36,6 +36,12 @@ The records it is fed passed the record rule's first half (`snerd.core.records.c
 a reader skips the others as corrupt lines), so each is what its kind says; whether a live
 task can run with its latest record is the second half (`unrunnable`).
 
+Across shards it owns two rules of the operator tools: which dead letters count
+(`find_dead_letters`: live nowhere, and the latest `deletedAt` of a task that finished in
+several shards), and what `snerdmq replay` writes back (`plan_replay`: the auto-dedupe filter
+against pending tasks, then `replay_record`, the fresh task record). A replayed task goes back
+into the shard it died in.
+
 It is pure: no files, no clocks (callers pass `now_us`), no threads. It never judges bytes (that
 is `snerd.core.records`), and never decides anything for a daemon.
 """
@@ -44,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,11 +70,16 @@ __all__ = [
     "OUTCOME_DEAD_INFERRED",
     "RATE_WINDOW_US",
     "DeadLetter",
+    "FoundDeadLetter",
+    "ReplayPlan",
     "ShardFold",
     "StaleRecord",
     "enqueue_order",
+    "find_dead_letters",
     "fold_records",
+    "plan_replay",
     "ready_at_us",
+    "replay_record",
     "tombstone_outcome",
 ]
 
@@ -412,3 +423,121 @@ def enqueue_order(
 def fold_records(records: Iterable[LogRecord], *, keep_payloads: bool = True) -> ShardFold:
     """Fold a whole log's records (in file order) into a `ShardFold`."""
     return ShardFold(keep_payloads=keep_payloads).add_all(records)
+
+
+# ------------------------------------------------------------------------------------------
+# Across shards: dead letters and their replay
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FoundDeadLetter:
+    """A dead letter and the shard whose log holds it."""
+
+    shard: int
+    letter: DeadLetter
+
+
+def find_dead_letters(
+    folds: Mapping[int, ShardFold],
+    *,
+    task_type: str | None = None,
+    ids: Sequence[str] = (),
+) -> list[FoundDeadLetter]:
+    """Dead letters across shards (`folds` by shard number): a task whose latest record is a
+    dead-letter tombstone and which is not live in any shard. When one id finished in several
+    shards (ids reused after `add-shards`), the latest `deletedAt` decides. Oldest first."""
+    live: set[str] = set()
+    for fold in folds.values():
+        live.update(fold.live)
+    latest: dict[str, tuple[int, int, LogRecord]] = {}
+    for shard, fold in folds.items():
+        for task_id, record in fold.finished.items():
+            at = record.fields.get("deletedAt")
+            try:
+                at_us = parse_rfc3339(at) if isinstance(at, str) else 0
+            except ValueError:
+                at_us = 0
+            if task_id not in latest or at_us >= latest[task_id][0]:
+                latest[task_id] = (at_us, shard, record)
+    out: list[FoundDeadLetter] = []
+    for shard, fold in folds.items():
+        for letter in fold.dead_letters():
+            if letter.task_id in live:
+                continue
+            if latest[letter.task_id][2] is not letter.record:
+                continue
+            if task_type is not None and letter.task_type != task_type:
+                continue
+            if ids and letter.task_id not in ids:
+                continue
+            out.append(FoundDeadLetter(shard, letter))
+    out.sort(key=lambda d: (d.letter.at or "", d.shard, d.letter.task_id))
+    return out
+
+
+#: Keys of a tombstone that a replayed task record does not carry over.
+_NOT_REPLAYED = frozenset(
+    {
+        "taskId", "deletedAt", "snerdOutcome", "LastErrorObj", "LastJobError",
+        "snerdNode", "snerdEpoch",
+    }
+)
+
+
+def replay_record(record: LogRecord, *, now: str, epoch: int, node: str) -> dict[str, Any]:
+    """A fresh task record from a dead letter's tombstone: same task, attempts and errors reset,
+    due `now` (an RFC 3339 time), written by `node` under `epoch`; `snerdSeq` and the task
+    data kept. `taskId` stays the first key (upstream's order; `scan` resynchronises on it)."""
+    f = record.fields
+    fields: dict[str, Any] = {"taskId": f["taskId"]}
+    fields.update((k, v) for k, v in f.items() if k not in _NOT_REPLAYED)
+    fields.update(
+        {
+            "retryCount": 0,
+            "retryAfterTime": now,
+            "executeAt": now,
+            "snerdReplayedAt": now,
+            "snerdNode": node,
+            "snerdEpoch": epoch,
+        }
+    )
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPlan:
+    """What a replay writes back (`replay`, in order) and what it leaves, each with why."""
+
+    replay: list[FoundDeadLetter]
+    skipped: list[str]
+
+
+def plan_replay(found: Sequence[FoundDeadLetter], folds: Mapping[int, ShardFold]) -> ReplayPlan:
+    """Which of the dead letters `found` to replay into the shards of `folds`: not one whose
+    `autoDedupe` fingerprint (`payloadHash`) matches a pending task, or one replayed before it
+    here (the daemon's auto-dedupe rule: one pending task per fingerprint), and not one whose
+    tombstone lost its task data (there is nothing to run)."""
+    pending: dict[str, str] = {}
+    for fold in folds.values():
+        for task_id, record in fold.live.items():
+            h = record.fields.get("payloadHash")
+            if isinstance(h, str):
+                pending.setdefault(h, task_id)
+    replay: list[FoundDeadLetter] = []
+    skipped: list[str] = []
+    for d in found:
+        f = d.letter.record.fields
+        h = f.get("payloadHash")
+        if f.get("autoDedupe") and isinstance(h, str):
+            if h in pending:
+                skipped.append(
+                    f"{d.letter.task_id}: an identical task ({pending[h]}) is pending (auto_dedupe)"
+                )
+                continue
+            pending[h] = d.letter.task_id
+        if "taskData" not in f:
+            skipped.append(f"{d.letter.task_id}: its tombstone has no taskData")
+            continue
+        replay.append(d)
+    return ReplayPlan(replay=replay, skipped=skipped)

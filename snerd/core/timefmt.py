@@ -17,7 +17,9 @@ moves later than written). A leap second (`:60`) is accepted and, as in POSIX ti
 the first second of the next minute. Surrounding whitespace is not accepted.
 
 Output is always UTC with `Z` and exactly six fractional digits (`2026-08-17T02:31:53.237260Z`),
-the form upstream's chrono writes, so log records stay byte-compatible.
+the form upstream's chrono writes, so log records stay byte-compatible. A span of microseconds
+reads as people say it (`format_span`: `12 s`, `5 min`, `1.5 h`, `2.0 days`) in what the
+operator tools and the health judgement print.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
-__all__ = ["MAX_US", "MIN_US", "format_rfc3339", "parse_rfc3339"]
+__all__ = [
+    "MAX_US",
+    "MIN_US",
+    "format_rfc3339",
+    "format_span",
+    "parse_rfc3339",
+    "parse_rfc3339_or_none",
+]
 
 # Naive datetimes on purpose: arithmetic between two naive values cannot raise for a tz reason,
 # and the offset is applied as plain integer microseconds afterwards.
@@ -177,3 +186,27 @@ def _shape_reason(text: str) -> str:
     if re.match(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(?:[Zz]|[+-]|$)", text, re.ASCII):
         return "seconds are required (HH:MM:SS)"
     return "not an RFC 3339 timestamp; send RFC 3339 like 2026-01-02T03:04:05Z"
+
+
+def parse_rfc3339_or_none(value: object) -> int | None:
+    """`parse_rfc3339(value)` for a value read from disk that may be anything: None when it is
+    not a string or does not parse (readers that show what they found, never refuse it)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_rfc3339(value)
+    except ValueError:
+        return None
+
+
+def format_span(us: int) -> str:
+    """A span (its sign dropped) as a person reads it: seconds below 2 min, minutes below 2 h,
+    hours below 2 days, then days."""
+    s = abs(us) / 1_000_000
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} days"

@@ -19,19 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from snerd.core.events import LogRecord
+from snerd.core.fields import whole_or_none
 from snerd.core.ownership import NODES_KEY
 from snerd.core.shardlog import enqueue_order, ready_at_us, tombstone_outcome
-from snerd.core.timefmt import format_rfc3339
-from snerd.tools import (
-    FINISHED_STATES,
-    LIVE_STATES,
+from snerd.core.status import FINISHED_STATES, LIVE_STATES, live_state
+from snerd.core.timefmt import format_rfc3339, parse_rfc3339_or_none
+from snerd.queuedir import (
     Queue,
     QueueError,
     ShardScan,
     UsageError,
-    _int_field,
-    _parse_time,
-    live_state,
     open_queue,
     rescan_shard,
     stats_report,
@@ -66,8 +63,8 @@ def _task_row(shard: int, task_id: str, fields: dict[str, Any], status: str) -> 
         "type": _str(fields.get("taskType")) or "?",
         "status": status,
         "shard": shard,
-        "retry_count": _int_field(fields.get("retryCount")) or 0,
-        "max_retries": _int_field(fields.get("maxRetries")),
+        "retry_count": whole_or_none(fields.get("retryCount")) or 0,
+        "max_retries": whole_or_none(fields.get("maxRetries")),
         "execute_at": _str(fields.get("executeAt")),
         "retry_after": _str(fields.get("retryAfterTime")),
         "next_run": _next_run(fields, status),
@@ -164,13 +161,13 @@ class QueueView:
             beat = beats.get(node)
             beat = beat if isinstance(beat, dict) else {}
             seen = _str(beat.get("seen"))
-            seen_us = _parse_time(seen)
+            seen_us = parse_rfc3339_or_none(seen)
             ago = None if seen_us is None else round((now - seen_us) / 1e6, 1)
             types = beat.get("types")
             out.append(
                 {
                     "node": node,
-                    "beat": _int_field(beat.get("beat")),
+                    "beat": whole_or_none(beat.get("beat")),
                     "seen": seen,
                     "seen_ago_s": ago,
                     "types": [t for t in types if isinstance(t, str)] if isinstance(types, list) else None,

@@ -140,7 +140,7 @@ class QueueFace:
         self._started = False
         self._shutting_down = False
         self._exited: anyio.Event | None = None
-        #: The dashboard `start_dashboard` serves, if any (snerd.dashboard.serve).
+        #: The dashboard `start_dashboard` serves, if any (snerd.dashboard.server).
         self._dashboard: Any = None
         #: The exit code of the daemon (negative: killed by that signal) or of the engine's
         #: runtime, once it has exited.
@@ -363,7 +363,7 @@ class QueueFace:
             OSError: the address cannot be listened on.
             RuntimeError: a dashboard is already served.
         """
-        from snerd.dashboard.serve import EmbeddedDashboard, check_exposure
+        from snerd.dashboard import EmbeddedDashboard, check_exposure
 
         token = check_exposure(host, token)
         if self._dashboard is not None:

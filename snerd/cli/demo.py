@@ -39,7 +39,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from snerd.tools import _number_arg
+import anyio
+
+from snerd import SnerdError, SnerdQueue, current_task, yield_progress
+from snerd.cli.args import number_arg
+from snerd.config import ConfigError, load_settings
 
 __all__ = ["DemoResult", "main", "run_demo"]
 
@@ -120,8 +124,6 @@ def _handler(
     tour: _Tour, task_type: str, work: Callable[[Any, int], Awaitable[None]]
 ) -> Callable[[Any], Awaitable[None]]:
     """Wrap a job body so that its start, success and failure are printed and counted."""
-    from snerd import current_task
-
     async def handle(data: Any) -> None:
         info = current_task()
         short, ours = tour.short(info.task_id)
@@ -157,8 +159,6 @@ def _handler(
 
 
 async def _sleep(seconds: float) -> None:
-    import anyio
-
     await anyio.sleep(seconds)
 
 
@@ -170,10 +170,6 @@ async def run_demo(
     binary_path: str | None = None,
 ) -> DemoResult:
     """Run the tour on `directory`; returns what happened (the summary is printed by `main`)."""
-    import anyio
-
-    from snerd import SnerdError, SnerdQueue, yield_progress
-
     def default_out(line: str) -> None:
         print(line, flush=True)
 
@@ -455,10 +451,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"snerdmq demo: error: DIR {args.directory!r} is not a directory", file=sys.stderr)
         return 2
-    import anyio
-
-    from snerd.config import ConfigError, load_settings
-
     try:
         load_settings()  # the daemon would refuse a bad SNERD_* value; say so up front
     except ConfigError as exc:
@@ -477,6 +469,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if result.ok else 1
 
 
-_positive_seconds = _number_arg(
+_positive_seconds = number_arg(
     "--timeout", float, "a number of seconds", "above 0", lambda v: v > 0
 )

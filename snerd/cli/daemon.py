@@ -1,11 +1,9 @@
-"""The `snerdmq` command.
+"""`snerdmq [DIR]`: the daemon itself, on a data directory, speaking JSON lines on stdin/stdout.
 
-`snerdmq [DIR]` runs the daemon (upstream's invocation: a bare positional directory, default
-`.snerdata`). Any other first word is a subcommand; each has `--help`. A bad argument or
-environment value is a clear error naming it, with exit code 2; so is a data directory that
-cannot hold a queue (not a directory, read-only, not writable: `snerd.io.datadir`), one on a
-filesystem the startup check refuses (unless `--force`), and a daemon started with its stdin or
-stdout closed. Each is one line on stderr, never a traceback.
+Before anything else it gives a closed standard descriptor /dev/null (and refuses to run with
+stdin or stdout closed), reads its settings (`snerd.config.load_settings`: a bad one is exit
+2), checks the data directory (`snerd.io.datadir`) and the filesystem (unless `--force`), then
+runs (`snerd.io.stdio.run_daemon`). Each refusal is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -14,8 +12,14 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+
+from snerd.config import ConfigError, load_settings
+from snerd.io.datadir import DataDirectoryError, prepare_data_directory
+from snerd.io.fscheck import FilesystemRefused
+from snerd.io.layout import LegacyDaemonRunning
+from snerd.io.stdio import run_daemon
 
 __all__ = ["main"]
 
@@ -50,12 +54,13 @@ def _refuse(text: str) -> int:
     return 2
 
 
-def _daemon(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], subcommands: Sequence[str] = ()) -> int:
+    """`snerdmq [DIR] [--force]`: run the daemon; `subcommands` are named in `--help`."""
     parser = argparse.ArgumentParser(
         prog="snerdmq",
         description=(
             "Run the snerd daemon on DIR: JSON lines on stdin/stdout, logs on stderr. "
-            "Subcommands: " + ", ".join(sorted(SUBCOMMANDS)) + " (each has --help)."
+            "Subcommands: " + ", ".join(sorted(subcommands)) + " (each has --help)."
         ),
     )
     parser.add_argument("directory", nargs="?", default=DEFAULT_DIR, help="data directory")
@@ -78,10 +83,6 @@ def _daemon(argv: Sequence[str]) -> int:
                 f"{name} (fd {fd}) is closed, and the daemon {use} on it; start it with {name} "
                 "open (a pipe, or /dev/null)"
             )
-    # Imported here: the daemon's modules (trio, the core) are not needed by the subcommands,
-    # which then start in a third of the time.
-    from snerd.config import ConfigError, load_settings
-
     try:
         settings = load_settings()
     except ConfigError as exc:
@@ -89,11 +90,6 @@ def _daemon(argv: Sequence[str]) -> int:
         return 2
     if args.force:
         settings = dataclasses.replace(settings, force_filesystem=True)
-    from snerd.io.datadir import DataDirectoryError, prepare_data_directory
-    from snerd.io.fscheck import FilesystemRefused
-    from snerd.io.layout import LegacyDaemonRunning
-    from snerd.io.stdio import run_daemon
-
     directory = Path(args.directory)
     try:
         prepare_data_directory(directory)
@@ -107,25 +103,3 @@ def _daemon(argv: Sequence[str]) -> int:
     except FilesystemRefused as exc:
         print(f"[Snerd] ERROR: {exc}", file=sys.stderr)
         return 2
-
-
-def _subcommands() -> dict[str, Callable[[Sequence[str]], int]]:
-    from snerd import tools
-
-    return dict(tools.SUBCOMMANDS)
-
-
-SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {}
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `snerdmq` console script."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    SUBCOMMANDS.update(_subcommands())
-    if args and args[0] in SUBCOMMANDS:
-        return SUBCOMMANDS[args[0]](args[1:])
-    return _daemon(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
