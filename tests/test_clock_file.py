@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from snerd.io.runtime import Clock
+from snerd.io.clock import Clock
 
 S = 1_000_000
 

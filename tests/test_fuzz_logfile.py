@@ -42,8 +42,8 @@ from hypothesis import strategies as st
 from snerd.cli import main as snerdmq
 from snerd.core import records as records_mod
 from snerd.core.records import encode_record, scan
-from snerd.io.log import reader as log_reader
 from snerd.io.log import DEFAULT_CHUNK_BYTES, read_log, recover_log
+from snerd.io.log import reader as log_reader
 from tests import daemon as daemons
 from tests.daemon import SNERDMQ
 

@@ -16,8 +16,6 @@ import trio
 
 from snerd.core.effects import KeepRange, Location, NewRecord
 from snerd.core.records import CorruptRecord, decode_record, encode_record
-from snerd.io.log import reader as log_reader
-from snerd.io.log import writer as log_writer
 from snerd.io.log import (
     CompactResult,
     GroupCommitLog,
@@ -29,6 +27,8 @@ from snerd.io.log import (
     recover_log,
     repair_tail,
 )
+from snerd.io.log import reader as log_reader
+from snerd.io.log import writer as log_writer
 
 
 @pytest.fixture(autouse=True, params=["writer thread", "sync helper"])
