@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import select
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,22 @@ class _Peer:
 
     def __init__(self) -> None:
         self.out: list[dict[str, Any]] = []
+        self._changed = trio.Event()
 
     def deliver(self, message: dict[str, Any]) -> None:
         self.out.append(message)
+        self._changed.set()
 
     def deliver_lines(self, data: bytes) -> None:
         self.out.extend(orjson.loads(line) for line in data.splitlines())
+        self._changed.set()
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Until `done()` holds, looked at after each message (no polling: the messages wait
+        for real fsyncs, in the writer thread or the sync helper)."""
+        while not done():
+            self._changed = trio.Event()
+            await self._changed.wait()
 
     def flush_nowait(self) -> None:
         pass
@@ -66,8 +76,7 @@ async def _running(tmp_path: Path) -> AsyncIterator[tuple[Runtime, _Peer, GroupC
         with trio.fail_after(10):
             await runtime.ready.wait()
             runtime.feed([ev.LinesReceived(lines=[_enqueue("first")])])
-            while not any(m.get("task_id") == "first" for m in peer.out):
-                await trio.sleep(0.001)
+            await peer.wait_for(lambda: any(m.get("task_id") == "first" for m in peer.out))
         peer.out.clear()
         assert runtime._log is not None
         yield runtime, peer, runtime._log
@@ -114,8 +123,7 @@ async def test_a_long_run_of_enqueues_goes_to_the_log_a_burst_at_a_time(tmp_path
         runtime.feed(_bursts([_enqueue(f"t{i}") for i in range(3 * EVENT_BURST)]))
         assert log.statistics().appends - before == 3
         with trio.fail_after(10):
-            while len(peer.out) < 3 * EVENT_BURST:
-                await trio.sleep(0.001)
+            await peer.wait_for(lambda: len(peer.out) >= 3 * EVENT_BURST)
         assert [m["task_id"] for m in peer.out] == [f"t{i}" for i in range(3 * EVENT_BURST)]
 
 
