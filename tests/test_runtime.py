@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import select
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import trio
+import trio.testing
 
 from snerd.config import load_settings
 from snerd.core import events as ev
@@ -156,3 +159,42 @@ async def test_plain_enqueues_are_acked_as_they_commit_before_the_node_handles_i
         ]
         # The commit was handled too: every task knows where its record is.
         assert all(runtime.node.tasks[f"t{i}"].loc is not None for i in range(20))
+
+
+@pytest.mark.timeout(60)  # on the host's clock instead, the timeout never comes: fail soon
+async def test_the_node_s_deadlines_run_on_trio_s_clock(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # The runtime's timer and the node's deadlines read one clock, trio's: on a MockClock an
+    # attempt's hard timeout fires when virtual time passes it, not before, and the test
+    # waits no real second for it. (A MockClock moved by hand, not autojump: the log's
+    # fsyncs run in a thread, and trio waiting for them would let autojump skip the clock to
+    # the next deadline, lease deadlines included, in the middle of a write.) A lease of 600 s:
+    # no renewal comes due in the 30.5 s the clock is moved, so none is in flight when the
+    # lease's own deadline passes (the wall clock, which the lease is written in, stays real).
+    peer = _Peer()
+    runtime = Runtime(tmp_path, load_settings({"SNERD_LEASE_TTL": "600"}), peer)
+    real_start = time.perf_counter()
+
+    def executes() -> int:
+        return sum(m["action"] == "execute" and m["task_id"] == "t1" for m in peer.out)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run)
+        await runtime.ready.wait()
+        register = orjson.dumps({"action": "register", "task_type": "noop"})
+        job = _enqueue("t1", max_execution_seconds=30, max_retries=1)
+        runtime.feed([ev.LinesReceived(lines=[register, job])])
+        await peer.wait_for(lambda: executes() == 1)
+        mock_clock.jump(29.5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert executes() == 1  # not yet: 29.5 of its 30 s
+        assert runtime.node.stats["total_failed"] == 0
+        mock_clock.jump(1)
+        await peer.wait_for(lambda: executes() == 2)  # timed out, and run again
+        assert runtime.node.stats["total_failed"] == 1
+        done = orjson.dumps({"action": "result", "task_id": "t1", "status": "success"})
+        runtime.feed([ev.LinesReceived(lines=[done])])
+        # (A drain waits for running tasks up to its timeout, on this clock that stands still.)
+        runtime.submit(ev.DrainRequested(reason="test"))
+    assert time.perf_counter() - real_start < 25
