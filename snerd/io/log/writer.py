@@ -6,8 +6,8 @@ This module owns every byte snerd appends to a log file (`shard-N/tasks/tasks.lo
 - Appends go through ONE long-lived writer thread per daemon. Everything waiting when the thread
   comes round shares one `write(2)` per file and one `fsync(2)` per file, and trio is woken
   once per batch (`TrioToken.run_sync_soon`: fire and forget, the thread does not wait for
-  trio). DESIGN §6: a `trio.to_thread.run_sync` per commit was near 3x the raw fsync and flaky;
-  this keeps the thread hop off the per-append path.
+  trio). Measured: a `trio.to_thread.run_sync` per commit was near 3x the raw fsync and
+  flaky; this keeps the thread hop off the per-append path.
 - An ack (`on_done` with offsets) means: written, and fsynced when the policy is `always`
   (`interval`: written, fsynced within `interval_ms`; `never`: written only). The policies are
   `snerd.config.FSYNC_POLICIES`.
