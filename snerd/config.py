@@ -21,10 +21,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from snerd.core.ownership import MAX_QUEUE_SHARDS
-from snerd.io.fscheck import MOUNTINFO
 
 if TYPE_CHECKING:
     from snerd.core.node import NodeConfig
+
+#: `SNERD_FSYNC` values. `always`: an ack means written and fsynced (group commit makes it
+#: cheap). `interval`: an ack means written; each written file is fsynced at most every
+#: `interval_ms` and at the latest `interval_ms` after a write, so a power loss can take the last
+#: `interval_ms` of acknowledged records (a process crash loses nothing: the page cache survives
+#: it). `never`: an ack means written; the OS writes back when it likes. Defined here, and used
+#: by the log writer (`snerd.io.log`), so that this module imports nothing from `snerd.io`.
+FSYNC_POLICIES = ("always", "interval", "never")
+#: Where the kernel lists this process's mounts (proc(5)), read by `snerd.io.fscheck`. Tests
+#: point the daemon at a fake table with SNERD_TEST_MOUNTINFO.
+MOUNTINFO = "/proc/self/mountinfo"
 
 __all__ = [
     "ConfigError",
@@ -256,7 +266,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     # daemon's modules (trio, the core).
     from snerd.core.node import SECOND, NodeConfig
     from snerd.core.ownership import OwnershipConfig
-    from snerd.io.log import FSYNC_POLICIES
 
     env = os.environ if env is None else env
     shards = _int(env, "SNERD_SHARDS", 1)

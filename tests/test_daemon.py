@@ -522,8 +522,8 @@ async def test_bad_settings_are_one_line_never_a_traceback(tmp_path: Path) -> No
 #: killed: the helper's next read of the socket is ECONNRESET, its next write EPIPE.
 _HELPER_PARENT = """
 import os, signal, sys, time
-from snerd.io.log import _SyncHelper
-helper = _SyncHelper.start()
+from snerd.io.log.fsync_helper import SyncHelper
+helper = SyncHelper.start()
 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
 helper.adopt(1, fd)
 helper.sync([1])

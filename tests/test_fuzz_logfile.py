@@ -42,8 +42,8 @@ from hypothesis import strategies as st
 from snerd.cli import main as snerdmq
 from snerd.core import records as records_mod
 from snerd.core.records import encode_record, scan
-from snerd.io import log as log_mod
 from snerd.io.log import DEFAULT_CHUNK_BYTES, read_log, recover_log
+from snerd.io.log import reader as log_reader
 from tests import daemon as daemons
 from tests.daemon import SNERDMQ
 
@@ -231,7 +231,7 @@ def test_lines_over_the_line_limit_hide_nothing_after_them(log: Damaged) -> None
     small = [r for r in log.originals if len(encode_record(r)) < 4096]
     with (
         mock.patch.object(records_mod, "LINE_LIMIT", 4096),
-        mock.patch.object(log_mod, "LINE_LIMIT", 4096),
+        mock.patch.object(log_reader, "LINE_LIMIT", 4096),
         tempfile.TemporaryDirectory() as tmp,
     ):
         if len(small) != len(log.originals):  # records longer than the limit cannot be written

@@ -16,7 +16,6 @@ import trio
 
 from snerd.core.effects import KeepRange, Location, NewRecord
 from snerd.core.records import CorruptRecord, decode_record, encode_record
-from snerd.io import log as logmod
 from snerd.io.log import (
     CompactResult,
     GroupCommitLog,
@@ -28,13 +27,15 @@ from snerd.io.log import (
     recover_log,
     repair_tail,
 )
+from snerd.io.log import reader as log_reader
+from snerd.io.log import writer as log_writer
 
 
 @pytest.fixture(autouse=True, params=["writer thread", "sync helper"])
 def sync_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every log test twice: fsyncs by the writer thread, and by the sync helper process
     (the daemon's way: `GroupCommitLog(sync_helper=True)`)."""
-    monkeypatch.setattr(logmod, "DEFAULT_SYNC_HELPER", request.param == "sync helper")
+    monkeypatch.setattr(log_writer, "DEFAULT_SYNC_HELPER", request.param == "sync helper")
     return str(request.param)
 
 
@@ -497,7 +498,7 @@ def test_a_last_line_is_cut_only_when_it_holds_no_record(tmp_path: Path) -> None
 def test_a_last_line_longer_than_the_line_limit_is_cut(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(logmod, "LINE_LIMIT", 1000)
+    monkeypatch.setattr(log_reader, "LINE_LIMIT", 1000)
     path = tmp_path / "tasks.log"
     path.write_bytes(line(1) + b"y" * 5000)
     repair = repair_tail(path)
@@ -581,7 +582,7 @@ def test_read_log_resumes_from_an_offset(tmp_path: Path) -> None:
 def test_overlong_lines_are_reported_and_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(logmod, "LINE_LIMIT", 500)
+    monkeypatch.setattr(log_reader, "LINE_LIMIT", 500)
     path = tmp_path / "tasks.log"
     path.write_bytes(line(1) + b"z" * 5000 + b"\n" + line(2))
     records, corrupt = read_all(path, chunk_bytes=64)
@@ -707,7 +708,7 @@ async def test_compaction_fails_rather_than_unlink_another_process_s_append(
     # Another process (a daemon that took the shard over while this one was paused past its
     # lease) appends to the log after the copy was made: the rename would unlink its record.
     path = tmp_path / "tasks.log"
-    copy = logmod._write_compacted
+    copy = log_writer.write_compacted
 
     def copy_then_another_process_appends(*args: Any) -> Any:
         copied = copy(*args)
@@ -715,7 +716,7 @@ async def test_compaction_fails_rather_than_unlink_another_process_s_append(
             other.write(line(9))
         return copied
 
-    monkeypatch.setattr(logmod, "_write_compacted", copy_then_another_process_appends)
+    monkeypatch.setattr(log_writer, "write_compacted", copy_then_another_process_appends)
     async with GroupCommitLog() as log:
         offsets = await log.append(path, [line(1), line(2)])
         with pytest.raises(OSError) as caught:

@@ -25,14 +25,20 @@ async def test_sync_helper_failure_cuts_every_batch_written_after_the_failed_one
     monkeypatch.setenv("SNERD_TEST_SYNC_FAIL_AT", "2")
     path = tmp_path / "tasks.log"
     outcomes: list[tuple[int, object]] = []
+    all_answered = trio.Event()
+
+    def answered(k: int, result: object) -> None:  # (the trio thread)
+        outcomes.append((k, result))
+        if len(outcomes) == 3:
+            all_answered.set()
+
     async with GroupCommitLog(sync_helper=True) as log:
         await log.append(path, [line(1)])  # the writer thread opens the file
         await log.append(path, [line(2)])  # the helper's fsync 1
         for k in (3, 4, 5):
-            log.submit(path, [line(k)], lambda r, k=k: outcomes.append((k, r)))
+            log.submit(path, [line(k)], lambda r, k=k: answered(k, r))
         with trio.fail_after(10):
-            while len(outcomes) < 3:
-                await trio.sleep(0.001)
+            await all_answered.wait()
         (off,) = await log.append(path, [line(6)])
     # 3 went alone in fsync 2, which failed; 4 and 5 were written behind it and cut with it.
     assert [k for k, _ in outcomes] == [3, 4, 5]
@@ -55,12 +61,17 @@ async def test_a_dead_sync_helper_fails_what_it_held_and_the_writer_thread_takes
         helper.proc.kill()
         helper.proc.wait()
         outcome: list[object] = []
-        log.submit(path, [line(3)], outcome.append)
+        failed = trio.Event()
+
+        def answered(result: object) -> None:  # (the trio thread)
+            outcome.append(result)
+            failed.set()
+
+        log.submit(path, [line(3)], answered)
         log.poll_helper()
         assert outcome == []
         with trio.fail_after(10):
-            while not outcome:
-                await trio.sleep(0.001)
+            await failed.wait()
         assert len(outcome) == 1
         assert isinstance(outcome[0], OSError) and outcome[0].errno == errno.EIO
         assert log._helper is None

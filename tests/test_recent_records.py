@@ -1,4 +1,4 @@
-"""The daemon's cache of recently appended task records (`snerd.io.runtime._RecentRecords`),
+"""The daemon's cache of recently appended task records (`snerd.io.recent.RecentRecords`),
 in front of a real `LogReader` on a real file."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from snerd.core import effects as fx
 from snerd.core.records import CorruptRecord, encode_record
 from snerd.io.log import LogReader
-from snerd.io.runtime import _RecentRecords
+from snerd.io.recent import RecentRecords
 
 
 def _task(task_id: str) -> fx.NewRecord:
@@ -33,7 +33,7 @@ def test_a_remembered_record_is_read_without_the_file(tmp_path: Path) -> None:
     path = tmp_path / "tasks.log"
     records = [_task("a"), _task("b")]
     lines, offsets = _write(path, records)
-    recent = _RecentRecords(LogReader())
+    recent = RecentRecords(LogReader())
     recent.remember(str(path), offsets, lines, records)
     path.unlink()
     assert recent.read_record(path, offsets[1], len(lines[1]))["taskData"] == "<b>"
@@ -47,7 +47,7 @@ def test_after_a_compaction_kept_records_are_remembered_at_their_new_offsets(
     path = tmp_path / "tasks.log"
     records = [_task("gone"), _task("kept1"), _task("kept2"), _task("gone2")]
     lines, offsets = _write(path, records)
-    recent = _RecentRecords(LogReader())
+    recent = RecentRecords(LogReader())
     recent.remember(str(path), offsets, lines, records)
     # One range holds kept1 and kept2; it lands at offset 7 of the new file.
     keep = [fx.KeepRange(offset=offsets[1], length=len(lines[1]) + len(lines[2]))]
@@ -65,7 +65,7 @@ def test_forget_drops_one_file_only_and_old_entries_age_out(tmp_path: Path) -> N
     ra, rb = [_task("a1")], [_task("b1")]
     la, oa = _write(a, ra)
     lb, ob = _write(b, rb)
-    recent = _RecentRecords(LogReader(), limit=8 * len(la[0]))  # a young generation of 4 lines
+    recent = RecentRecords(LogReader(), limit=8 * len(la[0]))  # a young generation of 4 lines
     recent.remember(str(a), oa, la, ra)
     recent.remember(str(b), ob, lb, rb)
     recent.forget(str(a))
@@ -108,7 +108,7 @@ def test_a_miss_reads_ahead_so_the_records_after_it_cost_no_pread(tmp_path: Path
     records = [_task(f"t{i:03}") for i in range(200)]
     lines, offsets = _write(path, records)
     reader = _CountingReader()
-    recent = _RecentRecords(reader, read_ahead=40 * len(lines[0]))
+    recent = RecentRecords(reader, read_ahead=40 * len(lines[0]))
     # In log order, as queued tasks run: one block per 40 records.
     for i in range(200):
         assert recent.read_record(path, offsets[i], len(lines[i]))["taskId"] == f"t{i:03}"
@@ -130,7 +130,7 @@ def test_a_record_cut_by_the_end_of_a_block_is_read_again_from_its_start(tmp_pat
     lines, offsets = _write(path, records)
     reader = _CountingReader()
     # The block holds record 0 and half of record 1.
-    recent = _RecentRecords(reader, read_ahead=len(lines[0]) + len(lines[1]) // 2)
+    recent = RecentRecords(reader, read_ahead=len(lines[0]) + len(lines[1]) // 2)
     assert recent.read_record(path, offsets[0], len(lines[0]))["taskId"] == "t0"
     assert recent.read_record(path, offsets[1], len(lines[1]))["taskId"] == "t1"
     assert reader.blocks == 2
@@ -141,7 +141,7 @@ def test_a_block_read_before_the_file_grew_is_not_trusted_past_its_end(tmp_path:
     first, second = [_task("a")], [_task("b")]
     lines, _ = _write(path, first)
     reader = _CountingReader()
-    recent = _RecentRecords(reader)
+    recent = RecentRecords(reader)
     assert recent.read_record(path, 0, len(lines[0]))["taskId"] == "a"
     line_b = encode_record(second[0].fields)
     with path.open("ab") as f:
@@ -162,7 +162,7 @@ def test_after_a_failed_append_a_block_holding_its_lines_is_dropped(tmp_path: Pa
     assert len(lost) == len(again)
     with path.open("ab") as f:
         f.write(lost)  # written, then its fsync fails: the log cuts it
-    recent = _RecentRecords(LogReader())
+    recent = RecentRecords(LogReader())
     assert recent.read_record(path, 0, at)["taskId"] == "kept"  # the block holds `lost`
     with path.open("r+b") as f:
         f.truncate(at)
@@ -180,7 +180,7 @@ def test_a_damaged_record_is_reported_as_it_is_without_a_block(tmp_path: Path) -
     data[offsets[1] + 3] ^= 0x01
     path.write_bytes(bytes(data))
     reader = _CountingReader()
-    recent = _RecentRecords(reader)
+    recent = RecentRecords(reader)
     assert recent.read_record(path, offsets[0], len(lines[0]))["taskId"] == "a"
     with pytest.raises(CorruptRecord, match="checksum"):
         recent.read_record(path, offsets[1], len(lines[1]))
@@ -194,7 +194,7 @@ def test_a_record_longer_than_a_block_is_read_alone(tmp_path: Path) -> None:
     records = [fx.NewRecord(fields={"taskId": "big", "taskType": "t", "taskData": "x" * 5000})]
     lines, _ = _write(path, records)
     reader = _CountingReader()
-    recent = _RecentRecords(reader, read_ahead=1024)
+    recent = RecentRecords(reader, read_ahead=1024)
     assert recent.read_record(path, 0, len(lines[0]))["taskData"] == "x" * 5000
     assert (reader.blocks, reader.records) == (0, 1)
 
@@ -204,7 +204,7 @@ def test_a_compaction_drops_the_block_of_the_old_file(tmp_path: Path) -> None:
     records = [_task("a"), _task("b"), _task("c")]
     lines, offsets = _write(path, records)
     reader = LogReader()
-    recent = _RecentRecords(reader)
+    recent = RecentRecords(reader)
     assert recent.read_record(path, offsets[0], len(lines[0]))["taskId"] == "a"
     # The compacted file keeps c only, at offset 0 — where a was, at the same length.
     assert len(lines[0]) == len(lines[2])

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import select
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import trio
+import trio.testing
 
 from snerd.config import load_settings
 from snerd.core import events as ev
@@ -23,12 +26,22 @@ class _Peer:
 
     def __init__(self) -> None:
         self.out: list[dict[str, Any]] = []
+        self._changed = trio.Event()
 
     def deliver(self, message: dict[str, Any]) -> None:
         self.out.append(message)
+        self._changed.set()
 
     def deliver_lines(self, data: bytes) -> None:
         self.out.extend(orjson.loads(line) for line in data.splitlines())
+        self._changed.set()
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Until `done()` holds, looked at after each message (no polling: the messages wait
+        for real fsyncs, in the writer thread or the sync helper)."""
+        while not done():
+            self._changed = trio.Event()
+            await self._changed.wait()
 
     def flush_nowait(self) -> None:
         pass
@@ -66,8 +79,7 @@ async def _running(tmp_path: Path) -> AsyncIterator[tuple[Runtime, _Peer, GroupC
         with trio.fail_after(10):
             await runtime.ready.wait()
             runtime.feed([ev.LinesReceived(lines=[_enqueue("first")])])
-            while not any(m.get("task_id") == "first" for m in peer.out):
-                await trio.sleep(0.001)
+            await peer.wait_for(lambda: any(m.get("task_id") == "first" for m in peer.out))
         peer.out.clear()
         assert runtime._log is not None
         yield runtime, peer, runtime._log
@@ -114,8 +126,7 @@ async def test_a_long_run_of_enqueues_goes_to_the_log_a_burst_at_a_time(tmp_path
         runtime.feed(_bursts([_enqueue(f"t{i}") for i in range(3 * EVENT_BURST)]))
         assert log.statistics().appends - before == 3
         with trio.fail_after(10):
-            while len(peer.out) < 3 * EVENT_BURST:
-                await trio.sleep(0.001)
+            await peer.wait_for(lambda: len(peer.out) >= 3 * EVENT_BURST)
         assert [m["task_id"] for m in peer.out] == [f"t{i}" for i in range(3 * EVENT_BURST)]
 
 
@@ -148,3 +159,42 @@ async def test_plain_enqueues_are_acked_as_they_commit_before_the_node_handles_i
         ]
         # The commit was handled too: every task knows where its record is.
         assert all(runtime.node.tasks[f"t{i}"].loc is not None for i in range(20))
+
+
+@pytest.mark.timeout(60)  # on the host's clock instead, the timeout never comes: fail soon
+async def test_the_node_s_deadlines_run_on_trio_s_clock(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # The runtime's timer and the node's deadlines read one clock, trio's: on a MockClock an
+    # attempt's hard timeout fires when virtual time passes it, not before, and the test
+    # waits no real second for it. (A MockClock moved by hand, not autojump: the log's
+    # fsyncs run in a thread, and trio waiting for them would let autojump skip the clock to
+    # the next deadline, lease deadlines included, in the middle of a write.) A lease of 600 s:
+    # no renewal comes due in the 30.5 s the clock is moved, so none is in flight when the
+    # lease's own deadline passes (the wall clock, which the lease is written in, stays real).
+    peer = _Peer()
+    runtime = Runtime(tmp_path, load_settings({"SNERD_LEASE_TTL": "600"}), peer)
+    real_start = time.perf_counter()
+
+    def executes() -> int:
+        return sum(m["action"] == "execute" and m["task_id"] == "t1" for m in peer.out)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run)
+        await runtime.ready.wait()
+        register = orjson.dumps({"action": "register", "task_type": "noop"})
+        job = _enqueue("t1", max_execution_seconds=30, max_retries=1)
+        runtime.feed([ev.LinesReceived(lines=[register, job])])
+        await peer.wait_for(lambda: executes() == 1)
+        mock_clock.jump(29.5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert executes() == 1  # not yet: 29.5 of its 30 s
+        assert runtime.node.stats["total_failed"] == 0
+        mock_clock.jump(1)
+        await peer.wait_for(lambda: executes() == 2)  # timed out, and run again
+        assert runtime.node.stats["total_failed"] == 1
+        done = orjson.dumps({"action": "result", "task_id": "t1", "status": "success"})
+        runtime.feed([ev.LinesReceived(lines=[done])])
+        # (A drain waits for running tasks up to its timeout, on this clock that stands still.)
+        runtime.submit(ev.DrainRequested(reason="test"))
+    assert time.perf_counter() - real_start < 25

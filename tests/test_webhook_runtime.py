@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,24 @@ class _PickyPeer:
     def __init__(self) -> None:
         self.out: list[dict[str, Any]] = []
         self.logged: list[str] = []
+        self._changed = trio.Event()
 
     def deliver(self, message: dict[str, Any]) -> None:
         if message.get("task_id") == "poison" and message["action"] != "ack":
             raise TypeError("cannot encode this task's message")
         self.out.append(message)
+        self._changed.set()
 
     def deliver_lines(self, data: bytes) -> None:
         self.out.extend(orjson.loads(line) for line in data.splitlines())
+        self._changed.set()
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Until `done()` holds, looked at after each message (no polling: the messages wait
+        for the log's real fsyncs)."""
+        while not done():
+            self._changed = trio.Event()
+            await self._changed.wait()
 
     def flush_nowait(self) -> None:
         pass
@@ -59,8 +70,7 @@ def _enqueue(task_id: str, **options: Any) -> bytes:
 async def _stats(runtime: Runtime, peer: _PickyPeer) -> dict[str, Any]:
     before = len(peer.out)
     runtime.feed([ev.LinesReceived(lines=[_line(action="stats")])])
-    while not any(m["action"] == "stats" for m in peer.out[before:]):
-        await trio.sleep(0.001)
+    await peer.wait_for(lambda: any(m["action"] == "stats" for m in peer.out[before:]))
     return next(m for m in peer.out[before:] if m["action"] == "stats")
 
 
@@ -86,13 +96,16 @@ async def test_a_task_whose_execute_cannot_be_sent_dead_letters_and_the_runtime_
                     )
                 ]
             )
-            while not any(
-                m.get("task_id") == "fine" and m["action"] == "execute" for m in peer.out
-            ):
-                await trio.sleep(0.001)
+            await peer.wait_for(
+                lambda: any(
+                    m.get("task_id") == "fine" and m["action"] == "execute" for m in peer.out
+                )
+            )
             runtime.feed(
                 [ev.LinesReceived(lines=[_line(action="result", task_id="fine", status="success")])]
             )
+            # The counters change as the log commits the retries' records (real fsyncs in the
+            # writer thread), and no message marks the moment: look again every 10 ms.
             while (stats := await _stats(runtime, peer))["total_dlq"] < 1 or stats["queue_depth"]:
                 await trio.sleep(0.01)
         assert stats["total_failed"] == 2  # both attempts of `poison`

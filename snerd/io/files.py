@@ -19,7 +19,12 @@ user's files. So:
   DIR/shard-0/tasks/tasks.log".
 
 Callers pass the data directory as `root`; without one, only the last component is checked
-(tests, and files whose directory is the data directory itself). This module decides nothing
+(tests, and files whose directory is the data directory itself).
+
+On top of that it owns the durable-write steps the log, membership.json and the tools share:
+a write of all the bytes (`write_all`), exclusive creation of a temp file (`create_exclusive`),
+a rename that survives NFS's lost reply (`rename_over`), the directory fsync that makes an
+entry durable (`fsync_dir`), and their composition, `atomic_replace`. This module decides nothing
 about which files exist or what they hold, and never deletes anything but the one entry it is
 asked to (unlinking a symlink removes the link, never its target: unlink(2)).
 """
@@ -37,14 +42,20 @@ from collections.abc import Iterator
 __all__ = [
     "PathError",
     "RefusedFile",
+    "atomic_replace",
+    "atomic_write",
+    "create_exclusive",
     "describe_kind",
     "ensure_dir",
+    "fsync_dir",
     "make_dirs",
     "open_dir",
     "open_file",
     "read_small",
+    "rename_over",
     "replace_file",
     "unlink_file",
+    "write_all",
 ]
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -299,3 +310,110 @@ def replace_file(src: PathLike, dst: PathLike, *, root: PathLike | None = None) 
         raise ValueError(f"{src} and {dst} are not in one directory")
     with _parent(dst, root) as (dfd, _name, _shown):
         os.replace(src_name, dst_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+
+# --------------------------------------------------------------------------------------------
+# Durable writes: whole writes, exclusive creation, atomic replacement, directory fsyncs
+# --------------------------------------------------------------------------------------------
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that entries created, removed or renamed in it are durable.
+
+    fsync(2): "Calling fsync() does not necessarily ensure that the entry in the directory
+    containing the file has also reached disk. For that an explicit fsync() on a file descriptor
+    for the directory is also needed." Some filesystems (and FUSE mounts) answer EINVAL for a
+    directory: there is nothing more we can do there, so that one error is ignored.
+
+    The path is followed even through a link: an fsync reads and writes nothing, and the files
+    in the directory were opened without following one (`open_file`).
+    """
+    fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> int:
+    """Write all of `data`; return the number of write(2) calls.
+
+    write(2): "the number of bytes written may be less than count if, for example, there is
+    insufficient space on the underlying physical medium, or the call was interrupted by a
+    signal handler". A short write is followed by a write of the rest (Linux also caps one
+    write at 0x7ffff000 bytes); when space really ran out, that next write raises ENOSPC.
+    """
+    view = memoryview(data)
+    calls = 0
+    while view:
+        n = os.write(fd, view)
+        calls += 1
+        if n <= 0:  # not expected for a regular file; never loop forever
+            raise OSError(errno.EIO, "write returned 0 bytes")
+        view = view[n:]
+    return calls
+
+
+def rename_over(src: str, dst: str, root: str | None = None) -> None:
+    """rename(2) `src` over `dst` (one directory, reached without following a link below
+    `root`), tolerating the NFS case where the rename happened but the reply was lost.
+
+    rename(2), NFS notes: a retransmitted RENAME can fail although the first one succeeded. If
+    `dst` now is the inode `src` was, the rename did happen.
+    """
+    src_stat = os.lstat(src)
+    try:
+        replace_file(src, dst, root=root)
+    except OSError:
+        try:
+            dst_stat = os.lstat(dst)
+        except OSError:
+            raise
+        if (dst_stat.st_ino, dst_stat.st_dev) != (src_stat.st_ino, src_stat.st_dev):
+            raise
+
+
+def create_exclusive(path: str, root: str | None) -> int:
+    """Create `path` afresh for writing: a leftover entry (a crash's temp file, or a link
+    someone planted) is unlinked first — the link itself, never its target (unlink(2)) — and
+    the file is created with O_CREAT | O_EXCL, which fails rather than open anything that
+    appeared meanwhile (open(2): with O_EXCL, "symbolic links are not followed")."""
+    with contextlib.suppress(FileNotFoundError):
+        unlink_file(path, root=root)
+    return open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, root=root)
+
+
+def atomic_replace(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str = ".tmp") -> None:
+    """Replace a small file atomically and durably: temp file in the same directory, write,
+    fsync, rename over `path`, fsync the directory (membership.json uses this).
+
+    rename(2) is atomic: a reader sees the old content or the new, never a mix; the fsync before
+    the rename makes sure the name never points at a file whose data is not on disk, and the
+    directory fsync makes the rename itself durable (upstream bug 6.1.5 skipped it). The temp
+    file is `path + tmp_suffix` (upstream's `membership.json.tmp`), so callers must serialise
+    writers (membership.json is written under `.membership.lock`). On error the temp file is
+    removed and `path` is untouched. The temp file is created exclusively (`create_exclusive`)
+    and the rename replaces the entry `path`, so no link there is ever written through.
+    """
+    target = os.fspath(path)
+    tmp = target + tmp_suffix
+    fd = create_exclusive(tmp, None)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        rename_over(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            unlink_file(tmp)
+        raise
+    fsync_dir(os.path.dirname(target) or ".")
+
+
+#: The same function under the other name callers know it by.
+atomic_write = atomic_replace

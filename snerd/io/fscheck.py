@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from snerd.config import MOUNTINFO
 from snerd.io import lockprobe
 from snerd.io.files import open_file
 
@@ -54,10 +55,6 @@ LOCAL_FILESYSTEMS = frozenset(
     {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "ramfs",
      "jfs", "reiserfs", "bcachefs"}
 )
-
-#: Where the kernel lists this process's mounts (proc(5)). Tests point the daemon at a fake
-#: table with SNERD_TEST_MOUNTINFO.
-MOUNTINFO = "/proc/self/mountinfo"
 
 #: The probe's lock file in the data directory; permanent, like every snerd lock file.
 LOCK_PROBE = ".lockprobe"

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import portalocker
 
-from snerd.io.files import RefusedFile, make_dirs, open_dir, open_file
-from snerd.io.log import fsync_dir
+from snerd.io.files import RefusedFile, fsync_dir, make_dirs, open_dir, open_file
 from snerd.io.membership import MEMBERSHIP, _MembershipLock
 
 __all__ = ["AdoptionRefused", "LegacyDaemonRunning", "adopt_legacy_layout"]

@@ -21,8 +21,7 @@ import orjson
 import portalocker
 
 from snerd.core.ownership import LockText, MembershipInvalid, parse_membership, withdrawal
-from snerd.io.files import make_dirs, open_file, read_small
-from snerd.io.log import atomic_replace
+from snerd.io.files import atomic_replace, make_dirs, open_file, read_small
 
 __all__ = [
     "MembershipConflict",

@@ -1,7 +1,8 @@
 """The trio loop that runs a `snerd.core.node.Node`: it executes effects and feeds back events.
 
-Owns: the event queue, the clock readings, the timer, and the mapping of each effect onto real
-I/O (the group-commit log, membership.json, shard locks, payload reads, webhooks). It must never
+Owns: the event queue, the timer, and the mapping of each effect onto real I/O (the
+group-commit log, membership.json, shard locks, payload reads, webhooks). The clock readings
+are `snerd.io.clock`'s, the cache of recent records `snerd.io.recent`'s. It must never
 decide anything about the queue: every `if` here is about I/O (did the write fail, is the fd
 gone), never about tasks.
 
@@ -10,17 +11,22 @@ the effects. Effects that finish later (appends, log reads, membership, webhooks
 outcome back onto the queue. Work is batched: all events waiting at a moment are handled before
 the peer's output is flushed, so a burst of enqueues costs one wake-up, one write to stdout and
 (through the group-commit log) one fsync.
+
+Why this module stays above 800 lines: the driver, the burst loop and the effect executors
+share one state (the node, the event deque, the burst's outbox, the parked driver, the peer's
+flush) and the executors are one table (`_EFFECTS`) over it; `_Outgoing`, a commit's way back
+into the node, reads the same state. What has a state of its own lives beside it: the clock
+(`snerd.io.clock`), the recent-records cache (`snerd.io.recent`), the log, membership, inbox
+and webhook modules.
 """
 
 from __future__ import annotations
 
-import bisect
 import errno
 import itertools
 import os
-import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,9 +38,9 @@ from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
 from snerd.core.ownership import LockText
-from snerd.core.records import CorruptRecord, decode_record
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
+from snerd.io.clock import Clock
 from snerd.io.files import RefusedFile
 from snerd.io.inbox import (
     inbox_path,
@@ -52,6 +58,7 @@ from snerd.io.membership import (
     update_membership,
     withdraw_claims,
 )
+from snerd.io.recent import RecentRecords
 from snerd.io.webhook import WebhookCaller
 
 __all__ = ["Clock", "Peer", "Runtime"]
@@ -68,107 +75,6 @@ class Peer(Protocol):
 
     def log(self, level: str, message: str) -> None:
         """One human log line."""
-
-
-class Clock:
-    """Reads the node's two clocks. `offset_s` shifts the wall clock (a test hook for clock
-    skew, SNERD_TEST_CLOCK_OFFSET); the monotonic clock is never shifted.
-
-    A second test hook, SNERD_TEST_CLOCK_FILE (or `file`), names a file holding a number of
-    seconds that is added to the wall clock as well, and may change while the daemon runs (a
-    clock step, for chaos tests). The file is looked at (stat) at most every `FILE_POLL_US` of
-    the monotonic clock and read again only when its mtime or size changed; a missing or empty
-    file reads as 0. Each new value is reported on stderr, so a test can tell it was taken."""
-
-    #: How often the clock file is looked at, at most (µs of the monotonic clock).
-    FILE_POLL_US = 100_000
-
-    def __init__(self, offset_s: float = 0.0, file: str | None = None) -> None:
-        self.offset_us = int(offset_s * 1_000_000)
-        if file is None:
-            file = os.environ.get("SNERD_TEST_CLOCK_FILE", "").strip() or None
-        self.file = file
-        #: The file's offset (µs) as last read, when and what (mtime_ns, size) was read.
-        self.file_offset_us = 0
-        self._file_checked_mono = -self.FILE_POLL_US
-        self._file_seen: tuple[int, int] | None = None
-        if file is not None:
-            self._poll_file(time.monotonic_ns() // 1000)
-
-    def now(self) -> ev.Now:
-        # Read once per event: built without the frozen dataclass's `__init__` (see `_new_now`).
-        mono = time.monotonic_ns() // 1000
-        if self.file is not None and mono - self._file_checked_mono >= self.FILE_POLL_US:
-            self._poll_file(mono)
-        return _new_now(time.time_ns() // 1000 + self.offset_us + self.file_offset_us, mono)
-
-    def _poll_file(self, mono: int) -> None:
-        assert self.file is not None
-        self._file_checked_mono = mono
-        try:
-            st = os.stat(self.file)
-        except OSError:
-            seen: tuple[int, int] | None = None
-        else:
-            seen = (st.st_mtime_ns, st.st_size)
-        if seen == self._file_seen:
-            return
-        self._file_seen = seen
-        text = ""
-        if seen is not None:
-            try:
-                with open(self.file, encoding="utf-8", errors="replace") as f:
-                    text = f.read(256).strip()
-            except OSError:
-                text = ""
-        try:
-            value = float(text) if text else 0.0
-        except ValueError:
-            value = float("nan")
-        if not (abs(value) < 1e9):  # not a number (or absurd): keep the offset we have
-            self._say(
-                f"[Snerd] WARNING: test clock: {self.file} holds {text[:40]!r}, not a number "
-                "of seconds; the wall clock offset stays as it was\n"
-            )
-            return
-        offset_us = int(value * 1_000_000)
-        if offset_us != self.file_offset_us:
-            self.file_offset_us = offset_us
-            self._say(
-                f"[Snerd] test clock: the wall clock is now offset by {value:+.6f} s "
-                f"(SNERD_TEST_CLOCK_FILE={self.file})\n"
-            )
-
-    @staticmethod
-    def _say(text: str) -> None:
-        # Straight to fd 2 (stderr), unbuffered: one write, whatever else prints.
-        try:
-            os.write(2, text.encode("utf-8", "replace"))
-        except OSError:
-            return
-
-
-def _now_factory() -> Callable[[int, int], ev.Now]:
-    """`ev.Now(wall=, mono=)` without the frozen dataclass's `__init__` (one
-    `object.__setattr__` per field; about half the cost of a clock reading here). Setting the two
-    slots directly builds the identical object; if `Now` ever changes shape, use the class."""
-    fields = [f for f in getattr(ev.Now, "__dataclass_fields__", {})]
-    if fields != ["wall", "mono"] or "__slots__" not in vars(ev.Now):
-        return lambda wall, mono: ev.Now(wall=wall, mono=mono)
-    new = object.__new__
-    set_wall = vars(ev.Now)["wall"].__set__
-    set_mono = vars(ev.Now)["mono"].__set__
-
-    def make(wall: int, mono: int) -> ev.Now:
-        now: ev.Now = new(ev.Now)
-        set_wall(now, wall)
-        set_mono(now, mono)
-        return now
-
-    return make
-
-
-_new_now = _now_factory()
 
 
 _new_committed = slot_constructor(ev.AppendCommitted, "token", "offsets", "lengths")
@@ -228,7 +134,7 @@ class Runtime:
         self._abandoned = False
         self._nursery: trio.Nursery | None = None
         self._log: logio.GroupCommitLog | None = None
-        self._recent: _RecentRecords | None = None
+        self._recent: RecentRecords | None = None
         self._webhooks: WebhookCaller | None = None
         #: Set once the node has taken every shard it could at start (for tests and the CLI).
         self.ready = trio.Event()
@@ -309,7 +215,7 @@ class Runtime:
         ) as log:
             self._nursery = nursery
             self._log = log
-            self._recent = _RecentRecords(log.reader, self.settings.recent_bytes)
+            self._recent = RecentRecords(log.reader, self.settings.recent_bytes)
             self._webhooks = WebhookCaller()
             nursery.start_soon(self._timer)
             task_status.started()
@@ -930,159 +836,6 @@ class _Outgoing:
         if runtime._parked is not None and not runtime._processing:
             runtime._unpark()
 
-
-class _RecentRecords:
-    """The fields of the task records this daemon appended most recently (at least the last
-    `limit / 2` bytes of lines, at most `limit`), by (path, offset), in front of the log's
-    reader.
-
-    A task's record is read back soon after its commit: its payload for the `execute`, and as
-    the base of its next record (the tombstone copies it). From here that costs neither a
-    pread (which releases the GIL: getting it back in a busy daemon is the larger part) nor a
-    decode. Only records written whole (no base) with a payload are kept — exactly the fields
-    that were encoded into the line at that offset. The dicts are shared with `materialize`
-    and `_read_payload`, which only read them. A file's entries are dropped when it is read
-    afresh or compacted (`forget`); appends never reuse a committed offset of the same file.
-    Two generations: new entries go into the young dict; once it holds `limit / 2` bytes of
-    lines it becomes the old one and the previous old one is dropped whole (no per-entry
-    eviction, no key order to keep: a plain dict drops its first key slowly once many were
-    dropped before, about 13 us at 30,000 entries here).
-
-    A queue deeper than the cache reads its records back from the file, in log order as its
-    tasks run: a miss reads a block of the file (`read_ahead` bytes) from the record on and
-    keeps it, so the records after it are cut from that block instead of one pread each. A
-    block is only ever asked for records already committed, whose bytes never change; it is
-    dropped when the file is compacted or read afresh, and when an append to the file fails
-    (its lines are cut, and the next append writes other bytes at their offsets).
-    """
-
-    def __init__(
-        self, reader: logio.LogReader, limit: int = 8 << 20, read_ahead: int = 32 << 10
-    ) -> None:
-        self._reader = reader
-        self._half = limit >> 1
-        self._big = limit >> 3  # a huge record would push out everything else
-        #: path -> offset -> (line length, fields), young and old; bytes of lines in young.
-        #: (Per path, so the key of an entry is a plain int: no tuple to build and hash.)
-        self._young: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
-        self._old: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
-        self._size = 0
-        #: Bytes read at a miss: the records after the one asked for come with it.
-        self._read_ahead = read_ahead
-        #: path -> (offset, bytes from there): the block read at the last miss in the file.
-        self._blocks: dict[str, tuple[int, bytes]] = {}
-
-    def remember(
-        self,
-        path: str,
-        offsets: tuple[int, ...],
-        lines: list[bytes],
-        records: list[fx.NewRecord] | tuple[fx.NewRecord, ...],
-    ) -> None:
-        young = self._young.get(path)
-        if young is None:
-            young = self._young[path] = {}
-        big = self._big
-        size = self._size
-        for offset, line, record in zip(offsets, lines, records, strict=True):
-            if record.base is None and "taskData" in record.fields:
-                length = len(line)
-                if length <= big:
-                    young[offset] = (length, record.fields)
-                    size += length
-        if size >= self._half:
-            self._old = self._young
-            self._young = {}
-            size = 0
-        self._size = size
-
-    def read_record(self, path: str | os.PathLike[str], offset: int, length: int) -> dict[str, Any]:
-        name = os.fspath(path)
-        young = self._young.get(name)
-        hit = young.get(offset) if young is not None else None
-        if hit is None:
-            old = self._old.get(name)
-            hit = old.get(offset) if old is not None else None
-        if hit is not None and hit[0] == length:
-            return hit[1]
-        fields = self._read_missed(path, name, offset, length)
-        if hit is None and "taskData" in fields and length <= self._big:
-            # Read through: a task's record is read twice, for its `execute` and as the base of
-            # its outcome record. A task that waited long in the queue has left the cache by
-            # then; this keeps it for the second read.
-            if young is None:
-                young = self._young[name] = {}
-            young[offset] = (length, fields)
-            self._size += length
-        return fields
-
-    def _read_missed(
-        self, path: str | os.PathLike[str], name: str, offset: int, length: int
-    ) -> dict[str, Any]:
-        """A record not remembered: from the block read at the file's last miss when that
-        holds its whole line, else from a new block read from its offset on. Queued tasks
-        run, and are read back, mostly in log order, so one pread serves the records that
-        follow (a deep queue outgrows what is remembered); the records in a block are decoded
-        only when asked for."""
-        block = self._blocks.get(name)
-        if block is not None:
-            fields = _line_in(block[1], offset - block[0], length)
-            if fields is not None:
-                return fields
-        if 2 <= length <= self._read_ahead and offset >= 0:
-            data = self._reader.read_block(path, offset, self._read_ahead)
-            self._blocks[name] = (offset, data)
-            fields = _line_in(data, 0, length)
-            if fields is not None:
-                return fields
-        # Not a whole valid line in a block (past the end of the file when read, a huge
-        # record, or damaged): read it alone, which says what is wrong.
-        return self._reader.read_record(path, offset, length)
-
-    def append_failed(self, path: str) -> None:
-        """An append to `path` failed: the lines it wrote are cut (their offsets are used
-        again), so a block read meanwhile may hold bytes that are not the log's."""
-        self._blocks.pop(path, None)
-
-    def moved(self, path: str, keep: Sequence[fx.KeepRange], offsets: Sequence[int]) -> None:
-        """The file was compacted: the byte range `keep[i]` is now at `offsets[i]`. Entries
-        inside a kept range move with it; the others are dropped."""
-        self._blocks.pop(path, None)
-        starts = [r.offset for r in keep]
-        if any(a >= b for a, b in itertools.pairwise(starts)):  # (the core sorts them)
-            self.forget(path)
-            return
-        for generation in (self._young, self._old):
-            entries = generation.pop(path, None)
-            if not entries:
-                continue
-            kept: dict[int, tuple[int, dict[str, Any]]] = {}
-            for old_offset, entry in entries.items():
-                i = bisect.bisect_right(starts, old_offset) - 1
-                if i >= 0 and old_offset + entry[0] <= starts[i] + keep[i].length:
-                    kept[offsets[i] + old_offset - starts[i]] = entry
-                elif generation is self._young:
-                    self._size -= entry[0]
-            generation[path] = kept
-
-    def forget(self, path: str) -> None:
-        self._blocks.pop(path, None)
-        young = self._young.pop(path, None)
-        if young:
-            self._size -= sum(length for length, _ in young.values())
-        self._old.pop(path, None)
-
-
-def _line_in(data: bytes, at: int, length: int) -> dict[str, Any] | None:
-    """The fields of the valid record line of `length` bytes at `data[at:]`, or None when
-    `data` does not hold one there whole."""
-    end = at + length
-    if at < 0 or end > len(data) or data[end - 1] != 0x0A:
-        return None
-    try:
-        return decode_record(data[at : end - 1])
-    except CorruptRecord:
-        return None
 
 
 def _unexpected(exc: BaseException) -> str:

@@ -1,31 +1,28 @@
-"""Shard logs on disk: the group-committing writer, reading back, compaction, atomic replace.
+"""The daemon's one log writer, `GroupCommitLog`: group commit of appends, and compaction installs.
 
-This module owns every byte snerd writes to a log file (`shard-N/tasks/tasks.log`,
+This module owns every byte snerd appends to a log file (`shard-N/tasks/tasks.log`,
 `shard-N/inbox/<node>.log`) and the crash-safety rules for them:
 
-- Appends go through ONE long-lived writer thread per daemon (`GroupCommitLog`). Everything
-  waiting when the thread comes round shares one `write(2)` per file and one `fsync(2)` per
-  file, and trio is woken once per batch (`TrioToken.run_sync_soon`: fire and forget, the
-  thread does not wait for trio). DESIGN §6: a `trio.to_thread.run_sync` per commit was near
-  3x the raw fsync and flaky; this keeps the thread hop off the per-append path.
+- Appends go through ONE long-lived writer thread per daemon. Everything waiting when the thread
+  comes round shares one `write(2)` per file and one `fsync(2)` per file, and trio is woken
+  once per batch (`TrioToken.run_sync_soon`: fire and forget, the thread does not wait for
+  trio). Measured: a `trio.to_thread.run_sync` per commit was near 3x the raw fsync and
+  flaky; this keeps the thread hop off the per-append path.
 - An ack (`on_done` with offsets) means: written, and fsynced when the policy is `always`
-  (`interval`: written, fsynced within `interval_ms`; `never`: written only).
+  (`interval`: written, fsynced within `interval_ms`; `never`: written only). The policies are
+  `snerd.config.FSYNC_POLICIES`.
 - A failed or short write, or a failed fsync, is cut back off the file (`ftruncate` to the size
   before the batch) and every append of that batch for that file fails with the `OSError`:
   nothing partial stays in the log, nothing acknowledged before is touched, and the next batch
   is tried afresh (disk full is survivable).
 - A new file, and a compaction's rename, is made durable by fsyncing the directory before any
   record in it is acknowledged.
-- Compaction creates `<log>.tmp` beside the log exclusively (a leftover is unlinked first, so a
-  link planted there is removed, never written through), fsyncs it, renames it over the log and
-  fsyncs the directory. Before the rename the old file is intact; after it the new one is
-  complete and durable. A leftover temp file is removed by `recover_log`.
-- Reading back (`read_log`) never stops at a bad line. A last line without its newline is judged
-  by the core (`snerd.core.records.scan_tail`): a whole record whose newline was lost gets its
-  newline back, a torn write is cut (`repair_tail` / `recover_log`), before the log is appended
-  to again (upstream bug 6.1.1: the next record glued onto a torn one and both were lost).
-- Every file is opened through `snerd.io.files`: never through a symbolic link, only regular
-  files; with `root` (the data directory) no directory below it is followed either.
+- Compaction copies into `<log>.tmp` in a thread of its own (`compact.write_compacted`), then,
+  ordered with the appends to that log, the writer thread renames it over the log and fsyncs
+  the directory. Before the rename the old file is intact; after it the new one is complete
+  and durable. A leftover temp file is removed by `recover_log`.
+- With `sync_helper`, the trio thread writes a batch itself and a child process fsyncs it
+  (`fsync_helper`, `fsync_child`); the writer thread still opens and repairs files.
 
 It must never: decide anything about tasks (which record to write, what to keep — that is the
 core's), hold a payload longer than one call, write a file it does not own, or acknowledge a
@@ -33,524 +30,71 @@ record before it is in the file (and, under `always`, on stable storage).
 
 Threads: `GroupCommitLog.submit`, `append`, `compact`, `close_file` and `on_done` callbacks run
 in the trio thread. The writer thread only touches the writer's own state; results travel back
-through `run_sync_soon`. `LogReader` takes a lock and can be used from any thread.
+through `run_sync_soon`.
+
+Why this module stays above 800 lines: `GroupCommitLog` is one state (the queue, the files,
+the batch in flight to the sync helper, the counters) guarded by one lock and shared by three
+paths (the writer thread, the inline commit in the trio thread, the sync helper's requests).
+Which path may touch a file at a moment is decided by reading all of that state at once
+(`submit_many`), so the paths stay in one class; what has a state of its own is out of it
+(reading back: `reader`, the copy: `compact`, the helper process: `fsync_helper`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import operator
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, repeat
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import outcome
 import trio
 
-from snerd.core.effects import KeepRange, NewRecord
-from snerd.core.events import LogRecord
-from snerd.core.records import (
-    LINE_LIMIT,
-    CorruptRecord,
-    ScanResult,
-    decode_line_at,
-    encode_record,
-    merge_base,
-    scan,
-    scan_tail,
+from snerd.config import FSYNC_POLICIES
+from snerd.core.effects import KeepRange
+from snerd.io.files import (
+    ensure_dir,
+    fsync_dir,
+    make_dirs,
+    open_file,
+    rename_over,
+    unlink_file,
+    write_all,
 )
-from snerd.io.files import ensure_dir, make_dirs, open_file, replace_file, unlink_file
+from snerd.io.log.compact import (
+    CompactOutcome,
+    CompactResult,
+    Copied,
+    compaction_tmp_path,
+    write_compacted,
+)
+from snerd.io.log.fsync_helper import NO_REPLY, SyncHelper
+from snerd.io.log.reader import LogReader
 
 __all__ = [
-    "DEFAULT_CHUNK_BYTES",
     "DEFAULT_FSYNC_INTERVAL_MS",
+    "DEFAULT_SYNC_HELPER",
     "FSYNC_POLICIES",
     "AppendOutcome",
-    "CompactOutcome",
-    "CompactResult",
     "GroupCommitLog",
-    "LogChunk",
-    "LogReader",
     "LogStatistics",
-    "RecordReader",
-    "TailRepair",
-    "atomic_replace",
-    "atomic_write",
-    "compaction_tmp_path",
-    "fsync_dir",
-    "materialize",
-    "read_log",
-    "read_record",
-    "recover_log",
-    "repair_tail",
 ]
 
-#: `SNERD_FSYNC` values. `always`: an ack means written and fsynced (group commit makes it
-#: cheap). `interval`: an ack means written; each written file is fsynced at most every
-#: `interval_ms` and at the latest `interval_ms` after a write, so a power loss can take the last
-#: `interval_ms` of acknowledged records (a process crash loses nothing: the page cache survives
-#: it). `never`: an ack means written; the OS writes back when it likes.
-FSYNC_POLICIES = ("always", "interval", "never")
 #: What `on_done` receives: the start offset of each line, or the error that failed the append.
 AppendOutcome = tuple[int, ...] | OSError
 
 DEFAULT_FSYNC_INTERVAL_MS = 100
-#: Reading a log in 64 KiB chunks measured about twice as fast per record as 1 MiB chunks here
-#: (fewer live objects per chunk for the cyclic GC to walk, and the chunk stays in cache).
-DEFAULT_CHUNK_BYTES = 1 << 16
-#: Compaction output is written in pieces of about this size.
-_COPY_BUFFER = 1 << 20
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
-
-
-# --------------------------------------------------------------------------------------------
-# Small durable-file helpers
-# --------------------------------------------------------------------------------------------
-
-
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """fsync a directory so that entries created, removed or renamed in it are durable.
-
-    fsync(2): "Calling fsync() does not necessarily ensure that the entry in the directory
-    containing the file has also reached disk. For that an explicit fsync() on a file descriptor
-    for the directory is also needed." Some filesystems (and FUSE mounts) answer EINVAL for a
-    directory: there is nothing more we can do there, so that one error is ignored.
-
-    The path is followed even through a link: an fsync reads and writes nothing, and the files
-    in the directory were opened without following one (`snerd.io.files`).
-    """
-    fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> int:
-    """Write all of `data`; return the number of write(2) calls.
-
-    write(2): "the number of bytes written may be less than count if, for example, there is
-    insufficient space on the underlying physical medium, or the call was interrupted by a
-    signal handler". A short write is followed by a write of the rest (Linux also caps one
-    write at 0x7ffff000 bytes); when space really ran out, that next write raises ENOSPC.
-    """
-    view = memoryview(data)
-    calls = 0
-    while view:
-        n = os.write(fd, view)
-        calls += 1
-        if n <= 0:  # not expected for a regular file; never loop forever
-            raise OSError(errno.EIO, "write returned 0 bytes")
-        view = view[n:]
-    return calls
-
-
-def _rename(src: str, dst: str, root: str | None = None) -> None:
-    """rename(2) `src` over `dst` (one directory, reached without following a link below
-    `root`), tolerating the NFS case where the rename happened but the reply was lost.
-
-    rename(2), NFS notes: a retransmitted RENAME can fail although the first one succeeded. If
-    `dst` now is the inode `src` was, the rename did happen.
-    """
-    src_stat = os.lstat(src)
-    try:
-        replace_file(src, dst, root=root)
-    except OSError:
-        try:
-            dst_stat = os.lstat(dst)
-        except OSError:
-            raise
-        if (dst_stat.st_ino, dst_stat.st_dev) != (src_stat.st_ino, src_stat.st_dev):
-            raise
-
-
-def _create_exclusive(path: str, root: str | None) -> int:
-    """Create `path` afresh for writing: a leftover entry (a crash's temp file, or a link
-    someone planted) is unlinked first — the link itself, never its target (unlink(2)) — and
-    the file is created with O_CREAT | O_EXCL, which fails rather than open anything that
-    appeared meanwhile (open(2): with O_EXCL, "symbolic links are not followed")."""
-    with contextlib.suppress(FileNotFoundError):
-        unlink_file(path, root=root)
-    return open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, root=root)
-
-
-def atomic_replace(path: str | os.PathLike[str], data: bytes, *, tmp_suffix: str = ".tmp") -> None:
-    """Replace a small file atomically and durably: temp file in the same directory, write,
-    fsync, rename over `path`, fsync the directory (membership.json uses this).
-
-    rename(2) is atomic: a reader sees the old content or the new, never a mix; the fsync before
-    the rename makes sure the name never points at a file whose data is not on disk, and the
-    directory fsync makes the rename itself durable (upstream bug 6.1.5 skipped it). The temp
-    file is `path + tmp_suffix` (upstream's `membership.json.tmp`), so callers must serialise
-    writers (membership.json is written under `.membership.lock`). On error the temp file is
-    removed and `path` is untouched. The temp file is created exclusively (`_create_exclusive`)
-    and the rename replaces the entry `path`, so no link there is ever written through.
-    """
-    target = os.fspath(path)
-    tmp = target + tmp_suffix
-    fd = _create_exclusive(tmp, None)
-    try:
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _rename(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            unlink_file(tmp)
-        raise
-    fsync_dir(os.path.dirname(target) or ".")
-
-
-#: The same function under the other name callers know it by.
-atomic_write = atomic_replace
-
-
-def compaction_tmp_path(path: str | os.PathLike[str]) -> str:
-    """The temp file compaction writes beside a log: `tasks.log` -> `tasks.tmp` (upstream's
-    name, so a leftover from either daemon is recognised)."""
-    root, _ext = os.path.splitext(os.fspath(path))
-    return root + ".tmp"
-
-
-# --------------------------------------------------------------------------------------------
-# Reading back
-# --------------------------------------------------------------------------------------------
-
-
-class LogChunk(NamedTuple):
-    """One chunk of a log read in file order (`read_log`)."""
-
-    #: Well-formed records, in file order.
-    records: list[LogRecord]
-    #: Lines that are not records: (offset, reason). Skipped, never fatal.
-    corrupt: list[tuple[int, str]]
-    #: Absolute offset just past the last complete line read so far: where reading resumes.
-    end: int
-    #: True on the last chunk of this read.
-    eof: bool
-    #: On the last chunk: how many bytes follow `end` without a newline (a torn tail, a record
-    #: whose newline was lost, or a line another process is still writing). 0 otherwise.
-    fragment: int
-    #: On the last chunk, when `fragment` is not 0: those bytes judged as the line they would
-    #: be with their newline (`snerd.core.records.scan_tail`). Records there are whole, only
-    #: their newline was lost, and the log's owner keeps them (`repair_tail`); none means a
-    #: torn write. None otherwise.
-    tail: ScanResult | None = None
-
-
-def read_log(
-    path: str | os.PathLike[str],
-    *,
-    start: int = 0,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    missing_ok: bool = True,
-    root: str | os.PathLike[str] | None = None,
-) -> Iterator[LogChunk]:
-    """Read a log from `start` in chunks of about `chunk_bytes`, in file order.
-
-    Blocking: call it from a worker thread (e.g. `trio.to_thread.run_sync(next, it)` per
-    chunk) for big logs. A corrupt line is reported in `corrupt` and never hides the lines after
-    it. A run of more than `LINE_LIMIT` bytes without a newline is reported once and skipped up
-    to the next newline. The last chunk has `eof=True`; if the file does not end with a newline,
-    its `fragment` says how many bytes were left and its `tail` what they hold (this function
-    never modifies the file; see `repair_tail`). Resume later from the last chunk's `end`
-    (inbox ingestion does; it leaves an unterminated line for the read that finds it whole).
-
-    A log file is created by its first append, so with `missing_ok` a missing file reads as an
-    empty log (one empty chunk with `eof=True`). The file is opened without following a link
-    (below `root`, the data directory, no directory either): `snerd.io.files.RefusedFile`.
-    """
-    if chunk_bytes <= 0:
-        raise ValueError("chunk_bytes must be positive")
-    try:
-        fd = open_file(path, os.O_RDONLY, root=root)
-    except FileNotFoundError:
-        if not missing_ok:
-            raise
-        yield LogChunk([], [], start, True, 0)
-        return
-    try:
-        pos = start  # next byte to read from the file
-        frag_start = start  # where the pending (unterminated) bytes start
-        parts: list[bytes] = []  # pending bytes, joined when a newline arrives (linear time)
-        parts_len = 0
-        skipping = False  # inside an overlong line: discard up to the next newline
-        while True:
-            data = os.pread(fd, chunk_bytes, pos)
-            pos += len(data)
-            eof = len(data) < chunk_bytes
-            corrupt: list[tuple[int, str]] = []
-            records: list[LogRecord] = []
-            if skipping:
-                nl = data.find(b"\n")
-                if nl >= 0:
-                    skipping = False
-                    data = data[nl + 1 :]
-                    frag_start = pos - len(data)
-                else:
-                    data = b""
-            if data:
-                if data.find(b"\n") < 0:
-                    parts.append(data)
-                    parts_len += len(data)
-                else:
-                    buf = b"".join([*parts, data]) if parts else data
-                    result = scan(buf, base_offset=frag_start)
-                    records, corrupt = result.records, result.corrupt
-                    rest = buf[result.end - frag_start :]
-                    frag_start = result.end
-                    parts = [rest] if rest else []
-                    parts_len = len(rest)
-                if parts_len > LINE_LIMIT:
-                    corrupt.append((frag_start, f"line longer than {LINE_LIMIT} bytes"))
-                    parts, parts_len, skipping = [], 0, True
-            fragment = (pos - frag_start) if eof else 0
-            tail = None
-            if fragment:
-                if skipping:  # the rest of an overlong line: reported already, no record
-                    tail = ScanResult([], [], frag_start)
-                else:
-                    tail = scan_tail(b"".join(parts), offset=frag_start)
-            yield LogChunk(records, corrupt, frag_start, eof, fragment, tail)
-            if eof:
-                return
-    finally:
-        os.close(fd)
-
-
-class TailRepair(NamedTuple):
-    """What `repair_tail` did to a log's last line (nothing: `at == -1`)."""
-
-    #: Where the last line starts (-1: the log ended with a newline, or is missing or empty).
-    at: int
-    #: Bytes cut: a torn write that held no record (0 when kept).
-    cut: int
-    #: The line held a whole record whose newline was lost: the newline was written back.
-    restored: bool
-    #: Why a cut line was no record ("not JSON: ...", "checksum mismatch"; "" for blanks).
-    reason: str
-
-
-_NOTHING_TO_REPAIR = TailRepair(at=-1, cut=0, restored=False, reason="")
-
-
-def repair_tail(
-    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
-) -> TailRepair:
-    """If the log does not end with a newline, judge its last line by the core's rule
-    (`snerd.core.records.scan_tail`) and either write its newline back (a whole record whose
-    newline was lost: it may have been acknowledged) or truncate the file to the end of the
-    line before (a torn write: never acknowledged, an ack follows the whole write); then fsync.
-    Either way the next record starts on a line of its own (upstream bug 6.1.1). A missing file
-    needs nothing. Only the log's owner may call this."""
-    try:
-        fd = open_file(path, os.O_RDWR, root=root)
-    except FileNotFoundError:
-        return _NOTHING_TO_REPAIR
-    try:
-        size = os.fstat(fd).st_size
-        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-            return _NOTHING_TO_REPAIR
-        end = size
-        keep = 0
-        while end > 0 and size - end <= LINE_LIMIT:
-            begin = max(0, end - 65536)
-            block = os.pread(fd, end - begin, begin)
-            nl = block.rfind(b"\n")
-            if nl >= 0:
-                keep = begin + nl + 1
-                break
-            end = begin
-        else:
-            if end > 0:  # no newline in the last LINE_LIMIT bytes: find the line's start
-                keep = _line_start(fd, end)
-        if size - keep >= LINE_LIMIT:  # no writer writes such a line: no record
-            reason = f"line longer than {LINE_LIMIT} bytes"
-        else:
-            tail = scan_tail(os.pread(fd, size - keep, keep), offset=keep)
-            if tail.records:
-                if os.pwrite(fd, b"\n", size) != 1:
-                    raise OSError(errno.EIO, "short write of the missing newline", os.fspath(path))
-                os.fsync(fd)
-                return TailRepair(at=keep, cut=0, restored=True, reason="")
-            reason = tail.corrupt[0][1] if tail.corrupt else ""
-        os.ftruncate(fd, keep)
-        os.fsync(fd)
-        return TailRepair(at=keep, cut=size - keep, restored=False, reason=reason)
-    finally:
-        os.close(fd)
-
-
-def _line_start(fd: int, end: int) -> int:
-    """Where the line holding byte `end - 1` starts (after the newline before it, or 0)."""
-    while end > 0:
-        begin = max(0, end - (1 << 20))
-        nl = os.pread(fd, end - begin, begin).rfind(b"\n")
-        if nl >= 0:
-            return begin + nl + 1
-        end = begin
-    return 0
-
-
-def recover_log(
-    path: str | os.PathLike[str], *, root: str | os.PathLike[str] | None = None
-) -> TailRepair:
-    """Make a log safe to append to after a crash, before reading it: remove a leftover
-    compaction temp file (a crash before the rename: the log itself is intact; a link there is
-    removed, never followed) and repair its last line (`repair_tail`). Only the log's owner may
-    call this."""
-    tmp = compaction_tmp_path(path)
-    try:
-        unlink_file(tmp, root=root)
-    except FileNotFoundError:
-        pass
-    else:
-        fsync_dir(os.path.dirname(tmp) or ".")
-    return repair_tail(path, root=root)
-
-
-def _pread_record(fd: int, offset: int, length: int, where: str) -> dict[str, Any]:
-    if offset < 0 or length < 2:
-        raise ValueError(f"bad record location {where}:{offset}+{length}")
-    data = os.pread(fd, length, offset)
-    at = f"{where}:{offset}+{length}"
-    if len(data) != length:
-        raise CorruptRecord(f"no complete line at {at}")
-    return decode_line_at(data, at)
-
-
-def read_record(
-    path: str | os.PathLike[str],
-    offset: int,
-    length: int,
-    *,
-    root: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
-    """Read and decode the one line at `offset` (`length` bytes, newline included). One-shot:
-    opens and closes the file; daemons use `LogReader`, which keeps descriptors open. Raises
-    `CorruptRecord` when there is no valid record there."""
-    fd = open_file(path, os.O_RDONLY, root=root)
-    try:
-        return _pread_record(fd, offset, length, os.fspath(path))
-    finally:
-        os.close(fd)
-
-
-class LogReader:
-    """Reads single records by location with one pread, keeping a read descriptor per file.
-
-    Used to fetch a task's payload at dispatch, so it is cheap: one pread (from the page cache,
-    a few µs) and one decode. Thread-safe. After a compaction renamed a new file over the log,
-    `invalidate(path)` must be called (`GroupCommitLog.compact` does it) so the next read opens
-    the new file instead of reading the old inode. Files are opened below `root` (the data
-    directory) without following a link.
-    """
-
-    def __init__(self, max_open: int = 256, *, root: str | os.PathLike[str] | None = None) -> None:
-        self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._max_open = max_open
-        self._root = None if root is None else os.fspath(root)
-
-    def _fd(self, key: str) -> int:
-        """The read descriptor for `key`, opened if need be (call with the lock held)."""
-        fd = self._fds.get(key)
-        if fd is None:
-            if len(self._fds) >= self._max_open:
-                # Drop the oldest descriptor (dicts keep insertion order).
-                with contextlib.suppress(OSError):
-                    os.close(self._fds.pop(next(iter(self._fds))))
-            fd = open_file(key, os.O_RDONLY, root=self._root)
-            self._fds[key] = fd
-        return fd
-
-    def read_record(self, path: str | os.PathLike[str], offset: int, length: int) -> dict[str, Any]:
-        key = os.fspath(path)
-        with self._lock:
-            return _pread_record(self._fd(key), offset, length, key)
-
-    def read_block(self, path: str | os.PathLike[str], offset: int, size: int) -> bytes:
-        """Up to `size` bytes of the file from `offset` (fewer at its end), one pread."""
-        key = os.fspath(path)
-        with self._lock:
-            return os.pread(self._fd(key), size, offset)
-
-    def invalidate(self, path: str | os.PathLike[str]) -> None:
-        """Forget the descriptor for `path` (the file was replaced or removed)."""
-        with self._lock:
-            fd = self._fds.pop(os.fspath(path), None)
-            if fd is not None:
-                with contextlib.suppress(OSError):  # read-only: nothing to lose
-                    os.close(fd)
-
-    def close(self) -> None:
-        with self._lock:
-            fds, self._fds = self._fds, {}
-            for fd in fds.values():
-                with contextlib.suppress(OSError):  # a mount gone away (EBADFD, ENOTCONN)
-                    os.close(fd)
-
-
-class RecordReader(Protocol):
-    """Anything that reads one record by location, as `LogReader.read_record` does."""
-
-    def read_record(
-        self, path: str | os.PathLike[str], offset: int, length: int
-    ) -> dict[str, Any]: ...
-
-
-def materialize(
-    records: Sequence[NewRecord],
-    path_for_shard: Callable[[int], str | os.PathLike[str]],
-    reader: RecordReader | None = None,
-    *,
-    out: list[bytes] | None = None,
-) -> list[bytes]:
-    """Turn the core's `NewRecord`s into log lines (appended to `out` when given, so that
-    after an error `len(out)` is the index of the record that could not be built).
-
-    For a record with a `base` location, the record there is read and its fields (payload
-    included) are the starting point; the record's own `fields` go on top and its `remove` keys
-    are dropped, so the core never holds payloads. Raises `CorruptRecord` when the base is not a
-    valid task record, `OSError` when it cannot be read, `ValueError` from `encode_record` for
-    unencodable fields.
-    """
-    lines: list[bytes] = [] if out is None else out
-    for rec in records:
-        fields = rec.fields
-        loc = rec.base
-        if loc is not None:
-            path = path_for_shard(loc.shard)
-            if reader is not None:
-                source = reader.read_record(path, loc.offset, loc.length)
-            else:
-                source = read_record(path, loc.offset, loc.length)
-            fields = merge_base(source, rec)
-        lines.append(encode_record(fields))
-    return lines
-
-
-# --------------------------------------------------------------------------------------------
-# The group-commit writer
-# --------------------------------------------------------------------------------------------
+#: Whether a `GroupCommitLog` made with `sync_helper=None` uses a sync helper process.
+DEFAULT_SYNC_HELPER = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,19 +120,6 @@ class LogStatistics:
     #: Times the file size after a write was not what the writer expected (someone else
     #: wrote to the file); offsets were taken from the real position.
     size_mismatches: int
-
-
-class CompactResult(NamedTuple):
-    """A finished compaction: new offset and length of each kept range (in the order given),
-    then of each extra line; and the size of the new log."""
-
-    offsets: tuple[int, ...]
-    lengths: tuple[int, ...]
-    size: int
-
-
-#: What a compaction's `on_done` receives.
-CompactOutcome = CompactResult | OSError
 
 
 class _FileState:
@@ -659,138 +190,6 @@ def _checked_append(
     if min(firsts) < 0 or set(map(operator.sub, map(len, checked), firsts)) != {1}:
         raise ValueError("each line must end with its only newline")
     return _Append(os.fspath(path), checked, b"".join(checked), on_done)
-
-
-#: Whether a `GroupCommitLog` made with `sync_helper=None` uses a sync helper process.
-DEFAULT_SYNC_HELPER = False
-
-#: The sync helper: fsyncs the descriptors handed to it (`F` + id, with the descriptor), when
-#: asked (`S` + id, then `D`), and answers each `D` with `R` + errno (0: all synced) + the id
-#: of the first file that failed. `C` + id closes one. Commands are 8 bytes, answers 12.
-#: `SNERD_TEST_SYNC_FAIL_AT=n` makes its n-th fsync fail with EIO (tests).
-#: It lives exactly as long as its parent's end of the socket: it leaves at the end of it, and
-#: quietly when the parent died with its end unread (recv(2) ECONNRESET, send(2) EPIPE after a
-#: kill -9). It runs in a process group of its own, and ignores SIGINT: Ctrl-C in a terminal
-#: signals the whole foreground group, and the daemon, which drains on it, still needs its
-#: fsyncs until it closes the socket (a KeyboardInterrupt would end the helper with a traceback).
-_HELPER_SOURCE = """
-import os, signal, socket, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-s = socket.socket(fileno=int(sys.argv[1]))
-fail_at = os.environ.get("SNERD_TEST_SYNC_FAIL_AT", "0")
-fail_at = int(fail_at) if fail_at.isdigit() else 0
-fds, spare, buf, failed, count = {}, [], b"", None, 0
-try:
-    while True:
-        data, got, _, _ = socket.recv_fds(s, 65536, 64)
-        if not data:
-            break
-        buf += data
-        spare.extend(got)
-        while len(buf) >= 8:
-            op, n, buf = buf[:1], int(buf[1:8]), buf[8:]
-            if op == b"F":
-                fds[n] = spare.pop(0)
-            elif op == b"C":
-                fd = fds.pop(n, None)
-                if fd is not None:
-                    os.close(fd)
-            elif op == b"S":
-                count += 1
-                try:
-                    if count == fail_at:
-                        raise OSError(5, "injected")
-                    os.fsync(fds[n])
-                except OSError as exc:
-                    if failed is None:
-                        failed = (exc.errno or 5, n)
-            elif op == b"D":
-                s.sendall(b"R%04d%07d" % failed if failed else b"R00000000000")
-                failed = None
-except ConnectionError:
-    pass  # the parent is gone: nobody is left to answer
-"""
-
-
-class _NoReply(enum.Enum):
-    NO_REPLY = "no reply yet"
-
-
-_NO_REPLY = _NoReply.NO_REPLY
-
-
-class _SyncHelper:
-    """A child process that fsyncs the log's files for the trio thread (`sync_helper`): the
-    trio thread writes a batch itself, and no thread of this process needs the GIL between a
-    batch's write and its acks. Talks over a Unix socket pair (descriptors passed with
-    SCM_RIGHTS, so it fsyncs the very open file the trio thread wrote through)."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
-        self.proc = proc
-        self.sock = sock
-        self._buf = b""
-
-    @classmethod
-    def start(cls) -> _SyncHelper:
-        parent, child = socket.socketpair()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _HELPER_SOURCE, str(child.fileno())],
-                pass_fds=[child.fileno()],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                process_group=0,  # out of reach of the terminal's Ctrl-C (see above)
-            )
-        except BaseException:
-            parent.close()
-            raise
-        finally:
-            child.close()
-        return cls(proc, parent)
-
-    def adopt(self, helper_id: int, fd: int) -> None:
-        socket.send_fds(self.sock, [b"F%07d" % helper_id], [fd])
-
-    def forget(self, helper_id: int) -> None:
-        self.sock.sendall(b"C%07d" % helper_id)
-
-    def sync(self, helper_ids: list[int]) -> None:
-        self.sock.sendall(b"".join(b"S%07d" % i for i in helper_ids) + b"D0000000")
-
-    async def reply(self) -> tuple[int, int] | None:
-        """The next answer: None (all synced) or (id of the file that failed, errno)."""
-        while True:
-            answer = self.reply_nowait()
-            if answer is not _NO_REPLY:
-                return answer
-            await trio.lowlevel.wait_readable(self.sock)
-
-    def reply_nowait(self) -> tuple[int, int] | _NoReply | None:
-        """The next answer if it has come (see `reply`), else `_NO_REPLY`. Reads without
-        blocking: `GroupCommitLog.poll_helper` may have taken what woke `reply`."""
-        while len(self._buf) < 12:
-            try:
-                chunk = self.sock.recv(65536, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return _NO_REPLY
-            if not chunk:
-                raise EOFError("the sync helper exited")
-            self._buf += chunk
-        msg, self._buf = self._buf[:12], self._buf[12:]
-        err, helper_id = int(msg[1:5]), int(msg[5:12])
-        return None if err == 0 else (helper_id, err)
-
-    def close(self) -> None:
-        """(trio thread) The helper exits at the end of its socket; wait for it."""
-        if self.sock.fileno() >= 0:
-            trio.lowlevel.notify_closing(self.sock)
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class _HEntry:
@@ -922,10 +321,10 @@ class GroupCommitLog:
         # by the sync request in flight. `_held`: jobs that arrived while `_hq` was not
         # empty and cannot be written here; they go to the writer thread, in order, once it
         # is (so no file is written by both threads at once, and order is kept).
-        self._use_helper = (
-            fsync == "always" and (DEFAULT_SYNC_HELPER if sync_helper is None else sync_helper)
+        self._use_helper = fsync == "always" and (
+            DEFAULT_SYNC_HELPER if sync_helper is None else sync_helper
         )
-        self._helper: _SyncHelper | None = None
+        self._helper: SyncHelper | None = None
         self._hq: deque[_HEntry] = deque()
         self._hsent = 0
         self._held: list[_Append | _Control] = []
@@ -957,7 +356,7 @@ class GroupCommitLog:
         self._thread.start()
         if self._use_helper:
             try:
-                self._helper = _SyncHelper.start()
+                self._helper = SyncHelper.start()
             except OSError:
                 self._helper = None  # the writer thread fsyncs, as without the helper
             else:
@@ -1127,12 +526,12 @@ class GroupCommitLog:
                 assert isinstance(value, CompactResult)
                 on_done(value)
 
-        def install(copied: _Copied) -> CompactResult:  # writer thread
+        def install(copied: Copied) -> CompactResult:  # writer thread
             self._install(key, tmp, copied)
             return CompactResult(copied.offsets, copied.lengths, copied.size)
 
         def copy(expected_size: int | None) -> None:  # helper thread
-            copied = outcome.capture(_write_compacted, key, tmp, ranges, extra, expected_size, root)
+            copied = outcome.capture(write_compacted, key, tmp, ranges, extra, expected_size, root)
             if isinstance(copied, outcome.Error):
                 token.run_sync_soon(finished, copied)
                 return
@@ -1152,7 +551,7 @@ class GroupCommitLog:
 
         # The copy starts once every append submitted before this call has been written, and
         # copies exactly the file the writer knows; an append submitted after it makes the
-        # compaction fail (size check in `_write_compacted` and in `_install`) instead of
+        # compaction fail (size check in `write_compacted` and in `_install`) instead of
         # being lost with the old file.
         self._enqueue(_Control(barrier, barrier_done))
 
@@ -1341,7 +740,7 @@ class GroupCommitLog:
         if self._helper_drained is not None:
             self._helper_drained.set()
 
-    async def _helper_replies(self, helper: _SyncHelper) -> None:
+    async def _helper_replies(self, helper: SyncHelper) -> None:
         """The helper's answers, one per request: the entries it covered are durable (or the
         file it names failed its fsync: its entries fail and are cut off, and so are the ones
         written to it since, which the cut takes too)."""
@@ -1364,7 +763,7 @@ class GroupCommitLog:
                 failed = helper.reply_nowait()
             except (OSError, EOFError):
                 return  # the helper is gone: its reader (`_helper_replies`) sees it too
-            if failed is _NO_REPLY:
+            if failed is NO_REPLY:
                 return
             self._helper_answered(failed)
 
@@ -1403,7 +802,7 @@ class GroupCommitLog:
         for state, before in cut.items():
             self._rollback(state, before)
 
-    def _helper_lost(self, helper: _SyncHelper, exc: BaseException) -> None:
+    def _helper_lost(self, helper: SyncHelper, exc: BaseException) -> None:
         """The helper died or its socket broke: whatever it had not answered fails (cut off),
         and from now on the writer thread fsyncs, as without a helper."""
         done: _Done = []
@@ -1549,9 +948,7 @@ class GroupCommitLog:
                 state.last_sync = time.monotonic()
             self._succeed(jobs, offsets, done)
 
-    def _succeed(
-        self, jobs: list[_Append], offsets: list[tuple[int, ...]], done: _Done
-    ) -> None:
+    def _succeed(self, jobs: list[_Append], offsets: list[tuple[int, ...]], done: _Done) -> None:
         """The appends `jobs` are durable, their lines at `offsets`: answer each."""
         for job, job_offsets in zip(jobs, offsets, strict=True):
             job.answered = True
@@ -1586,7 +983,7 @@ class GroupCommitLog:
             parts.append(job.data)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         try:
-            self._writes += _write_all(state.fd, data)
+            self._writes += write_all(state.fd, data)
             end = os.lseek(state.fd, 0, os.SEEK_CUR)
         except OSError:
             self._writes += 1
@@ -1706,7 +1103,7 @@ class GroupCommitLog:
         with contextlib.suppress(OSError):
             os.close(state.fd)
 
-    def _install(self, path: str, tmp: str, copied: _Copied) -> None:
+    def _install(self, path: str, tmp: str, copied: Copied) -> None:
         """Writer thread: rename a finished compaction over the log, if the log is still the
         file and size that was copied."""
         state = self._files.get(path)
@@ -1723,7 +1120,7 @@ class GroupCommitLog:
                 f"log grew during compaction ({copied.src_size} -> {size} bytes)",
                 path,
             )
-        _rename(tmp, path, self._root)
+        rename_over(tmp, path, self._root)
         # From here on the new file is the log, whatever happens next: report success.
         self._compactions += 1
         self._close_state(path)
@@ -1754,92 +1151,3 @@ def _as_oserror(exc: BaseException) -> OSError:
     if isinstance(exc, OSError):
         return exc
     return OSError(errno.EINVAL, f"{type(exc).__name__}: {exc}")
-
-
-class _Copied(NamedTuple):
-    offsets: tuple[int, ...]
-    lengths: tuple[int, ...]
-    size: int
-    src_ino: int
-    src_dev: int
-    src_size: int
-
-
-def _write_compacted(
-    path: str,
-    tmp: str,
-    keep: tuple[KeepRange, ...],
-    extra: list[bytes],
-    expected_size: int | None,
-    root: str | None = None,
-) -> _Copied:
-    """Helper thread: copy `keep` then `extra` from the log at `path` into `tmp`, fsync it.
-    `expected_size` is the size the writer knows the log to have (None: it has not opened it).
-    `tmp` is created exclusively (`_create_exclusive`): a link planted there is removed, and
-    the copy never lands in a file someone else chose."""
-    src = open_file(path, os.O_RDONLY, root=root)
-    try:
-        st = os.fstat(src)
-        src_size = st.st_size
-        if expected_size is not None and src_size != expected_size:
-            raise OSError(
-                errno.EAGAIN,
-                f"log changed before compaction ({expected_size} -> {src_size} bytes)",
-                path,
-            )
-        out = _create_exclusive(tmp, root)
-        try:
-            offsets: list[int] = []
-            lengths: list[int] = []
-            pending: list[bytes] = []
-            pending_len = 0
-            written = 0
-            i = 0
-            n = len(keep)
-            while i < n:
-                # Coalesce ranges that follow each other in the old file into one pread.
-                first = keep[i]
-                j = i + 1
-                run_end = first.offset + first.length
-                while j < n and keep[j].offset == run_end:
-                    run_end += keep[j].length
-                    j += 1
-                run_len = run_end - first.offset
-                if first.offset < 0 or run_end > src_size or any(r.length <= 0 for r in keep[i:j]):
-                    raise ValueError(
-                        f"keep range {first.offset}+{run_len} outside {path} ({src_size} bytes)"
-                    )
-                data = os.pread(src, run_len, first.offset)
-                if len(data) != run_len:
-                    raise OSError(errno.EIO, "short read while compacting", path)
-                base = written + pending_len - first.offset
-                for r in keep[i:j]:
-                    if data[r.offset + r.length - 1 - first.offset] != 0x0A:
-                        raise ValueError(f"keep range {r.offset}+{r.length} is not a whole line")
-                    offsets.append(base + r.offset)
-                    lengths.append(r.length)
-                pending.append(data)
-                pending_len += run_len
-                if pending_len >= _COPY_BUFFER:
-                    _write_all(out, b"".join(pending))
-                    written += pending_len
-                    pending, pending_len = [], 0
-                i = j
-            for line in extra:
-                offsets.append(written + pending_len)
-                lengths.append(len(line))
-                pending.append(line)
-                pending_len += len(line)
-            if pending:
-                _write_all(out, b"".join(pending))
-                written += pending_len
-            os.fsync(out)
-        finally:
-            os.close(out)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            unlink_file(tmp, root=root)
-        raise
-    finally:
-        os.close(src)
-    return _Copied(tuple(offsets), tuple(lengths), written, st.st_ino, st.st_dev, src_size)
