@@ -12,8 +12,8 @@ rule, so a tool and a daemon never disagree about a shard:
 
 - Fencing (docs/architecture.md, "Epochs, claim records and fencing") is judged in file
   order: a record whose `snerdEpoch` is an int below the highest claim epoch read before it
-  is stale and is not part of the state. Claim records
-  are never stale; they raise the fence.
+  is stale and is not part of the state. Claim records are never stale; they raise the
+  fence.
 - A task record (no `snerdKind`) with `deletedAt` is a tombstone: the task leaves the live set
   and its unresolved dispatch is dropped. Any other task record makes it live (the last one
   wins) and resolves its dispatch: only an attempt's outcome writes a full record after a
