@@ -42,7 +42,6 @@ windows can be rebuilt exactly.
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -56,11 +55,45 @@ from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.cron import next_fire
 from snerd.core.fields import adopt_cron
+from snerd.core.node.model import (
+    ACTIVE,
+    BLOCKED,
+    COMPACT_CHECK_BYTES_PER_TASK,
+    DISPATCHING,
+    DRAINING,
+    ENQUEUING,
+    FENCING,
+    FINISHING,
+    KIND_CLAIM,
+    KIND_DISPATCH,
+    LOADING,
+    LOCKING,
+    NODE_RUNNING,
+    OUTCOME_COMPLETED,
+    OUTCOME_DEAD,
+    PARKED,
+    PAUSED,
+    PROBING,
+    READY,
+    RUNNING,
+    SECOND,
+    STARTING,
+    STOPPED,
+    TRANSITIONS,
+    UNOWNED,
+    WAITING,
+    InboxSegment,
+    InFlight,
+    LockProof,
+    NodeConfig,
+    ShardInfo,
+    Task,
+    TaskState,
+    route_shard,
+)
 from snerd.core.ownership import (
     MAX_COUNT,
     Observer,
-    OwnershipConfig,
-    ShardPhase,
     claim_epoch,
     claim_owner,
     claim_signature,
@@ -85,296 +118,7 @@ from snerd.core.shardlog import KIND_INBOX, ShardFold
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
-__all__ = ["TRANSITIONS", "Node", "NodeConfig", "NodePhase", "TaskState", "route_shard"]
-
-SECOND = 1_000_000
-
-#: Record kinds snerd adds to tasks.log. Task state records have no `snerdKind` (upstream shape).
-KIND_DISPATCH = "dispatch"
-KIND_CLAIM = "claim"
-
-OUTCOME_COMPLETED = "completed"
-OUTCOME_DEAD = "dead_letter"
-
-
-class NodePhase(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-
-
-class TaskState(enum.Enum):
-    ENQUEUING = "enqueuing"
-    WAITING = "waiting"
-    READY = "ready"
-    PARKED = "parked"
-    BLOCKED = "blocked"
-    DISPATCHING = "dispatching"
-    RUNNING = "running"
-    FINISHING = "finishing"
-
-    #: By identity (members are singletons, and equal only to themselves): `Enum.__hash__`
-    #: is Python code, and `Node._move` looks up a pair of states for every state change.
-    __hash__ = object.__hash__
-
-
-S = TaskState
-#: Every allowed task state change. `Node._move` refuses anything else.
-TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
-    {
-        (S.ENQUEUING, S.WAITING),
-        (S.ENQUEUING, S.READY),
-        (S.ENQUEUING, S.BLOCKED),
-        (S.ENQUEUING, S.DISPATCHING),
-        (S.BLOCKED, S.READY),
-        (S.BLOCKED, S.WAITING),
-        (S.BLOCKED, S.FINISHING),
-        (S.ENQUEUING, S.FINISHING),  # replayed, but its record is one it cannot run with
-        (S.WAITING, S.READY),
-        (S.READY, S.PARKED),
-        (S.PARKED, S.READY),
-        (S.READY, S.DISPATCHING),
-        (S.DISPATCHING, S.RUNNING),
-        (S.DISPATCHING, S.READY),
-        (S.DISPATCHING, S.WAITING),
-        (S.RUNNING, S.FINISHING),
-        (S.FINISHING, S.WAITING),
-        (S.FINISHING, S.READY),
-    }
-)
-
-# The members of the state enums as module globals, which the node reads instead of
-# `TaskState.READY` and the like: on CPython 3.11 every attribute read on an Enum class goes
-# through `EnumType.__getattr__`'s slow hook (~0.25 µs, against ~0.02 µs for a global), and the
-# node reads them many times per message.
-_ENQUEUING, _WAITING, _READY, _PARKED = (S.ENQUEUING, S.WAITING, S.READY, S.PARKED)
-_BLOCKED, _DISPATCHING, _RUNNING, _FINISHING = (S.BLOCKED, S.DISPATCHING, S.RUNNING, S.FINISHING)
-_STARTING, _NODE_RUNNING = NodePhase.STARTING, NodePhase.RUNNING
-_DRAINING, _STOPPED = NodePhase.DRAINING, NodePhase.STOPPED
-_UNOWNED, _LOCKING, _PAUSED, _PROBING = (
-    ShardPhase.UNOWNED,
-    ShardPhase.LOCKING,
-    ShardPhase.PAUSED,
-    ShardPhase.PROBING,
-)
-_LOADING, _FENCING, _ACTIVE = ShardPhase.LOADING, ShardPhase.FENCING, ShardPhase.ACTIVE
-#: Log bytes appended between two compaction checks, at least, per task the check walks
-#: (about one small task record each: see `ShardInfo.compact_check_at`).
-_COMPACT_CHECK_BYTES_PER_TASK = 256
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeConfig:
-    """Everything a node is told at start (parsed from the environment by the shell)."""
-
-    #: Unique per process start: host, pid and a random part (DESIGN §4.7).
-    node_id: str
-    queue: str = "snerdmq-daemon"
-    #: Shard count for a directory that has no membership.json yet (SNERD_SHARDS).
-    new_queue_shards: int = 1
-    #: Attempts in flight on this daemon at most (SNERD_MAX_WORKERS).
-    max_workers: int = 100
-    #: Per-pool limits (SNERD_POOLS). A pool not listed shares the `default` pool.
-    pools: Mapping[str, int] = field(default_factory=dict)
-    #: How long in-flight work may finish after a drain starts (SNERD_DRAIN_TIMEOUT).
-    drain_timeout_us: int = 30 * SECOND
-    ownership: OwnershipConfig = field(default_factory=OwnershipConfig)
-    #: `constant` (upstream) or `exponential` (with deterministic jitter).
-    backoff: str = "constant"
-    jitter_seed: int = 0
-    #: Webhook calls give up after this long unless the task sets `max_execution_seconds`.
-    webhook_timeout_s: float = 30.0
-    #: Compaction starts when a log is at least this big and mostly dead.
-    compact_min_bytes: int = 8 * 1024 * 1024
-    #: ... and holds at least this many dead bytes per live one. A compaction copies (and
-    #: re-points) every live record, so each is copied about once per this many times its
-    #: size in dead records: 1 compacts a half-dead log, three times as often as 3 (the
-    #: default), which lets a log grow to about 4 times what it keeps.
-    compact_dead_ratio: int = 3
-    #: Finished and dead-lettered tasks kept in each log by compaction.
-    history_limit: int = 10_000
-    #: How long to wait before retrying a failed lock, membership write or log append.
-    retry_io_us: int = SECOND
-    #: How long a shard whose files cannot be used (`ShardUnusable`: a symlink snerd refuses,
-    #: a file of the wrong kind) is left unclaimed before this node tries it again: an
-    #: operator has to fix it, so trying every round would only repeat the error.
-    retry_unusable_us: int = 60 * SECOND
-    #: True where holding a flock proves the previous holder's process is gone (one host, a
-    #: local filesystem): a shard whose lock this node can take is taken over at once instead
-    #: of after its lease lapses (DESIGN §4.8). The shell decides it from the mount type.
-    lock_proves_liveness: bool = False
-    #: Where flock proves liveness, how often a running node tries the locks of shards other
-    #: nodes claim (between membership rounds too), so a dead owner's shards are taken over
-    #: within about this long instead of at the next round.
-    probe_interval_us: int = SECOND
-    #: Ignore log records of an epoch older than a claim before them (DESIGN §4.3). Only the
-    #: simulator's negative control `--unsafe-no-fence` turns it off.
-    fence: bool = True
-    #: How often the owner of a shard looks for tasks other nodes put in its inbox files
-    #: (SNERD_INBOX_POLL_MS), and how much of one inbox file it takes in one read.
-    inbox_poll_us: int = 100_000
-    #: How often it looks while nothing can be writing to them (SNERD_INBOX_IDLE_POLL_MS):
-    #: no other node's heartbeat was live at the last membership read and the last look found
-    #: no inbox file in its shards' folders (`Node._inbox_poll_interval`). At least
-    #: `inbox_poll_us`.
-    inbox_idle_poll_us: int = SECOND
-    inbox_read_bytes: int = 4 * 1024 * 1024
-    #: This node's own inbox files: a new segment is started once one holds this much, and
-    #: closed segments are removed once their owner has ingested them (checked this often).
-    inbox_segment_bytes: int = 16 * 1024 * 1024
-    inbox_check_us: int = SECOND
-    #: How long a drain waits, at most, for the owners to ingest this node's inboxes so that
-    #: it can remove them (a shard nobody owns would hold the drain up to its timeout).
-    inbox_drain_wait_us: int = 3 * SECOND
-
-
-def route_shard(key: str, shards: int) -> int:
-    """The shard a routing key lands in: xxh3_64 of its UTF-8 bytes, modulo the shard count."""
-    return xxhash.xxh3_64_intdigest(key.encode()) % shards
-
-
-@dataclass(slots=True)
-class Task:
-    """One live task, without its payload (that stays in the log at `loc`)."""
-
-    task_id: str
-    task_type: str
-    shard: int
-    seq: int
-    state: TaskState
-    retry_count: int
-    max_retries: int
-    retry_after_hours: float
-    ready_at_us: int
-    urgency: float
-    pool: str
-    group: str | None
-    max_per_minute: int | None
-    payload_hash: str | None
-    cron: str | None
-    webhook_url: str | None
-    max_execution_seconds: int | None
-    trigger_after_ids: tuple[str, ...]
-    #: Where the latest full record of this task sits (None until the enqueue commits). Every
-    #: later record of the task is written from it, so the index keeps no fields or payload.
-    loc: fx.Location | None = None
-    #: Attempt number of the attempt being dispatched or run (1-based).
-    attempt: int = 0
-    #: Location of the dispatch record of the running attempt.
-    dispatch_loc: fx.Location | None = None
-    last_error: str | None = None
-
-
-@dataclass(slots=True)
-class InFlight:
-    task_id: str
-    attempt: int
-    pool: str
-    deadline_mono: int | None
-
-
-@dataclass(slots=True)
-class ShardInfo:
-    phase: ShardPhase = ShardPhase.UNOWNED
-    #: The epoch this node writes under (from its claim in membership.json).
-    epoch: int = 0
-    #: The epoch of the claim in membership.json this node last took the lock under (what
-    #: the lock file names): once it steps down, a claim with that epoch is of a tenure that
-    #: ended, to be claimed anew rather than taken up again.
-    lock_epoch: int = 0
-    #: The latest claim epoch read so far while replaying the log (fencing is judged in log
-    #: order: a record is stale when a newer claim came before it).
-    log_epoch: int = 0
-    size: int = 0
-    #: Location of the latest claim record (kept by compaction).
-    claim_loc: fx.Location | None = None
-    #: Finished tasks kept in the log: (task_id, location of the tombstone).
-    history: deque[tuple[str, fx.Location]] = field(default_factory=deque)
-    #: Appends in flight to this shard (compaction waits for zero).
-    appends_in_flight: int = 0
-    #: The log size from which the next compaction check runs (0: at once). Finding the live
-    #: records walks every task this node holds, so after a check that found the log not dead
-    #: enough the next waits until the log has grown by an eighth, and by at least
-    #: `_COMPACT_CHECK_BYTES_PER_TASK` for each task walked: O(1) amortised per appended byte
-    #: however many tasks are queued (a queue of 300,000 parked tasks used to spend ~8% of an
-    #: enqueue's CPU re-walking them). A log dead enough is compacted at worst once it is
-    #: about 1.5x the size the eighth alone would allow.
-    compact_check_at: int = 0
-    compacting: bool = False
-    #: Appends held back while a compaction of this shard runs (the shell must not append to a
-    #: log being rewritten); emitted in order once it ends.
-    backlog: list[fx.Append] = field(default_factory=list)
-    retry_lock_at_mono: int | None = None
-    #: Its files could not be used (`ShardUnusable`): not claimed again before then (mono).
-    unusable_until_mono: int | None = None
-    #: Above its fair share, this node hands the shard to another: nothing new is dispatched
-    #: from it, and once its attempts in flight end (or `drain_timeout` passes) its claim is
-    #: removed and its lock released. `giving_back_since_mono`: when that began.
-    giving_back: bool = False
-    giving_back_since_mono: int = 0
-    #: A dispatch record could not be written (disk full, I/O error): nothing is dispatched
-    #: from the shard until then (mono), and its ready tasks keep their places meanwhile.
-    hold_dispatch_until_mono: int | None = None
-    #: The shard is locked again, but its log is read only once appends issued before the
-    #: last step-down have landed (`appends_in_flight` back at zero).
-    read_when_drained: bool = False
-    #: The log's size as the latest replay read it (after cutting a torn tail).
-    loaded_size: int = 0
-    #: Read again because our claim landed behind records another writer appended after our
-    #: read (`Node._reload`): our claim is in the log, so the replay writes no new one.
-    reloading: bool = False
-    #: Stepped down while appends were in flight: the lock is released once they have landed.
-    unlock_when_drained: bool = False
-    #: Stepped down to hand the shard over (an even spread, a drain): the lock is released
-    #: only once the write that removes our claim has landed. A free lock under a claim that
-    #: still names us would tell a prober that this process is gone (`_probe`).
-    unlock_when_unclaimed: bool = False
-    #: `PROBING`: the membership document whose claim on the shard the probe tries the lock
-    #: of.
-    probed_doc: dict[str, Any] | None = None
-    #: Counts this node's step-downs from the shard. An append issued in an earlier tenure
-    #: means nothing once it ends (its task was forgotten, its enqueue answered): its outcome
-    #: is ignored, even if the shard was taken up again and the record reloaded meanwhile.
-    tenure: int = 0
-    #: Records and bytes of the latest replay, for the startup log line.
-    loaded_records: int = 0
-    corrupt_lines: int = 0
-    #: Live tasks of the replay whose record they cannot run with (`records.task_problem`):
-    #: (task id, why, whether the record holds a payload for its tombstone to keep),
-    #: dead-lettered once the shard is ours (`_claimed`).
-    unrunnable: list[tuple[str, str, bool]] = field(default_factory=list)
-    #: Dispatch records in the window, per group: (time, location), to keep on compaction.
-    window_records: deque[tuple[int, fx.Location]] = field(default_factory=deque)
-    #: The log being folded while LOADING (payloads dropped as it goes).
-    fold: ShardFold | None = None
-    #: The `snerdSeq` the next enqueue into this shard gets (its FIFO position, kept in the
-    #: record so the order survives compaction).
-    next_seq: int = 1
-    #: Per writer node, how far its inbox file for this shard is ingested: durably (the latest
-    #: `inbox` record in the log, and where that record is), and including ingest appends
-    #: still in flight (the next read starts there).
-    inbox_done: dict[str, int] = field(default_factory=dict)
-    inbox_locs: dict[str, fx.Location] = field(default_factory=dict)
-    inbox_taken: dict[str, int] = field(default_factory=dict)
-    #: The offset last written into each file's `.read` hint for its writer.
-    inbox_marked: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class InboxSegment:
-    """One of this node's own inbox files, `shard-N/inbox/<name>.log`."""
-
-    shard: int
-    name: str
-    #: End of its last committed append: the bytes this node knows are in the file.
-    end: int = 0
-    in_flight: int = 0
-    #: A write to it failed: what the file holds past `end` is unknown; it takes no more.
-    failed: bool = False
-    #: No more appends go to it: it is removed once its owner has ingested all of it.
-    closed: bool = False
-
+__all__ = ["Node"]
 
 #: `Node._line`'s default: the line is not parsed yet.
 _UNPARSED = object()
@@ -420,31 +164,13 @@ class PendingAppend:
     count: int = 0
 
 
-@dataclass(slots=True)
-class _LockProof:
-    """A shard lock a probe took, free under `owner`'s claim and last held under that claim.
-
-    The probe's view of membership.json may be stale: a shard handed over has its claim
-    removed before its lock is given up, and an owner whose renewals come back after its
-    lease ran out claims its shards anew before it takes their locks again. So the free lock
-    proves `owner` gone only while its claim stays unwritten since the probe's read
-    (`signature`, from `claim_signature`): a membership read that still shows it `confirmed`
-    it, and the claim that replaces it is written only if nothing changed since that read
-    (the version check), so a takeover that lands rests on a proof that held.
-    """
-
-    owner: str
-    signature: tuple[Any, ...] | None
-    confirmed: bool = False
-
-
 class Node:
     """The decisions of one daemon. See the module docstring."""
 
     def __init__(self, config: NodeConfig) -> None:
         assert config.max_workers >= 1
         self.config = config
-        self.phase = _STARTING
+        self.phase = STARTING
         self.doc: dict[str, Any] | None = None
         #: Whether `doc` names another node as a shard's owner (`live_foreign`): worked out
         #: once per document, not on every `wake_in`.
@@ -492,9 +218,9 @@ class Node:
         self.membership_busy = False
         #: A renewal came due while a membership operation was out: do it when that ends.
         self.renew_after_busy = False
-        #: Shards whose lock a probe took while another node's claim named it (`_LockProof`).
+        #: Shards whose lock a probe took while another node's claim named it (`LockProof`).
         #: The lock stays held until the claim is rewritten as ours, or the proof fails.
-        self.lock_proofs: dict[int, _LockProof] = {}
+        self.lock_proofs: dict[int, LockProof] = {}
         #: Nodes whose process is gone, proven by their shard's lock (node id -> when, mono):
         #: no longer counted among the live nodes for fair shares, so their shards are not
         #: handed back to them while their heartbeat still looks fresh.
@@ -600,7 +326,7 @@ class Node:
                 raise TypeError(f"Node cannot handle {kind.__name__}")
             handler(self, event)
             taken += len(event.lines) if isinstance(event, _LINES_RECEIVED) else 1
-            if self.phase is _STOPPED:
+            if self.phase is STOPPED:
                 break
         self._on_time()
         return self._end()
@@ -616,9 +342,7 @@ class Node:
         if self._merged_appends:
             for merged in self._merged_appends:
                 assert merged.records is not None
-                effect = _new_append(
-                    merged.token, merged.shard, tuple(merged.records), merged.lazy
-                )
+                effect = _new_append(merged.token, merged.shard, tuple(merged.records), merged.lazy)
                 out[merged.index] = effect
                 # (Its outcome, the only thing that removes the group, comes in a later call.)
                 self.pending[merged.token].effect = effect
@@ -628,7 +352,7 @@ class Node:
     def wake_in(self, now: ev.Now) -> int | None:
         """Microseconds until the node next needs a `Tick` (None: only events will wake it)."""
         candidates: list[int] = []
-        if self.phase is _STOPPED:
+        if self.phase is STOPPED:
             return None
         nd = self.due.next_due()
         if nd is not None:
@@ -645,11 +369,7 @@ class Node:
                     candidates.append(flight.deadline_mono - now.mono)
         if self.renew_at_mono is not None:
             candidates.append(self.renew_at_mono - now.mono)
-        if (
-            self.probe_at_mono is not None
-            and self.phase is _NODE_RUNNING
-            and self.doc_names_others
-        ):
+        if self.probe_at_mono is not None and self.phase is NODE_RUNNING and self.doc_names_others:
             candidates.append(self.probe_at_mono - now.mono)
         if self.lease_deadline_mono is not None:
             candidates.append(self.lease_deadline_mono - now.mono)
@@ -658,7 +378,7 @@ class Node:
         if (
             self.inbox_poll_at_mono is not None
             and not self.inbox_busy
-            and self.phase is _NODE_RUNNING
+            and self.phase is NODE_RUNNING
         ):
             candidates.append(self.inbox_poll_at_mono - now.mono)
         if self.inbox_check_at_mono is not None and self.inbox_segments and not self.inbox_checking:
@@ -677,7 +397,7 @@ class Node:
     @property
     def owned_shards(self) -> list[int]:
         # A list, not a generator, for `sorted`: the simulator asks after every event.
-        active = _ACTIVE
+        active = ACTIVE
         return sorted([s for s, i in self.shards.items() if i.phase is active])
 
     def waiting_types(self) -> list[str]:
@@ -853,7 +573,7 @@ class Node:
 
     def _on_membership_read(self, event: ev.MembershipRead) -> None:
         self.membership_busy = False
-        if self.phase is _STOPPED:
+        if self.phase is STOPPED:
             return
         doc = event.doc
         if doc is None:
@@ -865,7 +585,7 @@ class Node:
         self.observer.observe(doc, now.mono)
         self._unlock_handed_over(doc)
         self._confirm_probes(doc)
-        if self.phase is _DRAINING and self.released:
+        if self.phase is DRAINING and self.released:
             self._release(doc, expected)
             return
         config = self.config.ownership
@@ -873,7 +593,7 @@ class Node:
         mine = set(owned_by(doc, node_id))
         # A shard we think we hold but membership.json gives to someone else: step down.
         for shard, info in self.shards.items():
-            if info.phase not in (_UNOWNED, _PROBING) and shard not in mine:
+            if info.phase not in (UNOWNED, PROBING) and shard not in mine:
                 self._step_down(shard, "its claim in membership.json now names another owner")
         live = self.observer.live_nodes(node_id=node_id, mono_us=now.mono, config=config)
         if self.dead_nodes:
@@ -888,14 +608,10 @@ class Node:
         if self.peers_live:
             self._inbox_poll_soon()  # one may be writing to our inboxes now
         releases: list[int] = []
-        if self.phase is _DRAINING:
+        if self.phase is DRAINING:
             # Renewals go on during a drain (upstream let leases lapse), but nothing new is
             # claimed.
-            wanted = sorted(
-                s
-                for s, i in self.shards.items()
-                if i.phase not in (_UNOWNED, _PROBING)
-            )
+            wanted = sorted(s for s, i in self.shards.items() if i.phase not in (UNOWNED, PROBING))
         else:
             candidates = claimable(
                 doc,
@@ -934,14 +650,14 @@ class Node:
                 )
             if self.config.lock_proves_liveness:
                 self._probe(doc, wanted)
-        if not wanted and self.phase is _STARTING:
+        if not wanted and self.phase is STARTING:
             self._log(
                 "warning",
                 "every shard of this queue is claimed by a live daemon; this daemon waits "
                 "and claims shards as their leases lapse or as the others give shares back",
             )
         # A shard this node stepped down from is claimed anew (a new epoch), not renewed: its
-        # lock file still names the tenure that ended (`_LockProof`), and fencing keeps the
+        # lock file still names the tenure that ended (`LockProof`), and fencing keeps the
         # two tenures apart.
         anew = [s for s in wanted if s in mine and self._stepped_down(s)]
         new_doc = with_claims(
@@ -980,7 +696,7 @@ class Node:
         """Start handing over `count` more shards (the highest numbered active ones)."""
         giving = sum(1 for i in self.shards.values() if i.giving_back)
         cap = self.config.ownership.max_shards
-        held = sum(1 for i in self.shards.values() if i.phase is _ACTIVE)
+        held = sum(1 for i in self.shards.values() if i.phase is ACTIVE)
         why = (
             f"above this daemon's cap of {cap} (SNERD_MAX_SHARDS)"
             if cap is not None and held > cap
@@ -990,7 +706,7 @@ class Node:
             if giving >= count:
                 return
             info = self.shards[shard]
-            if info.phase is _ACTIVE and not info.giving_back:
+            if info.phase is ACTIVE and not info.giving_back:
                 info.giving_back = True
                 info.giving_back_since_mono = self._now.mono
                 giving += 1
@@ -1018,7 +734,7 @@ class Node:
             doc,
             node_id=self.config.node_id,
             wanted=wanted,
-            proofs=[*self.lock_proofs, *(s for s, i in self.shards.items() if i.phase is _PROBING)],
+            proofs=[*self.lock_proofs, *(s for s, i in self.shards.items() if i.phase is PROBING)],
             config=self.config.ownership,
         )
         for shard in live_foreign(doc, node_id=self.config.node_id):
@@ -1028,10 +744,10 @@ class Node:
                 continue
             info = self.shards.setdefault(shard, ShardInfo())
             # A lock this node still holds after stepping down proves nothing about another.
-            if info.phase is _UNOWNED and not (
+            if info.phase is UNOWNED and not (
                 info.unlock_when_drained or info.unlock_when_unclaimed
             ):
-                info.phase = _PROBING
+                info.phase = PROBING
                 info.probed_doc = doc
                 self._emit(fx.TryLock(shard=shard, owner=self.config.node_id, probe=True))
                 if room is not None:
@@ -1077,7 +793,7 @@ class Node:
                     f"{shard_name(shard)}: its owner's process is gone (its lock was free under "
                     f"{proof.owner}'s claim); taken over without waiting for the lease",
                 )
-            if info.phase is _UNOWNED:
+            if info.phase is UNOWNED:
                 epoch = claim_epoch(event.doc, shard)
                 if epoch == info.lock_epoch:
                     # A renewal issued before this node stepped down from the shard: that
@@ -1085,7 +801,7 @@ class Node:
                     self.renew_at_mono = now.mono
                     continue
                 info.epoch = info.lock_epoch = epoch
-                info.phase = _LOCKING
+                info.phase = LOCKING
                 # A lock still held from the last tenure is taken up as it is: a deferred
                 # Unlock must not fire between this TryLock and its answer.
                 info.unlock_when_drained = info.unlock_when_unclaimed = False
@@ -1096,7 +812,7 @@ class Node:
 
     def _stepped_down(self, shard: int) -> bool:
         info = self.shards.get(shard)
-        return info is not None and info.phase is _UNOWNED
+        return info is not None and info.phase is UNOWNED
 
     def _proven_dead(self) -> frozenset[int]:
         return frozenset(s for s, proof in self.lock_proofs.items() if proof.confirmed)
@@ -1148,7 +864,7 @@ class Node:
             self._log("warning", f"{event.problem}; its claims are left to lapse while stopping")
             self._finish_release()
             return
-        if self.phase is _STARTING and self.doc is None:
+        if self.phase is STARTING and self.doc is None:
             self._log(
                 "error",
                 f"{event.problem}; this daemon cannot start on it: fix or restore the file "
@@ -1181,10 +897,10 @@ class Node:
 
     def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
         info = self.shards[event.shard]
-        if info.phase is _PROBING:
+        if info.phase is PROBING:
             # The lock was free: evidence that the claimant's process is gone, if the claimant
-            # held it under this claim and the claim stays unwritten (`_LockProof`).
-            info.phase = _UNOWNED
+            # held it under this claim and the claim stays unwritten (`LockProof`).
+            info.phase = UNOWNED
             doc, info.probed_doc = info.probed_doc, None
             assert doc is not None
             owner = claim_owner(doc, event.shard)
@@ -1196,12 +912,12 @@ class Node:
                 self._emit(fx.Unlock(shard=event.shard))
                 self._maybe_running()
                 return
-            self.lock_proofs[event.shard] = _LockProof(
+            self.lock_proofs[event.shard] = LockProof(
                 owner=owner, signature=claim_signature(doc, event.shard)
             )
             self._renew(force=True)  # a read confirms it (`_confirm_probes`)
             return
-        if info.phase not in (_LOCKING, _PAUSED):
+        if info.phase not in (LOCKING, PAUSED):
             # Claim withdrawn meanwhile: give the lock straight back.
             self._emit(fx.Unlock(shard=event.shard))
             return
@@ -1212,7 +928,7 @@ class Node:
 
     def _load(self, shard: int, info: ShardInfo) -> None:
         """Replay the shard's log (`LOADING`) into a fresh fold."""
-        info.phase = _LOADING
+        info.phase = LOADING
         info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
         info.log_epoch = 0
         if info.appends_in_flight:
@@ -1226,21 +942,21 @@ class Node:
 
     def _on_lock_busy(self, event: ev.LockBusy) -> None:
         info = self.shards[event.shard]
-        if info.phase is _PROBING:
-            info.phase = _UNOWNED  # its owner is alive
+        if info.phase is PROBING:
+            info.phase = UNOWNED  # its owner is alive
             info.probed_doc = None
             self._maybe_running()
             return
-        if info.phase not in (_LOCKING, _PAUSED):
+        if info.phase not in (LOCKING, PAUSED):
             return  # stepped down while the TryLock was out: nothing to retry
-        if info.phase is _LOCKING:
+        if info.phase is LOCKING:
             self._log(
                 "warning",
                 f"{shard_name(event.shard)} is claimed by this daemon but its lock is held by "
                 "another process (a daemon still running on this directory?); the shard stays "
                 "paused and the lock is retried",
             )
-        info.phase = _PAUSED
+        info.phase = PAUSED
         info.retry_lock_at_mono = self._now.mono + self.config.retry_io_us
         self._maybe_running()
 
@@ -1273,7 +989,7 @@ class Node:
         still name this node; the next round that commits takes them up again."""
         self.lease_deadline_mono = None
         for shard, info in self.shards.items():
-            if info.phase not in (_UNOWNED, _PROBING):
+            if info.phase not in (UNOWNED, PROBING):
                 self._step_down(shard, "its lease ran out before a renewal committed")
 
     def _step_down(
@@ -1282,11 +998,11 @@ class Node:
         """Stop acting for `shard` now. `handing_over`: a write removing our claim follows, and
         the lock is kept until it lands (`unlock_when_unclaimed`)."""
         info = self.shards.get(shard)
-        if info is None or info.phase in (_UNOWNED, _PROBING):
+        if info is None or info.phase in (UNOWNED, PROBING):
             return
         self._log(level, f"{shard_name(shard)}: this daemon stops acting for it: {why}")
-        was_locked = info.phase not in (_LOCKING, _PAUSED)
-        info.phase = _UNOWNED
+        was_locked = info.phase not in (LOCKING, PAUSED)
+        info.phase = UNOWNED
         info.tenure += 1
         info.read_when_drained = False
         info.reloading = False
@@ -1342,17 +1058,17 @@ class Node:
     def _claimed(self, shard: int, info: ShardInfo, loc: fx.Location) -> None:
         """Our claim (at `loc`) fences the shard: it is ours to act for."""
         info.claim_loc = loc
-        info.phase = _ACTIVE
+        info.phase = ACTIVE
         unrunnable, info.unrunnable = info.unrunnable, []
         for task_id, why, based in unrunnable:
             task = self.tasks.get(task_id)
-            if task is not None and task.state is _ENQUEUING:
-                self._move(task, _FINISHING)
+            if task is not None and task.state is ENQUEUING:
+                self._move(task, FINISHING)
                 if based:  # the tombstone keeps the record, payload and all
                     self._finish(task, OUTCOME_DEAD, why)
                 else:
                     self._dead_letter_unbased(task, why)
-        if self.phase is _STARTING:
+        if self.phase is STARTING:
             self._maybe_running()
         else:
             self._announce_membership()
@@ -1382,7 +1098,7 @@ class Node:
         self._lock_hold_over(shard, info, drained=True)
         if info.read_when_drained:
             info.read_when_drained = False
-            if info.phase is _LOADING:
+            if info.phase is LOADING:
                 self._emit(fx.ReadLog(shard=shard))
 
     def _forget(self, task_id: str) -> None:
@@ -1430,15 +1146,15 @@ class Node:
         self._read_membership()
 
     def _maybe_running(self) -> None:
-        if self.phase is not _STARTING:
+        if self.phase is not STARTING:
             return
-        if self.membership_busy or self.lock_proofs or any(
-            i.phase
-            in (_LOCKING, _LOADING, _FENCING, _PROBING)
-            for i in self.shards.values()
+        if (
+            self.membership_busy
+            or self.lock_proofs
+            or any(i.phase in (LOCKING, LOADING, FENCING, PROBING) for i in self.shards.values())
         ):
             return
-        self.phase = _NODE_RUNNING
+        self.phase = NODE_RUNNING
         self._announce_membership()
         owned = self.owned_shards
         if owned:
@@ -1453,7 +1169,7 @@ class Node:
         assert not self.held_commands
 
     def _announce_membership(self) -> None:
-        if self.doc is None or self.phase is _STARTING:
+        if self.doc is None or self.phase is STARTING:
             return
         self._send(
             proto.membership(
@@ -1468,7 +1184,7 @@ class Node:
 
     def _on_log_records(self, event: ev.LogRecordsRead) -> None:
         info = self.shards[event.shard]
-        if info.phase is not _LOADING:
+        if info.phase is not LOADING:
             return
         for offset, reason in event.corrupt:
             info.corrupt_lines += 1
@@ -1545,10 +1261,10 @@ class Node:
             self._add_fingerprint(task)
             self._schedule(task, now)
         for task in self.tasks.values():
-            if task.state is _BLOCKED:
+            if task.state is BLOCKED:
                 self._check_blocked(task)
         # Fence: our first record in this log is a claim with our epoch.
-        info.phase = _FENCING
+        info.phase = FENCING
         # Our epoch comes from our claim; should the log already hold a newer one, or this one
         # claimed by another node (membership.json lost or restored from a backup), go past it
         # so fencing still holds. Our own claim of this epoch (the shard taken up again after a
@@ -1558,8 +1274,10 @@ class Node:
         fence_node = fence.fields.get("node") if fence is not None else None
         if info.reloading:
             info.reloading = False
-            if fence is not None and fence_node == self.config.node_id and (
-                info.log_epoch == info.epoch
+            if (
+                fence is not None
+                and fence_node == self.config.node_id
+                and (info.log_epoch == info.epoch)
             ):
                 self._claimed(shard, info, loc(fence))  # still the last claim: ours
                 return
@@ -1614,7 +1332,7 @@ class Node:
             task_type=task_type,
             shard=shard,
             seq=self.seq,
-            state=_ENQUEUING,
+            state=ENQUEUING,
             retry_count=retry_count,
             max_retries=max_retries,
             retry_after_hours=float(f.get("retryAfterHours") or 0.0),
@@ -1637,7 +1355,7 @@ class Node:
 
     def _hold_or(self, command: ev.Event) -> bool:
         """While starting, keep commands in arrival order; True when the command was held."""
-        if self.phase is _STARTING:
+        if self.phase is STARTING:
             self.held_commands.append(command)
             return True
         return False
@@ -1694,7 +1412,7 @@ class Node:
                 doc = _NOT_JSON
             # A line plainly valid but not decided here: its command, for the long way.
             command: proto.Enqueue | proto.Result | None = None
-            if type(doc) is dict and self.phase is _NODE_RUNNING and len(line) <= max_line:
+            if type(doc) is dict and self.phase is NODE_RUNNING and len(line) <= max_line:
                 action = doc.get("action")
                 if action == "result":
                     result = result_of(doc)
@@ -1717,7 +1435,7 @@ class Node:
                             now_text = self._wall_text()
                         shard = route_shard(task_id, shards) if shards != 1 else 0
                         info = infos.get(shard)
-                        if info is not None and info.phase is _ACTIVE:
+                        if info is not None and info.phase is ACTIVE:
                             seq = info.next_seq
                             info.next_seq = seq + 1
                             self.seq += 1
@@ -1742,7 +1460,7 @@ class Node:
                                 task_type,  # task_type
                                 shard,  # shard
                                 self.seq,  # seq
-                                _ENQUEUING,  # state
+                                ENQUEUING,  # state
                                 0,  # retry_count
                                 max_retries,  # max_retries
                                 hours,  # retry_after_hours
@@ -1784,7 +1502,7 @@ class Node:
                 self._line(line, doc)
             shards, runs_free = 0, None
             runs.clear()
-            if self.phase is _STOPPED:
+            if self.phase is STOPPED:
                 return
 
     def _line(self, line: bytes, doc: Any = _UNPARSED) -> None:
@@ -1820,11 +1538,11 @@ class Node:
         parked = self.parked_by_type.pop(cmd.task_type, None)
         while parked:
             task = self.tasks[parked.pop()]
-            self._move(task, _READY)
+            self._move(task, READY)
             self._push_ready(task)
 
     def _on_enqueue(self, cmd: proto.Enqueue) -> None:
-        if self.phase is not _NODE_RUNNING:
+        if self.phase is not NODE_RUNNING:
             if not self._hold_or(cmd):
                 self._send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
             return
@@ -1855,7 +1573,7 @@ class Node:
         key = cmd.rate_limit_group or payload_hash or cmd.task_id
         shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
         info = self.shards.get(shard)
-        if info is None or info.phase is not _ACTIVE:
+        if info is None or info.phase is not ACTIVE:
             # Another daemon owns the shard (or none does yet, or ours is still loading): the
             # task goes into this node's inbox for it, which the owner ingests.
             self._enqueue_to_inbox(cmd, shard, payload_hash)
@@ -1882,7 +1600,7 @@ class Node:
             cmd.task_type,  # task_type
             shard,  # shard
             self.seq,  # seq
-            _ENQUEUING,  # state
+            ENQUEUING,  # state
             0,  # retry_count
             cmd.max_retries,  # max_retries
             cmd.retry_after_hours,  # retry_after_hours
@@ -1908,9 +1626,7 @@ class Node:
             # append (one commit, one fsync instead of two in a row); the ack and the
             # `execute` both follow that commit (`_on_append_committed`).
             records.append(_new_record(self._begin_attempt(task, task.pool)))
-        self._append(
-            shard, records, PendingAppend("enqueue", shard, cmd.task_id)
-        )
+        self._append(shard, records, PendingAppend("enqueue", shard, cmd.task_id))
 
     def _enqueue_fields(
         self, cmd: proto.Enqueue, payload_hash: str | None
@@ -2005,7 +1721,7 @@ class Node:
         webhook), a free slot in its pool, and no ready task waiting for a slot (those go first
         by urgency, in `_dispatch`)."""
         return (
-            self.phase is _NODE_RUNNING
+            self.phase is NODE_RUNNING
             and not task.trigger_after_ids
             and task.ready_at_us <= self._now.wall
             and task.webhook_url is None
@@ -2069,7 +1785,7 @@ class Node:
         if (
             flight is None
             or task is None
-            or task.state is not _RUNNING
+            or task.state is not RUNNING
             or (attempt is not None and attempt != flight.attempt)
         ):
             return None
@@ -2091,7 +1807,7 @@ class Node:
     def _on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
         flight = self.inflight.get(event.task_id)
         task = self.tasks.get(event.task_id)
-        if flight is None or task is None or task.state is not _RUNNING:
+        if flight is None or task is None or task.state is not RUNNING:
             # A dead-letter notice that could not be read: nothing left to decide.
             self._log("error", f"task {event.task_id}: cannot read its record ({event.error})")
             return
@@ -2157,15 +1873,15 @@ class Node:
     def _schedule(self, task: Task, now: ev.Now) -> None:
         """Put a task whose record is durable where it belongs: blocked, waiting or ready."""
         if task.trigger_after_ids and any(p in self.tasks for p in task.trigger_after_ids):
-            self._move(task, _BLOCKED)
+            self._move(task, BLOCKED)
             for parent in task.trigger_after_ids:
                 self.children.setdefault(parent, set()).add(task.task_id)
             return
         if task.ready_at_us > now.wall:
-            self._move(task, _WAITING)
+            self._move(task, WAITING)
             self.due.push(task.task_id, task.ready_at_us, task.seq)
             return
-        self._move(task, _READY)
+        self._move(task, READY)
         if task.webhook_url is None and task.task_type not in self.registered:
             self._park_by_type(task)
             return
@@ -2175,11 +1891,11 @@ class Node:
         """A ready task with no handler here: `_dispatch` would only pop it to park it; park
         it now, in the same queue with the same order keys (`_on_register` makes it ready
         again)."""
-        self._move(task, _PARKED)
+        self._move(task, PARKED)
         _queue_in(self.parked_by_type, task.task_type).push(task.task_id, task.urgency, task.seq)
 
     def _push_ready(self, task: Task) -> None:
-        assert task.state is _READY
+        assert task.state is READY
         _queue_in(self.ready, task.pool).push(task.task_id, task.urgency, task.seq)
 
     def _check_blocked(self, task: Task) -> None:
@@ -2189,20 +1905,20 @@ class Node:
                     self.children.setdefault(parent, set()).add(task.task_id)
             return
         if task.ready_at_us > self._now.wall:
-            self._move(task, _WAITING)
+            self._move(task, WAITING)
             self.due.push(task.task_id, task.ready_at_us, task.seq)
         else:
-            self._move(task, _READY)
+            self._move(task, READY)
             self._push_ready(task)
 
     def _on_time(self) -> None:
         """Everything that depends only on time and free slots; runs after every event."""
         now = self._now
-        if self.phase is _STOPPED:
+        if self.phase is STOPPED:
             return
         if (
             not self.inbox_busy
-            and self.phase is _NODE_RUNNING
+            and self.phase is NODE_RUNNING
             and (self.inbox_poll_at_mono is None or now.mono >= self.inbox_poll_at_mono)
         ):
             self._read_inboxes()
@@ -2232,11 +1948,11 @@ class Node:
                 parked = self.parked_by_shard.get(shard)
                 while parked and not info.giving_back:
                     task = self.tasks[parked.pop()]
-                    self._move(task, _READY)
+                    self._move(task, READY)
                     self._push_ready(task)
             if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
                 info.retry_lock_at_mono = None
-                if info.phase is _PAUSED:
+                if info.phase is PAUSED:
                     self._emit(
                         fx.TryLock(shard=shard, owner=self.config.node_id, epoch=info.lock_epoch)
                     )
@@ -2256,33 +1972,33 @@ class Node:
             assert flight.deadline_mono is not None
             if now.mono >= flight.deadline_mono:
                 task = self.tasks[flight.task_id]
-                if task.state is _RUNNING:
+                if task.state is RUNNING:
                     self.stats["total_failed"] += 1
                     self._failed(task, proto.timed_out(task.max_execution_seconds or 0))
         # Delayed tasks and retries whose time came.
         for task_id in self.due.pop_due(now.wall):
             task = self.tasks[task_id]
-            self._move(task, _READY)
+            self._move(task, READY)
             self._push_ready(task)
         # Rate windows with room again.
         for group in self.group_wake.pop_due(now.wall):
             parked = self.parked_by_group.get(group)
             while parked:
                 task = self.tasks[parked.pop()]
-                self._move(task, _READY)
+                self._move(task, READY)
                 self._push_ready(task)
         if (
             self.config.lock_proves_liveness
-            and self.phase is _NODE_RUNNING
+            and self.phase is NODE_RUNNING
             and self.doc is not None
             and (self.probe_at_mono is None or now.mono >= self.probe_at_mono)
         ):
             self.probe_at_mono = now.mono + self.config.probe_interval_us
             if not self.membership_busy:
                 self._probe(self.doc, [])
-        if self.phase is _NODE_RUNNING:
+        if self.phase is NODE_RUNNING:
             self._dispatch()
-        if self.phase is _DRAINING:
+        if self.phase is DRAINING:
             self._drain_progress()
         self._maybe_compact()
 
@@ -2325,7 +2041,7 @@ class Node:
         here takes its type, its rate window is full)."""
         info = self.shards[task.shard]
         if info.giving_back or info.hold_dispatch_until_mono is not None:
-            self._move(task, _PARKED)
+            self._move(task, PARKED)
             _queue_in(self.parked_by_shard, task.shard).push(task.task_id, task.urgency, task.seq)
             return
         if task.webhook_url is None and task.task_type not in self.registered:
@@ -2334,7 +2050,7 @@ class Node:
         if task.group is not None and task.max_per_minute is not None:
             now = self._now
             if not self.windows.allows(task.group, task.max_per_minute, now.wall):
-                self._move(task, _PARKED)
+                self._move(task, PARKED)
                 _queue_in(self.parked_by_group, task.group).push(
                     task.task_id, task.urgency, task.seq
                 )
@@ -2353,7 +2069,7 @@ class Node:
     def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
         """Take a worker slot for the task's next attempt (-> DISPATCHING); return the fields
         of its dispatch record."""
-        self._move(task, _DISPATCHING)
+        self._move(task, DISPATCHING)
         if task.attempt <= task.retry_count:
             task.attempt = task.retry_count + 1
         self.inflight[task.task_id] = InFlight(task.task_id, task.attempt, pool, None)
@@ -2374,7 +2090,7 @@ class Node:
     def _begin_execution(self, task: Task) -> None:
         now = self._now
         flight = self.inflight[task.task_id]
-        self._move(task, _RUNNING)
+        self._move(task, RUNNING)
         assert task.loc is not None
         if task.webhook_url is not None:
             timeout = float(task.max_execution_seconds or self.config.webhook_timeout_s)
@@ -2409,7 +2125,7 @@ class Node:
     def _end_flight(self, task: Task) -> None:
         flight = self.inflight.pop(task.task_id)
         self.pool_busy[flight.pool] -= 1
-        self._move(task, _FINISHING)
+        self._move(task, FINISHING)
 
     def _succeeded(self, task: Task) -> None:
         now = self._now
@@ -2566,10 +2282,10 @@ class Node:
             task = self.tasks.get(p.task_id or "")
             if (
                 task is None
-                or task.state is not _DISPATCHING
+                or task.state is not DISPATCHING
                 or p.dedupe_waiters
                 or task.webhook_url is not None
-                or self.phase is not _NODE_RUNNING
+                or self.phase is not NODE_RUNNING
             ):
                 return []
             assert not self._out
@@ -2608,7 +2324,7 @@ class Node:
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
             self._appends_drained(p.shard, info)
-        if info.phase is _UNOWNED or p.tenure != info.tenure:
+        if info.phase is UNOWNED or p.tenure != info.tenure:
             return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
         if p.kind != "group":
@@ -2619,7 +2335,7 @@ class Node:
         for part in p.extra["parts"]:
             # An earlier part may have stepped the node down from the shard (mypy keeps the
             # narrowing of the check above across the calls).
-            if info.phase is _UNOWNED or part.tenure != info.tenure:  # type: ignore[comparison-overlap]
+            if info.phase is UNOWNED or part.tenure != info.tenure:  # type: ignore[comparison-overlap]
                 return
             end = at + part.count
             self._part_committed(part, info, offsets[at:end], lengths[at:end])
@@ -2672,10 +2388,10 @@ class Node:
             task.dispatch_loc = None
             task.ready_at_us = p.extra["ready_at"]
             if task.ready_at_us > self._now.wall:
-                self._move(task, _WAITING)
+                self._move(task, WAITING)
                 self.due.push(task.task_id, task.ready_at_us, task.seq)
             else:
-                self._move(task, _READY)
+                self._move(task, READY)
                 self._push_ready(task)
         elif p.kind == "finish":
             self._finished(task, p.extra["outcome"], p.extra["error"], loc)
@@ -2689,10 +2405,10 @@ class Node:
         self._emit(_new_ack_enqueued([task.task_id], task.shard))
         for dup in p.dedupe_waiters:
             self._send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
-        if task.state is _DISPATCHING:
+        if task.state is DISPATCHING:
             # Dispatched with its enqueue record (`_runs_at_once`): that record is second.
             task.dispatch_loc = _new_location(p.shard, offsets[1], lengths[1])
-            if self.phase is _DRAINING:
+            if self.phase is DRAINING:
                 self._end_flight_unsent(task)  # not sent yet: it runs elsewhere
                 return
             self._begin_execution(task)
@@ -2704,7 +2420,7 @@ class Node:
         task.dispatch_loc = loc
         if task.group is not None:
             info.window_records.append((self._now.wall, loc))
-        if self.phase is _DRAINING and task.state is _DISPATCHING:
+        if self.phase is DRAINING and task.state is DISPATCHING:
             # Not sent yet, and we are draining: give the slot back; it runs elsewhere.
             self._end_flight_unsent(task)
             return
@@ -2737,14 +2453,14 @@ class Node:
                 continue
             task.loc = _new_location(shard, offsets[i], lengths[i])
             acked.append(task_id)
-            if task.state is not _ENQUEUING:
-                self._move(task, _READY)  # (its check: a task is ENQUEUING until now)
+            if task.state is not ENQUEUING:
+                self._move(task, READY)  # (its check: a task is ENQUEUING until now)
             # ENQUEUING -> READY (-> PARKED): the moves `_move` allows, made directly.
             if task.task_type in registered:
-                task.state = _READY
+                task.state = READY
                 target = _queue_in(self.ready, task.pool)
             else:
-                task.state = _PARKED
+                task.state = PARKED
                 target = _queue_in(self.parked_by_type, task.task_type)
             if target is not queue or task.urgency != urgency:
                 if queue is not None and keys:
@@ -2764,7 +2480,7 @@ class Node:
         ids: list[str | None] = p.extra["tasks"]
         for i, task_id in enumerate(ids):
             task = self.tasks.get(task_id) if task_id is not None else None
-            if task is None or task.loc is not None or task.state is not _ENQUEUING:
+            if task is None or task.loc is not None or task.state is not ENQUEUING:
                 continue
             task.loc = _new_location(p.shard, offsets[i], lengths[i])
             self._schedule(task, self._now)
@@ -2772,19 +2488,17 @@ class Node:
         end: int = p.extra["end"]
         if end >= info.inbox_done.get(node, -1):
             info.inbox_done[node] = end
-            info.inbox_locs[node] = _new_location(
-                p.shard, offsets[len(ids)], lengths[len(ids)]
-            )
+            info.inbox_locs[node] = _new_location(p.shard, offsets[len(ids)], lengths[len(ids)])
 
     def _end_flight_unsent(self, task: Task, delay_us: int = 0) -> None:
         """Give back the slot of an attempt that was never sent (its dispatch record is moot)."""
         flight = self.inflight.pop(task.task_id)
         self.pool_busy[flight.pool] -= 1
         if delay_us:
-            self._move(task, _WAITING)
+            self._move(task, WAITING)
             self.due.push(task.task_id, self._now.wall + delay_us, task.seq)
         else:
-            self._move(task, _READY)
+            self._move(task, READY)
             self._push_ready(task)
 
     def _finished(self, task: Task, outcome: str, error: str | None, loc: fx.Location) -> None:
@@ -2813,11 +2527,11 @@ class Node:
         children = self.children.pop(task.task_id, None)
         for child_id in sorted(children) if children else ():
             child = self.tasks.get(child_id)
-            if child is None or child.state is not _BLOCKED:
+            if child is None or child.state is not BLOCKED:
                 continue
             if outcome == OUTCOME_DEAD:
                 child.attempt = child.retry_count + 1
-                self._move(child, _FINISHING)
+                self._move(child, FINISHING)
                 self._finish(child, OUTCOME_DEAD, f"blocked_by_failed_parent: {task.task_id}")
             else:
                 self._check_blocked(child)
@@ -2918,7 +2632,7 @@ class Node:
             del self.pending[token]
             for task_id in p.extra["tasks"]:
                 task = self.tasks.get(task_id) if task_id is not None else None
-                if task is not None and task.loc is None and task.state is _ENQUEUING:
+                if task is not None and task.loc is None and task.state is ENQUEUING:
                     self._forget(task_id)
             node = p.extra["node"]
             info.inbox_taken[node] = info.inbox_done.get(node, 0)
@@ -2964,7 +2678,7 @@ class Node:
             for task_id in p.extra["ids"]:
                 self._log("warning", f"task {task_id}: dispatch record not written ({error})")
                 task = self.tasks.get(task_id)
-                if task is not None and task.state is _DISPATCHING:
+                if task is not None and task.state is DISPATCHING:
                     # Try again later rather than spin on a full disk; the task keeps its place
                     # by urgency, and nothing else is dispatched from the shard meanwhile (a
                     # newer, less urgent task must not overtake it).
@@ -3007,9 +2721,9 @@ class Node:
     # ------------------------------------------------------------------ drain
 
     def _on_drain(self, event: ev.DrainRequested) -> None:
-        if self.phase in (_DRAINING, _STOPPED):
+        if self.phase in (DRAINING, STOPPED):
             return
-        if self.phase is _STARTING:
+        if self.phase is STARTING:
             # Commands that came before the drain request are answered first, as upstream
             # answered lines sent before EOF: the drain starts once the shards are loaded.
             self.held_commands.append(event)
@@ -3020,7 +2734,7 @@ class Node:
             f"draining ({event.reason}): no new work; {len(self.inflight)} task(s) in flight get "
             f"up to {self.config.drain_timeout_us // SECOND} s",
         )
-        self.phase = _DRAINING
+        self.phase = DRAINING
         self.drain_deadline_mono = self._now.mono + self.config.drain_timeout_us
         # No more enqueues: every inbox file of this node is closed, to be removed once read.
         for segment in self.inbox_current.values():
@@ -3086,7 +2800,7 @@ class Node:
         since SIGTERM and stdin EOF must end the daemon whatever state the file is in. Nothing
         was claimed (no round landed), so there is nothing to hand over. True when stopped."""
         if not (
-            self.phase is _STARTING
+            self.phase is STARTING
             and self.doc is None
             and self.membership_trouble is not None
             and not self.membership_busy
@@ -3108,7 +2822,7 @@ class Node:
         """Stop a node whose first membership round never landed: it claimed nothing, and
         holds no lock but a probe's. Commands held meanwhile are answered as during a drain
         (an enqueue is refused: not enqueued)."""
-        self.phase = _DRAINING
+        self.phase = DRAINING
         held, self.held_commands = self.held_commands, []
         for command in held:
             if not isinstance(command, ev.DrainRequested):
@@ -3120,13 +2834,13 @@ class Node:
         for shard, info in self.shards.items():
             self._lock_hold_over(shard, info, drained=False)  # released, or left to lapse
             if (
-                info.phase not in (_UNOWNED, _LOCKING, _PAUSED)
+                info.phase not in (UNOWNED, LOCKING, PAUSED)
                 or shard in self.lock_proofs  # locked, its claim never written
             ):
                 self._emit(fx.Unlock(shard=shard))
-            info.phase = _UNOWNED
+            info.phase = UNOWNED
         self.lock_proofs.clear()
-        self.phase = _STOPPED
+        self.phase = STOPPED
         self.renew_at_mono = None
         self._log("info", "Shutdown complete.")
         self._emit(fx.Exit(code=code))
@@ -3136,7 +2850,7 @@ class Node:
     def _maybe_compact(self) -> None:
         for shard, info in self.shards.items():
             if (
-                info.phase is not _ACTIVE
+                info.phase is not ACTIVE
                 or info.compacting
                 or info.appends_in_flight
                 or info.size < self.config.compact_min_bytes
@@ -3153,7 +2867,7 @@ class Node:
         """The log was found, or made, not dead enough: look again once it has grown by an
         eighth, and by enough bytes per task to pay for the walk over the tasks."""
         info.compact_check_at = info.size + max(
-            info.size >> 3, _COMPACT_CHECK_BYTES_PER_TASK * len(self.tasks)
+            info.size >> 3, COMPACT_CHECK_BYTES_PER_TASK * len(self.tasks)
         )
 
     def _live_ranges(
@@ -3198,7 +2912,7 @@ class Node:
         """Start a compaction of one shard; False when it cannot start now. `offsets`: the
         shard's `_live_offsets` of this moment, when the caller has them."""
         info = self.shards.get(shard)
-        if info is None or info.phase is not _ACTIVE or info.compacting:
+        if info is None or info.phase is not ACTIVE or info.compacting:
             return False
         if info.appends_in_flight:
             return False
@@ -3240,7 +2954,9 @@ class Node:
         # task is re-pointed here, so this loop is kept lean: it runs once per live task.)
         if info.claim_loc is not None:
             info.claim_loc = moved.get(info.claim_loc.offset, info.claim_loc)
-        info.inbox_locs = {node: moved.get(loc.offset, loc) for node, loc in info.inbox_locs.items()}
+        info.inbox_locs = {
+            node: moved.get(loc.offset, loc) for node, loc in info.inbox_locs.items()
+        }
         get = moved.get
         for task in self.tasks.values():
             if task.shard == shard:
@@ -3295,7 +3011,7 @@ class Node:
         offsets = {
             shard: dict(info.inbox_taken)
             for shard, info in self.shards.items()
-            if info.phase is _ACTIVE and not info.giving_back
+            if info.phase is ACTIVE and not info.giving_back
         }
         if not offsets:
             self.inbox_poll_at_mono = None  # polled again once a shard is ours
@@ -3361,7 +3077,7 @@ class Node:
     def _check_inboxes(self) -> None:
         """Ask how far the owners have ingested this node's closed inbox files."""
         now = self._now.mono
-        draining = self.phase is _DRAINING
+        draining = self.phase is DRAINING
         self.inbox_check_at_mono = now + (
             self.config.inbox_poll_us if draining else self.config.inbox_check_us
         )
@@ -3389,11 +3105,7 @@ class Node:
     def _inbox_drain_pending(self) -> bool:
         """A drain still waits for this node's inbox files to be ingested and removed."""
         until = self.inbox_drain_until_mono
-        return (
-            until is not None
-            and self._now.mono < until
-            and bool(self.inbox_segments)
-        )
+        return until is not None and self._now.mono < until and bool(self.inbox_segments)
 
     def _ingest(self, chunk: ev.InboxChunk) -> None:
         """Enqueue the tasks of one inbox chunk into the shard's log, followed by an `inbox`
@@ -3401,8 +3113,8 @@ class Node:
         info = self.shards.get(chunk.shard)
         if (
             info is None
-            or self.phase is not _NODE_RUNNING
-            or info.phase is not _ACTIVE
+            or self.phase is not NODE_RUNNING
+            or info.phase is not ACTIVE
             or info.giving_back
             or chunk.start != info.inbox_taken.get(chunk.node, 0)
         ):
@@ -3553,7 +3265,7 @@ def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) 
         task_type=task_type if type(task_type) is str else "",
         shard=shard,
         seq=seq,
-        state=_ENQUEUING,
+        state=ENQUEUING,
         retry_count=retry_count,
         max_retries=0,
         retry_after_hours=0.0,
@@ -3606,9 +3318,7 @@ _new_execute = slot_constructor(
 def _finish_pending(shard: int, task_id: str, outcome: str, error: str | None) -> PendingAppend:
     """What a tombstone of `task_id` means once it lands: the task finished with `outcome`."""
     # kind, shard, task_id, dedupe_waiters, effect, extra
-    return PendingAppend(
-        "finish", shard, task_id, [], None, {"outcome": outcome, "error": error}
-    )
+    return PendingAppend("finish", shard, task_id, [], None, {"outcome": outcome, "error": error})
 
 
 def _queue_in(queues: dict[_K, ReadyQueue[str]], key: _K) -> ReadyQueue[str]:
