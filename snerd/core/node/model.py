@@ -15,17 +15,20 @@ import enum
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
 from snerd.core import effects as fx
 from snerd.core.ownership import OwnershipConfig, ShardPhase
+from snerd.core.ready_queue import ReadyQueue
 from snerd.core.shardlog import ShardFold
+from snerd.core.slots import slot_constructor
 
 __all__ = [
     "ACTIVE",
     "BLOCKED",
+    "CLEARED_ON_SUCCESS",
     "COMPACT_CHECK_BYTES_PER_TASK",
     "DISPATCHING",
     "DRAINING",
@@ -58,6 +61,15 @@ __all__ = [
     "ShardInfo",
     "Task",
     "TaskState",
+    "new_ack_enqueued",
+    "new_append",
+    "new_based_record",
+    "new_execute",
+    "new_keep_range",
+    "new_location",
+    "new_record",
+    "new_send",
+    "queue_in",
     "route_shard",
 ]
 
@@ -366,3 +378,29 @@ class LockProof:
     owner: str
     signature: tuple[Any, ...] | None
     confirmed: bool = False
+
+
+# Constructors of the effects and records the node makes most (`slot_constructor`: about a
+# third of a keyword dataclass call's cost, which the hot paths pay per line and per record).
+new_send = slot_constructor(fx.Send, "message")
+new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
+new_append = slot_constructor(fx.Append, "token", "shard", "records", "lazy")
+new_record = slot_constructor(fx.NewRecord, "fields")
+new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
+new_location = slot_constructor(fx.Location, "shard", "offset", "length")
+new_keep_range = slot_constructor(fx.KeepRange, "offset", "length")
+new_execute = slot_constructor(
+    fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
+)
+#: What a success tombstone drops from its base record.
+CLEARED_ON_SUCCESS = ("LastErrorObj", "LastJobError")
+
+_K = TypeVar("_K")
+
+
+def queue_in(queues: dict[_K, ReadyQueue[str]], key: _K) -> ReadyQueue[str]:
+    """`queues[key]`, made (empty) the first time it is asked for."""
+    queue = queues.get(key)
+    if queue is None:
+        queue = queues[key] = ReadyQueue()
+    return queue

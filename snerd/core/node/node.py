@@ -43,8 +43,7 @@ windows can be rebuilt exactly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -58,6 +57,7 @@ from snerd.core.fields import adopt_cron
 from snerd.core.node.model import (
     ACTIVE,
     BLOCKED,
+    CLEARED_ON_SUCCESS,
     COMPACT_CHECK_BYTES_PER_TASK,
     DISPATCHING,
     DRAINING,
@@ -89,8 +89,17 @@ from snerd.core.node.model import (
     ShardInfo,
     Task,
     TaskState,
+    new_ack_enqueued,
+    new_append,
+    new_based_record,
+    new_execute,
+    new_keep_range,
+    new_location,
+    new_record,
+    queue_in,
     route_shard,
 )
+from snerd.core.node.outbox import Outbox, PendingAppend, finish_pending
 from snerd.core.ownership import (
     MAX_COUNT,
     Observer,
@@ -115,53 +124,12 @@ from snerd.core.ready_queue import DueQueue, ReadyQueue
 from snerd.core.records import CHECKSUM_KEY, task_problem
 from snerd.core.retry import attempts_allowed, retry_delay_us
 from snerd.core.shardlog import KIND_INBOX, ShardFold
-from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = ["Node"]
 
 #: `Node._line`'s default: the line is not parsed yet.
 _UNPARSED = object()
-
-
-@dataclass(slots=True)
-class _OpenAppend:
-    """An `Append` emitted during the current call, which later appends to its shard join
-    (`Node._append`)."""
-
-    token: int
-    shard: int
-    #: Its place in the effects of the call.
-    index: int
-    tenure: int
-    #: Every record once a second append has joined (the effect is rebuilt at the end of the
-    #: call); None while it is the first alone.
-    records: list[fx.NewRecord] | None = None
-    #: An `Append` with `lazy` set (success tombstones; `Node._open_lazy`).
-    lazy: bool = False
-    #: Its last part: a run of plain enqueues there takes more of them (`_append_run`).
-    last: PendingAppend | None = None
-
-
-@dataclass(slots=True)
-class PendingAppend:
-    """What an `Append` in flight will mean once it commits (or fails)."""
-
-    kind: str
-    shard: int
-    task_id: str | None = None
-    #: Tasks dropped by dedupe while this enqueue was in flight: acked when it commits.
-    dedupe_waiters: list[str] = field(default_factory=list)
-    #: For outcome appends: the effect to retry with if it fails.
-    effect: fx.Append | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    #: The SDK was already answered: acked as the append committed (`Node.on_commit`),
-    #: or told the shard changed owner before it did (`Node._step_down`).
-    answered: bool = False
-    #: The shard's tenure when the append was issued (`ShardInfo.tenure`).
-    tenure: int = 0
-    #: How many records of its `Append` are its own (all of them, unless merged).
-    count: int = 0
 
 
 class Node:
@@ -178,6 +146,8 @@ class Node:
         #: The last membership read found a live heartbeat of another node.
         self.peers_live = False
         self.shards: dict[int, ShardInfo] = {}
+        #: The effects of the current call and the appends in flight.
+        self.outbox = Outbox(self.shards)
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
         self.inflight: dict[str, InFlight] = {}
@@ -198,21 +168,11 @@ class Node:
         self.fingerprints: dict[str, dict[str, None]] = {}
         #: Children waiting on parents (trigger_after_ids), by parent id.
         self.children: dict[str, set[str]] = {}
-        self.pending: dict[int, PendingAppend] = {}
-        #: Appends of this call open to later appends to their shard, by shard; and those a
-        #: second one joined, to rebuild at the end of the call (`_append`, `_end`).
-        self._open_appends: dict[int, _OpenAppend] = {}
-        #: The same for the success tombstones of the call, which go in a lazy `Append` of
-        #: their own (`fx.Append.lazy`): the shell writes them after the call's other appends.
-        self._open_lazy: dict[int, _OpenAppend] = {}
-        self._merged_appends: list[_OpenAppend] = []
         #: `format_rfc3339` of the wall time `_now_text_wall` (`_wall_text`).
         self._now_text_wall = -1
         self._now_text = ""
-        self.retry_appends: DueQueue[int] = DueQueue()
         self.held_commands: list[ev.Event] = []
         self.seq = 0
-        self.token = 0
         self.started_mono: int | None = None
         self.renew_at_mono: int | None = None
         self.membership_busy = False
@@ -271,7 +231,6 @@ class Node:
             "total_dlq": 0,
             "total_deduplicated": 0,
         }
-        self._out: list[fx.Effect] = []
         self._now = ev.Now(wall=0, mono=0)
 
     # ------------------------------------------------------------------ public API
@@ -279,7 +238,7 @@ class Node:
     def _begin(self, now: ev.Now) -> None:
         """What every call starts with: the clock reading, and the lease checked before any
         event is handled (a node past its lease acts for no shard, whatever came in)."""
-        assert not self._out
+        assert not self.outbox.out
         self._now = now
         if self.started_mono is None:
             self.started_mono = now.mono
@@ -332,22 +291,8 @@ class Node:
         return self._end()
 
     def _end(self) -> list[fx.Effect]:
-        """What every call ends with: the appends merged during it are written out in full
-        (`_append`), and the effects handed over."""
-        out, self._out = self._out, []
-        if self._open_appends:
-            self._open_appends.clear()
-        if self._open_lazy:
-            self._open_lazy.clear()
-        if self._merged_appends:
-            for merged in self._merged_appends:
-                assert merged.records is not None
-                effect = _new_append(merged.token, merged.shard, tuple(merged.records), merged.lazy)
-                out[merged.index] = effect
-                # (Its outcome, the only thing that removes the group, comes in a later call.)
-                self.pending[merged.token].effect = effect
-            self._merged_appends.clear()
-        return out
+        """What every call ends with: the effects handed over (`Outbox.take`)."""
+        return self.outbox.take()
 
     def wake_in(self, now: ev.Now) -> int | None:
         """Microseconds until the node next needs a `Tick` (None: only events will wake it)."""
@@ -360,7 +305,7 @@ class Node:
         gw = self.group_wake.next_due()
         if gw is not None:
             candidates.append(gw - now.wall)
-        ra = self.retry_appends.next_due()
+        ra = self.outbox.retry_appends.next_due()
         if ra is not None:
             candidates.append(ra - now.mono)
         if self.timed_flights:
@@ -406,9 +351,6 @@ class Node:
 
     # ------------------------------------------------------------------ helpers
 
-    def _emit(self, effect: fx.Effect) -> None:
-        self._out.append(effect)
-
     def _shard_count(self) -> int:
         """The queue's shard count, as membership.json last said (1 before it was read)."""
         return int(self.doc.get("shards", 1)) if self.doc is not None else 1
@@ -422,131 +364,10 @@ class Node:
             self._now_text = format_rfc3339(wall)
         return self._now_text
 
-    def _log(self, level: str, message: str) -> None:
-        self._emit(fx.Log(level=level, message=message))
-
-    def _send(self, message: dict[str, Any]) -> None:
-        self._emit(_new_send(message))
-
-    def _next_token(self) -> int:
-        self.token += 1
-        return self.token
-
     def _move(self, task: Task, new: TaskState) -> None:
         if (task.state, new) not in TRANSITIONS:
             raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
         task.state = new
-
-    def _append(
-        self,
-        shard: int,
-        records: Iterable[fx.NewRecord],
-        pending: PendingAppend,
-        *,
-        lazy: bool = False,
-    ) -> None:
-        """Write `records` to the shard's log; `pending` says what they mean once they land.
-
-        Appends to one shard within one call of `handle` / `handle_burst` are merged into one
-        `Append`, at the place of the first, their records in the order of the calls: a burst
-        of 64 enqueues is one effect and one `AppendCommitted`, not 64 of each (the shell
-        commits a file's share of a batch as a whole anyway: one write, one fsync, and on
-        error every append of it fails). Its pending is a "group" listing each part; the
-        outcome is handed to each part in turn as if it were an append of its own. A record
-        whose base the shell cannot read fails its own part only: the shell names it
-        (`AppendFailed.record`) and writes nothing, and the other parts are issued again
-        (`_on_append_failed`).
-
-        `lazy` (success tombstones only, `_append_run`): the records join the call's lazy
-        append to the shard instead (`fx.Append.lazy`), which the shell writes after the
-        others, so a burst's dispatch records are not held back behind its tombstones.
-        """
-        info = self.shards[shard]
-        pending.tenure = info.tenure
-        part = tuple(records)
-        pending.count = len(part)
-        opened = self._open_lazy if lazy else self._open_appends
-        merged = opened.get(shard)
-        if merged is not None and merged.tenure == info.tenure and not info.compacting:
-            if merged.records is None:
-                self._group(merged, info)
-                assert merged.records is not None
-            self.pending[merged.token].extra["parts"].append(pending)
-            pending.effect = None
-            merged.records += part
-            merged.last = pending
-            return
-        token = self._next_token()
-        effect = _new_append(token, shard, part, lazy)
-        pending.effect = effect
-        self.pending[token] = pending
-        if info.compacting:
-            info.backlog.append(effect)
-            return
-        info.appends_in_flight += 1
-        opened[shard] = _OpenAppend(
-            token, shard, len(self._out), info.tenure, last=pending, lazy=lazy
-        )
-        self._emit(effect)
-
-    def _group(self, merged: _OpenAppend, info: ShardInfo) -> None:
-        """A second append joins `merged`: its pending becomes a "group" listing each part
-        (the first so far), and the effect is rebuilt from `merged.records` at the end of the
-        call."""
-        first = self.pending[merged.token]
-        assert first.effect is not None
-        merged.records = list(first.effect.records)
-        self._merged_appends.append(merged)
-        first.effect = None
-        self.pending[merged.token] = PendingAppend(
-            kind="group", shard=merged.shard, extra={"parts": [first]}, tenure=info.tenure
-        )
-
-    def _append_run(
-        self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str, kind: str
-    ) -> None:
-        """`_append` for one record of a task whose append would mean the same for every
-        task (kind "enqueues": a plain enqueue, `_lines`; "dispatches": a dispatch
-        record; "finishes": a success tombstone): consecutive ones to a shard within a call
-        are one part, listing their task ids (one pending for a burst of them, not one each),
-        committed or failed one by one, in order, as if each were an "enqueue", a "dispatch"
-        or a "finish" of its own. Finishes go in the call's lazy append (`fx.Append.lazy`)."""
-        lazy = kind == "finishes"
-        merged = (self._open_lazy if lazy else self._open_appends).get(shard)
-        if merged is not None and merged.tenure == info.tenure and not info.compacting:
-            run = merged.last
-            if run is not None and run.kind == kind:
-                if merged.records is None:
-                    self._group(merged, info)
-                    assert merged.records is not None
-                merged.records.append(record)
-                run.extra["ids"].append(task_id)
-                run.count += 1
-                return
-        self._append(
-            shard, (record,), PendingAppend(kind, shard, extra={"ids": [task_id]}), lazy=lazy
-        )
-
-    def _emit_append(self, info: ShardInfo, effect: fx.Append) -> None:
-        """Emit an append decided earlier (held back, or to retry): after it, later appends
-        to the shard start a new effect (they must follow it in the log)."""
-        self._open_appends.pop(effect.shard, None)
-        self._open_lazy.pop(effect.shard, None)
-        info.appends_in_flight += 1
-        self._emit(effect)
-
-    def _flush_backlog(self, info: ShardInfo) -> None:
-        backlog, info.backlog = info.backlog, []
-        for effect in backlog:
-            self._emit_append(info, effect)
-
-    def _pending_parts(self) -> Iterator[PendingAppend]:
-        """Every append in flight or waiting, the parts of merged ones one by one."""
-        for p in self.pending.values():
-            if p.kind == "group":
-                yield from p.extra["parts"]
-            else:
-                yield p
 
     def _meta(self, shard: int) -> dict[str, Any]:
         return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
@@ -566,7 +387,7 @@ class Node:
         renewals, give-backs and this node's heartbeat. A renewal's lease counts from here."""
         self.membership_busy = True
         self.round_started_mono = self._now.mono
-        self._emit(fx.ReadMembership())
+        self.outbox.emit(fx.ReadMembership())
 
     def _on_started(self, event: ev.Started) -> None:
         self._read_membership()
@@ -636,7 +457,7 @@ class Node:
             for shard in plan.proofs_dropped:
                 # Proven dead, but beyond this node's cap: the lock goes back for another.
                 del self.lock_proofs[shard]
-                self._emit(fx.Unlock(shard=shard))
+                self.outbox.emit(fx.Unlock(shard=shard))
             self._say_left_free(plan.left_free)
             self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
             releases = [s for s in wanted if self._ready_to_give_back(s)]
@@ -651,7 +472,7 @@ class Node:
             if self.config.lock_proves_liveness:
                 self._probe(doc, wanted)
         if not wanted and self.phase is STARTING:
-            self._log(
+            self.outbox.log(
                 "warning",
                 "every shard of this queue is claimed by a live daemon; this daemon waits "
                 "and claims shards as their leases lapse or as the others give shares back",
@@ -675,7 +496,7 @@ class Node:
         )
         new_doc["version"] = (expected or 0) + 1
         self.membership_busy = True
-        self._emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
+        self.outbox.emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
 
     def _say_left_free(self, shards: list[int]) -> None:
         """Say once why claimable shards stay free: this node's cap (`ClaimPlan.left_free`).
@@ -685,7 +506,7 @@ class Node:
         if not new:
             return
         names = ", ".join(shard_name(s) for s in new)
-        self._log(
+        self.outbox.log(
             "warning",
             f"{names} left free: this daemon holds its cap of {self.config.ownership.max_shards} "
             "(SNERD_MAX_SHARDS); raise the cap or start another daemon to run "
@@ -710,7 +531,7 @@ class Node:
                 info.giving_back = True
                 info.giving_back_since_mono = self._now.mono
                 giving += 1
-                self._log(
+                self.outbox.log(
                     "info",
                     f"{shard_name(shard)}: {why}; handing it over once its attempts in flight end",
                 )
@@ -749,7 +570,7 @@ class Node:
             ):
                 info.phase = PROBING
                 info.probed_doc = doc
-                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id, probe=True))
+                self.outbox.emit(fx.TryLock(shard=shard, owner=self.config.node_id, probe=True))
                 if room is not None:
                     room -= 1
 
@@ -757,7 +578,7 @@ class Node:
         self.membership_busy = False
         if self.membership_trouble is not None:
             if self.membership_trouble_said:
-                self._log("info", "membership.json read and updated again")
+                self.outbox.log("info", "membership.json read and updated again")
             self.membership_trouble = None
         self.doc = event.doc
         self.doc_names_others = bool(live_foreign(event.doc, node_id=self.config.node_id))
@@ -788,7 +609,7 @@ class Node:
                 # Taken over: the claim we wrote replaced the one read unwritten since the
                 # lock came free (the write's version check says so).
                 self.dead_nodes[proof.owner] = now.mono
-                self._log(
+                self.outbox.log(
                     "info",
                     f"{shard_name(shard)}: its owner's process is gone (its lock was free under "
                     f"{proof.owner}'s claim); taken over without waiting for the lease",
@@ -805,7 +626,7 @@ class Node:
                 # A lock still held from the last tenure is taken up as it is: a deferred
                 # Unlock must not fire between this TryLock and its answer.
                 info.unlock_when_drained = info.unlock_when_unclaimed = False
-                self._emit(fx.TryLock(shard=shard, owner=self.config.node_id, epoch=epoch))
+                self.outbox.emit(fx.TryLock(shard=shard, owner=self.config.node_id, epoch=epoch))
                 changed = True
         if not changed:
             self._maybe_running()
@@ -827,7 +648,7 @@ class Node:
                 # Handed over, renewed or claimed anew since the probe's read: the free lock
                 # proves nothing. The shard is claimable like any other.
                 del self.lock_proofs[shard]
-                self._emit(fx.Unlock(shard=shard))
+                self.outbox.emit(fx.Unlock(shard=shard))
 
     def _unlock_handed_over(self, doc: dict[str, Any]) -> None:
         """Give up the locks of shards handed over whose claim `doc` no longer gives us."""
@@ -839,7 +660,9 @@ class Node:
         self.membership_busy = False
         if self.released:
             # We tried to hand our shards over and could not: the leases lapse on their own.
-            self._log("warning", f"membership.json not updated ({event.error}) while stopping")
+            self.outbox.log(
+                "warning", f"membership.json not updated ({event.error}) while stopping"
+            )
             self._finish_release()
             return
         # A conflict (another writer came first: `doc` is what is there now) is routine with
@@ -861,11 +684,13 @@ class Node:
         fixed."""
         self.membership_busy = False
         if self.released:
-            self._log("warning", f"{event.problem}; its claims are left to lapse while stopping")
+            self.outbox.log(
+                "warning", f"{event.problem}; its claims are left to lapse while stopping"
+            )
             self._finish_release()
             return
         if self.phase is STARTING and self.doc is None:
-            self._log(
+            self.outbox.log(
                 "error",
                 f"{event.problem}; this daemon cannot start on it: fix or restore the file "
                 "(`snerdmq validate DIR` reports what is wrong)",
@@ -889,7 +714,7 @@ class Node:
             return
         self.membership_trouble = what
         self.membership_trouble_said = lasting
-        self._log("warning" if lasting else "info", message)
+        self.outbox.log("warning" if lasting else "info", message)
 
     def _retry_membership(self) -> None:
         self.renew_after_busy = False
@@ -909,7 +734,7 @@ class Node:
                 # The claimant never held this lock under this claim (it is about to take it,
                 # retries it while the owner before it finishes, or claimed the shard again
                 # after giving it up): a free lock says nothing of it.
-                self._emit(fx.Unlock(shard=event.shard))
+                self.outbox.emit(fx.Unlock(shard=event.shard))
                 self._maybe_running()
                 return
             self.lock_proofs[event.shard] = LockProof(
@@ -919,7 +744,7 @@ class Node:
             return
         if info.phase not in (LOCKING, PAUSED):
             # Claim withdrawn meanwhile: give the lock straight back.
-            self._emit(fx.Unlock(shard=event.shard))
+            self.outbox.emit(fx.Unlock(shard=event.shard))
             return
         info.retry_lock_at_mono = None
         # Held again: a deferred Unlock is moot.
@@ -938,7 +763,7 @@ class Node:
             # later, unknown.
             info.read_when_drained = True
             return
-        self._emit(fx.ReadLog(shard=shard))
+        self.outbox.emit(fx.ReadLog(shard=shard))
 
     def _on_lock_busy(self, event: ev.LockBusy) -> None:
         info = self.shards[event.shard]
@@ -950,7 +775,7 @@ class Node:
         if info.phase not in (LOCKING, PAUSED):
             return  # stepped down while the TryLock was out: nothing to retry
         if info.phase is LOCKING:
-            self._log(
+            self.outbox.log(
                 "warning",
                 f"{shard_name(event.shard)} is claimed by this daemon but its lock is held by "
                 "another process (a daemon still running on this directory?); the shard stays "
@@ -1000,7 +825,7 @@ class Node:
         info = self.shards.get(shard)
         if info is None or info.phase in (UNOWNED, PROBING):
             return
-        self._log(level, f"{shard_name(shard)}: this daemon stops acting for it: {why}")
+        self.outbox.log(level, f"{shard_name(shard)}: this daemon stops acting for it: {why}")
         was_locked = info.phase not in (LOCKING, PAUSED)
         info.phase = UNOWNED
         info.tenure += 1
@@ -1016,7 +841,7 @@ class Node:
         self.parked_by_shard.pop(shard, None)
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
-        for p in self._pending_parts():
+        for p in self.outbox.pending_parts():
             if p.shard == shard and p.kind in ("enqueue", "enqueues") and not p.answered:
                 p.answered = True
                 message = proto.failed_to_enqueue(
@@ -1025,13 +850,13 @@ class Node:
                 )
                 answer = p.extra["ids"] if p.kind == "enqueues" else [p.task_id]
                 for task_id in [*answer, *p.dedupe_waiters]:
-                    self._send(proto.error(task_id, message))
+                    self.outbox.send(proto.error(task_id, message))
         for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
             self._forget(task_id)
         # Appends held back by a compaction still running are never made: they belong to this
         # tenure (a compaction ends with them otherwise, `_compaction_over`).
         for effect in info.backlog:
-            self.pending.pop(effect.token, None)
+            self.outbox.pending.pop(effect.token, None)
         info.backlog = []
         if was_locked:
             # The shell may write appends in flight after an Unlock: keep the lock until they
@@ -1040,7 +865,7 @@ class Node:
             info.unlock_when_drained = bool(info.appends_in_flight)
             info.unlock_when_unclaimed = handing_over
             if not (info.unlock_when_drained or info.unlock_when_unclaimed):
-                self._emit(fx.Unlock(shard=shard))
+                self.outbox.emit(fx.Unlock(shard=shard))
         self._announce_membership()
 
     def _lock_hold_over(self, shard: int, info: ShardInfo, *, drained: bool) -> None:
@@ -1053,7 +878,7 @@ class Node:
         else:
             info.unlock_when_unclaimed = False
         if not (info.unlock_when_drained or info.unlock_when_unclaimed):
-            self._emit(fx.Unlock(shard=shard))
+            self.outbox.emit(fx.Unlock(shard=shard))
 
     def _claimed(self, shard: int, info: ShardInfo, loc: fx.Location) -> None:
         """Our claim (at `loc`) fences the shard: it is ours to act for."""
@@ -1079,7 +904,7 @@ class Node:
         did not stop us). They precede our fence, so every reader takes them: we must know
         them too. Forget what the replay built and read the log again; our claim is in it now,
         and it writes no new one (`_finish_replay`)."""
-        self._log(
+        self.outbox.log(
             "warning",
             f"{shard_name(shard)}: another writer appended to tasks.log between our reading it "
             "and our claim; reading it again",
@@ -1099,7 +924,7 @@ class Node:
         if info.read_when_drained:
             info.read_when_drained = False
             if info.phase is LOADING:
-                self._emit(fx.ReadLog(shard=shard))
+                self.outbox.emit(fx.ReadLog(shard=shard))
 
     def _forget(self, task_id: str) -> None:
         task = self.tasks.pop(task_id)
@@ -1158,7 +983,7 @@ class Node:
         self._announce_membership()
         owned = self.owned_shards
         if owned:
-            self._log(
+            self.outbox.log(
                 "info",
                 f"owning {', '.join(shard_name(s) for s in owned)}; "
                 f"{len(self.tasks)} live task(s) recovered",
@@ -1171,7 +996,7 @@ class Node:
     def _announce_membership(self) -> None:
         if self.doc is None or self.phase is STARTING:
             return
-        self._send(
+        self.outbox.send(
             proto.membership(
                 self.config.queue if self.doc.get("queue") is None else str(self.doc["queue"]),
                 int(self.doc.get("shards", 0)),
@@ -1188,7 +1013,7 @@ class Node:
             return
         for offset, reason in event.corrupt:
             info.corrupt_lines += 1
-            self._log(
+            self.outbox.log(
                 "warning",
                 f"{shard_name(event.shard)}/tasks/tasks.log: skipped a corrupt line at byte "
                 f"{offset} ({reason}); run `snerdmq fsck` for a report",
@@ -1227,7 +1052,7 @@ class Node:
         # Enqueue order (snerdSeq), which compaction keeps: FIFO survives restarts.
         for task_id, record in fold.live_in_order():
             if task_id in self.tasks:
-                self._log(
+                self.outbox.log(
                     "warning",
                     f"task {task_id} is live in two shards; keeping the one in "
                     f"{shard_name(self.tasks[task_id].shard)}",
@@ -1238,7 +1063,7 @@ class Node:
                 # A record no enqueue would have taken (an older version's, or written by
                 # hand): the task cannot run, so it ends as a dead letter saying why, once the
                 # shard is ours; it is live until then (its id taken, its children waiting).
-                self._log(
+                self.outbox.log(
                     "warning",
                     f"{shard_name(shard)}/tasks/tasks.log: {why} (at byte {record.offset}); "
                     "it is dead-lettered",
@@ -1250,7 +1075,9 @@ class Node:
                 continue
             task = self._task_from_record(shard, record.fields, loc(record))
             if task is None:
-                self._log("warning", f"task {task_id}: unreadable record in {shard_name(shard)}")
+                self.outbox.log(
+                    "warning", f"task {task_id}: unreadable record in {shard_name(shard)}"
+                )
                 continue
             if task_id in in_flight:
                 # Dispatched, never resolved: it may have run. Run it again with the same attempt
@@ -1296,7 +1123,7 @@ class Node:
                 **self._meta(shard),
             }
         )
-        self._append(shard, [claim], PendingAppend(kind="claim", shard=shard))
+        self.outbox.append(shard, [claim], PendingAppend(kind="claim", shard=shard))
 
     def _task_from_record(
         self, shard: int, f: dict[str, Any], loc: fx.Location | None
@@ -1362,7 +1189,7 @@ class Node:
 
     def _on_line(self, event: ev.LineReceived) -> None:
         if event.oversize:
-            self._send(
+            self.outbox.send(
                 proto.error(
                     proto.sniff_task_id(event.line),
                     f"Invalid JSON: line of {event.oversize} bytes exceeds the daemon's limit "
@@ -1440,7 +1267,7 @@ class Node:
                             info.next_seq = seq + 1
                             self.seq += 1
                             # The keys and their order of `_enqueue_fields` for a plain enqueue.
-                            record = _new_record(
+                            record = new_record(
                                 {
                                     "taskId": task_id,
                                     "retryCount": 0,
@@ -1484,8 +1311,8 @@ class Node:
                                 run[1].append(task_id)
                                 run[2].count += 1
                             else:
-                                self._append_run(shard, info, record, task_id, "enqueues")
-                                merged = self._open_appends.get(shard)
+                                self.outbox.append_run(shard, info, record, task_id, "enqueues")
+                                merged = self.outbox.open_appends.get(shard)
                                 if merged is not None and merged.records is not None:
                                     last = merged.last
                                     if last is not None and last.kind == "enqueues":
@@ -1519,7 +1346,7 @@ class Node:
             else:
                 command = proto.parse_document(doc)
         except proto.ProtocolError as err:
-            self._send(proto.error(err.task_id, err.message))
+            self.outbox.send(proto.error(err.task_id, err.message))
             return
         _HANDLERS[type(command)](self, command)
 
@@ -1531,10 +1358,10 @@ class Node:
             and len(self.registered) >= proto.MAX_REGISTERED_TYPES
         ):
             # Each registered type is listed in membership.json, rewritten at every renewal.
-            self._send(proto.error(None, proto.too_many_task_types(cmd.task_type)))
+            self.outbox.send(proto.error(None, proto.too_many_task_types(cmd.task_type)))
             return
         self.registered.add(cmd.task_type)
-        self._send(proto.ack_registered(cmd.task_type))
+        self.outbox.send(proto.ack_registered(cmd.task_type))
         parked = self.parked_by_type.pop(cmd.task_type, None)
         while parked:
             task = self.tasks[parked.pop()]
@@ -1544,11 +1371,11 @@ class Node:
     def _on_enqueue(self, cmd: proto.Enqueue) -> None:
         if self.phase is not NODE_RUNNING:
             if not self._hold_or(cmd):
-                self._send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
+                self.outbox.send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
             return
         existing = self.tasks.get(cmd.task_id)
         if existing is not None:
-            self._send(
+            self.outbox.send(
                 proto.error(
                     cmd.task_id,
                     proto.failed_to_enqueue(
@@ -1581,7 +1408,7 @@ class Node:
         if cmd.trigger_after_ids:
             cycle = self._cycle(cmd.task_id, cmd.trigger_after_ids)
             if cycle is not None:
-                self._send(
+                self.outbox.send(
                     proto.error(
                         cmd.task_id,
                         proto.failed_to_enqueue(f"Cycle detected involving task {cycle}"),
@@ -1620,13 +1447,13 @@ class Node:
         self.tasks[cmd.task_id] = task
         self._add_fingerprint(task)
         self.stats["total_enqueued"] += 1
-        records = [_new_record(fields)]
+        records = [new_record(fields)]
         if self._runs_at_once(task):
             # Its first attempt starts now: the dispatch record shares the enqueue record's
             # append (one commit, one fsync instead of two in a row); the ack and the
             # `execute` both follow that commit (`_on_append_committed`).
-            records.append(_new_record(self._begin_attempt(task, task.pool)))
-        self._append(shard, records, PendingAppend("enqueue", shard, cmd.task_id))
+            records.append(new_record(self._begin_attempt(task, task.pool)))
+        self.outbox.append(shard, records, PendingAppend("enqueue", shard, cmd.task_id))
 
     def _enqueue_fields(
         self, cmd: proto.Enqueue, payload_hash: str | None
@@ -1685,14 +1512,14 @@ class Node:
         fields["snerdNode"] = self.config.node_id
         segment = self._inbox_segment(shard)
         segment.in_flight += 1
-        token = self._next_token()
-        self.pending[token] = PendingAppend(
+        token = self.outbox.next_token()
+        self.outbox.pending[token] = PendingAppend(
             kind="inbox", shard=shard, task_id=cmd.task_id, extra={"segment": segment}
         )
         self.stats["total_enqueued"] += 1
-        self._emit(
+        self.outbox.emit(
             fx.AppendInbox(
-                token=token, shard=shard, segment=segment.name, records=(_new_record(fields),)
+                token=token, shard=shard, segment=segment.name, records=(new_record(fields),)
             )
         )
 
@@ -1746,11 +1573,11 @@ class Node:
         # or DISPATCHING with its dispatch record in the same append), the duplicate's ack
         # waits for it: acked now, it would be lost with the original in a crash.
         if original.loc is None:
-            for p in self._pending_parts():
+            for p in self.outbox.pending_parts():
                 if p.kind == "enqueue" and p.task_id == original.task_id:
                     p.dedupe_waiters.append(task_id)
                     return
-        self._send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))
+        self.outbox.send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))
 
     def _cycle(self, task_id: str, parents: Iterable[str]) -> str | None:
         """A task id on a dependency cycle through `task_id`, or None."""
@@ -1773,7 +1600,7 @@ class Node:
             return
         task = self._result_task(cmd.task_id, cmd.attempt)
         if task is None:
-            self._send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
+            self.outbox.send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
             return
         self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
 
@@ -1809,7 +1636,9 @@ class Node:
         task = self.tasks.get(event.task_id)
         if flight is None or task is None or task.state is not RUNNING:
             # A dead-letter notice that could not be read: nothing left to decide.
-            self._log("error", f"task {event.task_id}: cannot read its record ({event.error})")
+            self.outbox.log(
+                "error", f"task {event.task_id}: cannot read its record ({event.error})"
+            )
             return
         if flight.attempt != event.attempt:
             return
@@ -1828,7 +1657,7 @@ class Node:
 
     def _on_progress(self, cmd: proto.Progress) -> None:
         # Progress is a pass-through stream; it is not persisted (upstream does the same).
-        self._send(proto.progress(cmd.task_id, cmd.data))
+        self.outbox.send(proto.progress(cmd.task_id, cmd.data))
 
     def _on_stats(self, cmd: proto.StatsRequested) -> None:
         if self._hold_or(cmd):
@@ -1852,12 +1681,12 @@ class Node:
                 "node": self.config.node_id,
             },
         )
-        self._send(message)
+        self.outbox.send(message)
 
     def _on_webhook(self, event: ev.WebhookFinished) -> None:
         if event.notification:
             if not event.ok:
-                self._log(
+                self.outbox.log(
                     "warning",
                     f"task {event.task_id}: dead-letter webhook failed: {event.error}",
                 )
@@ -1892,11 +1721,11 @@ class Node:
         it now, in the same queue with the same order keys (`_on_register` makes it ready
         again)."""
         self._move(task, PARKED)
-        _queue_in(self.parked_by_type, task.task_type).push(task.task_id, task.urgency, task.seq)
+        queue_in(self.parked_by_type, task.task_type).push(task.task_id, task.urgency, task.seq)
 
     def _push_ready(self, task: Task) -> None:
         assert task.state is READY
-        _queue_in(self.ready, task.pool).push(task.task_id, task.urgency, task.seq)
+        queue_in(self.ready, task.pool).push(task.task_id, task.urgency, task.seq)
 
     def _check_blocked(self, task: Task) -> None:
         if any(p in self.tasks for p in task.trigger_after_ids):
@@ -1929,17 +1758,7 @@ class Node:
         ):
             self._check_inboxes()
         # Appends that failed and are due for another try.
-        for token in self.retry_appends.pop_due(now.mono):
-            p = self.pending.get(token)
-            if p is not None and p.tenure != self.shards[p.shard].tenure:
-                del self.pending[token]
-                continue
-            if p is not None and p.effect is not None:
-                info = self.shards[p.shard]
-                if info.compacting:
-                    info.backlog.append(p.effect)
-                else:
-                    self._emit_append(info, p.effect)
+        self.outbox.retry_due(now.mono)
         # Locks to retry, and shards whose dispatch hold ends.
         for shard, info in self.shards.items():
             until = info.hold_dispatch_until_mono
@@ -1953,7 +1772,7 @@ class Node:
             if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
                 info.retry_lock_at_mono = None
                 if info.phase is PAUSED:
-                    self._emit(
+                    self.outbox.emit(
                         fx.TryLock(shard=shard, owner=self.config.node_id, epoch=info.lock_epoch)
                     )
         # Leases.
@@ -2042,7 +1861,7 @@ class Node:
         info = self.shards[task.shard]
         if info.giving_back or info.hold_dispatch_until_mono is not None:
             self._move(task, PARKED)
-            _queue_in(self.parked_by_shard, task.shard).push(task.task_id, task.urgency, task.seq)
+            queue_in(self.parked_by_shard, task.shard).push(task.task_id, task.urgency, task.seq)
             return
         if task.webhook_url is None and task.task_type not in self.registered:
             self._park_by_type(task)
@@ -2051,7 +1870,7 @@ class Node:
             now = self._now
             if not self.windows.allows(task.group, task.max_per_minute, now.wall):
                 self._move(task, PARKED)
-                _queue_in(self.parked_by_group, task.group).push(
+                queue_in(self.parked_by_group, task.group).push(
                     task.task_id, task.urgency, task.seq
                 )
                 wake = self.windows.next_allowed_us(task.group, task.max_per_minute, now.wall)
@@ -2064,7 +1883,9 @@ class Node:
     def _start_attempt(self, task: Task, pool: str) -> None:
         fields = self._begin_attempt(task, pool)
         shard = task.shard
-        self._append_run(shard, self.shards[shard], _new_record(fields), task.task_id, "dispatches")
+        self.outbox.append_run(
+            shard, self.shards[shard], new_record(fields), task.task_id, "dispatches"
+        )
 
     def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
         """Take a worker slot for the task's next attempt (-> DISPATCHING); return the fields
@@ -2099,8 +1920,8 @@ class Node:
         if task.max_execution_seconds is not None:
             flight.deadline_mono = now.mono + task.max_execution_seconds * SECOND
             self.timed_flights = True
-        self._emit(
-            _new_execute(
+        self.outbox.emit(
+            new_execute(
                 task.task_id, task.task_type, task.attempt, task.loc, task.max_execution_seconds
             )
         )
@@ -2108,7 +1929,7 @@ class Node:
     def _call_webhook(
         self, task: Task, url: str, loc: fx.Location, event: str, timeout: float
     ) -> None:
-        self._emit(
+        self.outbox.emit(
             fx.CallWebhook(
                 task_id=task.task_id,
                 task_type=task.task_type,
@@ -2136,7 +1957,7 @@ class Node:
             try:
                 nxt = next_fire(task.cron, now.wall)
             except ValueError as exc:  # no fire time before year 9999 (a wall clock that far)
-                self._log("warning", f"task {task.task_id}: not re-armed: {exc}; it is done")
+                self.outbox.log("warning", f"task {task.task_id}: not re-armed: {exc}; it is done")
         if nxt is not None:
             # Re-arm: same id, errors cleared, next tick strictly after now (missed ticks skipped).
             fields = {
@@ -2148,7 +1969,7 @@ class Node:
             record = fx.NewRecord(
                 fields=fields, base=task.loc, remove=("LastErrorObj", "LastJobError", "deletedAt")
             )
-            self._append(
+            self.outbox.append(
                 task.shard,
                 [record],
                 PendingAppend(
@@ -2177,7 +1998,7 @@ class Node:
                 "LastJobError": {"error": error, "retry_worthy": True},
                 **self._meta(task.shard),
             }
-            self._append(
+            self.outbox.append(
                 task.shard,
                 [fx.NewRecord(fields=fields, base=task.loc)],
                 PendingAppend(
@@ -2204,10 +2025,10 @@ class Node:
             "LastJobError": {"error": error, "retry_worthy": False},
             **self._meta(task.shard),
         }
-        self._append(
+        self.outbox.append(
             task.shard,
             [fx.NewRecord(fields=fields)],
-            _finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
+            finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
         )
 
     def _finish(self, task: Task, outcome: str, error: str | None) -> None:
@@ -2220,10 +2041,10 @@ class Node:
         if error is not None:
             fields["LastErrorObj"] = error
             fields["LastJobError"] = {"error": error, "retry_worthy": False}
-        self._append(
+        self.outbox.append(
             shard,
-            [_new_based_record(fields, task.loc, ())],
-            _finish_pending(shard, task.task_id, outcome, error),
+            [new_based_record(fields, task.loc, ())],
+            finish_pending(shard, task.task_id, outcome, error),
         )
 
     def _complete(self, task: Task) -> None:
@@ -2234,8 +2055,8 @@ class Node:
         shard = task.shard
         info = self.shards[shard]
         fields = self._tombstone_fields(task, task.retry_count, OUTCOME_COMPLETED)
-        record = _new_based_record(fields, task.loc, _CLEARED_ON_SUCCESS)
-        self._append_run(shard, info, record, task.task_id, "finishes")
+        record = new_based_record(fields, task.loc, CLEARED_ON_SUCCESS)
+        self.outbox.append_run(shard, info, record, task.task_id, "finishes")
 
     def _tombstone_fields(self, task: Task, retry_count: int, outcome: str) -> dict[str, Any]:
         return {
@@ -2270,12 +2091,12 @@ class Node:
           waiting on it, the node not draining, no webhook: its ack, and the attempt starts
           here (`_enqueue_landed`: its state, its deadline, the `execute`).
         No I/O."""
-        p = self.pending.get(token)
+        p = self.outbox.pending.get(token)
         if p is None or p.answered:
             return []
         if p.kind == "inbox":
             p.answered = True
-            return [_new_ack_enqueued([p.task_id or ""], p.shard)]
+            return [new_ack_enqueued([p.task_id or ""], p.shard)]
         if self._lease_over(now):
             return []
         if p.kind == "enqueue":
@@ -2288,11 +2109,11 @@ class Node:
                 or self.phase is not NODE_RUNNING
             ):
                 return []
-            assert not self._out
+            assert not self.outbox.out
             self._now = now
             p.answered = True
             self._enqueue_landed(p, task, offsets, lengths)
-            out, self._out = self._out, []
+            out, self.outbox.out = self.outbox.out, []
             return out
         if p.kind == "enqueues":
             runs = [p]
@@ -2309,16 +2130,16 @@ class Node:
             return []
         for run in runs:
             run.answered = True
-        return [_new_ack_enqueued(acked, p.shard)]
+        return [new_ack_enqueued(acked, p.shard)]
 
     def _on_append_committed(self, event: ev.AppendCommitted) -> None:
-        p = self.pending.pop(event.token)
+        p = self.outbox.pending.pop(event.token)
         if p.kind == "inbox":
             segment: InboxSegment = p.extra["segment"]
             segment.in_flight -= 1
             segment.end = max(segment.end, event.offsets[-1] + event.lengths[-1])
             if not p.answered:  # (else acked as it committed, `on_commit`)
-                self._send(proto.ack_enqueued(p.task_id or "", p.shard))
+                self.outbox.send(proto.ack_enqueued(p.task_id or "", p.shard))
             return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
@@ -2356,13 +2177,13 @@ class Node:
             for i, task_id in enumerate(p.extra["ids"]):
                 task = tasks.get(task_id)
                 if task is not None:
-                    loc = _new_location(p.shard, offsets[i], lengths[i])
+                    loc = new_location(p.shard, offsets[i], lengths[i])
                     if dispatches:
                         self._dispatch_committed(task, info, loc)
                     else:
                         self._finished(task, OUTCOME_COMPLETED, None, loc)
             return
-        loc = _new_location(p.shard, offsets[0], lengths[0])
+        loc = new_location(p.shard, offsets[0], lengths[0])
         if p.kind == "ingest":
             self._ingested(p, offsets, lengths, info)
             return
@@ -2401,13 +2222,13 @@ class Node:
     ) -> None:
         """An "enqueue" part is in the log: ack it (and the duplicates waiting on it), then
         schedule its task or, dispatched with its record, start the attempt."""
-        task.loc = _new_location(p.shard, offsets[0], lengths[0])
-        self._emit(_new_ack_enqueued([task.task_id], task.shard))
+        task.loc = new_location(p.shard, offsets[0], lengths[0])
+        self.outbox.emit(new_ack_enqueued([task.task_id], task.shard))
         for dup in p.dedupe_waiters:
-            self._send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
+            self.outbox.send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
         if task.state is DISPATCHING:
             # Dispatched with its enqueue record (`_runs_at_once`): that record is second.
-            task.dispatch_loc = _new_location(p.shard, offsets[1], lengths[1])
+            task.dispatch_loc = new_location(p.shard, offsets[1], lengths[1])
             if self.phase is DRAINING:
                 self._end_flight_unsent(task)  # not sent yet: it runs elsewhere
                 return
@@ -2451,17 +2272,17 @@ class Node:
             task = tasks.get(task_id)
             if task is None:
                 continue
-            task.loc = _new_location(shard, offsets[i], lengths[i])
+            task.loc = new_location(shard, offsets[i], lengths[i])
             acked.append(task_id)
             if task.state is not ENQUEUING:
                 self._move(task, READY)  # (its check: a task is ENQUEUING until now)
             # ENQUEUING -> READY (-> PARKED): the moves `_move` allows, made directly.
             if task.task_type in registered:
                 task.state = READY
-                target = _queue_in(self.ready, task.pool)
+                target = queue_in(self.ready, task.pool)
             else:
                 task.state = PARKED
-                target = _queue_in(self.parked_by_type, task.task_type)
+                target = queue_in(self.parked_by_type, task.task_type)
             if target is not queue or task.urgency != urgency:
                 if queue is not None and keys:
                     queue.push_run(keys, seqs, urgency)
@@ -2471,7 +2292,7 @@ class Node:
         if queue is not None and keys:
             queue.push_run(keys, seqs, urgency)
         if acked and ack:
-            self._emit(_new_ack_enqueued(acked, shard))
+            self.outbox.emit(new_ack_enqueued(acked, shard))
 
     def _ingested(
         self, p: PendingAppend, offsets: tuple[int, ...], lengths: tuple[int, ...], info: ShardInfo
@@ -2482,13 +2303,13 @@ class Node:
             task = self.tasks.get(task_id) if task_id is not None else None
             if task is None or task.loc is not None or task.state is not ENQUEUING:
                 continue
-            task.loc = _new_location(p.shard, offsets[i], lengths[i])
+            task.loc = new_location(p.shard, offsets[i], lengths[i])
             self._schedule(task, self._now)
         node: str = p.extra["node"]
         end: int = p.extra["end"]
         if end >= info.inbox_done.get(node, -1):
             info.inbox_done[node] = end
-            info.inbox_locs[node] = _new_location(p.shard, offsets[len(ids)], lengths[len(ids)])
+            info.inbox_locs[node] = new_location(p.shard, offsets[len(ids)], lengths[len(ids)])
 
     def _end_flight_unsent(self, task: Task, delay_us: int = 0) -> None:
         """Give back the slot of an attempt that was never sent (its dispatch record is moot)."""
@@ -2515,7 +2336,7 @@ class Node:
                     task, task.webhook_url, loc, "MaxRetriesReached", self.config.webhook_timeout_s
                 )
             elif task.task_type in self.registered:
-                self._emit(
+                self.outbox.emit(
                     fx.DeliverDeadLetter(
                         task_id=task.task_id,
                         task_type=task.task_type,
@@ -2537,12 +2358,12 @@ class Node:
                 self._check_blocked(child)
 
     def _on_append_failed(self, event: ev.AppendFailed) -> None:
-        p = self.pending[event.token]
+        p = self.outbox.pending[event.token]
         if p.kind == "inbox":
             # Whatever of the write reached the file stays there (an inbox is never cut: its
             # reader may have taken it already), so the owner may still run the task. Later
             # enqueues go to a new segment.
-            del self.pending[event.token]
+            del self.outbox.pending[event.token]
             failed: InboxSegment = p.extra["segment"]
             failed.in_flight -= 1
             failed.failed = True
@@ -2551,14 +2372,14 @@ class Node:
                 f"{event.error} (writing this daemon's inbox for {shard_name(p.shard)}; "
                 "it may or may not be enqueued)"
             )
-            self._send(proto.error(p.task_id, message))
+            self.outbox.send(proto.error(p.task_id, message))
             return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
             self._appends_drained(p.shard, info)
         if p.tenure != info.tenure:
-            del self.pending[event.token]  # from an earlier tenure: nothing to retry or say
+            del self.outbox.pending[event.token]  # from an earlier tenure: nothing to retry or say
             return
         if p.kind != "group":
             self._part_failed(event.token, p, info, event.error, event.permanent)
@@ -2567,7 +2388,7 @@ class Node:
         # which a retry then uses); or, when the shell names the one record it could not
         # build, that record's part fails and the others, of which nothing was written, are
         # issued again as one new append.
-        del self.pending[event.token]
+        del self.outbox.pending[event.token]
         assert p.effect is not None
         records = p.effect.records
         bad = event.record
@@ -2577,9 +2398,9 @@ class Node:
             end = at + part.count
             if part.tenure == info.tenure:  # (an earlier part may have stepped the node down)
                 if bad is None or at <= bad < end:
-                    token = self._next_token()
-                    part.effect = _new_append(token, p.shard, records[at:end], p.effect.lazy)
-                    self.pending[token] = part
+                    token = self.outbox.next_token()
+                    part.effect = new_append(token, p.shard, records[at:end], p.effect.lazy)
+                    self.outbox.pending[token] = part
                     self._part_failed(token, part, info, event.error, event.permanent)
                 else:
                     again.append((part, records[at:end]))
@@ -2587,39 +2408,7 @@ class Node:
         # A failed part handled after them may have stepped the node down from the shard.
         again = [(part, recs) for part, recs in again if part.tenure == info.tenure]
         if again:
-            self._reissue(info, p.shard, again, lazy=p.effect.lazy)
-
-    def _reissue(
-        self,
-        info: ShardInfo,
-        shard: int,
-        parts: list[tuple[PendingAppend, tuple[fx.NewRecord, ...]]],
-        *,
-        lazy: bool,
-    ) -> None:
-        """Append again, as one new `Append`, the parts of a merged append that failed for
-        another part's record (nothing of it was written)."""
-        token = self._next_token()
-        records = tuple(r for _, recs in parts for r in recs)
-        effect = _new_append(token, shard, records, lazy)
-        if len(parts) == 1:
-            pending = parts[0][0]
-        else:
-            pending = PendingAppend(
-                kind="group",
-                shard=shard,
-                extra={"parts": [part for part, _ in parts]},
-                tenure=info.tenure,
-                count=len(records),
-            )
-            for part, _ in parts:
-                part.effect = None
-        pending.effect = effect
-        self.pending[token] = pending
-        if info.compacting:
-            info.backlog.append(effect)
-        else:
-            self._emit_append(info, effect)
+            self.outbox.reissue(info, p.shard, again, lazy=p.effect.lazy)
 
     def _part_failed(
         self, token: int, p: PendingAppend, info: ShardInfo, error: str, permanent: bool
@@ -2629,14 +2418,14 @@ class Node:
         if p.kind == "ingest":
             # Nothing of it is in the log: forget its tasks and read the inbox again from
             # where the log says (after a pause, not in a loop on a full disk).
-            del self.pending[token]
+            del self.outbox.pending[token]
             for task_id in p.extra["tasks"]:
                 task = self.tasks.get(task_id) if task_id is not None else None
                 if task is not None and task.loc is None and task.state is ENQUEUING:
                     self._forget(task_id)
             node = p.extra["node"]
             info.inbox_taken[node] = info.inbox_done.get(node, 0)
-            self._log(
+            self.outbox.log(
                 "warning",
                 f"{shard_name(p.shard)}: could not ingest {node}'s inbox ({error}); "
                 f"trying again in {self.config.retry_io_us // SECOND} s",
@@ -2646,7 +2435,7 @@ class Node:
             )
             return
         if p.kind == "enqueues":
-            del self.pending[token]
+            del self.outbox.pending[token]
             if p.answered:
                 return
             message = proto.failed_to_enqueue(error)
@@ -2655,10 +2444,10 @@ class Node:
                 if dropped is not None:
                     self._drop_fingerprint(dropped)
                 self.stats["total_enqueued"] -= 1
-                self._send(proto.error(task_id, message))
+                self.outbox.send(proto.error(task_id, message))
             return
         if p.kind == "enqueue":
-            del self.pending[token]
+            del self.outbox.pending[token]
             if p.answered:
                 return
             task = self.tasks.pop(p.task_id or "", None)
@@ -2669,14 +2458,14 @@ class Node:
             if task is not None:
                 self._drop_fingerprint(task)
             message = proto.failed_to_enqueue(error)
-            self._send(proto.error(p.task_id, message))
+            self.outbox.send(proto.error(p.task_id, message))
             for dup in p.dedupe_waiters:
-                self._send(proto.error(dup, message))
+                self.outbox.send(proto.error(dup, message))
             return
         if p.kind == "dispatches":
-            del self.pending[token]
+            del self.outbox.pending[token]
             for task_id in p.extra["ids"]:
-                self._log("warning", f"task {task_id}: dispatch record not written ({error})")
+                self.outbox.log("warning", f"task {task_id}: dispatch record not written ({error})")
                 task = self.tasks.get(task_id)
                 if task is not None and task.state is DISPATCHING:
                     # Try again later rather than spin on a full disk; the task keeps its place
@@ -2690,14 +2479,14 @@ class Node:
             # One tombstone's base could not be read back (the shell wrote none of them): each
             # goes again as a "finish" of its own, so that one fails alone (and is
             # dead-lettered, below) and the others land.
-            del self.pending[token]
+            del self.outbox.pending[token]
             assert p.effect is not None
             for task_id, record in zip(p.extra["ids"], p.effect.records, strict=True):
                 if task_id in self.tasks:
-                    self._append(
+                    self.outbox.append(
                         p.shard,
                         (record,),
-                        _finish_pending(p.shard, task_id, OUTCOME_COMPLETED, None),
+                        finish_pending(p.shard, task_id, OUTCOME_COMPLETED, None),
                     )
             return
         task = self.tasks.get(p.task_id or "")
@@ -2705,18 +2494,18 @@ class Node:
             # The task's last record cannot be read back (damaged on disk): retrying cannot
             # help, and the task cannot run without its payload. Dead-letter it with a
             # tombstone that needs no base record, saying why.
-            del self.pending[token]
+            del self.outbox.pending[token]
             error = f"snerd could not rebuild the task's record: {error}"
-            self._log("error", f"task {task.task_id}: {error}; dead-lettered")
+            self.outbox.log("error", f"task {task.task_id}: {error}; dead-lettered")
             self._dead_letter_unbased(task, error)
             return
         # Outcome and claim records must land: retry the same append later.
-        self._log(
+        self.outbox.log(
             "warning",
             f"{shard_name(p.shard)}: could not write a {p.kind} record "
             f"({error}); retrying in {self.config.retry_io_us // SECOND} s",
         )
-        self.retry_appends.push(token, self._now.mono + self.config.retry_io_us, 0)
+        self.outbox.retry_appends.push(token, self._now.mono + self.config.retry_io_us, 0)
 
     # ------------------------------------------------------------------ drain
 
@@ -2729,7 +2518,7 @@ class Node:
             self.held_commands.append(event)
             self._drain_before_start()  # (unless no round lands: then it stops now)
             return
-        self._log(
+        self.outbox.log(
             "info",
             f"draining ({event.reason}): no new work; {len(self.inflight)} task(s) in flight get "
             f"up to {self.config.drain_timeout_us // SECOND} s",
@@ -2758,14 +2547,14 @@ class Node:
         ]
         busy = (
             bool(waiting_for)
-            or any(p.kind != "dispatches" for p in self._pending_parts())
+            or any(p.kind != "dispatches" for p in self.outbox.pending_parts())
             or self._inbox_drain_pending()
         )
         if busy and not late:
             return
         if self.inflight:
             why = "drain timeout" if late else "no result can arrive (stdin closed)"
-            self._log(
+            self.outbox.log(
                 "warning",
                 f"{why}: {len(self.inflight)} task(s) still running will run again "
                 "on the next owner",
@@ -2788,7 +2577,7 @@ class Node:
             self._step_down(shard, "handed over on drain", level="info", handing_over=True)
         self.releasing = True
         self.membership_busy = True
-        self._emit(
+        self.outbox.emit(
             fx.WriteMembership(
                 doc=without_claims(doc, node_id=self.config.node_id), expected_version=expected
             )
@@ -2809,7 +2598,7 @@ class Node:
         drain = next((c for c in self.held_commands if isinstance(c, ev.DrainRequested)), None)
         if drain is None:
             return False
-        self._log(
+        self.outbox.log(
             "warning",
             f"stopping ({drain.reason}) before this daemon could start: membership.json was "
             "never read and updated"
@@ -2837,13 +2626,13 @@ class Node:
                 info.phase not in (UNOWNED, LOCKING, PAUSED)
                 or shard in self.lock_proofs  # locked, its claim never written
             ):
-                self._emit(fx.Unlock(shard=shard))
+                self.outbox.emit(fx.Unlock(shard=shard))
             info.phase = UNOWNED
         self.lock_proofs.clear()
         self.phase = STOPPED
         self.renew_at_mono = None
-        self._log("info", "Shutdown complete.")
-        self._emit(fx.Exit(code=code))
+        self.outbox.log("info", "Shutdown complete.")
+        self.outbox.emit(fx.Exit(code=code))
 
     # ------------------------------------------------------------------ compaction
 
@@ -2877,7 +2666,7 @@ class Node:
         `_live_offsets` of this moment, when the caller has them)."""
         if offsets is None:
             offsets = self._live_offsets(shard, info)
-        return [_new_keep_range(o, offsets[o]) for o in sorted(offsets)]
+        return [new_keep_range(o, offsets[o]) for o in sorted(offsets)]
 
     def _live_offsets(self, shard: int, info: ShardInfo) -> dict[int, int]:
         """Offset -> length of every record the shard's state still needs (unordered; the
@@ -2906,7 +2695,9 @@ class Node:
 
     def _on_compaction_requested(self, event: ev.CompactionRequested) -> None:
         if not self._compact(event.shard):
-            self._log("info", f"{shard_name(event.shard)}: no compaction now (busy or not ours)")
+            self.outbox.log(
+                "info", f"{shard_name(event.shard)}: no compaction now (busy or not ours)"
+            )
 
     def _compact(self, shard: int, offsets: dict[int, int] | None = None) -> bool:
         """Start a compaction of one shard; False when it cannot start now. `offsets`: the
@@ -2921,23 +2712,23 @@ class Node:
         # Counted as an append in flight: a step-down keeps the lock until the new file is in
         # place, and a shard taken up again is read only after it (`_appends_drained`).
         info.appends_in_flight += 1
-        token = self._next_token()
-        self.pending[token] = PendingAppend(
+        token = self.outbox.next_token()
+        self.outbox.pending[token] = PendingAppend(
             kind="compact", shard=shard, extra={"keep": keep}, tenure=info.tenure
         )
-        self._emit(fx.Compact(token=token, shard=shard, keep=tuple(keep)))
+        self.outbox.emit(fx.Compact(token=token, shard=shard, keep=tuple(keep)))
         return True
 
     def _compaction_over(self, shard: int, info: ShardInfo) -> None:
         info.compacting = False
         info.compact_check_at = 0
-        self._flush_backlog(info)
+        self.outbox.flush_backlog(info)
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
             self._appends_drained(shard, info)
 
     def _on_compacted(self, event: ev.Compacted) -> None:
-        p = self.pending.pop(event.token)
+        p = self.outbox.pending.pop(event.token)
         info = self.shards[event.shard]
         if p.tenure != info.tenure:
             # Stepped down meanwhile: the tasks and the records held back were dropped then.
@@ -2947,7 +2738,7 @@ class Node:
         shard = event.shard
         # (`event.offsets` lists the kept ranges, then any new lines.)
         moved = {
-            r.offset: _new_location(shard, offset, length)
+            r.offset: new_location(shard, offset, length)
             for r, offset, length in zip(keep, event.offsets, event.lengths, strict=False)
         }
         # (A kept range is one record: its new place is where its record now is. Each live
@@ -2972,7 +2763,7 @@ class Node:
         )
         # Appends decided while the compaction ran (held back) or waiting for a retry name
         # their base records by offsets in the old file: move them too.
-        for pending in self.pending.values():
+        for pending in self.outbox.pending.values():
             effect = pending.effect
             if (
                 pending.shard == event.shard
@@ -2981,7 +2772,7 @@ class Node:
             ):
                 pending.effect = _rebased(effect, moved)
         info.backlog = [
-            self.pending[e.token].effect or e if e.token in self.pending else e
+            self.outbox.pending[e.token].effect or e if e.token in self.outbox.pending else e
             for e in info.backlog
         ]
         before, info.size = info.size, event.size
@@ -2989,16 +2780,16 @@ class Node:
         # The new log holds only what was live: no check (a walk over every task) until it
         # has grown again.
         self._next_compact_check(info)
-        self._log(
+        self.outbox.log(
             "info",
             f"{shard_name(event.shard)}: compacted tasks.log from {before} to {event.size} bytes",
         )
 
     def _on_compaction_failed(self, event: ev.CompactionFailed) -> None:
-        self.pending.pop(event.token, None)
+        self.outbox.pending.pop(event.token, None)
         info = self.shards[event.shard]
         self._compaction_over(event.shard, info)
-        self._log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
+        self.outbox.log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
 
     def _on_tick(self, event: ev.Tick) -> None:
         return
@@ -3017,7 +2808,7 @@ class Node:
             self.inbox_poll_at_mono = None  # polled again once a shard is ours
             return
         self.inbox_busy = True
-        self._emit(fx.ReadInbox(offsets=offsets, max_bytes=self.config.inbox_read_bytes))
+        self.outbox.emit(fx.ReadInbox(offsets=offsets, max_bytes=self.config.inbox_read_bytes))
 
     def _inbox_poll_interval(self, found: bool) -> int:
         """How long until the next look at the inboxes, `found` saying whether this one found
@@ -3046,7 +2837,7 @@ class Node:
         errors = set(event.errors)
         for shard, error in event.errors:
             if (shard, error) not in self.inbox_errors:
-                self._log(
+                self.outbox.log(
                     "warning",
                     f"{shard_name(shard)}: cannot read its inbox: {error} (said once until "
                     "it changes; the inbox is tried again at every poll)",
@@ -3072,7 +2863,7 @@ class Node:
                 for name, done in info.inbox_done.items():
                     if info.inbox_marked.get(name) != done:
                         info.inbox_marked[name] = done
-                        self._emit(fx.MarkInboxRead(shard=shard, segment=name, offset=done))
+                        self.outbox.emit(fx.MarkInboxRead(shard=shard, segment=name, offset=done))
 
     def _check_inboxes(self) -> None:
         """Ask how far the owners have ingested this node's closed inbox files."""
@@ -3086,7 +2877,7 @@ class Node:
         )
         if segments:
             self.inbox_checking = True
-            self._emit(fx.CheckInboxes(segments=segments))
+            self.outbox.emit(fx.CheckInboxes(segments=segments))
 
     def _on_inbox_progress(self, event: ev.InboxProgress) -> None:
         self.inbox_checking = False
@@ -3100,7 +2891,7 @@ class Node:
                 # All of it is ingested (a failed write's partial line, which the owner never
                 # reads past, keeps a file from ever getting here).
                 del self.inbox_segments[(shard, name)]
-                self._emit(fx.RemoveInbox(shard=shard, segment=name))
+                self.outbox.emit(fx.RemoveInbox(shard=shard, segment=name))
 
     def _inbox_drain_pending(self) -> bool:
         """A drain still waits for this node's inbox files to be ingested and removed."""
@@ -3142,14 +2933,16 @@ class Node:
                 continue
             ids.append(task_id)
             taken.add(task_id)
-            records.append(_new_record(record.fields))
+            records.append(new_record(record.fields))
         for offset, reason in chunk.corrupt:
             if offset < end:
-                self._log("warning", f"{where}: skipped a corrupt line at byte {offset} ({reason})")
+                self.outbox.log(
+                    "warning", f"{where}: skipped a corrupt line at byte {offset} ({reason})"
+                )
         if end == chunk.start:
             return
         records.append(
-            _new_record(
+            new_record(
                 {
                     "snerdKind": KIND_INBOX,
                     "node": chunk.node,
@@ -3159,7 +2952,7 @@ class Node:
             )
         )
         info.inbox_taken[chunk.node] = end
-        self._append(
+        self.outbox.append(
             chunk.shard,
             records,
             PendingAppend(
@@ -3192,10 +2985,12 @@ class Node:
         f = record.fields
         task_id = f.get("taskId")
         if f.get("snerdKind") is not None or not isinstance(task_id, str):
-            self._log("warning", f"{where}: byte {record.offset} is not a task record; skipped")
+            self.outbox.log(
+                "warning", f"{where}: byte {record.offset} is not a task record; skipped"
+            )
             return None
         if task_id in self.tasks:
-            self._log(
+            self.outbox.log(
                 "warning",
                 f"task {task_id} from {where} dropped: a task with that id is already pending",
             )
@@ -3203,7 +2998,7 @@ class Node:
         why = task_problem(f)
         if why is not None:
             # Its writer took no such enqueue: a line written by hand (or by an older version).
-            self._log("warning", f"{where}: {why} (at byte {record.offset}); skipped")
+            self.outbox.log("warning", f"{where}: {why} (at byte {record.offset}); skipped")
             return None
         payload_hash = f.get("payloadHash")
         original = (
@@ -3213,7 +3008,7 @@ class Node:
         )
         if original is not None:
             self.stats["total_deduplicated"] += 1
-            self._log(
+            self.outbox.log(
                 "info",
                 f"task {task_id} from {where} dropped as a duplicate of pending task "
                 f"{original.task_id}",
@@ -3221,11 +3016,11 @@ class Node:
             return None
         task = self._task_from_record(chunk.shard, f, None)
         if task is None:
-            self._log("warning", f"task {task_id} from {where}: unreadable record; skipped")
+            self.outbox.log("warning", f"task {task_id} from {where}: unreadable record; skipped")
             return None
         cycle = self._cycle(task_id, task.trigger_after_ids) if task.trigger_after_ids else None
         if cycle is not None:
-            self._log(
+            self.outbox.log(
                 "error",
                 f"task {task_id} from {where} dropped: cycle detected involving task {cycle}",
             )
@@ -3296,37 +3091,11 @@ _T = TypeVar("_T")
 _K = TypeVar("_K")
 
 
-_new_send = slot_constructor(fx.Send, "message")
 #: The kinds of part an append acked as it commits may hold (`Node.on_commit`).
 _EARLY_ACK_KINDS = frozenset({"enqueues", "dispatches", "finishes"})
-_new_ack_enqueued = slot_constructor(fx.AckEnqueued, "task_ids", "shard")
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
 _NOT_JSON = object()
 _LINES_RECEIVED = ev.LinesReceived
-_new_append = slot_constructor(fx.Append, "token", "shard", "records", "lazy")
-_new_record = slot_constructor(fx.NewRecord, "fields")
-_new_based_record = slot_constructor(fx.NewRecord, "fields", "base", "remove")
-_new_location = slot_constructor(fx.Location, "shard", "offset", "length")
-_new_keep_range = slot_constructor(fx.KeepRange, "offset", "length")
-#: What a success tombstone drops from its base record.
-_CLEARED_ON_SUCCESS = ("LastErrorObj", "LastJobError")
-_new_execute = slot_constructor(
-    fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
-)
-
-
-def _finish_pending(shard: int, task_id: str, outcome: str, error: str | None) -> PendingAppend:
-    """What a tombstone of `task_id` means once it lands: the task finished with `outcome`."""
-    # kind, shard, task_id, dedupe_waiters, effect, extra
-    return PendingAppend("finish", shard, task_id, [], None, {"outcome": outcome, "error": error})
-
-
-def _queue_in(queues: dict[_K, ReadyQueue[str]], key: _K) -> ReadyQueue[str]:
-    """`queues[key]`, made (empty) the first time it is asked for."""
-    queue = queues.get(key)
-    if queue is None:
-        queue = queues[key] = ReadyQueue()
-    return queue
 
 
 _HANDLERS: dict[type[Any], Any] = {

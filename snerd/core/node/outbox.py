@@ -1,0 +1,281 @@
+"""What a node hands the shell: the effects of the current call, and the appends in flight.
+
+`Outbox` owns the effect buffer of one call (`handle` / `handle_burst` / `on_commit`), the
+token counter, the merging of the appends of one call into one `Append` per shard, the
+pending record of every append in flight (what it means once it commits or fails), and the
+queue of failed outcome appends waiting for another try. It calls no other part of the node:
+every part emits through it, and the commit outcomes read its `pending` back
+(`snerd.core.node.node`).
+
+It never decides what a record says or what an outcome means; it only keeps each append's
+pending with it, in order, so that the outcome finds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from snerd.core import effects as fx
+from snerd.core.node.model import ShardInfo, new_append, new_send
+from snerd.core.ready_queue import DueQueue
+
+__all__ = ["OpenAppend", "Outbox", "PendingAppend", "finish_pending"]
+
+
+@dataclass(slots=True)
+class OpenAppend:
+    """An `Append` emitted during the current call, which later appends to its shard join
+    (`Outbox.append`)."""
+
+    token: int
+    shard: int
+    #: Its place in the effects of the call.
+    index: int
+    tenure: int
+    #: Every record once a second append has joined (the effect is rebuilt at the end of the
+    #: call); None while it is the first alone.
+    records: list[fx.NewRecord] | None = None
+    #: An `Append` with `lazy` set (success tombstones; `Outbox.open_lazy`).
+    lazy: bool = False
+    #: Its last part: a run of plain enqueues there takes more of them (`append_run`).
+    last: PendingAppend | None = None
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    """What an `Append` in flight will mean once it commits (or fails)."""
+
+    kind: str
+    shard: int
+    task_id: str | None = None
+    #: Tasks dropped by dedupe while this enqueue was in flight: acked when it commits.
+    dedupe_waiters: list[str] = field(default_factory=list)
+    #: For outcome appends: the effect to retry with if it fails.
+    effect: fx.Append | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: The SDK was already answered: acked as the append committed (`Node.on_commit`),
+    #: or told the shard changed owner before it did (`Node._step_down`).
+    answered: bool = False
+    #: The shard's tenure when the append was issued (`ShardInfo.tenure`).
+    tenure: int = 0
+    #: How many records of its `Append` are its own (all of them, unless merged).
+    count: int = 0
+
+
+def finish_pending(shard: int, task_id: str, outcome: str, error: str | None) -> PendingAppend:
+    """What a tombstone of `task_id` means once it lands: the task finished with `outcome`."""
+    # kind, shard, task_id, dedupe_waiters, effect, extra
+    return PendingAppend("finish", shard, task_id, [], None, {"outcome": outcome, "error": error})
+
+
+class Outbox:
+    """The effects of the current call and the appends in flight (see the module docstring).
+
+    `shards` is the node's per-shard state (read for a shard's tenure, compaction and the
+    count of its appends in flight, which the outbox keeps)."""
+
+    def __init__(self, shards: dict[int, ShardInfo]) -> None:
+        self.shards = shards
+        self.out: list[fx.Effect] = []
+        self.pending: dict[int, PendingAppend] = {}
+        self.token = 0
+        #: Appends of this call open to later appends to their shard, by shard; and those a
+        #: second one joined, to rebuild at the end of the call (`append`, `take`).
+        self.open_appends: dict[int, OpenAppend] = {}
+        #: The same for the success tombstones of the call, which go in a lazy `Append` of
+        #: their own (`fx.Append.lazy`): the shell writes them after the call's other appends.
+        self.open_lazy: dict[int, OpenAppend] = {}
+        self.merged_appends: list[OpenAppend] = []
+        #: Failed outcome appends waiting for another try, by token (mono time).
+        self.retry_appends: DueQueue[int] = DueQueue()
+
+    def take(self) -> list[fx.Effect]:
+        """What every call ends with: the appends merged during it are written out in full
+        (`append`), and the effects handed over."""
+        out, self.out = self.out, []
+        if self.open_appends:
+            self.open_appends.clear()
+        if self.open_lazy:
+            self.open_lazy.clear()
+        if self.merged_appends:
+            for merged in self.merged_appends:
+                assert merged.records is not None
+                effect = new_append(merged.token, merged.shard, tuple(merged.records), merged.lazy)
+                out[merged.index] = effect
+                # (Its outcome, the only thing that removes the group, comes in a later call.)
+                self.pending[merged.token].effect = effect
+            self.merged_appends.clear()
+        return out
+
+    def emit(self, effect: fx.Effect) -> None:
+        self.out.append(effect)
+
+    def log(self, level: str, message: str) -> None:
+        self.emit(fx.Log(level=level, message=message))
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.emit(new_send(message))
+
+    def next_token(self) -> int:
+        self.token += 1
+        return self.token
+
+    def append(
+        self,
+        shard: int,
+        records: Iterable[fx.NewRecord],
+        pending: PendingAppend,
+        *,
+        lazy: bool = False,
+    ) -> None:
+        """Write `records` to the shard's log; `pending` says what they mean once they land.
+
+        Appends to one shard within one call of `handle` / `handle_burst` are merged into one
+        `Append`, at the place of the first, their records in the order of the calls: a burst
+        of 64 enqueues is one effect and one `AppendCommitted`, not 64 of each (the shell
+        commits a file's share of a batch as a whole anyway: one write, one fsync, and on
+        error every append of it fails). Its pending is a "group" listing each part; the
+        outcome is handed to each part in turn as if it were an append of its own. A record
+        whose base the shell cannot read fails its own part only: the shell names it
+        (`AppendFailed.record`) and writes nothing, and the other parts are issued again
+        (`_on_append_failed`).
+
+        `lazy` (success tombstones only, `append_run`): the records join the call's lazy
+        append to the shard instead (`fx.Append.lazy`), which the shell writes after the
+        others, so a burst's dispatch records are not held back behind its tombstones.
+        """
+        info = self.shards[shard]
+        pending.tenure = info.tenure
+        part = tuple(records)
+        pending.count = len(part)
+        opened = self.open_lazy if lazy else self.open_appends
+        merged = opened.get(shard)
+        if merged is not None and merged.tenure == info.tenure and not info.compacting:
+            if merged.records is None:
+                self._group(merged, info)
+                assert merged.records is not None
+            self.pending[merged.token].extra["parts"].append(pending)
+            pending.effect = None
+            merged.records += part
+            merged.last = pending
+            return
+        token = self.next_token()
+        effect = new_append(token, shard, part, lazy)
+        pending.effect = effect
+        self.pending[token] = pending
+        if info.compacting:
+            info.backlog.append(effect)
+            return
+        info.appends_in_flight += 1
+        opened[shard] = OpenAppend(
+            token, shard, len(self.out), info.tenure, last=pending, lazy=lazy
+        )
+        self.emit(effect)
+
+    def _group(self, merged: OpenAppend, info: ShardInfo) -> None:
+        """A second append joins `merged`: its pending becomes a "group" listing each part
+        (the first so far), and the effect is rebuilt from `merged.records` at the end of the
+        call."""
+        first = self.pending[merged.token]
+        assert first.effect is not None
+        merged.records = list(first.effect.records)
+        self.merged_appends.append(merged)
+        first.effect = None
+        self.pending[merged.token] = PendingAppend(
+            kind="group", shard=merged.shard, extra={"parts": [first]}, tenure=info.tenure
+        )
+
+    def append_run(
+        self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str, kind: str
+    ) -> None:
+        """`append` for one record of a task whose append would mean the same for every
+        task (kind "enqueues": a plain enqueue, `_lines`; "dispatches": a dispatch
+        record; "finishes": a success tombstone): consecutive ones to a shard within a call
+        are one part, listing their task ids (one pending for a burst of them, not one each),
+        committed or failed one by one, in order, as if each were an "enqueue", a "dispatch"
+        or a "finish" of its own. Finishes go in the call's lazy append (`fx.Append.lazy`)."""
+        lazy = kind == "finishes"
+        merged = (self.open_lazy if lazy else self.open_appends).get(shard)
+        if merged is not None and merged.tenure == info.tenure and not info.compacting:
+            run = merged.last
+            if run is not None and run.kind == kind:
+                if merged.records is None:
+                    self._group(merged, info)
+                    assert merged.records is not None
+                merged.records.append(record)
+                run.extra["ids"].append(task_id)
+                run.count += 1
+                return
+        self.append(
+            shard, (record,), PendingAppend(kind, shard, extra={"ids": [task_id]}), lazy=lazy
+        )
+
+    def emit_append(self, info: ShardInfo, effect: fx.Append) -> None:
+        """Emit an append decided earlier (held back, or to retry): after it, later appends
+        to the shard start a new effect (they must follow it in the log)."""
+        self.open_appends.pop(effect.shard, None)
+        self.open_lazy.pop(effect.shard, None)
+        info.appends_in_flight += 1
+        self.emit(effect)
+
+    def flush_backlog(self, info: ShardInfo) -> None:
+        backlog, info.backlog = info.backlog, []
+        for effect in backlog:
+            self.emit_append(info, effect)
+
+    def pending_parts(self) -> Iterator[PendingAppend]:
+        """Every append in flight or waiting, the parts of merged ones one by one."""
+        for p in self.pending.values():
+            if p.kind == "group":
+                yield from p.extra["parts"]
+            else:
+                yield p
+
+    def reissue(
+        self,
+        info: ShardInfo,
+        shard: int,
+        parts: list[tuple[PendingAppend, tuple[fx.NewRecord, ...]]],
+        *,
+        lazy: bool,
+    ) -> None:
+        """Append again, as one new `Append`, the parts of a merged append that failed for
+        another part's record (nothing of it was written)."""
+        token = self.next_token()
+        records = tuple(r for _, recs in parts for r in recs)
+        effect = new_append(token, shard, records, lazy)
+        if len(parts) == 1:
+            pending = parts[0][0]
+        else:
+            pending = PendingAppend(
+                kind="group",
+                shard=shard,
+                extra={"parts": [part for part, _ in parts]},
+                tenure=info.tenure,
+                count=len(records),
+            )
+            for part, _ in parts:
+                part.effect = None
+        pending.effect = effect
+        self.pending[token] = pending
+        self.hold_or_emit(info, effect)
+
+    def hold_or_emit(self, info: ShardInfo, effect: fx.Append) -> None:
+        """Emit an append decided earlier, or hold it back while its shard compacts."""
+        if info.compacting:
+            info.backlog.append(effect)
+        else:
+            self.emit_append(info, effect)
+
+    def retry_due(self, now_mono: int) -> None:
+        """Issue again the failed appends due for another try (those of an ended tenure are
+        dropped)."""
+        for token in self.retry_appends.pop_due(now_mono):
+            p = self.pending.get(token)
+            if p is not None and p.tenure != self.shards[p.shard].tenure:
+                del self.pending[token]
+                continue
+            if p is not None and p.effect is not None:
+                self.hold_or_emit(self.shards[p.shard], p.effect)
