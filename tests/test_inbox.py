@@ -295,19 +295,19 @@ def test_a_full_inbox_segment_is_closed_and_removed_once_ingested() -> None:
     other.advance(1.1)
     # Every closed segment is gone; the one still taking enqueues stays.
     left = sorted(n for _, n in other.disk["inboxes"])
-    assert left == [other.node.inbox_current[0].name]
+    assert left == [other.node.inbox.current[0].name]
     # A failed write closes its segment too (what it holds past the last acked record is
     # unknown); here nothing reached it, and it is dropped.
     other.disk_full = True
     other.enqueue("x")
-    failed = other.node.inbox_current[0]
+    failed = other.node.inbox.current[0]
     other.disk_full = False
     other.enqueue("y")
     assert failed.failed and failed.closed
-    assert other.node.inbox_current[0] is not failed
+    assert other.node.inbox.current[0] is not failed
     owner.advance(1.2)
     other.advance(1.1)
-    assert (0, failed.name) not in other.node.inbox_segments
+    assert (0, failed.name) not in other.node.inbox.segments
     assert [m["task_id"] for m in other.messages("ack")][-1] == "y"
 
 

@@ -43,7 +43,7 @@ windows can be rebuilt exactly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import orjson
@@ -54,11 +54,12 @@ from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.cron import next_fire
 from snerd.core.fields import adopt_cron
+from snerd.core.node.compaction import Compaction
+from snerd.core.node.inbox import InboxIngest
 from snerd.core.node.model import (
     ACTIVE,
     BLOCKED,
     CLEARED_ON_SUCCESS,
-    COMPACT_CHECK_BYTES_PER_TASK,
     DISPATCHING,
     DRAINING,
     ENQUEUING,
@@ -93,7 +94,6 @@ from snerd.core.node.model import (
     new_append,
     new_based_record,
     new_execute,
-    new_keep_range,
     new_location,
     new_record,
     queue_in,
@@ -121,9 +121,9 @@ from snerd.core.ownership import (
 )
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
-from snerd.core.records import CHECKSUM_KEY, task_problem
+from snerd.core.records import task_problem
 from snerd.core.retry import attempts_allowed, retry_delay_us
-from snerd.core.shardlog import KIND_INBOX, ShardFold
+from snerd.core.shardlog import ShardFold
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = ["Node"]
@@ -148,6 +148,9 @@ class Node:
         self.shards: dict[int, ShardInfo] = {}
         #: The effects of the current call and the appends in flight.
         self.outbox = Outbox(self.shards)
+        #: Inbox files: reading those of owned shards, writing this node's own.
+        self.inbox = InboxIngest(self)
+        self.compaction = Compaction(self)
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
         self.inflight: dict[str, InFlight] = {}
@@ -200,23 +203,6 @@ class Node:
         #: This node acts for its shards only until then: the start of its last renewal known
         #: to have committed, plus the lease (DESIGN §4.4). None: it holds no lease.
         self.lease_deadline_mono: int | None = None
-        #: When to read the inboxes of owned shards next; a `ReadInbox` is out.
-        self.inbox_poll_at_mono: int | None = None
-        self.inbox_busy = False
-        #: The errors the last inbox read met, (shard, text): each is said once, until a read
-        #: no longer meets it (a link snerd refuses to follow stays until an operator removes
-        #: it, and polls are frequent).
-        self.inbox_errors: set[tuple[int, str]] = set()
-        #: This node's own inbox files not removed yet, by (shard, name); the one appends go
-        #: to, per shard; the next segment number per shard; when to check closed ones next.
-        self.inbox_segments: dict[tuple[int, str], InboxSegment] = {}
-        self.inbox_current: dict[int, InboxSegment] = {}
-        self.inbox_next: dict[int, int] = {}
-        self.inbox_check_at_mono: int | None = None
-        self.inbox_checking = False
-        self.inbox_drain_until_mono: int | None = None
-        #: When to tell the writers next how far their inboxes are ingested (`.read` hints).
-        self.inbox_mark_at_mono = 0
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.drain_deadline_mono: int | None = None
@@ -231,7 +217,8 @@ class Node:
             "total_dlq": 0,
             "total_deduplicated": 0,
         }
-        self._now = ev.Now(wall=0, mono=0)
+        self.now = ev.Now(wall=0, mono=0)
+        self.handlers = self._event_handlers()
 
     # ------------------------------------------------------------------ public API
 
@@ -239,7 +226,7 @@ class Node:
         """What every call starts with: the clock reading, and the lease checked before any
         event is handled (a node past its lease acts for no shard, whatever came in)."""
         assert not self.outbox.out
-        self._now = now
+        self.now = now
         if self.started_mono is None:
             self.started_mono = now.mono
         if self._lease_over(now):
@@ -252,10 +239,10 @@ class Node:
     def handle(self, event: ev.Event, now: ev.Now) -> list[fx.Effect]:
         """Feed one event; return the effects to carry out, in order."""
         self._begin(now)
-        handler = _HANDLERS.get(type(event))
+        handler = self.handlers.get(type(event))
         if handler is None:
             raise TypeError(f"Node cannot handle {type(event).__name__}")
-        handler(self, event)
+        handler(event)
         self._on_time()
         return self._end()
 
@@ -274,7 +261,7 @@ class Node:
         event that stopped the node (the rest stay in `events`, as the shell stops there too).
         """
         self._begin(now)
-        handlers = _HANDLERS
+        handlers = self.handlers
         popleft = events.popleft
         taken = 0
         while events and taken < limit:
@@ -283,7 +270,7 @@ class Node:
             handler = handlers.get(kind)
             if handler is None:
                 raise TypeError(f"Node cannot handle {kind.__name__}")
-            handler(self, event)
+            handler(event)
             taken += len(event.lines) if isinstance(event, _LINES_RECEIVED) else 1
             if self.phase is STOPPED:
                 break
@@ -321,15 +308,15 @@ class Node:
         if self.drain_deadline_mono is not None:
             candidates.append(self.drain_deadline_mono - now.mono)
         if (
-            self.inbox_poll_at_mono is not None
-            and not self.inbox_busy
+            self.inbox.poll_at_mono is not None
+            and not self.inbox.busy
             and self.phase is NODE_RUNNING
         ):
-            candidates.append(self.inbox_poll_at_mono - now.mono)
-        if self.inbox_check_at_mono is not None and self.inbox_segments and not self.inbox_checking:
-            candidates.append(self.inbox_check_at_mono - now.mono)
-        if self.inbox_drain_until_mono is not None and self._inbox_drain_pending():
-            candidates.append(self.inbox_drain_until_mono - now.mono)
+            candidates.append(self.inbox.poll_at_mono - now.mono)
+        if self.inbox.check_at_mono is not None and self.inbox.segments and not self.inbox.checking:
+            candidates.append(self.inbox.check_at_mono - now.mono)
+        if self.inbox.drain_until_mono is not None and self.inbox.drain_pending():
+            candidates.append(self.inbox.drain_until_mono - now.mono)
         for info in self.shards.values():
             if info.retry_lock_at_mono is not None:
                 candidates.append(info.retry_lock_at_mono - now.mono)
@@ -349,6 +336,40 @@ class Node:
         """Task types with queued tasks but no registered handler."""
         return sorted(t for t, q in self.parked_by_type.items() if len(q))
 
+    def _event_handlers(self) -> dict[type[Any], Callable[[Any], None]]:
+        """The handler of each kind of event (and SDK command), bound to this node and its
+        parts: `handle` looks an event's type up here; anything not listed raises."""
+        return {
+            ev.Started: self._on_started,
+            ev.Tick: self._on_tick,
+            ev.LineReceived: self._on_line,
+            ev.LinesReceived: self._on_lines,
+            ev.DrainRequested: self._on_drain,
+            ev.MembershipRead: self._on_membership_read,
+            ev.MembershipWritten: self._on_membership_written,
+            ev.MembershipWriteFailed: self._on_membership_write_failed,
+            ev.MembershipUnusable: self._on_membership_unusable,
+            ev.LockAcquired: self._on_lock_acquired,
+            ev.LockBusy: self._on_lock_busy,
+            ev.LockLost: self._on_lock_lost,
+            ev.ShardUnusable: self._on_shard_unusable,
+            ev.LogRecordsRead: self._on_log_records,
+            ev.AppendCommitted: self._on_append_committed,
+            ev.AppendFailed: self._on_append_failed,
+            ev.Compacted: self.compaction.on_compacted,
+            ev.CompactionFailed: self.compaction.on_compaction_failed,
+            ev.WebhookFinished: self._on_webhook,
+            ev.CompactionRequested: self.compaction.on_compaction_requested,
+            ev.PayloadUnreadable: self._on_payload_unreadable,
+            ev.InboxRead: self.inbox.on_inbox_read,
+            ev.InboxProgress: self.inbox.on_inbox_progress,
+            proto.Register: self._on_register,
+            proto.Enqueue: self._on_enqueue,
+            proto.Result: self._on_result,
+            proto.Progress: self._on_progress,
+            proto.StatsRequested: self._on_stats,
+        }
+
     # ------------------------------------------------------------------ helpers
 
     def _shard_count(self) -> int:
@@ -358,7 +379,7 @@ class Node:
     def _wall_text(self) -> str:
         """`format_rfc3339` of the current wall time, made once per clock reading (a burst's
         records share it)."""
-        wall = self._now.wall
+        wall = self.now.wall
         if wall != self._now_text_wall:
             self._now_text_wall = wall
             self._now_text = format_rfc3339(wall)
@@ -369,7 +390,7 @@ class Node:
             raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
         task.state = new
 
-    def _meta(self, shard: int) -> dict[str, Any]:
+    def meta(self, shard: int) -> dict[str, Any]:
         return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
 
     def _pool_of(self, name: str | None) -> str:
@@ -386,7 +407,7 @@ class Node:
         """Start a membership round: read, then (in `_on_membership_read`) write claims,
         renewals, give-backs and this node's heartbeat. A renewal's lease counts from here."""
         self.membership_busy = True
-        self.round_started_mono = self._now.mono
+        self.round_started_mono = self.now.mono
         self.outbox.emit(fx.ReadMembership())
 
     def _on_started(self, event: ev.Started) -> None:
@@ -402,7 +423,7 @@ class Node:
             expected: int | None = None
         else:
             expected = int(doc.get("version", 0))
-        now = self._now
+        now = self.now
         self.observer.observe(doc, now.mono)
         self._unlock_handed_over(doc)
         self._confirm_probes(doc)
@@ -427,7 +448,7 @@ class Node:
             live = [n for n in live if n not in self.dead_nodes]
         self.peers_live = len(live) > 1  # (`live` names this node too)
         if self.peers_live:
-            self._inbox_poll_soon()  # one may be writing to our inboxes now
+            self.inbox.poll_soon()  # one may be writing to our inboxes now
         releases: list[int] = []
         if self.phase is DRAINING:
             # Renewals go on during a drain (upstream let leases lapse), but nothing new is
@@ -529,7 +550,7 @@ class Node:
             info = self.shards[shard]
             if info.phase is ACTIVE and not info.giving_back:
                 info.giving_back = True
-                info.giving_back_since_mono = self._now.mono
+                info.giving_back_since_mono = self.now.mono
                 giving += 1
                 self.outbox.log(
                     "info",
@@ -540,7 +561,7 @@ class Node:
         info = self.shards.get(shard)
         if info is None or not info.giving_back:
             return False
-        if self._now.mono >= info.giving_back_since_mono + self.config.drain_timeout_us:
+        if self.now.mono >= info.giving_back_since_mono + self.config.drain_timeout_us:
             return True
         return not (
             info.appends_in_flight
@@ -582,7 +603,7 @@ class Node:
             self.membership_trouble = None
         self.doc = event.doc
         self.doc_names_others = bool(live_foreign(event.doc, node_id=self.config.node_id))
-        now = self._now
+        now = self.now
         self._unlock_handed_over(event.doc)
         if self.releasing:
             self._finish_release()
@@ -718,7 +739,7 @@ class Node:
 
     def _retry_membership(self) -> None:
         self.renew_after_busy = False
-        self.renew_at_mono = self._now.mono + self.config.retry_io_us
+        self.renew_at_mono = self.now.mono + self.config.retry_io_us
 
     def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
         info = self.shards[event.shard]
@@ -782,7 +803,7 @@ class Node:
                 "paused and the lock is retried",
             )
         info.phase = PAUSED
-        info.retry_lock_at_mono = self._now.mono + self.config.retry_io_us
+        info.retry_lock_at_mono = self.now.mono + self.config.retry_io_us
         self._maybe_running()
 
     def _on_lock_lost(self, event: ev.LockLost) -> None:
@@ -795,7 +816,7 @@ class Node:
         info = self.shards.get(event.shard)
         if info is None:
             return
-        info.unusable_until_mono = self._now.mono + self.config.retry_unusable_us
+        info.unusable_until_mono = self.now.mono + self.config.retry_unusable_us
         self._step_down(
             event.shard,
             f"its files cannot be used: {event.error}; it is left unclaimed and tried again in "
@@ -806,7 +827,7 @@ class Node:
     def _unusable(self, shard: int) -> bool:
         info = self.shards.get(shard)
         until = None if info is None else info.unusable_until_mono
-        return until is not None and self._now.mono < until
+        return until is not None and self.now.mono < until
 
     def _lease_ran_out(self) -> None:
         """No renewal committed within the lease: stop acting for every shard at once, whatever
@@ -918,7 +939,7 @@ class Node:
         info.reloading = True
         self._load(shard, info)
 
-    def _appends_drained(self, shard: int, info: ShardInfo) -> None:
+    def appends_drained(self, shard: int, info: ShardInfo) -> None:
         """Every append issued to `shard` has landed or failed: do what waited for that."""
         self._lock_hold_over(shard, info, drained=True)
         if info.read_when_drained:
@@ -934,7 +955,7 @@ class Node:
             self.pool_busy[flight.pool] -= 1
         self._drop_fingerprint(task)
 
-    def _add_fingerprint(self, task: Task) -> None:
+    def add_fingerprint(self, task: Task) -> None:
         if task.payload_hash is not None:
             self.fingerprints.setdefault(task.payload_hash, {})[task.task_id] = None
 
@@ -990,7 +1011,7 @@ class Node:
             )
         held, self.held_commands = self.held_commands, []
         for command in held:
-            _HANDLERS[type(command)](self, command)
+            self.handlers[type(command)](command)
         assert not self.held_commands
 
     def _announce_membership(self) -> None:
@@ -1027,7 +1048,7 @@ class Node:
     def _finish_replay(self, shard: int, info: ShardInfo) -> None:
         """Turn the folded log (`snerd.core.shardlog`, the one fold the CLI uses too) into
         this node's state, then fence the shard with a claim record of our epoch."""
-        now = self._now
+        now = self.now
         fold = info.fold
         assert fold is not None
         info.fold = None
@@ -1073,7 +1094,7 @@ class Node:
                 based = type(record.fields.get("taskData")) is str
                 info.unrunnable.append((task_id, why, based))
                 continue
-            task = self._task_from_record(shard, record.fields, loc(record))
+            task = self.task_from_record(shard, record.fields, loc(record))
             if task is None:
                 self.outbox.log(
                     "warning", f"task {task_id}: unreadable record in {shard_name(shard)}"
@@ -1085,7 +1106,7 @@ class Node:
                 task.attempt = in_flight[task_id]
                 task.dispatch_loc = loc(fold.dispatch[task_id])
             self.tasks[task_id] = task
-            self._add_fingerprint(task)
+            self.add_fingerprint(task)
             self._schedule(task, now)
         for task in self.tasks.values():
             if task.state is BLOCKED:
@@ -1120,12 +1141,12 @@ class Node:
                 "epoch": info.epoch,
                 "node": self.config.node_id,
                 "at": format_rfc3339(now.wall),
-                **self._meta(shard),
+                **self.meta(shard),
             }
         )
         self.outbox.append(shard, [claim], PendingAppend(kind="claim", shard=shard))
 
-    def _task_from_record(
+    def task_from_record(
         self, shard: int, f: dict[str, Any], loc: fx.Location | None
     ) -> Task | None:
         """The task of its latest record, read from a log or an inbox and found runnable by
@@ -1324,7 +1345,7 @@ class Node:
                     command = proto.enqueue_command(plain)
             if command is not None:
                 # The long way without parsing the line again (`_line` would get the same).
-                _HANDLERS[type(command)](self, command)
+                self.handlers[type(command)](command)
             else:
                 self._line(line, doc)
             shards, runs_free = 0, None
@@ -1348,7 +1369,7 @@ class Node:
         except proto.ProtocolError as err:
             self.outbox.send(proto.error(err.task_id, err.message))
             return
-        _HANDLERS[type(command)](self, command)
+        self.handlers[type(command)](command)
 
     def _on_register(self, cmd: proto.Register) -> None:
         if self._hold_or(cmd):
@@ -1390,7 +1411,7 @@ class Node:
             payload_hash = xxhash.xxh64_hexdigest((cmd.task_type + cmd.task_data).encode())
             # Upstream wrote the digest without zero padding.
             payload_hash = payload_hash.lstrip("0") or "0"
-            original = self._pending_twin(payload_hash)
+            original = self.pending_twin(payload_hash)
             if original is not None:
                 self.stats["total_enqueued"] += 1
                 self.stats["total_deduplicated"] += 1
@@ -1406,7 +1427,7 @@ class Node:
             self._enqueue_to_inbox(cmd, shard, payload_hash)
             return
         if cmd.trigger_after_ids:
-            cycle = self._cycle(cmd.task_id, cmd.trigger_after_ids)
+            cycle = self.cycle(cmd.task_id, cmd.trigger_after_ids)
             if cycle is not None:
                 self.outbox.send(
                     proto.error(
@@ -1445,7 +1466,7 @@ class Node:
             1,  # attempt
         )
         self.tasks[cmd.task_id] = task
-        self._add_fingerprint(task)
+        self.add_fingerprint(task)
         self.stats["total_enqueued"] += 1
         records = [new_record(fields)]
         if self._runs_at_once(task):
@@ -1462,7 +1483,7 @@ class Node:
         and when it is due (µs): 0 without `execute_at` or `cron`, so it is ready as soon as
         its record is durable even if the wall clock is stepped back meanwhile (its record's
         `executeAt` says now, as upstream's does)."""
-        now = self._now
+        now = self.now
         execute_at = cmd.execute_at_us
         if execute_at is None and cmd.cron is not None:
             execute_at = next_fire(cmd.cron, now.wall)
@@ -1510,7 +1531,7 @@ class Node:
         same id, a duplicate payload, dependencies) when it ingests the record."""
         fields, _ = self._enqueue_fields(cmd, payload_hash)
         fields["snerdNode"] = self.config.node_id
-        segment = self._inbox_segment(shard)
+        segment = self.inbox.segment(shard)
         segment.in_flight += 1
         token = self.outbox.next_token()
         self.outbox.pending[token] = PendingAppend(
@@ -1523,25 +1544,6 @@ class Node:
             )
         )
 
-    def _inbox_segment(self, shard: int) -> InboxSegment:
-        """The inbox file the next enqueue for `shard` goes to: a new segment once the current
-        one is big, or after a write to it failed."""
-        current = self.inbox_current.get(shard)
-        if (
-            current is not None
-            and not current.failed
-            and current.end < self.config.inbox_segment_bytes
-        ):
-            return current
-        if current is not None:
-            current.closed = True
-        n = self.inbox_next.get(shard, 0)
-        self.inbox_next[shard] = n + 1
-        name = self.config.node_id if n == 0 else f"{self.config.node_id}~{n}"
-        segment = self.inbox_current[shard] = InboxSegment(shard=shard, name=name)
-        self.inbox_segments[(shard, name)] = segment
-        return segment
-
     def _runs_at_once(self, task: Task) -> bool:
         """True when a task being enqueued would be dispatched as soon as its enqueue record
         commits anyway: ready now, no parents, no rate limit, a handler registered (not a
@@ -1550,7 +1552,7 @@ class Node:
         return (
             self.phase is NODE_RUNNING
             and not task.trigger_after_ids
-            and task.ready_at_us <= self._now.wall
+            and task.ready_at_us <= self.now.wall
             and task.webhook_url is None
             and task.group is None
             and task.task_type in self.registered
@@ -1561,7 +1563,7 @@ class Node:
             and self.shards[task.shard].hold_dispatch_until_mono is None
         )
 
-    def _pending_twin(self, payload_hash: str) -> Task | None:
+    def pending_twin(self, payload_hash: str) -> Task | None:
         """The oldest live task with this dedupe fingerprint, if any (an enqueue's, or an inbox
         record's being ingested: both are dropped as its duplicates)."""
         for task_id in self.fingerprints.get(payload_hash, ()):
@@ -1579,7 +1581,7 @@ class Node:
                     return
         self.outbox.send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))
 
-    def _cycle(self, task_id: str, parents: Iterable[str]) -> str | None:
+    def cycle(self, task_id: str, parents: Iterable[str]) -> str | None:
         """A task id on a dependency cycle through `task_id`, or None."""
         seen: set[str] = set()
         stack = list(parents)
@@ -1671,7 +1673,7 @@ class Node:
             total_failed=self.stats["total_failed"],
             total_dlq=self.stats["total_dlq"],
             queue_depth=len(self.tasks),
-            uptime_secs=(self._now.mono - (self.started_mono or self._now.mono)) // SECOND,
+            uptime_secs=(self.now.mono - (self.started_mono or self.now.mono)) // SECOND,
             per_shard=depth,
             # snerd's additions, which old SDKs ignore.
             extra={
@@ -1733,7 +1735,7 @@ class Node:
                 if parent in self.tasks:
                     self.children.setdefault(parent, set()).add(task.task_id)
             return
-        if task.ready_at_us > self._now.wall:
+        if task.ready_at_us > self.now.wall:
             self._move(task, WAITING)
             self.due.push(task.task_id, task.ready_at_us, task.seq)
         else:
@@ -1742,21 +1744,21 @@ class Node:
 
     def _on_time(self) -> None:
         """Everything that depends only on time and free slots; runs after every event."""
-        now = self._now
+        now = self.now
         if self.phase is STOPPED:
             return
         if (
-            not self.inbox_busy
+            not self.inbox.busy
             and self.phase is NODE_RUNNING
-            and (self.inbox_poll_at_mono is None or now.mono >= self.inbox_poll_at_mono)
+            and (self.inbox.poll_at_mono is None or now.mono >= self.inbox.poll_at_mono)
         ):
-            self._read_inboxes()
+            self.inbox.read()
         if (
-            not self.inbox_checking
-            and self.inbox_segments
-            and (self.inbox_check_at_mono is None or now.mono >= self.inbox_check_at_mono)
+            not self.inbox.checking
+            and self.inbox.segments
+            and (self.inbox.check_at_mono is None or now.mono >= self.inbox.check_at_mono)
         ):
-            self._check_inboxes()
+            self.inbox.check()
         # Appends that failed and are due for another try.
         self.outbox.retry_due(now.mono)
         # Locks to retry, and shards whose dispatch hold ends.
@@ -1819,7 +1821,7 @@ class Node:
             self._dispatch()
         if self.phase is DRAINING:
             self._drain_progress()
-        self._maybe_compact()
+        self.compaction.maybe_compact()
 
     def _dispatch(self) -> None:
         """Fill free worker slots, best task first (highest urgency, then enqueue order)."""
@@ -1867,7 +1869,7 @@ class Node:
             self._park_by_type(task)
             return
         if task.group is not None and task.max_per_minute is not None:
-            now = self._now
+            now = self.now
             if not self.windows.allows(task.group, task.max_per_minute, now.wall):
                 self._move(task, PARKED)
                 queue_in(self.parked_by_group, task.group).push(
@@ -1909,7 +1911,7 @@ class Node:
         return fields
 
     def _begin_execution(self, task: Task) -> None:
-        now = self._now
+        now = self.now
         flight = self.inflight[task.task_id]
         self._move(task, RUNNING)
         assert task.loc is not None
@@ -1949,7 +1951,7 @@ class Node:
         self._move(task, FINISHING)
 
     def _succeeded(self, task: Task) -> None:
-        now = self._now
+        now = self.now
         self._end_flight(task)
         assert task.loc is not None
         nxt = None
@@ -1964,7 +1966,7 @@ class Node:
                 "retryCount": 0,
                 "retryAfterTime": format_rfc3339(now.wall),
                 "executeAt": format_rfc3339(nxt),
-                **self._meta(task.shard),
+                **self.meta(task.shard),
             }
             record = fx.NewRecord(
                 fields=fields, base=task.loc, remove=("LastErrorObj", "LastJobError", "deletedAt")
@@ -1980,7 +1982,7 @@ class Node:
         self._complete(task)
 
     def _failed(self, task: Task, error: str) -> None:
-        now = self._now
+        now = self.now
         self._end_flight(task)
         task.last_error = error
         if task.attempt < attempts_allowed(task.max_retries):
@@ -1996,7 +1998,7 @@ class Node:
                 "retryAfterTime": format_rfc3339(now.wall + delay),
                 "LastErrorObj": error,
                 "LastJobError": {"error": error, "retry_worthy": True},
-                **self._meta(task.shard),
+                **self.meta(task.shard),
             }
             self.outbox.append(
                 task.shard,
@@ -2019,11 +2021,11 @@ class Node:
             "taskType": task.task_type,
             "retryCount": task.attempt,
             "maxRetries": task.max_retries,
-            "deletedAt": format_rfc3339(self._now.wall),
+            "deletedAt": format_rfc3339(self.now.wall),
             "snerdOutcome": OUTCOME_DEAD,
             "LastErrorObj": error,
             "LastJobError": {"error": error, "retry_worthy": False},
-            **self._meta(task.shard),
+            **self.meta(task.shard),
         }
         self.outbox.append(
             task.shard,
@@ -2110,7 +2112,7 @@ class Node:
             ):
                 return []
             assert not self.outbox.out
-            self._now = now
+            self.now = now
             p.answered = True
             self._enqueue_landed(p, task, offsets, lengths)
             out, self.outbox.out = self.outbox.out, []
@@ -2144,7 +2146,7 @@ class Node:
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
-            self._appends_drained(p.shard, info)
+            self.appends_drained(p.shard, info)
         if info.phase is UNOWNED or p.tenure != info.tenure:
             return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
@@ -2208,7 +2210,7 @@ class Node:
             task.attempt = task.retry_count + 1
             task.dispatch_loc = None
             task.ready_at_us = p.extra["ready_at"]
-            if task.ready_at_us > self._now.wall:
+            if task.ready_at_us > self.now.wall:
                 self._move(task, WAITING)
                 self.due.push(task.task_id, task.ready_at_us, task.seq)
             else:
@@ -2234,13 +2236,13 @@ class Node:
                 return
             self._begin_execution(task)
             return
-        self._schedule(task, self._now)
+        self._schedule(task, self.now)
 
     def _dispatch_committed(self, task: Task, info: ShardInfo, loc: fx.Location) -> None:
         """The dispatch record of `task`'s attempt is in the log: the attempt starts."""
         task.dispatch_loc = loc
         if task.group is not None:
-            info.window_records.append((self._now.wall, loc))
+            info.window_records.append((self.now.wall, loc))
         if self.phase is DRAINING and task.state is DISPATCHING:
             # Not sent yet, and we are draining: give the slot back; it runs elsewhere.
             self._end_flight_unsent(task)
@@ -2304,7 +2306,7 @@ class Node:
             if task is None or task.loc is not None or task.state is not ENQUEUING:
                 continue
             task.loc = new_location(p.shard, offsets[i], lengths[i])
-            self._schedule(task, self._now)
+            self._schedule(task, self.now)
         node: str = p.extra["node"]
         end: int = p.extra["end"]
         if end >= info.inbox_done.get(node, -1):
@@ -2317,7 +2319,7 @@ class Node:
         self.pool_busy[flight.pool] -= 1
         if delay_us:
             self._move(task, WAITING)
-            self.due.push(task.task_id, self._now.wall + delay_us, task.seq)
+            self.due.push(task.task_id, self.now.wall + delay_us, task.seq)
         else:
             self._move(task, READY)
             self._push_ready(task)
@@ -2377,7 +2379,7 @@ class Node:
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
-            self._appends_drained(p.shard, info)
+            self.appends_drained(p.shard, info)
         if p.tenure != info.tenure:
             del self.outbox.pending[event.token]  # from an earlier tenure: nothing to retry or say
             return
@@ -2430,8 +2432,8 @@ class Node:
                 f"{shard_name(p.shard)}: could not ingest {node}'s inbox ({error}); "
                 f"trying again in {self.config.retry_io_us // SECOND} s",
             )
-            self.inbox_poll_at_mono = max(
-                self.inbox_poll_at_mono or 0, self._now.mono + self.config.retry_io_us
+            self.inbox.poll_at_mono = max(
+                self.inbox.poll_at_mono or 0, self.now.mono + self.config.retry_io_us
             )
             return
         if p.kind == "enqueues":
@@ -2472,7 +2474,7 @@ class Node:
                     # by urgency, and nothing else is dispatched from the shard meanwhile (a
                     # newer, less urgent task must not overtake it).
                     if info.hold_dispatch_until_mono is None:
-                        info.hold_dispatch_until_mono = self._now.mono + self.config.retry_io_us
+                        info.hold_dispatch_until_mono = self.now.mono + self.config.retry_io_us
                     self._end_flight_unsent(task)
             return
         if p.kind == "finishes" and permanent:
@@ -2505,7 +2507,7 @@ class Node:
             f"{shard_name(p.shard)}: could not write a {p.kind} record "
             f"({error}); retrying in {self.config.retry_io_us // SECOND} s",
         )
-        self.outbox.retry_appends.push(token, self._now.mono + self.config.retry_io_us, 0)
+        self.outbox.retry_appends.push(token, self.now.mono + self.config.retry_io_us, 0)
 
     # ------------------------------------------------------------------ drain
 
@@ -2524,22 +2526,22 @@ class Node:
             f"up to {self.config.drain_timeout_us // SECOND} s",
         )
         self.phase = DRAINING
-        self.drain_deadline_mono = self._now.mono + self.config.drain_timeout_us
+        self.drain_deadline_mono = self.now.mono + self.config.drain_timeout_us
         # No more enqueues: every inbox file of this node is closed, to be removed once read.
-        for segment in self.inbox_current.values():
+        for segment in self.inbox.current.values():
             segment.closed = True
-        self.inbox_current.clear()
-        self.inbox_drain_until_mono = self._now.mono + min(
+        self.inbox.current.clear()
+        self.inbox.drain_until_mono = self.now.mono + min(
             self.config.inbox_drain_wait_us, self.config.drain_timeout_us
         )
-        self.inbox_check_at_mono = None
+        self.inbox.check_at_mono = None
         self.input_closed = event.input_closed
 
     def _drain_progress(self) -> None:
         if self.released:
             return
         assert self.drain_deadline_mono is not None
-        late = self._now.mono >= self.drain_deadline_mono
+        late = self.now.mono >= self.drain_deadline_mono
         waiting_for = [
             t
             for t in self.inflight
@@ -2548,7 +2550,7 @@ class Node:
         busy = (
             bool(waiting_for)
             or any(p.kind != "dispatches" for p in self.outbox.pending_parts())
-            or self._inbox_drain_pending()
+            or self.inbox.drain_pending()
         )
         if busy and not late:
             return
@@ -2615,7 +2617,7 @@ class Node:
         held, self.held_commands = self.held_commands, []
         for command in held:
             if not isinstance(command, ev.DrainRequested):
-                _HANDLERS[type(command)](self, command)
+                self.handlers[type(command)](command)
         self.released = True
         self._finish_release(code)
 
@@ -2636,416 +2638,10 @@ class Node:
 
     # ------------------------------------------------------------------ compaction
 
-    def _maybe_compact(self) -> None:
-        for shard, info in self.shards.items():
-            if (
-                info.phase is not ACTIVE
-                or info.compacting
-                or info.appends_in_flight
-                or info.size < self.config.compact_min_bytes
-                or info.size < info.compact_check_at
-            ):
-                continue
-            offsets = self._live_offsets(shard, info)
-            if sum(offsets.values()) * (self.config.compact_dead_ratio + 1) > info.size:
-                self._next_compact_check(info)
-                continue
-            self._compact(shard, offsets)
-
-    def _next_compact_check(self, info: ShardInfo) -> None:
-        """The log was found, or made, not dead enough: look again once it has grown by an
-        eighth, and by enough bytes per task to pay for the walk over the tasks."""
-        info.compact_check_at = info.size + max(
-            info.size >> 3, COMPACT_CHECK_BYTES_PER_TASK * len(self.tasks)
-        )
-
-    def _live_ranges(
-        self, shard: int, info: ShardInfo, offsets: dict[int, int] | None = None
-    ) -> list[fx.KeepRange]:
-        """Every record the shard's state still needs, in file order (from `offsets`, the
-        `_live_offsets` of this moment, when the caller has them)."""
-        if offsets is None:
-            offsets = self._live_offsets(shard, info)
-        return [new_keep_range(o, offsets[o]) for o in sorted(offsets)]
-
-    def _live_offsets(self, shard: int, info: ShardInfo) -> dict[int, int]:
-        """Offset -> length of every record the shard's state still needs (unordered; the
-        compaction check only sums them, so it builds no `KeepRange`s and sorts nothing)."""
-        offsets: dict[int, int] = {}
-        if info.claim_loc is not None:
-            offsets[info.claim_loc.offset] = info.claim_loc.length
-        for at in info.inbox_locs.values():
-            offsets[at.offset] = at.length
-        for task in self.tasks.values():
-            if task.shard == shard:
-                loc = task.loc
-                if loc is not None:
-                    offsets[loc.offset] = loc.length
-                loc = task.dispatch_loc
-                if loc is not None:
-                    offsets[loc.offset] = loc.length
-        for _, loc in info.history:
-            offsets[loc.offset] = loc.length
-        horizon = self._now.wall - RateWindows.WINDOW_US
-        while info.window_records and info.window_records[0][0] < horizon:
-            info.window_records.popleft()
-        for _, loc in info.window_records:
-            offsets[loc.offset] = loc.length
-        return offsets
-
-    def _on_compaction_requested(self, event: ev.CompactionRequested) -> None:
-        if not self._compact(event.shard):
-            self.outbox.log(
-                "info", f"{shard_name(event.shard)}: no compaction now (busy or not ours)"
-            )
-
-    def _compact(self, shard: int, offsets: dict[int, int] | None = None) -> bool:
-        """Start a compaction of one shard; False when it cannot start now. `offsets`: the
-        shard's `_live_offsets` of this moment, when the caller has them."""
-        info = self.shards.get(shard)
-        if info is None or info.phase is not ACTIVE or info.compacting:
-            return False
-        if info.appends_in_flight:
-            return False
-        keep = self._live_ranges(shard, info, offsets)
-        info.compacting = True
-        # Counted as an append in flight: a step-down keeps the lock until the new file is in
-        # place, and a shard taken up again is read only after it (`_appends_drained`).
-        info.appends_in_flight += 1
-        token = self.outbox.next_token()
-        self.outbox.pending[token] = PendingAppend(
-            kind="compact", shard=shard, extra={"keep": keep}, tenure=info.tenure
-        )
-        self.outbox.emit(fx.Compact(token=token, shard=shard, keep=tuple(keep)))
-        return True
-
-    def _compaction_over(self, shard: int, info: ShardInfo) -> None:
-        info.compacting = False
-        info.compact_check_at = 0
-        self.outbox.flush_backlog(info)
-        info.appends_in_flight -= 1
-        if not info.appends_in_flight:
-            self._appends_drained(shard, info)
-
-    def _on_compacted(self, event: ev.Compacted) -> None:
-        p = self.outbox.pending.pop(event.token)
-        info = self.shards[event.shard]
-        if p.tenure != info.tenure:
-            # Stepped down meanwhile: the tasks and the records held back were dropped then.
-            self._compaction_over(event.shard, info)
-            return
-        keep: list[fx.KeepRange] = p.extra["keep"]
-        shard = event.shard
-        # (`event.offsets` lists the kept ranges, then any new lines.)
-        moved = {
-            r.offset: new_location(shard, offset, length)
-            for r, offset, length in zip(keep, event.offsets, event.lengths, strict=False)
-        }
-        # (A kept range is one record: its new place is where its record now is. Each live
-        # task is re-pointed here, so this loop is kept lean: it runs once per live task.)
-        if info.claim_loc is not None:
-            info.claim_loc = moved.get(info.claim_loc.offset, info.claim_loc)
-        info.inbox_locs = {
-            node: moved.get(loc.offset, loc) for node, loc in info.inbox_locs.items()
-        }
-        get = moved.get
-        for task in self.tasks.values():
-            if task.shard == shard:
-                loc = task.loc
-                if loc is not None:
-                    task.loc = get(loc.offset, loc)
-                loc = task.dispatch_loc
-                if loc is not None:
-                    task.dispatch_loc = get(loc.offset, loc)
-        info.history = deque((t, moved.get(loc.offset, loc)) for t, loc in info.history)
-        info.window_records = deque(
-            (t, moved.get(loc.offset, loc)) for t, loc in info.window_records
-        )
-        # Appends decided while the compaction ran (held back) or waiting for a retry name
-        # their base records by offsets in the old file: move them too.
-        for pending in self.outbox.pending.values():
-            effect = pending.effect
-            if (
-                pending.shard == event.shard
-                and effect is not None
-                and any(r.base is not None and r.base.offset in moved for r in effect.records)
-            ):
-                pending.effect = _rebased(effect, moved)
-        info.backlog = [
-            self.outbox.pending[e.token].effect or e if e.token in self.outbox.pending else e
-            for e in info.backlog
-        ]
-        before, info.size = info.size, event.size
-        self._compaction_over(event.shard, info)
-        # The new log holds only what was live: no check (a walk over every task) until it
-        # has grown again.
-        self._next_compact_check(info)
-        self.outbox.log(
-            "info",
-            f"{shard_name(event.shard)}: compacted tasks.log from {before} to {event.size} bytes",
-        )
-
-    def _on_compaction_failed(self, event: ev.CompactionFailed) -> None:
-        self.outbox.pending.pop(event.token, None)
-        info = self.shards[event.shard]
-        self._compaction_over(event.shard, info)
-        self.outbox.log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
-
     def _on_tick(self, event: ev.Tick) -> None:
         return
 
     # ------------------------------------------------------------------ inboxes
-
-    def _read_inboxes(self) -> None:
-        """Look for tasks other nodes (or this one, while a shard was loading) wrote into the
-        inboxes of the shards this node owns."""
-        offsets = {
-            shard: dict(info.inbox_taken)
-            for shard, info in self.shards.items()
-            if info.phase is ACTIVE and not info.giving_back
-        }
-        if not offsets:
-            self.inbox_poll_at_mono = None  # polled again once a shard is ours
-            return
-        self.inbox_busy = True
-        self.outbox.emit(fx.ReadInbox(offsets=offsets, max_bytes=self.config.inbox_read_bytes))
-
-    def _inbox_poll_interval(self, found: bool) -> int:
-        """How long until the next look at the inboxes, `found` saying whether this one found
-        any inbox file. Every `inbox_poll_us` while another node may be writing to them: the
-        last membership read found another node's heartbeat live (`peers_live`), or a file
-        is there (another node's, a dead one's not yet ingested, or this node's own from
-        while a shard was loading). Otherwise every `inbox_idle_poll_us`: a lone daemon does
-        not list its folders ten times a second (each look is a thread hop, and on a
-        distributed filesystem a directory listing per shard). A node that joins is seen at
-        the next membership read (`_on_membership_read` then looks sooner), so its first
-        inbox tasks wait at most `inbox_idle_poll_us` for ingestion."""
-        if found or self.peers_live:
-            return self.config.inbox_poll_us
-        return max(self.config.inbox_poll_us, self.config.inbox_idle_poll_us)
-
-    def _inbox_poll_soon(self) -> None:
-        """Bring the next look at the inboxes to `inbox_poll_us` from now at the latest."""
-        at = self._now.mono + self.config.inbox_poll_us
-        if self.inbox_poll_at_mono is not None and self.inbox_poll_at_mono > at:
-            self.inbox_poll_at_mono = at
-
-    def _on_inbox_read(self, event: ev.InboxRead) -> None:
-        self.inbox_busy = False
-        found = bool(event.chunks) or any(names for _, names in event.present)
-        self.inbox_poll_at_mono = self._now.mono + self._inbox_poll_interval(found)
-        errors = set(event.errors)
-        for shard, error in event.errors:
-            if (shard, error) not in self.inbox_errors:
-                self.outbox.log(
-                    "warning",
-                    f"{shard_name(shard)}: cannot read its inbox: {error} (said once until "
-                    "it changes; the inbox is tried again at every poll)",
-                )
-        self.inbox_errors = errors
-        for shard, names in event.present:
-            # A file gone from the folder was removed by its writer, which does so only once
-            # it was ingested in full (per this shard's log): its offset is of no more use.
-            info = self.shards.get(shard)
-            if info is None:
-                continue
-            for name in [n for n in info.inbox_done if n not in names]:
-                if info.inbox_taken.get(name) == info.inbox_done[name]:
-                    del info.inbox_done[name], info.inbox_taken[name]
-                    info.inbox_locs.pop(name, None)
-                    info.inbox_marked.pop(name, None)
-        for chunk in event.chunks:
-            self._ingest(chunk)
-        if self._now.mono >= self.inbox_mark_at_mono:
-            # The writers remove their closed files once they see them ingested in full.
-            self.inbox_mark_at_mono = self._now.mono + self.config.inbox_check_us
-            for shard, info in self.shards.items():
-                for name, done in info.inbox_done.items():
-                    if info.inbox_marked.get(name) != done:
-                        info.inbox_marked[name] = done
-                        self.outbox.emit(fx.MarkInboxRead(shard=shard, segment=name, offset=done))
-
-    def _check_inboxes(self) -> None:
-        """Ask how far the owners have ingested this node's closed inbox files."""
-        now = self._now.mono
-        draining = self.phase is DRAINING
-        self.inbox_check_at_mono = now + (
-            self.config.inbox_poll_us if draining else self.config.inbox_check_us
-        )
-        segments = tuple(
-            key for key, s in self.inbox_segments.items() if s.closed and not s.in_flight
-        )
-        if segments:
-            self.inbox_checking = True
-            self.outbox.emit(fx.CheckInboxes(segments=segments))
-
-    def _on_inbox_progress(self, event: ev.InboxProgress) -> None:
-        self.inbox_checking = False
-        for shard, name, read, size in event.segments:
-            segment = self.inbox_segments.get((shard, name))
-            if segment is None or not segment.closed or segment.in_flight:
-                continue
-            if size is None:
-                del self.inbox_segments[(shard, name)]  # gone already
-            elif size == 0 or (read is not None and read >= size):
-                # All of it is ingested (a failed write's partial line, which the owner never
-                # reads past, keeps a file from ever getting here).
-                del self.inbox_segments[(shard, name)]
-                self.outbox.emit(fx.RemoveInbox(shard=shard, segment=name))
-
-    def _inbox_drain_pending(self) -> bool:
-        """A drain still waits for this node's inbox files to be ingested and removed."""
-        until = self.inbox_drain_until_mono
-        return until is not None and self._now.mono < until and bool(self.inbox_segments)
-
-    def _ingest(self, chunk: ev.InboxChunk) -> None:
-        """Enqueue the tasks of one inbox chunk into the shard's log, followed by an `inbox`
-        record saying how far the writer's file is now ingested; all in one append."""
-        info = self.shards.get(chunk.shard)
-        if (
-            info is None
-            or self.phase is not NODE_RUNNING
-            or info.phase is not ACTIVE
-            or info.giving_back
-            or chunk.start != info.inbox_taken.get(chunk.node, 0)
-        ):
-            return  # read for an ownership or a position that has changed since: read again
-        if info.inbox_done.get(chunk.node, 0) != chunk.start:
-            # An ingest of this file is still in flight: one at a time. Were this chunk's
-            # ingest to commit after that one failed, its `inbox` record would say the file
-            # is read past the failed chunk, whose tasks (acked by their writer) would be
-            # lost, here and on every replay. Read again once that one has landed.
-            return
-        where = f"{shard_name(chunk.shard)}/inbox/{chunk.node}.log"
-        records: list[fx.NewRecord] = []
-        ids: list[str | None] = []
-        taken: set[str] = set()
-        end = chunk.end
-        for record in chunk.records:
-            if self._waits_at_ingest(record.fields, taken):
-                # What it would be dropped against is not in the log yet: dropped now, this
-                # record (acked by its writer) would be lost if that append failed and this
-                # one landed. The file is taken up to it; the rest is read again later.
-                end = record.offset
-                break
-            task_id = self._ingest_one(chunk, record, info, where)
-            if task_id is None:
-                continue
-            ids.append(task_id)
-            taken.add(task_id)
-            records.append(new_record(record.fields))
-        for offset, reason in chunk.corrupt:
-            if offset < end:
-                self.outbox.log(
-                    "warning", f"{where}: skipped a corrupt line at byte {offset} ({reason})"
-                )
-        if end == chunk.start:
-            return
-        records.append(
-            new_record(
-                {
-                    "snerdKind": KIND_INBOX,
-                    "node": chunk.node,
-                    "offset": end,
-                    **self._meta(chunk.shard),
-                }
-            )
-        )
-        info.inbox_taken[chunk.node] = end
-        self.outbox.append(
-            chunk.shard,
-            records,
-            PendingAppend(
-                kind="ingest",
-                shard=chunk.shard,
-                extra={"tasks": ids, "node": chunk.node, "end": end},
-            ),
-        )
-
-    def _waits_at_ingest(self, fields: dict[str, Any], taken: set[str]) -> bool:
-        """An inbox record that `_ingest_one` would drop only against live tasks whose records
-        are not in the log yet (an enqueue in flight, another ingest): the task with its id,
-        or every live task with its dedupe fingerprint. Those taken in by the same ingest do
-        not count: its records land together."""
-        task_id = fields.get("taskId")
-        same = self.tasks.get(task_id) if isinstance(task_id, str) else None
-        if same is not None:
-            return same.loc is None and same.task_id not in taken
-        payload_hash = fields.get("payloadHash")
-        if not fields.get("autoDedupe") or not isinstance(payload_hash, str):
-            return False
-        twins = self.fingerprints.get(payload_hash, {})
-        return bool(twins) and all(self.tasks[t].loc is None and t not in taken for t in twins)
-
-    def _ingest_one(
-        self, chunk: ev.InboxChunk, record: ev.LogRecord, info: ShardInfo, where: str
-    ) -> str | None:
-        """Take one inbox record in as a new task of the shard (its fields rewritten in place
-        to be this node's record); None when it is dropped, with the reason logged."""
-        f = record.fields
-        task_id = f.get("taskId")
-        if f.get("snerdKind") is not None or not isinstance(task_id, str):
-            self.outbox.log(
-                "warning", f"{where}: byte {record.offset} is not a task record; skipped"
-            )
-            return None
-        if task_id in self.tasks:
-            self.outbox.log(
-                "warning",
-                f"task {task_id} from {where} dropped: a task with that id is already pending",
-            )
-            return None
-        why = task_problem(f)
-        if why is not None:
-            # Its writer took no such enqueue: a line written by hand (or by an older version).
-            self.outbox.log("warning", f"{where}: {why} (at byte {record.offset}); skipped")
-            return None
-        payload_hash = f.get("payloadHash")
-        original = (
-            self._pending_twin(payload_hash)
-            if f.get("autoDedupe") and isinstance(payload_hash, str)
-            else None
-        )
-        if original is not None:
-            self.stats["total_deduplicated"] += 1
-            self.outbox.log(
-                "info",
-                f"task {task_id} from {where} dropped as a duplicate of pending task "
-                f"{original.task_id}",
-            )
-            return None
-        task = self._task_from_record(chunk.shard, f, None)
-        if task is None:
-            self.outbox.log("warning", f"task {task_id} from {where}: unreadable record; skipped")
-            return None
-        cycle = self._cycle(task_id, task.trigger_after_ids) if task.trigger_after_ids else None
-        if cycle is not None:
-            self.outbox.log(
-                "error",
-                f"task {task_id} from {where} dropped: cycle detected involving task {cycle}",
-            )
-            return None
-        f.pop(CHECKSUM_KEY, None)
-        f["snerdNode"] = self.config.node_id
-        f["snerdEpoch"] = info.epoch
-        f["snerdSeq"] = info.next_seq
-        f["snerdVia"] = chunk.node
-        info.next_seq += 1
-        self.tasks[task_id] = task
-        self._add_fingerprint(task)
-        self.stats["total_enqueued"] += 1
-        return task_id
-
-
-def _rebased(effect: fx.Append, moved: Mapping[int, fx.Location]) -> fx.Append:
-    """`effect` with the base locations of its records moved by a compaction."""
-    records = tuple(
-        fx.NewRecord(fields=r.fields, base=moved.get(r.base.offset, r.base), remove=r.remove)
-        if r.base is not None
-        else r
-        for r in effect.records
-    )
-    return fx.Append(token=effect.token, shard=effect.shard, records=records)
 
 
 def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) -> Task:
@@ -3096,35 +2692,3 @@ _EARLY_ACK_KINDS = frozenset({"enqueues", "dispatches", "finishes"})
 #: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
 _NOT_JSON = object()
 _LINES_RECEIVED = ev.LinesReceived
-
-
-_HANDLERS: dict[type[Any], Any] = {
-    ev.Started: Node._on_started,
-    ev.Tick: Node._on_tick,
-    ev.LineReceived: Node._on_line,
-    ev.LinesReceived: Node._on_lines,
-    ev.DrainRequested: Node._on_drain,
-    ev.MembershipRead: Node._on_membership_read,
-    ev.MembershipWritten: Node._on_membership_written,
-    ev.MembershipWriteFailed: Node._on_membership_write_failed,
-    ev.MembershipUnusable: Node._on_membership_unusable,
-    ev.LockAcquired: Node._on_lock_acquired,
-    ev.LockBusy: Node._on_lock_busy,
-    ev.LockLost: Node._on_lock_lost,
-    ev.ShardUnusable: Node._on_shard_unusable,
-    ev.LogRecordsRead: Node._on_log_records,
-    ev.AppendCommitted: Node._on_append_committed,
-    ev.AppendFailed: Node._on_append_failed,
-    ev.Compacted: Node._on_compacted,
-    ev.CompactionFailed: Node._on_compaction_failed,
-    ev.WebhookFinished: Node._on_webhook,
-    ev.CompactionRequested: Node._on_compaction_requested,
-    ev.PayloadUnreadable: Node._on_payload_unreadable,
-    ev.InboxRead: Node._on_inbox_read,
-    ev.InboxProgress: Node._on_inbox_progress,
-    proto.Register: Node._on_register,
-    proto.Enqueue: Node._on_enqueue,
-    proto.Result: Node._on_result,
-    proto.Progress: Node._on_progress,
-    proto.StatsRequested: Node._on_stats,
-}
