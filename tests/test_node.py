@@ -820,10 +820,10 @@ def test_no_busy_wakeups_while_draining_or_renewing() -> None:
     sh.enqueue("stuck")
     # A renewal that comes due while another membership operation is out waits for it,
     # without asking to be woken at once, again and again.
-    sh.node.membership_busy = True
+    sh.node.tenure.membership_busy = True
     sh.advance(11)
     assert sh.node.wake_in(sh.now()) != 0
-    sh.node.membership_busy = False
+    sh.node.tenure.membership_busy = False
     sh.feed(ev.DrainRequested(reason="SIGTERM"))
     sh.disk["membership"] = None  # membership.json vanished: the release cannot be written
     sh.fail_membership = True
@@ -1010,7 +1010,7 @@ def test_an_append_one_of_whose_tasks_was_forgotten_is_left_to_the_burst() -> No
     sh.hold_appends = True
     sh.burst(_enqueue_lines("s1", "s2"))
     (append,) = sh.held
-    sh.node._forget("s1")
+    sh.node.forget("s1")
     assert sh.acks_on_commit(append, sh.now()) == []
     sh.hold_appends = False
     sh.release_held()

@@ -131,7 +131,7 @@ class Compaction:
         self.out.flush_backlog(info)
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
-            self.node.appends_drained(shard, info)
+            self.node.tenure.appends_drained(shard, info)
 
     def on_compacted(self, event: ev.Compacted) -> None:
         p = self.out.pending.pop(event.token)

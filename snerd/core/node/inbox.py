@@ -89,7 +89,7 @@ class InboxIngest:
         distributed filesystem a directory listing per shard). A node that joins is seen at
         the next membership read (`_on_membership_read` then looks sooner), so its first
         inbox tasks wait at most `inbox_idle_poll_us` for ingestion."""
-        if found or self.node.peers_live:
+        if found or self.node.tenure.peers_live:
             return self.config.inbox_poll_us
         return max(self.config.inbox_poll_us, self.config.inbox_idle_poll_us)
 
@@ -214,7 +214,7 @@ class InboxIngest:
                     "snerdKind": KIND_INBOX,
                     "node": chunk.node,
                     "offset": end,
-                    **self.node.meta(chunk.shard),
+                    **self.node.tenure.meta(chunk.shard),
                 }
             )
         )

@@ -43,7 +43,7 @@ windows can be rebuilt exactly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import orjson
@@ -85,7 +85,6 @@ from snerd.core.node.model import (
     WAITING,
     InboxSegment,
     InFlight,
-    LockProof,
     NodeConfig,
     ShardInfo,
     Task,
@@ -100,30 +99,16 @@ from snerd.core.node.model import (
     route_shard,
 )
 from snerd.core.node.outbox import Outbox, PendingAppend, finish_pending
+from snerd.core.node.tenure import Tenure
 from snerd.core.ownership import (
     MAX_COUNT,
-    Observer,
-    claim_epoch,
-    claim_owner,
-    claim_signature,
-    claimable,
-    give_back,
-    initial_doc,
-    live_foreign,
-    lock_names_claim,
-    owned_by,
-    plan_claims,
-    proof_room,
     shard_name,
-    with_claims,
-    with_heartbeat,
     without_claims,
 )
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
 from snerd.core.records import task_problem
 from snerd.core.retry import attempts_allowed, retry_delay_us
-from snerd.core.shardlog import ShardFold
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = ["Node"]
@@ -139,18 +124,13 @@ class Node:
         assert config.max_workers >= 1
         self.config = config
         self.phase = STARTING
-        self.doc: dict[str, Any] | None = None
-        #: Whether `doc` names another node as a shard's owner (`live_foreign`): worked out
-        #: once per document, not on every `wake_in`.
-        self.doc_names_others = False
-        #: The last membership read found a live heartbeat of another node.
-        self.peers_live = False
         self.shards: dict[int, ShardInfo] = {}
         #: The effects of the current call and the appends in flight.
         self.outbox = Outbox(self.shards)
         #: Inbox files: reading those of owned shards, writing this node's own.
         self.inbox = InboxIngest(self)
         self.compaction = Compaction(self)
+        self.tenure = Tenure(self)
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
         self.inflight: dict[str, InFlight] = {}
@@ -177,32 +157,6 @@ class Node:
         self.held_commands: list[ev.Event] = []
         self.seq = 0
         self.started_mono: int | None = None
-        self.renew_at_mono: int | None = None
-        self.membership_busy = False
-        #: A renewal came due while a membership operation was out: do it when that ends.
-        self.renew_after_busy = False
-        #: Shards whose lock a probe took while another node's claim named it (`LockProof`).
-        #: The lock stays held until the claim is rewritten as ours, or the proof fails.
-        self.lock_proofs: dict[int, LockProof] = {}
-        #: Nodes whose process is gone, proven by their shard's lock (node id -> when, mono):
-        #: no longer counted among the live nodes for fair shares, so their shards are not
-        #: handed back to them while their heartbeat still looks fresh.
-        self.dead_nodes: dict[str, int] = {}
-        #: When to try other nodes' shard locks next (only where flock proves liveness).
-        self.probe_at_mono: int | None = None
-        #: Shards this node's cap left free at its last round, said once (`_say_left_free`).
-        self.left_free_said: set[int] = set()
-        #: What made the last membership round fail, logged once (`_membership_trouble`),
-        #: and whether its end is to be said too; None: the last round landed.
-        self.membership_trouble: str | None = None
-        self.membership_trouble_said = False
-        #: Claims and heartbeats seen in membership.json, timed on this node's monotonic clock.
-        self.observer = Observer()
-        #: When the membership round in flight started (its read was issued).
-        self.round_started_mono: int | None = None
-        #: This node acts for its shards only until then: the start of its last renewal known
-        #: to have committed, plus the lease (DESIGN §4.4). None: it holds no lease.
-        self.lease_deadline_mono: int | None = None
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.drain_deadline_mono: int | None = None
@@ -229,12 +183,8 @@ class Node:
         self.now = now
         if self.started_mono is None:
             self.started_mono = now.mono
-        if self._lease_over(now):
-            self._lease_ran_out()
-
-    def _lease_over(self, now: ev.Now) -> bool:
-        """No renewal committed within the lease: past it, the node acts for no shard."""
-        return self.lease_deadline_mono is not None and now.mono >= self.lease_deadline_mono
+        if self.tenure.lease_over(now):
+            self.tenure.lease_ran_out()
 
     def handle(self, event: ev.Event, now: ev.Now) -> list[fx.Effect]:
         """Feed one event; return the effects to carry out, in order."""
@@ -299,12 +249,16 @@ class Node:
             for flight in self.inflight.values():
                 if flight.deadline_mono is not None:
                     candidates.append(flight.deadline_mono - now.mono)
-        if self.renew_at_mono is not None:
-            candidates.append(self.renew_at_mono - now.mono)
-        if self.probe_at_mono is not None and self.phase is NODE_RUNNING and self.doc_names_others:
-            candidates.append(self.probe_at_mono - now.mono)
-        if self.lease_deadline_mono is not None:
-            candidates.append(self.lease_deadline_mono - now.mono)
+        if self.tenure.renew_at_mono is not None:
+            candidates.append(self.tenure.renew_at_mono - now.mono)
+        if (
+            self.tenure.probe_at_mono is not None
+            and self.phase is NODE_RUNNING
+            and self.tenure.doc_names_others
+        ):
+            candidates.append(self.tenure.probe_at_mono - now.mono)
+        if self.tenure.lease_deadline_mono is not None:
+            candidates.append(self.tenure.lease_deadline_mono - now.mono)
         if self.drain_deadline_mono is not None:
             candidates.append(self.drain_deadline_mono - now.mono)
         if (
@@ -332,6 +286,20 @@ class Node:
         active = ACTIVE
         return sorted([s for s, i in self.shards.items() if i.phase is active])
 
+    # Read-only views for the shells (the simulator's checks read them after every event).
+
+    @property
+    def lease_deadline_mono(self) -> int | None:
+        """Read-only view for the shells: until when (mono) this node acts for its shards, as
+        its last committed renewal says (`Tenure.lease_deadline_mono`); None: no lease."""
+        return self.tenure.lease_deadline_mono
+
+    @property
+    def dead_nodes(self) -> Mapping[str, int]:
+        """Read-only view for the shells: the nodes this one has proven gone by their shard's
+        lock, with when (mono) (`Tenure.dead_nodes`)."""
+        return self.tenure.dead_nodes
+
     def waiting_types(self) -> list[str]:
         """Task types with queued tasks but no registered handler."""
         return sorted(t for t, q in self.parked_by_type.items() if len(q))
@@ -340,19 +308,19 @@ class Node:
         """The handler of each kind of event (and SDK command), bound to this node and its
         parts: `handle` looks an event's type up here; anything not listed raises."""
         return {
-            ev.Started: self._on_started,
+            ev.Started: self.tenure.on_started,
             ev.Tick: self._on_tick,
             ev.LineReceived: self._on_line,
             ev.LinesReceived: self._on_lines,
             ev.DrainRequested: self._on_drain,
-            ev.MembershipRead: self._on_membership_read,
-            ev.MembershipWritten: self._on_membership_written,
-            ev.MembershipWriteFailed: self._on_membership_write_failed,
-            ev.MembershipUnusable: self._on_membership_unusable,
-            ev.LockAcquired: self._on_lock_acquired,
-            ev.LockBusy: self._on_lock_busy,
-            ev.LockLost: self._on_lock_lost,
-            ev.ShardUnusable: self._on_shard_unusable,
+            ev.MembershipRead: self.tenure.on_membership_read,
+            ev.MembershipWritten: self.tenure.on_membership_written,
+            ev.MembershipWriteFailed: self.tenure.on_membership_write_failed,
+            ev.MembershipUnusable: self.tenure.on_membership_unusable,
+            ev.LockAcquired: self.tenure.on_lock_acquired,
+            ev.LockBusy: self.tenure.on_lock_busy,
+            ev.LockLost: self.tenure.on_lock_lost,
+            ev.ShardUnusable: self.tenure.on_shard_unusable,
             ev.LogRecordsRead: self._on_log_records,
             ev.AppendCommitted: self._on_append_committed,
             ev.AppendFailed: self._on_append_failed,
@@ -372,10 +340,6 @@ class Node:
 
     # ------------------------------------------------------------------ helpers
 
-    def _shard_count(self) -> int:
-        """The queue's shard count, as membership.json last said (1 before it was read)."""
-        return int(self.doc.get("shards", 1)) if self.doc is not None else 1
-
     def _wall_text(self) -> str:
         """`format_rfc3339` of the current wall time, made once per clock reading (a burst's
         records share it)."""
@@ -385,13 +349,10 @@ class Node:
             self._now_text = format_rfc3339(wall)
         return self._now_text
 
-    def _move(self, task: Task, new: TaskState) -> None:
+    def move(self, task: Task, new: TaskState) -> None:
         if (task.state, new) not in TRANSITIONS:
             raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
         task.state = new
-
-    def meta(self, shard: int) -> dict[str, Any]:
-        return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
 
     def _pool_of(self, name: str | None) -> str:
         if name is not None and name in self.config.pools:
@@ -403,551 +364,7 @@ class Node:
 
     # ------------------------------------------------------------------ startup and ownership
 
-    def _read_membership(self) -> None:
-        """Start a membership round: read, then (in `_on_membership_read`) write claims,
-        renewals, give-backs and this node's heartbeat. A renewal's lease counts from here."""
-        self.membership_busy = True
-        self.round_started_mono = self.now.mono
-        self.outbox.emit(fx.ReadMembership())
-
-    def _on_started(self, event: ev.Started) -> None:
-        self._read_membership()
-
-    def _on_membership_read(self, event: ev.MembershipRead) -> None:
-        self.membership_busy = False
-        if self.phase is STOPPED:
-            return
-        doc = event.doc
-        if doc is None:
-            doc = initial_doc(queue=self.config.queue, shards=self.config.new_queue_shards)
-            expected: int | None = None
-        else:
-            expected = int(doc.get("version", 0))
-        now = self.now
-        self.observer.observe(doc, now.mono)
-        self._unlock_handed_over(doc)
-        self._confirm_probes(doc)
-        if self.phase is DRAINING and self.released:
-            self._release(doc, expected)
-            return
-        config = self.config.ownership
-        node_id = self.config.node_id
-        mine = set(owned_by(doc, node_id))
-        # A shard we think we hold but membership.json gives to someone else: step down.
-        for shard, info in self.shards.items():
-            if info.phase not in (UNOWNED, PROBING) and shard not in mine:
-                self._step_down(shard, "its claim in membership.json now names another owner")
-        live = self.observer.live_nodes(node_id=node_id, mono_us=now.mono, config=config)
-        if self.dead_nodes:
-            # Proven dead: not live, whatever their heartbeat says (and no longer written).
-            # Forgotten once the heartbeat would have lapsed anyway (ids are never reused).
-            forget = 2 * (config.ttl_us + config.skew_margin_us)
-            for dead, since in list(self.dead_nodes.items()):
-                if now.mono - since > forget:
-                    del self.dead_nodes[dead]
-            live = [n for n in live if n not in self.dead_nodes]
-        self.peers_live = len(live) > 1  # (`live` names this node too)
-        if self.peers_live:
-            self.inbox.poll_soon()  # one may be writing to our inboxes now
-        releases: list[int] = []
-        if self.phase is DRAINING:
-            # Renewals go on during a drain (upstream let leases lapse), but nothing new is
-            # claimed.
-            wanted = sorted(s for s, i in self.shards.items() if i.phase not in (UNOWNED, PROBING))
-        else:
-            candidates = claimable(
-                doc,
-                node_id=node_id,
-                wall_us=now.wall,
-                config=config,
-                proven_dead=self._proven_dead(),
-                observer=self.observer,
-                mono_us=now.mono,
-            )
-            # A shard whose files cannot be used is neither claimed nor kept (`ShardUnusable`).
-            candidates = [s for s in candidates if not self._unusable(s)]
-            plan = plan_claims(
-                doc,
-                node_id=node_id,
-                candidates=candidates,
-                proofs=self.lock_proofs,
-                live=len(live),
-                config=config,
-            )
-            wanted = plan.wanted
-            for shard in plan.proofs_dropped:
-                # Proven dead, but beyond this node's cap: the lock goes back for another.
-                del self.lock_proofs[shard]
-                self.outbox.emit(fx.Unlock(shard=shard))
-            self._say_left_free(plan.left_free)
-            self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
-            releases = [s for s in wanted if self._ready_to_give_back(s)]
-            releases += [s for s in sorted(mine) if self._unusable(s)]
-            wanted = [s for s in wanted if s not in releases]
-            # Stop acting for a shard before the write that frees it: once that write lands,
-            # another node may claim it at once, before this node hears back.
-            for shard in releases:
-                self._step_down(
-                    shard, "handed over to even out the shares", level="info", handing_over=True
-                )
-            if self.config.lock_proves_liveness:
-                self._probe(doc, wanted)
-        if not wanted and self.phase is STARTING:
-            self.outbox.log(
-                "warning",
-                "every shard of this queue is claimed by a live daemon; this daemon waits "
-                "and claims shards as their leases lapse or as the others give shares back",
-            )
-        # A shard this node stepped down from is claimed anew (a new epoch), not renewed: its
-        # lock file still names the tenure that ended (`LockProof`), and fencing keeps the
-        # two tenures apart.
-        anew = [s for s in wanted if s in mine and self._stepped_down(s)]
-        new_doc = with_claims(
-            doc, node_id=node_id, shards=wanted, wall_us=now.wall, config=config, anew=anew
-        )
-        if releases:
-            new_doc = without_claims(new_doc, node_id=node_id, shards=releases)
-        new_doc = with_heartbeat(
-            new_doc,
-            node_id=node_id,
-            wall_us=now.wall,
-            live=live,
-            types=sorted(self.registered),
-            max_shards=config.max_shards,
-        )
-        new_doc["version"] = (expected or 0) + 1
-        self.membership_busy = True
-        self.outbox.emit(fx.WriteMembership(doc=new_doc, expected_version=expected))
-
-    def _say_left_free(self, shards: list[int]) -> None:
-        """Say once why claimable shards stay free: this node's cap (`ClaimPlan.left_free`).
-        Said again only for a shard that was claimed meanwhile and is left free anew."""
-        new = [s for s in shards if s not in self.left_free_said]
-        self.left_free_said = set(shards)
-        if not new:
-            return
-        names = ", ".join(shard_name(s) for s in new)
-        self.outbox.log(
-            "warning",
-            f"{names} left free: this daemon holds its cap of {self.config.ownership.max_shards} "
-            "(SNERD_MAX_SHARDS); raise the cap or start another daemon to run "
-            + ("them" if len(new) > 1 else "it"),
-        )
-
-    def _mark_give_backs(self, count: int) -> None:
-        """Start handing over `count` more shards (the highest numbered active ones)."""
-        giving = sum(1 for i in self.shards.values() if i.giving_back)
-        cap = self.config.ownership.max_shards
-        held = sum(1 for i in self.shards.values() if i.phase is ACTIVE)
-        why = (
-            f"above this daemon's cap of {cap} (SNERD_MAX_SHARDS)"
-            if cap is not None and held > cap
-            else "above this daemon's fair share"
-        )
-        for shard in sorted(self.shards, reverse=True):
-            if giving >= count:
-                return
-            info = self.shards[shard]
-            if info.phase is ACTIVE and not info.giving_back:
-                info.giving_back = True
-                info.giving_back_since_mono = self.now.mono
-                giving += 1
-                self.outbox.log(
-                    "info",
-                    f"{shard_name(shard)}: {why}; handing it over once its attempts in flight end",
-                )
-
-    def _ready_to_give_back(self, shard: int) -> bool:
-        info = self.shards.get(shard)
-        if info is None or not info.giving_back:
-            return False
-        if self.now.mono >= info.giving_back_since_mono + self.config.drain_timeout_us:
-            return True
-        return not (
-            info.appends_in_flight
-            or info.compacting
-            or any(self.tasks[t].shard == shard for t in self.inflight)
-        )
-
-    def _probe(self, doc: dict[str, Any], wanted: list[int]) -> None:
-        """Try the lock of each shard another node claims: getting it proves that node dead.
-        No more than this node's cap leaves room for (`proof_room`)."""
-        room = proof_room(
-            doc,
-            node_id=self.config.node_id,
-            wanted=wanted,
-            proofs=[*self.lock_proofs, *(s for s, i in self.shards.items() if i.phase is PROBING)],
-            config=self.config.ownership,
-        )
-        for shard in live_foreign(doc, node_id=self.config.node_id):
-            if room is not None and room <= 0:
-                return
-            if shard in wanted or shard in self.lock_proofs:
-                continue
-            info = self.shards.setdefault(shard, ShardInfo())
-            # A lock this node still holds after stepping down proves nothing about another.
-            if info.phase is UNOWNED and not (
-                info.unlock_when_drained or info.unlock_when_unclaimed
-            ):
-                info.phase = PROBING
-                info.probed_doc = doc
-                self.outbox.emit(fx.TryLock(shard=shard, owner=self.config.node_id, probe=True))
-                if room is not None:
-                    room -= 1
-
-    def _on_membership_written(self, event: ev.MembershipWritten) -> None:
-        self.membership_busy = False
-        if self.membership_trouble is not None:
-            if self.membership_trouble_said:
-                self.outbox.log("info", "membership.json read and updated again")
-            self.membership_trouble = None
-        self.doc = event.doc
-        self.doc_names_others = bool(live_foreign(event.doc, node_id=self.config.node_id))
-        now = self.now
-        self._unlock_handed_over(event.doc)
-        if self.releasing:
-            self._finish_release()
-            return
-        if self.released:
-            # A renewal landed after the drain finished: now write the release itself.
-            self._read_membership()
-            return
-        self.renew_at_mono = now.mono + self.config.ownership.renew_interval_us
-        # The lease of every claim this write renewed or made counts from the round's start.
-        ours = owned_by(event.doc, self.config.node_id)
-        if ours and self.round_started_mono is not None:
-            self.lease_deadline_mono = self.round_started_mono + self.config.ownership.ttl_us
-        elif not ours:
-            self.lease_deadline_mono = None
-        if self.lock_proofs or self.renew_after_busy:
-            self.renew_at_mono = now.mono  # a takeover or a renewal is waiting
-            self.renew_after_busy = False
-        changed = False
-        for shard in owned_by(event.doc, self.config.node_id):
-            info = self.shards.setdefault(shard, ShardInfo())
-            proof = self.lock_proofs.pop(shard, None)  # ours now: the lock is held for that
-            if proof is not None and proof.confirmed:
-                # Taken over: the claim we wrote replaced the one read unwritten since the
-                # lock came free (the write's version check says so).
-                self.dead_nodes[proof.owner] = now.mono
-                self.outbox.log(
-                    "info",
-                    f"{shard_name(shard)}: its owner's process is gone (its lock was free under "
-                    f"{proof.owner}'s claim); taken over without waiting for the lease",
-                )
-            if info.phase is UNOWNED:
-                epoch = claim_epoch(event.doc, shard)
-                if epoch == info.lock_epoch:
-                    # A renewal issued before this node stepped down from the shard: that
-                    # tenure is over; the next round claims the shard anew.
-                    self.renew_at_mono = now.mono
-                    continue
-                info.epoch = info.lock_epoch = epoch
-                info.phase = LOCKING
-                # A lock still held from the last tenure is taken up as it is: a deferred
-                # Unlock must not fire between this TryLock and its answer.
-                info.unlock_when_drained = info.unlock_when_unclaimed = False
-                self.outbox.emit(fx.TryLock(shard=shard, owner=self.config.node_id, epoch=epoch))
-                changed = True
-        if not changed:
-            self._maybe_running()
-
-    def _stepped_down(self, shard: int) -> bool:
-        info = self.shards.get(shard)
-        return info is not None and info.phase is UNOWNED
-
-    def _proven_dead(self) -> frozenset[int]:
-        return frozenset(s for s, proof in self.lock_proofs.items() if proof.confirmed)
-
-    def _confirm_probes(self, doc: dict[str, Any]) -> None:
-        """Check each lock proof against `doc`: the claim still there, unwritten since,
-        confirms it; anything else ends it."""
-        for shard, proof in list(self.lock_proofs.items()):
-            if claim_signature(doc, shard) == proof.signature:
-                proof.confirmed = True
-            else:
-                # Handed over, renewed or claimed anew since the probe's read: the free lock
-                # proves nothing. The shard is claimable like any other.
-                del self.lock_proofs[shard]
-                self.outbox.emit(fx.Unlock(shard=shard))
-
-    def _unlock_handed_over(self, doc: dict[str, Any]) -> None:
-        """Give up the locks of shards handed over whose claim `doc` no longer gives us."""
-        for shard, info in self.shards.items():
-            if info.unlock_when_unclaimed and claim_owner(doc, shard) != self.config.node_id:
-                self._lock_hold_over(shard, info, drained=False)
-
-    def _on_membership_write_failed(self, event: ev.MembershipWriteFailed) -> None:
-        self.membership_busy = False
-        if self.released:
-            # We tried to hand our shards over and could not: the leases lapse on their own.
-            self.outbox.log(
-                "warning", f"membership.json not updated ({event.error}) while stopping"
-            )
-            self._finish_release()
-            return
-        # A conflict (another writer came first: `doc` is what is there now) is routine with
-        # several daemons; an I/O error is not, and its end is said too.
-        self._membership_trouble(
-            event.error,
-            f"membership.json not updated ({event.error}); retrying",
-            lasting=event.doc is None,
-        )
-        if self._drain_before_start():
-            return
-        self._retry_membership()
-
-    def _on_membership_unusable(self, event: ev.MembershipUnusable) -> None:
-        """membership.json is not a membership document (`check_membership`). At start,
-        before any round landed, this node has claimed nothing: it refuses to start (exit 2)
-        rather than wait for a human. Later, it keeps acting for what it holds until its lease
-        runs out (no renewal can commit meanwhile) and reads the file again until it is
-        fixed."""
-        self.membership_busy = False
-        if self.released:
-            self.outbox.log(
-                "warning", f"{event.problem}; its claims are left to lapse while stopping"
-            )
-            self._finish_release()
-            return
-        if self.phase is STARTING and self.doc is None:
-            self.outbox.log(
-                "error",
-                f"{event.problem}; this daemon cannot start on it: fix or restore the file "
-                "(`snerdmq validate DIR` reports what is wrong)",
-            )
-            self._stop_before_start(2)
-            return
-        ttl = self.config.ownership.ttl_us // SECOND
-        self._membership_trouble(
-            event.problem,
-            f"{event.problem}; this daemon keeps acting for the shards it holds until its "
-            f"lease runs out ({ttl} s after its last renewal), claims nothing, and reads the "
-            "file again until it is fixed",
-            lasting=True,
-        )
-        self._retry_membership()
-
-    def _membership_trouble(self, what: str, message: str, *, lasting: bool) -> None:
-        """Log a failed membership round once per kind of failure (a read retried every
-        `retry_io_us` must not flood stderr); `lasting`: say so when a round lands again."""
-        if what == self.membership_trouble:
-            return
-        self.membership_trouble = what
-        self.membership_trouble_said = lasting
-        self.outbox.log("warning" if lasting else "info", message)
-
-    def _retry_membership(self) -> None:
-        self.renew_after_busy = False
-        self.renew_at_mono = self.now.mono + self.config.retry_io_us
-
-    def _on_lock_acquired(self, event: ev.LockAcquired) -> None:
-        info = self.shards[event.shard]
-        if info.phase is PROBING:
-            # The lock was free: evidence that the claimant's process is gone, if the claimant
-            # held it under this claim and the claim stays unwritten (`LockProof`).
-            info.phase = UNOWNED
-            doc, info.probed_doc = info.probed_doc, None
-            assert doc is not None
-            owner = claim_owner(doc, event.shard)
-            assert owner is not None
-            if not lock_names_claim(event.previous, doc, event.shard):
-                # The claimant never held this lock under this claim (it is about to take it,
-                # retries it while the owner before it finishes, or claimed the shard again
-                # after giving it up): a free lock says nothing of it.
-                self.outbox.emit(fx.Unlock(shard=event.shard))
-                self._maybe_running()
-                return
-            self.lock_proofs[event.shard] = LockProof(
-                owner=owner, signature=claim_signature(doc, event.shard)
-            )
-            self._renew(force=True)  # a read confirms it (`_confirm_probes`)
-            return
-        if info.phase not in (LOCKING, PAUSED):
-            # Claim withdrawn meanwhile: give the lock straight back.
-            self.outbox.emit(fx.Unlock(shard=event.shard))
-            return
-        info.retry_lock_at_mono = None
-        # Held again: a deferred Unlock is moot.
-        info.unlock_when_drained = info.unlock_when_unclaimed = False
-        self._load(event.shard, info)
-
-    def _load(self, shard: int, info: ShardInfo) -> None:
-        """Replay the shard's log (`LOADING`) into a fresh fold."""
-        info.phase = LOADING
-        info.fold = ShardFold(keep_payloads=False, fence=self.config.fence)
-        info.log_epoch = 0
-        if info.appends_in_flight:
-            # Appends from before this node last stepped down (or after its claim) are still
-            # on their way (the shell writes in order, maybe after an Unlock): read the log
-            # once they are in it, or the reload would miss them and they would surface
-            # later, unknown.
-            info.read_when_drained = True
-            return
-        self.outbox.emit(fx.ReadLog(shard=shard))
-
-    def _on_lock_busy(self, event: ev.LockBusy) -> None:
-        info = self.shards[event.shard]
-        if info.phase is PROBING:
-            info.phase = UNOWNED  # its owner is alive
-            info.probed_doc = None
-            self._maybe_running()
-            return
-        if info.phase not in (LOCKING, PAUSED):
-            return  # stepped down while the TryLock was out: nothing to retry
-        if info.phase is LOCKING:
-            self.outbox.log(
-                "warning",
-                f"{shard_name(event.shard)} is claimed by this daemon but its lock is held by "
-                "another process (a daemon still running on this directory?); the shard stays "
-                "paused and the lock is retried",
-            )
-        info.phase = PAUSED
-        info.retry_lock_at_mono = self.now.mono + self.config.retry_io_us
-        self._maybe_running()
-
-    def _on_lock_lost(self, event: ev.LockLost) -> None:
-        self._step_down(event.shard, f"its lock failed: {event.error}")
-
-    def _on_shard_unusable(self, event: ev.ShardUnusable) -> None:
-        """Bad files on disk: stop acting for the shard, give its claim back at the next round
-        and leave it unclaimed for a while; the daemon goes on with its other shards (and
-        becomes ready without this one)."""
-        info = self.shards.get(event.shard)
-        if info is None:
-            return
-        info.unusable_until_mono = self.now.mono + self.config.retry_unusable_us
-        self._step_down(
-            event.shard,
-            f"its files cannot be used: {event.error}; it is left unclaimed and tried again in "
-            f"{self.config.retry_unusable_us // SECOND} s (`snerdmq fsck` lists what it found)",
-        )
-        self._maybe_running()
-
-    def _unusable(self, shard: int) -> bool:
-        info = self.shards.get(shard)
-        until = None if info is None else info.unusable_until_mono
-        return until is not None and self.now.mono < until
-
-    def _lease_ran_out(self) -> None:
-        """No renewal committed within the lease: stop acting for every shard at once, whatever
-        the shell is doing (a hung write must not extend a lease, DESIGN §4.4). The claims
-        still name this node; the next round that commits takes them up again."""
-        self.lease_deadline_mono = None
-        for shard, info in self.shards.items():
-            if info.phase not in (UNOWNED, PROBING):
-                self._step_down(shard, "its lease ran out before a renewal committed")
-
-    def _step_down(
-        self, shard: int, why: str, level: str = "error", *, handing_over: bool = False
-    ) -> None:
-        """Stop acting for `shard` now. `handing_over`: a write removing our claim follows, and
-        the lock is kept until it lands (`unlock_when_unclaimed`)."""
-        info = self.shards.get(shard)
-        if info is None or info.phase in (UNOWNED, PROBING):
-            return
-        self.outbox.log(level, f"{shard_name(shard)}: this daemon stops acting for it: {why}")
-        was_locked = info.phase not in (LOCKING, PAUSED)
-        info.phase = UNOWNED
-        info.tenure += 1
-        info.read_when_drained = False
-        info.reloading = False
-        info.retry_lock_at_mono = None
-        info.giving_back = False
-        info.hold_dispatch_until_mono = None
-        info.inbox_done.clear()
-        info.inbox_taken.clear()
-        info.inbox_locs.clear()
-        info.inbox_marked.clear()
-        self.parked_by_shard.pop(shard, None)
-        # Enqueues not yet committed will never be acked by this node: say so now (their
-        # records may still land; the next owner finds them).
-        for p in self.outbox.pending_parts():
-            if p.shard == shard and p.kind in ("enqueue", "enqueues") and not p.answered:
-                p.answered = True
-                message = proto.failed_to_enqueue(
-                    f"{shard_name(shard)} changed owner before the enqueue was confirmed; "
-                    "it may or may not be enqueued"
-                )
-                answer = p.extra["ids"] if p.kind == "enqueues" else [p.task_id]
-                for task_id in [*answer, *p.dedupe_waiters]:
-                    self.outbox.send(proto.error(task_id, message))
-        for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
-            self._forget(task_id)
-        # Appends held back by a compaction still running are never made: they belong to this
-        # tenure (a compaction ends with them otherwise, `_compaction_over`).
-        for effect in info.backlog:
-            self.outbox.pending.pop(effect.token, None)
-        info.backlog = []
-        if was_locked:
-            # The shell may write appends in flight after an Unlock: keep the lock until they
-            # are in the log, so the next owner, who needs the lock, reads them before its
-            # claim.
-            info.unlock_when_drained = bool(info.appends_in_flight)
-            info.unlock_when_unclaimed = handing_over
-            if not (info.unlock_when_drained or info.unlock_when_unclaimed):
-                self.outbox.emit(fx.Unlock(shard=shard))
-        self._announce_membership()
-
-    def _lock_hold_over(self, shard: int, info: ShardInfo, *, drained: bool) -> None:
-        """What a deferred Unlock waited for is over (`drained`: the appends in flight, else
-        the write removing our claim): unlock once nothing else holds it back."""
-        if not (info.unlock_when_drained or info.unlock_when_unclaimed):
-            return
-        if drained:
-            info.unlock_when_drained = False
-        else:
-            info.unlock_when_unclaimed = False
-        if not (info.unlock_when_drained or info.unlock_when_unclaimed):
-            self.outbox.emit(fx.Unlock(shard=shard))
-
-    def _claimed(self, shard: int, info: ShardInfo, loc: fx.Location) -> None:
-        """Our claim (at `loc`) fences the shard: it is ours to act for."""
-        info.claim_loc = loc
-        info.phase = ACTIVE
-        unrunnable, info.unrunnable = info.unrunnable, []
-        for task_id, why, based in unrunnable:
-            task = self.tasks.get(task_id)
-            if task is not None and task.state is ENQUEUING:
-                self._move(task, FINISHING)
-                if based:  # the tombstone keeps the record, payload and all
-                    self._finish(task, OUTCOME_DEAD, why)
-                else:
-                    self._dead_letter_unbased(task, why)
-        if self.phase is STARTING:
-            self._maybe_running()
-        else:
-            self._announce_membership()
-
-    def _reload(self, shard: int, info: ShardInfo) -> None:
-        """Our claim landed behind records another writer appended after we read the log (a
-        stale owner's write, made late: paused after deciding it, on a filesystem whose lock
-        did not stop us). They precede our fence, so every reader takes them: we must know
-        them too. Forget what the replay built and read the log again; our claim is in it now,
-        and it writes no new one (`_finish_replay`)."""
-        self.outbox.log(
-            "warning",
-            f"{shard_name(shard)}: another writer appended to tasks.log between our reading it "
-            "and our claim; reading it again",
-        )
-        for task_id in [t.task_id for t in self.tasks.values() if t.shard == shard]:
-            self._forget(task_id)
-        self.parked_by_shard.pop(shard, None)
-        info.history.clear()
-        info.window_records.clear()
-        info.claim_loc = None
-        info.reloading = True
-        self._load(shard, info)
-
-    def appends_drained(self, shard: int, info: ShardInfo) -> None:
-        """Every append issued to `shard` has landed or failed: do what waited for that."""
-        self._lock_hold_over(shard, info, drained=True)
-        if info.read_when_drained:
-            info.read_when_drained = False
-            if info.phase is LOADING:
-                self.outbox.emit(fx.ReadLog(shard=shard))
-
-    def _forget(self, task_id: str) -> None:
+    def forget(self, task_id: str) -> None:
         task = self.tasks.pop(task_id)
         self._unqueue(task)
         flight = self.inflight.pop(task_id, None)
@@ -980,28 +397,17 @@ class Node:
             if q is not None:
                 q.discard(task.task_id)
 
-    def _renew(self, force: bool = False) -> None:
-        if self.membership_busy:
-            # Another membership operation is out: renew right after it (no timer meanwhile,
-            # or the node would be woken again and again for a renewal it cannot start).
-            self.renew_at_mono = None
-            self.renew_after_busy = True
-            return
-        self.renew_at_mono = None
-        self.renew_after_busy = False
-        self._read_membership()
-
-    def _maybe_running(self) -> None:
+    def maybe_running(self) -> None:
         if self.phase is not STARTING:
             return
         if (
-            self.membership_busy
-            or self.lock_proofs
+            self.tenure.membership_busy
+            or self.tenure.lock_proofs
             or any(i.phase in (LOCKING, LOADING, FENCING, PROBING) for i in self.shards.values())
         ):
             return
         self.phase = NODE_RUNNING
-        self._announce_membership()
+        self.tenure.announce_membership()
         owned = self.owned_shards
         if owned:
             self.outbox.log(
@@ -1013,18 +419,6 @@ class Node:
         for command in held:
             self.handlers[type(command)](command)
         assert not self.held_commands
-
-    def _announce_membership(self) -> None:
-        if self.doc is None or self.phase is STARTING:
-            return
-        self.outbox.send(
-            proto.membership(
-                self.config.queue if self.doc.get("queue") is None else str(self.doc["queue"]),
-                int(self.doc.get("shards", 0)),
-                self.owned_shards,
-                int(self.doc.get("version", 0)),
-            )
-        )
 
     # ------------------------------------------------------------------ replay
 
@@ -1127,7 +521,7 @@ class Node:
                 and fence_node == self.config.node_id
                 and (info.log_epoch == info.epoch)
             ):
-                self._claimed(shard, info, loc(fence))  # still the last claim: ours
+                self.tenure.claimed(shard, info, loc(fence))  # still the last claim: ours
                 return
         if info.log_epoch > info.epoch or (
             info.log_epoch == info.epoch and fence_node != self.config.node_id
@@ -1141,7 +535,7 @@ class Node:
                 "epoch": info.epoch,
                 "node": self.config.node_id,
                 "at": format_rfc3339(now.wall),
-                **self.meta(shard),
+                **self.tenure.meta(shard),
             }
         )
         self.outbox.append(shard, [claim], PendingAppend(kind="claim", shard=shard))
@@ -1279,7 +673,7 @@ class Node:
                     # (One that might run at once, `_runs_at_once`, goes the long way.)
                     if not (task_type in registered and runs_free):
                         if not shards:
-                            shards = self._shard_count()
+                            shards = self.tenure.shard_count()
                             now_text = self._wall_text()
                         shard = route_shard(task_id, shards) if shards != 1 else 0
                         info = infos.get(shard)
@@ -1386,7 +780,7 @@ class Node:
         parked = self.parked_by_type.pop(cmd.task_type, None)
         while parked:
             task = self.tasks[parked.pop()]
-            self._move(task, READY)
+            self.move(task, READY)
             self._push_ready(task)
 
     def _on_enqueue(self, cmd: proto.Enqueue) -> None:
@@ -1417,7 +811,7 @@ class Node:
                 self.stats["total_deduplicated"] += 1
                 self._ack_duplicate(cmd.task_id, original)
                 return
-        shards = self._shard_count()
+        shards = self.tenure.shard_count()
         key = cmd.rate_limit_group or payload_hash or cmd.task_id
         shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
         info = self.shards.get(shard)
@@ -1704,15 +1098,15 @@ class Node:
     def _schedule(self, task: Task, now: ev.Now) -> None:
         """Put a task whose record is durable where it belongs: blocked, waiting or ready."""
         if task.trigger_after_ids and any(p in self.tasks for p in task.trigger_after_ids):
-            self._move(task, BLOCKED)
+            self.move(task, BLOCKED)
             for parent in task.trigger_after_ids:
                 self.children.setdefault(parent, set()).add(task.task_id)
             return
         if task.ready_at_us > now.wall:
-            self._move(task, WAITING)
+            self.move(task, WAITING)
             self.due.push(task.task_id, task.ready_at_us, task.seq)
             return
-        self._move(task, READY)
+        self.move(task, READY)
         if task.webhook_url is None and task.task_type not in self.registered:
             self._park_by_type(task)
             return
@@ -1722,7 +1116,7 @@ class Node:
         """A ready task with no handler here: `_dispatch` would only pop it to park it; park
         it now, in the same queue with the same order keys (`_on_register` makes it ready
         again)."""
-        self._move(task, PARKED)
+        self.move(task, PARKED)
         queue_in(self.parked_by_type, task.task_type).push(task.task_id, task.urgency, task.seq)
 
     def _push_ready(self, task: Task) -> None:
@@ -1736,10 +1130,10 @@ class Node:
                     self.children.setdefault(parent, set()).add(task.task_id)
             return
         if task.ready_at_us > self.now.wall:
-            self._move(task, WAITING)
+            self.move(task, WAITING)
             self.due.push(task.task_id, task.ready_at_us, task.seq)
         else:
-            self._move(task, READY)
+            self.move(task, READY)
             self._push_ready(task)
 
     def _on_time(self) -> None:
@@ -1769,7 +1163,7 @@ class Node:
                 parked = self.parked_by_shard.get(shard)
                 while parked and not info.giving_back:
                     task = self.tasks[parked.pop()]
-                    self._move(task, READY)
+                    self.move(task, READY)
                     self._push_ready(task)
             if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
                 info.retry_lock_at_mono = None
@@ -1778,8 +1172,8 @@ class Node:
                         fx.TryLock(shard=shard, owner=self.config.node_id, epoch=info.lock_epoch)
                     )
         # Leases.
-        if self.renew_at_mono is not None and now.mono >= self.renew_at_mono:
-            self._renew()
+        if self.tenure.renew_at_mono is not None and now.mono >= self.tenure.renew_at_mono:
+            self.tenure.renew()
         # Hard timeouts. `timed_flights` spares the scan of every flight on every event when
         # no attempt has a deadline (the common case); it is cleared when a scan finds none.
         timed = (
@@ -1799,24 +1193,24 @@ class Node:
         # Delayed tasks and retries whose time came.
         for task_id in self.due.pop_due(now.wall):
             task = self.tasks[task_id]
-            self._move(task, READY)
+            self.move(task, READY)
             self._push_ready(task)
         # Rate windows with room again.
         for group in self.group_wake.pop_due(now.wall):
             parked = self.parked_by_group.get(group)
             while parked:
                 task = self.tasks[parked.pop()]
-                self._move(task, READY)
+                self.move(task, READY)
                 self._push_ready(task)
         if (
             self.config.lock_proves_liveness
             and self.phase is NODE_RUNNING
-            and self.doc is not None
-            and (self.probe_at_mono is None or now.mono >= self.probe_at_mono)
+            and self.tenure.doc is not None
+            and (self.tenure.probe_at_mono is None or now.mono >= self.tenure.probe_at_mono)
         ):
-            self.probe_at_mono = now.mono + self.config.probe_interval_us
-            if not self.membership_busy:
-                self._probe(self.doc, [])
+            self.tenure.probe_at_mono = now.mono + self.config.probe_interval_us
+            if not self.tenure.membership_busy:
+                self.tenure.probe(self.tenure.doc, [])
         if self.phase is NODE_RUNNING:
             self._dispatch()
         if self.phase is DRAINING:
@@ -1862,7 +1256,7 @@ class Node:
         here takes its type, its rate window is full)."""
         info = self.shards[task.shard]
         if info.giving_back or info.hold_dispatch_until_mono is not None:
-            self._move(task, PARKED)
+            self.move(task, PARKED)
             queue_in(self.parked_by_shard, task.shard).push(task.task_id, task.urgency, task.seq)
             return
         if task.webhook_url is None and task.task_type not in self.registered:
@@ -1871,7 +1265,7 @@ class Node:
         if task.group is not None and task.max_per_minute is not None:
             now = self.now
             if not self.windows.allows(task.group, task.max_per_minute, now.wall):
-                self._move(task, PARKED)
+                self.move(task, PARKED)
                 queue_in(self.parked_by_group, task.group).push(
                     task.task_id, task.urgency, task.seq
                 )
@@ -1892,7 +1286,7 @@ class Node:
     def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
         """Take a worker slot for the task's next attempt (-> DISPATCHING); return the fields
         of its dispatch record."""
-        self._move(task, DISPATCHING)
+        self.move(task, DISPATCHING)
         if task.attempt <= task.retry_count:
             task.attempt = task.retry_count + 1
         self.inflight[task.task_id] = InFlight(task.task_id, task.attempt, pool, None)
@@ -1913,7 +1307,7 @@ class Node:
     def _begin_execution(self, task: Task) -> None:
         now = self.now
         flight = self.inflight[task.task_id]
-        self._move(task, RUNNING)
+        self.move(task, RUNNING)
         assert task.loc is not None
         if task.webhook_url is not None:
             timeout = float(task.max_execution_seconds or self.config.webhook_timeout_s)
@@ -1948,7 +1342,7 @@ class Node:
     def _end_flight(self, task: Task) -> None:
         flight = self.inflight.pop(task.task_id)
         self.pool_busy[flight.pool] -= 1
-        self._move(task, FINISHING)
+        self.move(task, FINISHING)
 
     def _succeeded(self, task: Task) -> None:
         now = self.now
@@ -1966,7 +1360,7 @@ class Node:
                 "retryCount": 0,
                 "retryAfterTime": format_rfc3339(now.wall),
                 "executeAt": format_rfc3339(nxt),
-                **self.meta(task.shard),
+                **self.tenure.meta(task.shard),
             }
             record = fx.NewRecord(
                 fields=fields, base=task.loc, remove=("LastErrorObj", "LastJobError", "deletedAt")
@@ -1998,7 +1392,7 @@ class Node:
                 "retryAfterTime": format_rfc3339(now.wall + delay),
                 "LastErrorObj": error,
                 "LastJobError": {"error": error, "retry_worthy": True},
-                **self.meta(task.shard),
+                **self.tenure.meta(task.shard),
             }
             self.outbox.append(
                 task.shard,
@@ -2011,9 +1405,9 @@ class Node:
                 ),
             )
             return
-        self._finish(task, OUTCOME_DEAD, error)
+        self.finish(task, OUTCOME_DEAD, error)
 
-    def _dead_letter_unbased(self, task: Task, error: str) -> None:
+    def dead_letter_unbased(self, task: Task, error: str) -> None:
         """Dead-letter `task` with a tombstone that needs no base record (its own is damaged,
         or holds no payload to keep)."""
         fields = {
@@ -2025,7 +1419,7 @@ class Node:
             "snerdOutcome": OUTCOME_DEAD,
             "LastErrorObj": error,
             "LastJobError": {"error": error, "retry_worthy": False},
-            **self.meta(task.shard),
+            **self.tenure.meta(task.shard),
         }
         self.outbox.append(
             task.shard,
@@ -2033,7 +1427,7 @@ class Node:
             finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
         )
 
-    def _finish(self, task: Task, outcome: str, error: str | None) -> None:
+    def finish(self, task: Task, outcome: str, error: str | None) -> None:
         """Write the tombstone that ends a task (completed or dead-lettered)."""
         if outcome == OUTCOME_COMPLETED:
             self._complete(task)
@@ -2099,7 +1493,7 @@ class Node:
         if p.kind == "inbox":
             p.answered = True
             return [new_ack_enqueued([p.task_id or ""], p.shard)]
-        if self._lease_over(now):
+        if self.tenure.lease_over(now):
             return []
         if p.kind == "enqueue":
             task = self.tasks.get(p.task_id or "")
@@ -2146,7 +1540,7 @@ class Node:
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
-            self.appends_drained(p.shard, info)
+            self.tenure.appends_drained(p.shard, info)
         if info.phase is UNOWNED or p.tenure != info.tenure:
             return
         info.size = max(info.size, event.offsets[-1] + event.lengths[-1])
@@ -2191,9 +1585,9 @@ class Node:
             return
         if p.kind == "claim":
             if offsets[0] > info.loaded_size:
-                self._reload(p.shard, info)
+                self.tenure.reload(p.shard, info)
                 return
-            self._claimed(p.shard, info, loc)
+            self.tenure.claimed(p.shard, info, loc)
             return
         task = self.tasks.get(p.task_id or "")
         if task is None:
@@ -2211,10 +1605,10 @@ class Node:
             task.dispatch_loc = None
             task.ready_at_us = p.extra["ready_at"]
             if task.ready_at_us > self.now.wall:
-                self._move(task, WAITING)
+                self.move(task, WAITING)
                 self.due.push(task.task_id, task.ready_at_us, task.seq)
             else:
-                self._move(task, READY)
+                self.move(task, READY)
                 self._push_ready(task)
         elif p.kind == "finish":
             self._finished(task, p.extra["outcome"], p.extra["error"], loc)
@@ -2277,7 +1671,7 @@ class Node:
             task.loc = new_location(shard, offsets[i], lengths[i])
             acked.append(task_id)
             if task.state is not ENQUEUING:
-                self._move(task, READY)  # (its check: a task is ENQUEUING until now)
+                self.move(task, READY)  # (its check: a task is ENQUEUING until now)
             # ENQUEUING -> READY (-> PARKED): the moves `_move` allows, made directly.
             if task.task_type in registered:
                 task.state = READY
@@ -2318,10 +1712,10 @@ class Node:
         flight = self.inflight.pop(task.task_id)
         self.pool_busy[flight.pool] -= 1
         if delay_us:
-            self._move(task, WAITING)
+            self.move(task, WAITING)
             self.due.push(task.task_id, self.now.wall + delay_us, task.seq)
         else:
-            self._move(task, READY)
+            self.move(task, READY)
             self._push_ready(task)
 
     def _finished(self, task: Task, outcome: str, error: str | None, loc: fx.Location) -> None:
@@ -2354,8 +1748,8 @@ class Node:
                 continue
             if outcome == OUTCOME_DEAD:
                 child.attempt = child.retry_count + 1
-                self._move(child, FINISHING)
-                self._finish(child, OUTCOME_DEAD, f"blocked_by_failed_parent: {task.task_id}")
+                self.move(child, FINISHING)
+                self.finish(child, OUTCOME_DEAD, f"blocked_by_failed_parent: {task.task_id}")
             else:
                 self._check_blocked(child)
 
@@ -2379,7 +1773,7 @@ class Node:
         info = self.shards[p.shard]
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
-            self.appends_drained(p.shard, info)
+            self.tenure.appends_drained(p.shard, info)
         if p.tenure != info.tenure:
             del self.outbox.pending[event.token]  # from an earlier tenure: nothing to retry or say
             return
@@ -2424,7 +1818,7 @@ class Node:
             for task_id in p.extra["tasks"]:
                 task = self.tasks.get(task_id) if task_id is not None else None
                 if task is not None and task.loc is None and task.state is ENQUEUING:
-                    self._forget(task_id)
+                    self.forget(task_id)
             node = p.extra["node"]
             info.inbox_taken[node] = info.inbox_done.get(node, 0)
             self.outbox.log(
@@ -2499,7 +1893,7 @@ class Node:
             del self.outbox.pending[token]
             error = f"snerd could not rebuild the task's record: {error}"
             self.outbox.log("error", f"task {task.task_id}: {error}; dead-lettered")
-            self._dead_letter_unbased(task, error)
+            self.dead_letter_unbased(task, error)
             return
         # Outcome and claim records must land: retry the same append later.
         self.outbox.log(
@@ -2518,7 +1912,7 @@ class Node:
             # Commands that came before the drain request are answered first, as upstream
             # answered lines sent before EOF: the drain starts once the shards are loaded.
             self.held_commands.append(event)
-            self._drain_before_start()  # (unless no round lands: then it stops now)
+            self.drain_before_start()  # (unless no round lands: then it stops now)
             return
         self.outbox.log(
             "info",
@@ -2563,38 +1957,38 @@ class Node:
             )
         self.released = True
         self.drain_deadline_mono = None  # handled: it must not wake the node again
-        if self.doc is None:
-            self._finish_release()
+        if self.tenure.doc is None:
+            self.finish_release()
             return
         # Even holding no shard now (a lease that ran out during the drain), claims and the
         # heartbeat in membership.json may still name this node: remove them, so others take
         # over at once instead of waiting for them to lapse.
-        if not self.membership_busy:
-            self.renew_at_mono = None
-            self._read_membership()
+        if not self.tenure.membership_busy:
+            self.tenure.renew_at_mono = None
+            self.tenure.read_membership()
 
-    def _release(self, doc: dict[str, Any], expected: int | None) -> None:
+    def release(self, doc: dict[str, Any], expected: int | None) -> None:
         # Stop acting for every shard before the write that frees them (see `_mark_give_backs`).
         for shard in sorted(self.shards):
-            self._step_down(shard, "handed over on drain", level="info", handing_over=True)
+            self.tenure.step_down(shard, "handed over on drain", level="info", handing_over=True)
         self.releasing = True
-        self.membership_busy = True
+        self.tenure.membership_busy = True
         self.outbox.emit(
             fx.WriteMembership(
                 doc=without_claims(doc, node_id=self.config.node_id), expected_version=expected
             )
         )
 
-    def _drain_before_start(self) -> bool:
+    def drain_before_start(self) -> bool:
         """A drain came while starting, and no membership round has landed yet (the last one
         failed, and is retried): stop now rather than wait for membership.json to come back,
         since SIGTERM and stdin EOF must end the daemon whatever state the file is in. Nothing
         was claimed (no round landed), so there is nothing to hand over. True when stopped."""
         if not (
             self.phase is STARTING
-            and self.doc is None
-            and self.membership_trouble is not None
-            and not self.membership_busy
+            and self.tenure.doc is None
+            and self.tenure.membership_trouble is not None
+            and not self.tenure.membership_busy
         ):
             return False
         drain = next((c for c in self.held_commands if isinstance(c, ev.DrainRequested)), None)
@@ -2604,12 +1998,12 @@ class Node:
             "warning",
             f"stopping ({drain.reason}) before this daemon could start: membership.json was "
             "never read and updated"
-            + (f" ({self.membership_trouble})" if self.membership_trouble else ""),
+            + (f" ({self.tenure.membership_trouble})" if self.tenure.membership_trouble else ""),
         )
-        self._stop_before_start(0)
+        self.stop_before_start(0)
         return True
 
-    def _stop_before_start(self, code: int) -> None:
+    def stop_before_start(self, code: int) -> None:
         """Stop a node whose first membership round never landed: it claimed nothing, and
         holds no lock but a probe's. Commands held meanwhile are answered as during a drain
         (an enqueue is refused: not enqueued)."""
@@ -2619,20 +2013,20 @@ class Node:
             if not isinstance(command, ev.DrainRequested):
                 self.handlers[type(command)](command)
         self.released = True
-        self._finish_release(code)
+        self.finish_release(code)
 
-    def _finish_release(self, code: int = 0) -> None:
+    def finish_release(self, code: int = 0) -> None:
         for shard, info in self.shards.items():
-            self._lock_hold_over(shard, info, drained=False)  # released, or left to lapse
+            self.tenure.lock_hold_over(shard, info, drained=False)  # released, or left to lapse
             if (
                 info.phase not in (UNOWNED, LOCKING, PAUSED)
-                or shard in self.lock_proofs  # locked, its claim never written
+                or shard in self.tenure.lock_proofs  # locked, its claim never written
             ):
                 self.outbox.emit(fx.Unlock(shard=shard))
             info.phase = UNOWNED
-        self.lock_proofs.clear()
+        self.tenure.lock_proofs.clear()
         self.phase = STOPPED
-        self.renew_at_mono = None
+        self.tenure.renew_at_mono = None
         self.outbox.log("info", "Shutdown complete.")
         self.outbox.emit(fx.Exit(code=code))
 
