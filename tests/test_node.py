@@ -616,7 +616,7 @@ def test_random_workloads_finish_every_acked_task_within_its_attempts(
         if op == "enqueue" and tid not in sh.node.tasks and tid not in max_retries:
             sh.enqueue(tid, max_retries=r)
             max_retries[tid] = r
-        elif op in ("ok", "fail") and tid in sh.node.inflight:
+        elif op in ("ok", "fail") and tid in sh.node.book.inflight:
             sh.result(tid, ok=op == "ok", error="x")
         elif op == "tick":
             sh.advance(1)
@@ -637,7 +637,7 @@ def test_random_workloads_finish_every_acked_task_within_its_attempts(
     for _ in range(200):
         if not sh.node.tasks:
             break
-        for tid in list(sh.node.inflight):
+        for tid in list(sh.node.book.inflight):
             sh.result(tid)
         sh.advance(1)
         note_executions(sh)
@@ -959,7 +959,7 @@ def test_a_task_dispatched_with_its_record_is_acked_and_run_as_the_append_commit
     assert execute.task_id == "a" and execute.location.offset == 100
     task = sh.node.tasks["a"]
     assert task.state is TaskState.RUNNING and task.dispatch_loc is not None
-    assert sh.node.inflight["a"].deadline_mono == sh.mono + 5 * SECOND
+    assert sh.node.book.inflight["a"].deadline_mono == sh.mono + 5 * SECOND
     assert sh.node.on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
     sh.early_acks = False  # (asked above already)
     sh.hold_appends = False
@@ -1010,7 +1010,7 @@ def test_an_append_one_of_whose_tasks_was_forgotten_is_left_to_the_burst() -> No
     sh.hold_appends = True
     sh.burst(_enqueue_lines("s1", "s2"))
     (append,) = sh.held
-    sh.node.forget("s1")
+    sh.node.book.forget("s1")
     assert sh.acks_on_commit(append, sh.now()) == []
     sh.hold_appends = False
     sh.release_held()
@@ -1144,7 +1144,7 @@ def test_the_batch_path_of_plain_enqueues_and_results_decides_what_the_long_way_
         if isinstance(m, bytes):
             return m
         if isinstance(m, tuple):  # a `_RESULT_MARK`: the two nodes have the same in flight
-            flying = sorted(fast.node.inflight.items())
+            flying = sorted(fast.node.book.inflight.items())
             if not flying:
                 return b""
             task_id, flight = flying[m[1] % len(flying)]
@@ -1449,7 +1449,7 @@ def test_a_failed_dispatch_pass_uses_no_attempt_and_runs_each_task_after_the_pau
     assert [r.fields["task"] for r in append.records] == ["d1", "d2", "d3"]  # one pass
     warnings = [m for level, m in sh.logs_out if "dispatch record not written" in m]
     assert [w.split()[1] for w in warnings] == ["d1:", "d2:", "d3:"]
-    assert sh.executed_ids() == [] and not sh.node.inflight
+    assert sh.executed_ids() == [] and not sh.node.book.inflight
     sh.disk_full = False
     sh.advance(2)
     assert sh.executed_ids() == ["d1", "d2", "d3"]
@@ -1526,5 +1526,5 @@ def test_registered_types_are_bounded_because_membership_lists_them() -> None:
     assert sh.messages("error") == [
         {"action": "error", "message": proto.too_many_task_types("one-too-many")}
     ]
-    assert "one-too-many" not in sh.node.registered
+    assert "one-too-many" not in sh.node.book.registered
     assert proto.too_many_task_types("x").startswith("[Snerd] Cannot register task type 'x'")

@@ -64,7 +64,7 @@ class Compaction:
         """The log was found, or made, not dead enough: look again once it has grown by an
         eighth, and by enough bytes per task to pay for the walk over the tasks."""
         info.compact_check_at = info.size + max(
-            info.size >> 3, COMPACT_CHECK_BYTES_PER_TASK * len(self.node.tasks)
+            info.size >> 3, COMPACT_CHECK_BYTES_PER_TASK * len(self.node.book.tasks)
         )
 
     def _live_ranges(
@@ -84,7 +84,7 @@ class Compaction:
             offsets[info.claim_loc.offset] = info.claim_loc.length
         for at in info.inbox_locs.values():
             offsets[at.offset] = at.length
-        for task in self.node.tasks.values():
+        for task in self.node.book.tasks.values():
             if task.shard == shard:
                 loc = task.loc
                 if loc is not None:
@@ -155,7 +155,7 @@ class Compaction:
             node: moved.get(loc.offset, loc) for node, loc in info.inbox_locs.items()
         }
         get = moved.get
-        for task in self.node.tasks.values():
+        for task in self.node.book.tasks.values():
             if task.shard == shard:
                 loc = task.loc
                 if loc is not None:

@@ -235,14 +235,16 @@ class InboxIngest:
         or every live task with its dedupe fingerprint. Those taken in by the same ingest do
         not count: its records land together."""
         task_id = fields.get("taskId")
-        same = self.node.tasks.get(task_id) if isinstance(task_id, str) else None
+        same = self.node.book.tasks.get(task_id) if isinstance(task_id, str) else None
         if same is not None:
             return same.loc is None and same.task_id not in taken
         payload_hash = fields.get("payloadHash")
         if not fields.get("autoDedupe") or not isinstance(payload_hash, str):
             return False
-        twins = self.node.fingerprints.get(payload_hash, {})
-        return bool(twins) and all(self.node.tasks[t].loc is None and t not in taken for t in twins)
+        twins = self.node.book.fingerprints.get(payload_hash, {})
+        return bool(twins) and all(
+            self.node.book.tasks[t].loc is None and t not in taken for t in twins
+        )
 
     def _ingest_one(
         self, chunk: ev.InboxChunk, record: ev.LogRecord, info: ShardInfo, where: str
@@ -254,7 +256,7 @@ class InboxIngest:
         if f.get("snerdKind") is not None or not isinstance(task_id, str):
             self.out.log("warning", f"{where}: byte {record.offset} is not a task record; skipped")
             return None
-        if task_id in self.node.tasks:
+        if task_id in self.node.book.tasks:
             self.out.log(
                 "warning",
                 f"task {task_id} from {where} dropped: a task with that id is already pending",
@@ -267,7 +269,7 @@ class InboxIngest:
             return None
         payload_hash = f.get("payloadHash")
         original = (
-            self.node.pending_twin(payload_hash)
+            self.node.book.pending_twin(payload_hash)
             if f.get("autoDedupe") and isinstance(payload_hash, str)
             else None
         )
@@ -279,11 +281,15 @@ class InboxIngest:
                 f"{original.task_id}",
             )
             return None
-        task = self.node.task_from_record(chunk.shard, f, None)
+        task = self.node.book.task_from_record(chunk.shard, f, None)
         if task is None:
             self.out.log("warning", f"task {task_id} from {where}: unreadable record; skipped")
             return None
-        cycle = self.node.cycle(task_id, task.trigger_after_ids) if task.trigger_after_ids else None
+        cycle = (
+            self.node.book.cycle(task_id, task.trigger_after_ids)
+            if task.trigger_after_ids
+            else None
+        )
         if cycle is not None:
             self.out.log(
                 "error",
@@ -296,8 +302,8 @@ class InboxIngest:
         f["snerdSeq"] = info.next_seq
         f["snerdVia"] = chunk.node
         info.next_seq += 1
-        self.node.tasks[task_id] = task
-        self.node.add_fingerprint(task)
+        self.node.book.tasks[task_id] = task
+        self.node.book.add_fingerprint(task)
         self.node.stats["total_enqueued"] += 1
         return task_id
 

@@ -12,7 +12,7 @@ A node goes through four phases::
 
 While STARTING it reads membership.json, claims shards, locks them and replays their logs;
 SDK commands that arrive meanwhile are kept in order and handled once it runs (upstream simply
-left them in the pipe). Every task it knows lives in `self.tasks`, a payload-free index; the
+left them in the pipe). Every task it knows lives in `self.book.tasks`, a payload-free index; the
 payload stays in the log and is read by the shell when an `Execute` needs it.
 
 A task moves through the states below, and only along the edges of `TRANSITIONS`; any other move
@@ -53,25 +53,20 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.cron import next_fire
-from snerd.core.fields import adopt_cron
 from snerd.core.node.compaction import Compaction
 from snerd.core.node.inbox import InboxIngest
 from snerd.core.node.model import (
     ACTIVE,
     BLOCKED,
-    CLEARED_ON_SUCCESS,
     DISPATCHING,
     DRAINING,
     ENQUEUING,
     FENCING,
-    FINISHING,
     KIND_CLAIM,
-    KIND_DISPATCH,
     LOADING,
     LOCKING,
     NODE_RUNNING,
     OUTCOME_COMPLETED,
-    OUTCOME_DEAD,
     PARKED,
     PAUSED,
     PROBING,
@@ -80,36 +75,30 @@ from snerd.core.node.model import (
     SECOND,
     STARTING,
     STOPPED,
-    TRANSITIONS,
     UNOWNED,
     WAITING,
     InboxSegment,
-    InFlight,
     NodeConfig,
     ShardInfo,
     Task,
-    TaskState,
     new_ack_enqueued,
     new_append,
-    new_based_record,
-    new_execute,
     new_location,
     new_record,
     queue_in,
     route_shard,
 )
 from snerd.core.node.outbox import Outbox, PendingAppend, finish_pending
+from snerd.core.node.tasks import TaskBook
 from snerd.core.node.tenure import Tenure
 from snerd.core.ownership import (
     MAX_COUNT,
     shard_name,
     without_claims,
 )
-from snerd.core.rate_limit import RateWindows
-from snerd.core.ready_queue import DueQueue, ReadyQueue
+from snerd.core.ready_queue import ReadyQueue
 from snerd.core.records import task_problem
-from snerd.core.retry import attempts_allowed, retry_delay_us
-from snerd.core.timefmt import format_rfc3339, parse_rfc3339
+from snerd.core.timefmt import format_rfc3339
 
 __all__ = ["Node"]
 
@@ -131,34 +120,13 @@ class Node:
         self.inbox = InboxIngest(self)
         self.compaction = Compaction(self)
         self.tenure = Tenure(self)
-        self.tasks: dict[str, Task] = {}
-        self.registered: set[str] = set()
-        self.inflight: dict[str, InFlight] = {}
-        #: Some flight may have a deadline (set with it; cleared by `_on_time` when none has).
-        self.timed_flights = False
-        self.pool_busy: dict[str, int] = {}
-        self.ready: dict[str, ReadyQueue[str]] = {}
-        self.due: DueQueue[str] = DueQueue()
-        #: Tasks waiting for a handler, by type.
-        self.parked_by_type: dict[str, ReadyQueue[str]] = {}
-        #: Tasks waiting for room in their rate window, by group.
-        self.parked_by_group: dict[str, ReadyQueue[str]] = {}
-        self.group_wake: DueQueue[str] = DueQueue()
-        self.windows = RateWindows()
-        #: The live tasks of each dedupe fingerprint, in the order they came (`_pending_twin`).
-        #: Usually one, but two can share it: one with a rate-limit group routes by its group,
-        #: so two owners may each take one in, and a node taking both shards over has both.
-        self.fingerprints: dict[str, dict[str, None]] = {}
-        #: Children waiting on parents (trigger_after_ids), by parent id.
-        self.children: dict[str, set[str]] = {}
+        #: Every live task, its queues and its lifecycle.
+        self.book = TaskBook(self)
         #: `format_rfc3339` of the wall time `_now_text_wall` (`_wall_text`).
         self._now_text_wall = -1
         self._now_text = ""
         self.held_commands: list[ev.Event] = []
-        self.seq = 0
         self.started_mono: int | None = None
-        #: Ready tasks of shards being given back (not dispatched here any more), by shard.
-        self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.drain_deadline_mono: int | None = None
         #: The drain is over and claims are to be handed back; `releasing`: that write is out.
         self.released = False
@@ -236,17 +204,17 @@ class Node:
         candidates: list[int] = []
         if self.phase is STOPPED:
             return None
-        nd = self.due.next_due()
+        nd = self.book.due.next_due()
         if nd is not None:
             candidates.append(nd - now.wall)
-        gw = self.group_wake.next_due()
+        gw = self.book.group_wake.next_due()
         if gw is not None:
             candidates.append(gw - now.wall)
         ra = self.outbox.retry_appends.next_due()
         if ra is not None:
             candidates.append(ra - now.mono)
-        if self.timed_flights:
-            for flight in self.inflight.values():
+        if self.book.timed_flights:
+            for flight in self.book.inflight.values():
                 if flight.deadline_mono is not None:
                     candidates.append(flight.deadline_mono - now.mono)
         if self.tenure.renew_at_mono is not None:
@@ -289,6 +257,12 @@ class Node:
     # Read-only views for the shells (the simulator's checks read them after every event).
 
     @property
+    def tasks(self) -> Mapping[str, Task]:
+        """Read-only view for the shells: every live task by id (`TaskBook.tasks`); the
+        simulator checks their record locations after each load and compaction."""
+        return self.book.tasks
+
+    @property
     def lease_deadline_mono(self) -> int | None:
         """Read-only view for the shells: until when (mono) this node acts for its shards, as
         its last committed renewal says (`Tenure.lease_deadline_mono`); None: no lease."""
@@ -302,7 +276,7 @@ class Node:
 
     def waiting_types(self) -> list[str]:
         """Task types with queued tasks but no registered handler."""
-        return sorted(t for t, q in self.parked_by_type.items() if len(q))
+        return sorted(t for t, q in self.book.parked_by_type.items() if len(q))
 
     def _event_handlers(self) -> dict[type[Any], Callable[[Any], None]]:
         """The handler of each kind of event (and SDK command), bound to this node and its
@@ -340,7 +314,7 @@ class Node:
 
     # ------------------------------------------------------------------ helpers
 
-    def _wall_text(self) -> str:
+    def wall_text(self) -> str:
         """`format_rfc3339` of the current wall time, made once per clock reading (a burst's
         records share it)."""
         wall = self.now.wall
@@ -349,53 +323,7 @@ class Node:
             self._now_text = format_rfc3339(wall)
         return self._now_text
 
-    def move(self, task: Task, new: TaskState) -> None:
-        if (task.state, new) not in TRANSITIONS:
-            raise AssertionError(f"task {task.task_id}: {task.state.value} -> {new.value}")
-        task.state = new
-
-    def _pool_of(self, name: str | None) -> str:
-        if name is not None and name in self.config.pools:
-            return name
-        return "default"
-
-    def _pool_limit(self, pool: str) -> int:
-        return min(self.config.pools.get(pool, self.config.max_workers), self.config.max_workers)
-
     # ------------------------------------------------------------------ startup and ownership
-
-    def forget(self, task_id: str) -> None:
-        task = self.tasks.pop(task_id)
-        self._unqueue(task)
-        flight = self.inflight.pop(task_id, None)
-        if flight is not None:
-            self.pool_busy[flight.pool] -= 1
-        self._drop_fingerprint(task)
-
-    def add_fingerprint(self, task: Task) -> None:
-        if task.payload_hash is not None:
-            self.fingerprints.setdefault(task.payload_hash, {})[task.task_id] = None
-
-    def _drop_fingerprint(self, task: Task) -> None:
-        """`task` is no longer live: its fingerprint's other live tasks stay known."""
-        if task.payload_hash is None:
-            return
-        ids = self.fingerprints.get(task.payload_hash)
-        if ids is not None:
-            ids.pop(task.task_id, None)
-            if not ids:
-                del self.fingerprints[task.payload_hash]
-
-    def _unqueue(self, task: Task) -> None:
-        self.due.discard(task.task_id)
-        for q in (
-            self.ready.get(task.pool),
-            self.parked_by_type.get(task.task_type),
-            self.parked_by_group.get(task.group or ""),
-            self.parked_by_shard.get(task.shard),
-        ):
-            if q is not None:
-                q.discard(task.task_id)
 
     def maybe_running(self) -> None:
         if self.phase is not STARTING:
@@ -413,7 +341,7 @@ class Node:
             self.outbox.log(
                 "info",
                 f"owning {', '.join(shard_name(s) for s in owned)}; "
-                f"{len(self.tasks)} live task(s) recovered",
+                f"{len(self.book.tasks)} live task(s) recovered",
             )
         held, self.held_commands = self.held_commands, []
         for command in held:
@@ -460,17 +388,17 @@ class Node:
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
             info.history.append((task_id, loc(record)))
         for group, at, record in fold.windows:
-            self.windows.restore(group, [at])
+            self.book.windows.restore(group, [at])
             info.window_records.append((at, loc(record)))
         in_flight = fold.in_flight()
         info.unrunnable = []
         # Enqueue order (snerdSeq), which compaction keeps: FIFO survives restarts.
         for task_id, record in fold.live_in_order():
-            if task_id in self.tasks:
+            if task_id in self.book.tasks:
                 self.outbox.log(
                     "warning",
                     f"task {task_id} is live in two shards; keeping the one in "
-                    f"{shard_name(self.tasks[task_id].shard)}",
+                    f"{shard_name(self.book.tasks[task_id].shard)}",
                 )
                 continue
             why = task_problem(record.fields)
@@ -483,12 +411,14 @@ class Node:
                     f"{shard_name(shard)}/tasks/tasks.log: {why} (at byte {record.offset}); "
                     "it is dead-lettered",
                 )
-                self.seq += 1
-                self.tasks[task_id] = _unrunnable_task(shard, record.fields, loc(record), self.seq)
+                self.book.seq += 1
+                self.book.tasks[task_id] = _unrunnable_task(
+                    shard, record.fields, loc(record), self.book.seq
+                )
                 based = type(record.fields.get("taskData")) is str
                 info.unrunnable.append((task_id, why, based))
                 continue
-            task = self.task_from_record(shard, record.fields, loc(record))
+            task = self.book.task_from_record(shard, record.fields, loc(record))
             if task is None:
                 self.outbox.log(
                     "warning", f"task {task_id}: unreadable record in {shard_name(shard)}"
@@ -499,12 +429,12 @@ class Node:
                 # number: a crash re-execution does not use up an attempt.
                 task.attempt = in_flight[task_id]
                 task.dispatch_loc = loc(fold.dispatch[task_id])
-            self.tasks[task_id] = task
-            self.add_fingerprint(task)
-            self._schedule(task, now)
-        for task in self.tasks.values():
+            self.book.tasks[task_id] = task
+            self.book.add_fingerprint(task)
+            self.book.schedule(task, now)
+        for task in self.book.tasks.values():
             if task.state is BLOCKED:
-                self._check_blocked(task)
+                self.book.check_blocked(task)
         # Fence: our first record in this log is a claim with our epoch.
         info.phase = FENCING
         # Our epoch comes from our claim; should the log already hold a newer one, or this one
@@ -539,59 +469,6 @@ class Node:
             }
         )
         self.outbox.append(shard, [claim], PendingAppend(kind="claim", shard=shard))
-
-    def task_from_record(
-        self, shard: int, f: dict[str, Any], loc: fx.Location | None
-    ) -> Task | None:
-        """The task of its latest record, read from a log or an inbox and found runnable by
-        the record rule (`snerd.core.records.task_problem`): each value has the type and
-        range the task runs with. (A `null` is an absent key there, and an empty group, pool,
-        cron or webhook URL none.)"""
-        try:
-            task_id = f["taskId"]
-            task_type = f["taskType"]
-            retry_count = f.get("retryCount") or 0
-            max_retries = f.get("maxRetries") or 0
-            ready = max(
-                _parse_time(f.get("executeAt"), 0),
-                _parse_time(f.get("retryAfterTime"), 0),
-            )
-            cron = f.get("cronExpression") or None
-            if cron is not None:
-                # Upstream's 7-field form is read without its year.
-                cron = adopt_cron("cronExpression", cron)
-        except (KeyError, ValueError):  # (a record the rule was not asked about)
-            return None
-        if cron is None and f.get("executeAt") == f.get("retryAfterTime") is not None:
-            # Enqueued without `execute_at` (both times are the enqueue's, as no retry or cron
-            # tick has moved one): due at once, whatever this node's clock says of the other
-            # writer's (an inbox record) or of an earlier wall clock (a replay after a step).
-            ready = 0
-        self.seq += 1
-        urgency = f.get("urgencyScore")
-        return Task(
-            task_id=task_id,
-            task_type=task_type,
-            shard=shard,
-            seq=self.seq,
-            state=ENQUEUING,
-            retry_count=retry_count,
-            max_retries=max_retries,
-            retry_after_hours=float(f.get("retryAfterHours") or 0.0),
-            ready_at_us=ready,
-            urgency=float(urgency) if isinstance(urgency, int | float) else 0.0,
-            pool=self._pool_of(f.get("pool") or None),
-            group=f.get("rateLimitGroup") or None,
-            max_per_minute=f.get("maxPerMinute"),
-            payload_hash=f.get("payloadHash"),
-            cron=cron,
-            webhook_url=f.get("webhookUrl") or None,
-            max_execution_seconds=f.get("maxExecutionSeconds"),
-            trigger_after_ids=tuple(f.get("triggerAfterIds") or ()),
-            loc=loc,
-            attempt=retry_count + 1,
-            last_error=f.get("LastErrorObj"),
-        )
 
     # ------------------------------------------------------------------ SDK commands
 
@@ -634,8 +511,8 @@ class Node:
         plain_of = proto.plain_enqueue
         result_of = proto.plain_result
         max_line = proto.DEFAULT_MAX_LINE_BYTES
-        tasks = self.tasks
-        registered = self.registered
+        tasks = self.book.tasks
+        registered = self.book.registered
         infos = self.shards
         stats = self.stats
         node_id = self.config.node_id
@@ -667,20 +544,20 @@ class Node:
                 if plain is not None and plain[0] not in tasks:
                     task_id, task_type, task_data, max_retries, hours = plain
                     if task_type in registered and runs_free is None:
-                        runs_free = len(self.inflight) < self.config.max_workers and not any(
-                            self.ready.values()
+                        runs_free = len(self.book.inflight) < self.config.max_workers and not any(
+                            self.book.ready.values()
                         )
                     # (One that might run at once, `_runs_at_once`, goes the long way.)
                     if not (task_type in registered and runs_free):
                         if not shards:
                             shards = self.tenure.shard_count()
-                            now_text = self._wall_text()
+                            now_text = self.wall_text()
                         shard = route_shard(task_id, shards) if shards != 1 else 0
                         info = infos.get(shard)
                         if info is not None and info.phase is ACTIVE:
                             seq = info.next_seq
                             info.next_seq = seq + 1
-                            self.seq += 1
+                            self.book.seq += 1
                             # The keys and their order of `_enqueue_fields` for a plain enqueue.
                             record = new_record(
                                 {
@@ -701,7 +578,7 @@ class Node:
                                 task_id,  # task_id
                                 task_type,  # task_type
                                 shard,  # shard
-                                self.seq,  # seq
+                                self.book.seq,  # seq
                                 ENQUEUING,  # state
                                 0,  # retry_count
                                 max_retries,  # max_retries
@@ -769,26 +646,26 @@ class Node:
         if self._hold_or(cmd):
             return
         if (
-            cmd.task_type not in self.registered
-            and len(self.registered) >= proto.MAX_REGISTERED_TYPES
+            cmd.task_type not in self.book.registered
+            and len(self.book.registered) >= proto.MAX_REGISTERED_TYPES
         ):
             # Each registered type is listed in membership.json, rewritten at every renewal.
             self.outbox.send(proto.error(None, proto.too_many_task_types(cmd.task_type)))
             return
-        self.registered.add(cmd.task_type)
+        self.book.registered.add(cmd.task_type)
         self.outbox.send(proto.ack_registered(cmd.task_type))
-        parked = self.parked_by_type.pop(cmd.task_type, None)
+        parked = self.book.parked_by_type.pop(cmd.task_type, None)
         while parked:
-            task = self.tasks[parked.pop()]
-            self.move(task, READY)
-            self._push_ready(task)
+            task = self.book.tasks[parked.pop()]
+            self.book.move(task, READY)
+            self.book.push_ready(task)
 
     def _on_enqueue(self, cmd: proto.Enqueue) -> None:
         if self.phase is not NODE_RUNNING:
             if not self._hold_or(cmd):
                 self.outbox.send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
             return
-        existing = self.tasks.get(cmd.task_id)
+        existing = self.book.tasks.get(cmd.task_id)
         if existing is not None:
             self.outbox.send(
                 proto.error(
@@ -805,7 +682,7 @@ class Node:
             payload_hash = xxhash.xxh64_hexdigest((cmd.task_type + cmd.task_data).encode())
             # Upstream wrote the digest without zero padding.
             payload_hash = payload_hash.lstrip("0") or "0"
-            original = self.pending_twin(payload_hash)
+            original = self.book.pending_twin(payload_hash)
             if original is not None:
                 self.stats["total_enqueued"] += 1
                 self.stats["total_deduplicated"] += 1
@@ -821,7 +698,7 @@ class Node:
             self._enqueue_to_inbox(cmd, shard, payload_hash)
             return
         if cmd.trigger_after_ids:
-            cycle = self.cycle(cmd.task_id, cmd.trigger_after_ids)
+            cycle = self.book.cycle(cmd.task_id, cmd.trigger_after_ids)
             if cycle is not None:
                 self.outbox.send(
                     proto.error(
@@ -835,20 +712,20 @@ class Node:
         fields["snerdEpoch"] = info.epoch
         fields["snerdSeq"] = info.next_seq
         info.next_seq += 1
-        self.seq += 1
+        self.book.seq += 1
         # Positional, in field order: with 19 keywords the call costs about 2.6 us, 0.5 us so.
         task = Task(
             cmd.task_id,  # task_id
             cmd.task_type,  # task_type
             shard,  # shard
-            self.seq,  # seq
+            self.book.seq,  # seq
             ENQUEUING,  # state
             0,  # retry_count
             cmd.max_retries,  # max_retries
             cmd.retry_after_hours,  # retry_after_hours
             ready_at,  # ready_at_us
             cmd.urgency_score,  # urgency
-            self._pool_of(cmd.pool),  # pool
+            self.book.pool_of(cmd.pool),  # pool
             cmd.rate_limit_group if cmd.max_per_minute is not None else None,  # group
             cmd.max_per_minute,  # max_per_minute
             payload_hash,  # payload_hash
@@ -859,15 +736,15 @@ class Node:
             None,  # loc
             1,  # attempt
         )
-        self.tasks[cmd.task_id] = task
-        self.add_fingerprint(task)
+        self.book.tasks[cmd.task_id] = task
+        self.book.add_fingerprint(task)
         self.stats["total_enqueued"] += 1
         records = [new_record(fields)]
         if self._runs_at_once(task):
             # Its first attempt starts now: the dispatch record shares the enqueue record's
             # append (one commit, one fsync instead of two in a row); the ack and the
             # `execute` both follow that commit (`_on_append_committed`).
-            records.append(new_record(self._begin_attempt(task, task.pool)))
+            records.append(new_record(self.book.begin_attempt(task, task.pool)))
         self.outbox.append(shard, records, PendingAppend("enqueue", shard, cmd.task_id))
 
     def _enqueue_fields(
@@ -886,7 +763,7 @@ class Node:
             execute_at = now.wall
         # Upstream's keys in upstream's order, optional ones only when set; built in one pass
         # (this is the per-enqueue hot path).
-        now_text = self._wall_text()
+        now_text = self.wall_text()
         fields: dict[str, Any] = {
             "taskId": cmd.task_id,
             "retryCount": 0,
@@ -949,20 +826,13 @@ class Node:
             and task.ready_at_us <= self.now.wall
             and task.webhook_url is None
             and task.group is None
-            and task.task_type in self.registered
-            and len(self.inflight) < self.config.max_workers
-            and self.pool_busy.get(task.pool, 0) < self._pool_limit(task.pool)
-            and not any(self.ready.values())
+            and task.task_type in self.book.registered
+            and len(self.book.inflight) < self.config.max_workers
+            and self.book.pool_busy.get(task.pool, 0) < self.book.pool_limit(task.pool)
+            and not any(self.book.ready.values())
             and not self.shards[task.shard].giving_back
             and self.shards[task.shard].hold_dispatch_until_mono is None
         )
-
-    def pending_twin(self, payload_hash: str) -> Task | None:
-        """The oldest live task with this dedupe fingerprint, if any (an enqueue's, or an inbox
-        record's being ingested: both are dropped as its duplicates)."""
-        for task_id in self.fingerprints.get(payload_hash, ()):
-            return self.tasks[task_id]
-        return None
 
     def _ack_duplicate(self, task_id: str, original: Task) -> None:
         # Until the original's enqueue record is durable (it has no location yet: ENQUEUING,
@@ -975,44 +845,14 @@ class Node:
                     return
         self.outbox.send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))
 
-    def cycle(self, task_id: str, parents: Iterable[str]) -> str | None:
-        """A task id on a dependency cycle through `task_id`, or None."""
-        seen: set[str] = set()
-        stack = list(parents)
-        while stack:
-            parent = stack.pop()
-            if parent == task_id:
-                return task_id
-            if parent in seen:
-                continue
-            seen.add(parent)
-            task = self.tasks.get(parent)
-            if task is not None:
-                stack.extend(task.trigger_after_ids)
-        return None
-
     def _on_result(self, cmd: proto.Result) -> None:
         if self._hold_or(cmd):
             return
-        task = self._result_task(cmd.task_id, cmd.attempt)
+        task = self.book.result_task(cmd.task_id, cmd.attempt)
         if task is None:
             self.outbox.send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
             return
         self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
-
-    def _result_task(self, task_id: str, attempt: int | None) -> Task | None:
-        """The task a result is for: running, in the attempt named (if one is); None when
-        there is none (unknown, finished, or that attempt timed out)."""
-        flight = self.inflight.get(task_id)
-        task = self.tasks.get(task_id)
-        if (
-            flight is None
-            or task is None
-            or task.state is not RUNNING
-            or (attempt is not None and attempt != flight.attempt)
-        ):
-            return None
-        return task
 
     def _plain_success(self, result: proto.PlainResult) -> bool:
         """`_on_result` for the commonest result, a success of a running attempt of a task
@@ -1021,15 +861,15 @@ class Node:
         tombstone, which goes to the call's lazy append, so the line loop's open run of plain
         enqueues stays whole; a cron task's re-arm record would land inside that run."""
         task_id, success, _, attempt = result
-        task = self._result_task(task_id, attempt) if success else None
+        task = self.book.result_task(task_id, attempt) if success else None
         if task is None or task.cron is not None:
             return False
         self._attempt_ended(task, True, "")
         return True
 
     def _on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
-        flight = self.inflight.get(event.task_id)
-        task = self.tasks.get(event.task_id)
+        flight = self.book.inflight.get(event.task_id)
+        task = self.book.tasks.get(event.task_id)
         if flight is None or task is None or task.state is not RUNNING:
             # A dead-letter notice that could not be read: nothing left to decide.
             self.outbox.log(
@@ -1046,10 +886,10 @@ class Node:
         """The outcome of a running attempt, from the SDK or from a webhook."""
         self.stats["total_executed"] += 1
         if ok:
-            self._succeeded(task)
+            self.book.succeeded(task)
         else:
             self.stats["total_failed"] += 1
-            self._failed(task, error)
+            self.book.failed(task, error)
 
     def _on_progress(self, cmd: proto.Progress) -> None:
         # Progress is a pass-through stream; it is not persisted (upstream does the same).
@@ -1059,19 +899,19 @@ class Node:
         if self._hold_or(cmd):
             return
         depth: dict[int, int] = {s: 0 for s in self.owned_shards}
-        for task in self.tasks.values():
+        for task in self.book.tasks.values():
             depth[task.shard] = depth.get(task.shard, 0) + 1
         message = proto.stats(
             total_enqueued=self.stats["total_enqueued"],
             total_executed=self.stats["total_executed"],
             total_failed=self.stats["total_failed"],
             total_dlq=self.stats["total_dlq"],
-            queue_depth=len(self.tasks),
+            queue_depth=len(self.book.tasks),
             uptime_secs=(self.now.mono - (self.started_mono or self.now.mono)) // SECOND,
             per_shard=depth,
             # snerd's additions, which old SDKs ignore.
             extra={
-                "in_flight": len(self.inflight),
+                "in_flight": len(self.book.inflight),
                 "total_deduplicated": self.stats["total_deduplicated"],
                 "waiting_types": self.waiting_types(),
                 "node": self.config.node_id,
@@ -1087,54 +927,13 @@ class Node:
                     f"task {event.task_id}: dead-letter webhook failed: {event.error}",
                 )
             return
-        flight = self.inflight.get(event.task_id)
-        task = self.tasks.get(event.task_id)
+        flight = self.book.inflight.get(event.task_id)
+        task = self.book.tasks.get(event.task_id)
         if flight is None or task is None or flight.attempt != event.attempt:
             return
         self._attempt_ended(task, event.ok, event.error or "Webhook failed")
 
     # ------------------------------------------------------------------ scheduling
-
-    def _schedule(self, task: Task, now: ev.Now) -> None:
-        """Put a task whose record is durable where it belongs: blocked, waiting or ready."""
-        if task.trigger_after_ids and any(p in self.tasks for p in task.trigger_after_ids):
-            self.move(task, BLOCKED)
-            for parent in task.trigger_after_ids:
-                self.children.setdefault(parent, set()).add(task.task_id)
-            return
-        if task.ready_at_us > now.wall:
-            self.move(task, WAITING)
-            self.due.push(task.task_id, task.ready_at_us, task.seq)
-            return
-        self.move(task, READY)
-        if task.webhook_url is None and task.task_type not in self.registered:
-            self._park_by_type(task)
-            return
-        self._push_ready(task)
-
-    def _park_by_type(self, task: Task) -> None:
-        """A ready task with no handler here: `_dispatch` would only pop it to park it; park
-        it now, in the same queue with the same order keys (`_on_register` makes it ready
-        again)."""
-        self.move(task, PARKED)
-        queue_in(self.parked_by_type, task.task_type).push(task.task_id, task.urgency, task.seq)
-
-    def _push_ready(self, task: Task) -> None:
-        assert task.state is READY
-        queue_in(self.ready, task.pool).push(task.task_id, task.urgency, task.seq)
-
-    def _check_blocked(self, task: Task) -> None:
-        if any(p in self.tasks for p in task.trigger_after_ids):
-            for parent in task.trigger_after_ids:
-                if parent in self.tasks:
-                    self.children.setdefault(parent, set()).add(task.task_id)
-            return
-        if task.ready_at_us > self.now.wall:
-            self.move(task, WAITING)
-            self.due.push(task.task_id, task.ready_at_us, task.seq)
-        else:
-            self.move(task, READY)
-            self._push_ready(task)
 
     def _on_time(self) -> None:
         """Everything that depends only on time and free slots; runs after every event."""
@@ -1160,11 +959,11 @@ class Node:
             until = info.hold_dispatch_until_mono
             if until is not None and now.mono >= until:
                 info.hold_dispatch_until_mono = None
-                parked = self.parked_by_shard.get(shard)
+                parked = self.book.parked_by_shard.get(shard)
                 while parked and not info.giving_back:
-                    task = self.tasks[parked.pop()]
-                    self.move(task, READY)
-                    self._push_ready(task)
+                    task = self.book.tasks[parked.pop()]
+                    self.book.move(task, READY)
+                    self.book.push_ready(task)
             if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
                 info.retry_lock_at_mono = None
                 if info.phase is PAUSED:
@@ -1177,31 +976,31 @@ class Node:
         # Hard timeouts. `timed_flights` spares the scan of every flight on every event when
         # no attempt has a deadline (the common case); it is cleared when a scan finds none.
         timed = (
-            [f for f in self.inflight.values() if f.deadline_mono is not None]
-            if self.timed_flights
+            [f for f in self.book.inflight.values() if f.deadline_mono is not None]
+            if self.book.timed_flights
             else []
         )
-        if self.timed_flights and not timed:
-            self.timed_flights = False
+        if self.book.timed_flights and not timed:
+            self.book.timed_flights = False
         for flight in timed:
             assert flight.deadline_mono is not None
             if now.mono >= flight.deadline_mono:
-                task = self.tasks[flight.task_id]
+                task = self.book.tasks[flight.task_id]
                 if task.state is RUNNING:
                     self.stats["total_failed"] += 1
-                    self._failed(task, proto.timed_out(task.max_execution_seconds or 0))
+                    self.book.failed(task, proto.timed_out(task.max_execution_seconds or 0))
         # Delayed tasks and retries whose time came.
-        for task_id in self.due.pop_due(now.wall):
-            task = self.tasks[task_id]
-            self.move(task, READY)
-            self._push_ready(task)
+        for task_id in self.book.due.pop_due(now.wall):
+            task = self.book.tasks[task_id]
+            self.book.move(task, READY)
+            self.book.push_ready(task)
         # Rate windows with room again.
-        for group in self.group_wake.pop_due(now.wall):
-            parked = self.parked_by_group.get(group)
+        for group in self.book.group_wake.pop_due(now.wall):
+            parked = self.book.parked_by_group.get(group)
             while parked:
-                task = self.tasks[parked.pop()]
-                self.move(task, READY)
-                self._push_ready(task)
+                task = self.book.tasks[parked.pop()]
+                self.book.move(task, READY)
+                self.book.push_ready(task)
         if (
             self.config.lock_proves_liveness
             and self.phase is NODE_RUNNING
@@ -1212,256 +1011,12 @@ class Node:
             if not self.tenure.membership_busy:
                 self.tenure.probe(self.tenure.doc, [])
         if self.phase is NODE_RUNNING:
-            self._dispatch()
+            self.book.dispatch()
         if self.phase is DRAINING:
             self._drain_progress()
         self.compaction.maybe_compact()
 
-    def _dispatch(self) -> None:
-        """Fill free worker slots, best task first (highest urgency, then enqueue order)."""
-        ready = self.ready
-        tasks = self.tasks
-        while True:
-            free = self.config.max_workers - len(self.inflight)
-            if free <= 0:
-                return
-            if len(ready) == 1:
-                # One pool (the usual case): its head is the best task, nothing to compare;
-                # as many as it has room for are taken at once.
-                ((pool, queue),) = ready.items()
-                free = min(free, self._pool_limit(pool) - self.pool_busy.get(pool, 0))
-                if not queue or free <= 0:
-                    return
-                for task_id in queue.pop_many(free):
-                    self._offer(tasks[task_id], pool)
-                continue
-            best: tuple[float, int, str] | None = None
-            for pool, queue in ready.items():
-                if not queue or self.pool_busy.get(pool, 0) >= self._pool_limit(pool):
-                    continue
-                head = queue.peek()
-                assert head is not None
-                t = tasks[head]
-                key = (-t.urgency, t.seq, pool)
-                if best is None or key < best:
-                    best = key
-            if best is None:
-                return
-            pool = best[2]
-            self._offer(tasks[ready[pool].pop()], pool)
-
-    def _offer(self, task: Task, pool: str) -> None:
-        """A task taken from the ready queue of `pool`, which has a free slot: its attempt
-        starts, or it is parked (its shard holds dispatch or is being given back, no handler
-        here takes its type, its rate window is full)."""
-        info = self.shards[task.shard]
-        if info.giving_back or info.hold_dispatch_until_mono is not None:
-            self.move(task, PARKED)
-            queue_in(self.parked_by_shard, task.shard).push(task.task_id, task.urgency, task.seq)
-            return
-        if task.webhook_url is None and task.task_type not in self.registered:
-            self._park_by_type(task)
-            return
-        if task.group is not None and task.max_per_minute is not None:
-            now = self.now
-            if not self.windows.allows(task.group, task.max_per_minute, now.wall):
-                self.move(task, PARKED)
-                queue_in(self.parked_by_group, task.group).push(
-                    task.task_id, task.urgency, task.seq
-                )
-                wake = self.windows.next_allowed_us(task.group, task.max_per_minute, now.wall)
-                if task.group not in self.group_wake:
-                    self.group_wake.push(task.group, wake, 0)
-                return
-            self.windows.record(task.group, now.wall)
-        self._start_attempt(task, pool)
-
-    def _start_attempt(self, task: Task, pool: str) -> None:
-        fields = self._begin_attempt(task, pool)
-        shard = task.shard
-        self.outbox.append_run(
-            shard, self.shards[shard], new_record(fields), task.task_id, "dispatches"
-        )
-
-    def _begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
-        """Take a worker slot for the task's next attempt (-> DISPATCHING); return the fields
-        of its dispatch record."""
-        self.move(task, DISPATCHING)
-        if task.attempt <= task.retry_count:
-            task.attempt = task.retry_count + 1
-        self.inflight[task.task_id] = InFlight(task.task_id, task.attempt, pool, None)
-        self.pool_busy[pool] = self.pool_busy.get(pool, 0) + 1
-        fields: dict[str, Any] = {
-            "snerdKind": KIND_DISPATCH,
-            "task": task.task_id,
-            "attempt": task.attempt,
-            "at": self._wall_text(),
-        }
-        if task.group is not None:
-            fields["group"] = task.group
-        # (`_meta`, set key by key: one dispatch record per attempt.)
-        fields["snerdNode"] = self.config.node_id
-        fields["snerdEpoch"] = self.shards[task.shard].epoch
-        return fields
-
-    def _begin_execution(self, task: Task) -> None:
-        now = self.now
-        flight = self.inflight[task.task_id]
-        self.move(task, RUNNING)
-        assert task.loc is not None
-        if task.webhook_url is not None:
-            timeout = float(task.max_execution_seconds or self.config.webhook_timeout_s)
-            self._call_webhook(task, task.webhook_url, task.loc, "Execute", timeout)
-            return
-        if task.max_execution_seconds is not None:
-            flight.deadline_mono = now.mono + task.max_execution_seconds * SECOND
-            self.timed_flights = True
-        self.outbox.emit(
-            new_execute(
-                task.task_id, task.task_type, task.attempt, task.loc, task.max_execution_seconds
-            )
-        )
-
-    def _call_webhook(
-        self, task: Task, url: str, loc: fx.Location, event: str, timeout: float
-    ) -> None:
-        self.outbox.emit(
-            fx.CallWebhook(
-                task_id=task.task_id,
-                task_type=task.task_type,
-                attempt=task.attempt,
-                url=url,
-                location=loc,
-                event=event,
-                timeout_seconds=timeout,
-            )
-        )
-
     # ------------------------------------------------------------------ outcomes
-
-    def _end_flight(self, task: Task) -> None:
-        flight = self.inflight.pop(task.task_id)
-        self.pool_busy[flight.pool] -= 1
-        self.move(task, FINISHING)
-
-    def _succeeded(self, task: Task) -> None:
-        now = self.now
-        self._end_flight(task)
-        assert task.loc is not None
-        nxt = None
-        if task.cron is not None:
-            try:
-                nxt = next_fire(task.cron, now.wall)
-            except ValueError as exc:  # no fire time before year 9999 (a wall clock that far)
-                self.outbox.log("warning", f"task {task.task_id}: not re-armed: {exc}; it is done")
-        if nxt is not None:
-            # Re-arm: same id, errors cleared, next tick strictly after now (missed ticks skipped).
-            fields = {
-                "retryCount": 0,
-                "retryAfterTime": format_rfc3339(now.wall),
-                "executeAt": format_rfc3339(nxt),
-                **self.tenure.meta(task.shard),
-            }
-            record = fx.NewRecord(
-                fields=fields, base=task.loc, remove=("LastErrorObj", "LastJobError", "deletedAt")
-            )
-            self.outbox.append(
-                task.shard,
-                [record],
-                PendingAppend(
-                    kind="rearm", shard=task.shard, task_id=task.task_id, extra={"ready_at": nxt}
-                ),
-            )
-            return
-        self._complete(task)
-
-    def _failed(self, task: Task, error: str) -> None:
-        now = self.now
-        self._end_flight(task)
-        task.last_error = error
-        if task.attempt < attempts_allowed(task.max_retries):
-            delay = retry_delay_us(
-                retry_after_hours=task.retry_after_hours,
-                failures=task.attempt,
-                policy=self.config.backoff,
-                jitter_seed=self.config.jitter_seed,
-                task_id=task.task_id,
-            )
-            fields = {
-                "retryCount": task.attempt,
-                "retryAfterTime": format_rfc3339(now.wall + delay),
-                "LastErrorObj": error,
-                "LastJobError": {"error": error, "retry_worthy": True},
-                **self.tenure.meta(task.shard),
-            }
-            self.outbox.append(
-                task.shard,
-                [fx.NewRecord(fields=fields, base=task.loc)],
-                PendingAppend(
-                    kind="retry",
-                    shard=task.shard,
-                    task_id=task.task_id,
-                    extra={"ready_at": now.wall + delay},
-                ),
-            )
-            return
-        self.finish(task, OUTCOME_DEAD, error)
-
-    def dead_letter_unbased(self, task: Task, error: str) -> None:
-        """Dead-letter `task` with a tombstone that needs no base record (its own is damaged,
-        or holds no payload to keep)."""
-        fields = {
-            "taskId": task.task_id,
-            "taskType": task.task_type,
-            "retryCount": task.attempt,
-            "maxRetries": task.max_retries,
-            "deletedAt": format_rfc3339(self.now.wall),
-            "snerdOutcome": OUTCOME_DEAD,
-            "LastErrorObj": error,
-            "LastJobError": {"error": error, "retry_worthy": False},
-            **self.tenure.meta(task.shard),
-        }
-        self.outbox.append(
-            task.shard,
-            [fx.NewRecord(fields=fields)],
-            finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
-        )
-
-    def finish(self, task: Task, outcome: str, error: str | None) -> None:
-        """Write the tombstone that ends a task (completed or dead-lettered)."""
-        if outcome == OUTCOME_COMPLETED:
-            self._complete(task)
-            return
-        shard = task.shard
-        fields = self._tombstone_fields(task, task.attempt, outcome)
-        if error is not None:
-            fields["LastErrorObj"] = error
-            fields["LastJobError"] = {"error": error, "retry_worthy": False}
-        self.outbox.append(
-            shard,
-            [new_based_record(fields, task.loc, ())],
-            finish_pending(shard, task.task_id, outcome, error),
-        )
-
-    def _complete(self, task: Task) -> None:
-        """Write the tombstone of a task that succeeded. Success clears the error (upstream
-        kept it, so dashboards showed "failed"). The tombstones of tasks completed together
-        are one run ("finishes": one pending for them all, each committed as a "finish" of its
-        own would be)."""
-        shard = task.shard
-        info = self.shards[shard]
-        fields = self._tombstone_fields(task, task.retry_count, OUTCOME_COMPLETED)
-        record = new_based_record(fields, task.loc, CLEARED_ON_SUCCESS)
-        self.outbox.append_run(shard, info, record, task.task_id, "finishes")
-
-    def _tombstone_fields(self, task: Task, retry_count: int, outcome: str) -> dict[str, Any]:
-        return {
-            "retryCount": retry_count,
-            "deletedAt": self._wall_text(),
-            "snerdOutcome": outcome,
-            "snerdNode": self.config.node_id,  # (`_meta`, key by key: one per task)
-            "snerdEpoch": self.shards[task.shard].epoch,
-        }
 
     # ------------------------------------------------------------------ append outcomes
 
@@ -1496,7 +1051,7 @@ class Node:
         if self.tenure.lease_over(now):
             return []
         if p.kind == "enqueue":
-            task = self.tasks.get(p.task_id or "")
+            task = self.book.tasks.get(p.task_id or "")
             if (
                 task is None
                 or task.state is not DISPATCHING
@@ -1520,7 +1075,7 @@ class Node:
             runs = [part for part in parts if part.kind == "enqueues" and not part.answered]
         else:
             return []
-        tasks = self.tasks
+        tasks = self.book.tasks
         acked = [task_id for run in runs for task_id in run.extra["ids"]]
         if not acked or not all(task_id in tasks for task_id in acked):
             return []
@@ -1568,7 +1123,7 @@ class Node:
             return
         if p.kind == "dispatches" or p.kind == "finishes":
             # A run: each task's record committed as its own "dispatch" or "finish" would be.
-            tasks = self.tasks
+            tasks = self.book.tasks
             dispatches = p.kind == "dispatches"
             for i, task_id in enumerate(p.extra["ids"]):
                 task = tasks.get(task_id)
@@ -1577,7 +1132,7 @@ class Node:
                     if dispatches:
                         self._dispatch_committed(task, info, loc)
                     else:
-                        self._finished(task, OUTCOME_COMPLETED, None, loc)
+                        self.book.finished(task, OUTCOME_COMPLETED, None, loc)
             return
         loc = new_location(p.shard, offsets[0], lengths[0])
         if p.kind == "ingest":
@@ -1589,7 +1144,7 @@ class Node:
                 return
             self.tenure.claimed(p.shard, info, loc)
             return
-        task = self.tasks.get(p.task_id or "")
+        task = self.book.tasks.get(p.task_id or "")
         if task is None:
             return
         if p.kind == "enqueue":
@@ -1605,13 +1160,13 @@ class Node:
             task.dispatch_loc = None
             task.ready_at_us = p.extra["ready_at"]
             if task.ready_at_us > self.now.wall:
-                self.move(task, WAITING)
-                self.due.push(task.task_id, task.ready_at_us, task.seq)
+                self.book.move(task, WAITING)
+                self.book.due.push(task.task_id, task.ready_at_us, task.seq)
             else:
-                self.move(task, READY)
-                self._push_ready(task)
+                self.book.move(task, READY)
+                self.book.push_ready(task)
         elif p.kind == "finish":
-            self._finished(task, p.extra["outcome"], p.extra["error"], loc)
+            self.book.finished(task, p.extra["outcome"], p.extra["error"], loc)
 
     def _enqueue_landed(
         self, p: PendingAppend, task: Task, offsets: tuple[int, ...], lengths: tuple[int, ...]
@@ -1626,11 +1181,11 @@ class Node:
             # Dispatched with its enqueue record (`_runs_at_once`): that record is second.
             task.dispatch_loc = new_location(p.shard, offsets[1], lengths[1])
             if self.phase is DRAINING:
-                self._end_flight_unsent(task)  # not sent yet: it runs elsewhere
+                self.book.end_flight_unsent(task)  # not sent yet: it runs elsewhere
                 return
-            self._begin_execution(task)
+            self.book.begin_execution(task)
             return
-        self._schedule(task, self.now)
+        self.book.schedule(task, self.now)
 
     def _dispatch_committed(self, task: Task, info: ShardInfo, loc: fx.Location) -> None:
         """The dispatch record of `task`'s attempt is in the log: the attempt starts."""
@@ -1639,9 +1194,9 @@ class Node:
             info.window_records.append((self.now.wall, loc))
         if self.phase is DRAINING and task.state is DISPATCHING:
             # Not sent yet, and we are draining: give the slot back; it runs elsewhere.
-            self._end_flight_unsent(task)
+            self.book.end_flight_unsent(task)
             return
-        self._begin_execution(task)
+        self.book.begin_execution(task)
 
     def _enqueues_committed(
         self,
@@ -1657,8 +1212,8 @@ class Node:
         webhook, due at once and not dispatched with its record): ready, or parked when no
         handler here takes its type (`_park_by_type`). Consecutive ones bound for the same
         queue are pushed there in one call (`ReadyQueue.push_run`)."""
-        tasks = self.tasks
-        registered = self.registered
+        tasks = self.book.tasks
+        registered = self.book.registered
         acked: list[str] = []
         queue: ReadyQueue[str] | None = None
         urgency = 0.0
@@ -1671,14 +1226,14 @@ class Node:
             task.loc = new_location(shard, offsets[i], lengths[i])
             acked.append(task_id)
             if task.state is not ENQUEUING:
-                self.move(task, READY)  # (its check: a task is ENQUEUING until now)
+                self.book.move(task, READY)  # (its check: a task is ENQUEUING until now)
             # ENQUEUING -> READY (-> PARKED): the moves `_move` allows, made directly.
             if task.task_type in registered:
                 task.state = READY
-                target = queue_in(self.ready, task.pool)
+                target = queue_in(self.book.ready, task.pool)
             else:
                 task.state = PARKED
-                target = queue_in(self.parked_by_type, task.task_type)
+                target = queue_in(self.book.parked_by_type, task.task_type)
             if target is not queue or task.urgency != urgency:
                 if queue is not None and keys:
                     queue.push_run(keys, seqs, urgency)
@@ -1696,62 +1251,16 @@ class Node:
         """An ingest append landed: its tasks are enqueued here, the inbox read that far."""
         ids: list[str | None] = p.extra["tasks"]
         for i, task_id in enumerate(ids):
-            task = self.tasks.get(task_id) if task_id is not None else None
+            task = self.book.tasks.get(task_id) if task_id is not None else None
             if task is None or task.loc is not None or task.state is not ENQUEUING:
                 continue
             task.loc = new_location(p.shard, offsets[i], lengths[i])
-            self._schedule(task, self.now)
+            self.book.schedule(task, self.now)
         node: str = p.extra["node"]
         end: int = p.extra["end"]
         if end >= info.inbox_done.get(node, -1):
             info.inbox_done[node] = end
             info.inbox_locs[node] = new_location(p.shard, offsets[len(ids)], lengths[len(ids)])
-
-    def _end_flight_unsent(self, task: Task, delay_us: int = 0) -> None:
-        """Give back the slot of an attempt that was never sent (its dispatch record is moot)."""
-        flight = self.inflight.pop(task.task_id)
-        self.pool_busy[flight.pool] -= 1
-        if delay_us:
-            self.move(task, WAITING)
-            self.due.push(task.task_id, self.now.wall + delay_us, task.seq)
-        else:
-            self.move(task, READY)
-            self._push_ready(task)
-
-    def _finished(self, task: Task, outcome: str, error: str | None, loc: fx.Location) -> None:
-        info = self.shards[task.shard]
-        del self.tasks[task.task_id]
-        self._drop_fingerprint(task)
-        info.history.append((task.task_id, loc))
-        while len(info.history) > self.config.history_limit:
-            info.history.popleft()
-        if outcome == OUTCOME_DEAD:
-            self.stats["total_dlq"] += 1
-            if task.webhook_url is not None:
-                self._call_webhook(
-                    task, task.webhook_url, loc, "MaxRetriesReached", self.config.webhook_timeout_s
-                )
-            elif task.task_type in self.registered:
-                self.outbox.emit(
-                    fx.DeliverDeadLetter(
-                        task_id=task.task_id,
-                        task_type=task.task_type,
-                        location=loc,
-                        error=error or "",
-                    )
-                )
-        # Children waiting on this task.
-        children = self.children.pop(task.task_id, None)
-        for child_id in sorted(children) if children else ():
-            child = self.tasks.get(child_id)
-            if child is None or child.state is not BLOCKED:
-                continue
-            if outcome == OUTCOME_DEAD:
-                child.attempt = child.retry_count + 1
-                self.move(child, FINISHING)
-                self.finish(child, OUTCOME_DEAD, f"blocked_by_failed_parent: {task.task_id}")
-            else:
-                self._check_blocked(child)
 
     def _on_append_failed(self, event: ev.AppendFailed) -> None:
         p = self.outbox.pending[event.token]
@@ -1816,9 +1325,9 @@ class Node:
             # where the log says (after a pause, not in a loop on a full disk).
             del self.outbox.pending[token]
             for task_id in p.extra["tasks"]:
-                task = self.tasks.get(task_id) if task_id is not None else None
+                task = self.book.tasks.get(task_id) if task_id is not None else None
                 if task is not None and task.loc is None and task.state is ENQUEUING:
-                    self.forget(task_id)
+                    self.book.forget(task_id)
             node = p.extra["node"]
             info.inbox_taken[node] = info.inbox_done.get(node, 0)
             self.outbox.log(
@@ -1836,9 +1345,9 @@ class Node:
                 return
             message = proto.failed_to_enqueue(error)
             for task_id in p.extra["ids"]:
-                dropped = self.tasks.pop(task_id, None)
+                dropped = self.book.tasks.pop(task_id, None)
                 if dropped is not None:
-                    self._drop_fingerprint(dropped)
+                    self.book.drop_fingerprint(dropped)
                 self.stats["total_enqueued"] -= 1
                 self.outbox.send(proto.error(task_id, message))
             return
@@ -1846,13 +1355,13 @@ class Node:
             del self.outbox.pending[token]
             if p.answered:
                 return
-            task = self.tasks.pop(p.task_id or "", None)
-            flight = self.inflight.pop(p.task_id or "", None)
+            task = self.book.tasks.pop(p.task_id or "", None)
+            flight = self.book.inflight.pop(p.task_id or "", None)
             if flight is not None:  # dispatched with its enqueue record: give the slot back
-                self.pool_busy[flight.pool] -= 1
+                self.book.pool_busy[flight.pool] -= 1
             self.stats["total_enqueued"] -= 1
             if task is not None:
-                self._drop_fingerprint(task)
+                self.book.drop_fingerprint(task)
             message = proto.failed_to_enqueue(error)
             self.outbox.send(proto.error(p.task_id, message))
             for dup in p.dedupe_waiters:
@@ -1862,14 +1371,14 @@ class Node:
             del self.outbox.pending[token]
             for task_id in p.extra["ids"]:
                 self.outbox.log("warning", f"task {task_id}: dispatch record not written ({error})")
-                task = self.tasks.get(task_id)
+                task = self.book.tasks.get(task_id)
                 if task is not None and task.state is DISPATCHING:
                     # Try again later rather than spin on a full disk; the task keeps its place
                     # by urgency, and nothing else is dispatched from the shard meanwhile (a
                     # newer, less urgent task must not overtake it).
                     if info.hold_dispatch_until_mono is None:
                         info.hold_dispatch_until_mono = self.now.mono + self.config.retry_io_us
-                    self._end_flight_unsent(task)
+                    self.book.end_flight_unsent(task)
             return
         if p.kind == "finishes" and permanent:
             # One tombstone's base could not be read back (the shell wrote none of them): each
@@ -1878,14 +1387,14 @@ class Node:
             del self.outbox.pending[token]
             assert p.effect is not None
             for task_id, record in zip(p.extra["ids"], p.effect.records, strict=True):
-                if task_id in self.tasks:
+                if task_id in self.book.tasks:
                     self.outbox.append(
                         p.shard,
                         (record,),
                         finish_pending(p.shard, task_id, OUTCOME_COMPLETED, None),
                     )
             return
-        task = self.tasks.get(p.task_id or "")
+        task = self.book.tasks.get(p.task_id or "")
         if permanent and task is not None and p.kind in ("retry", "rearm", "finish"):
             # The task's last record cannot be read back (damaged on disk): retrying cannot
             # help, and the task cannot run without its payload. Dead-letter it with a
@@ -1893,7 +1402,7 @@ class Node:
             del self.outbox.pending[token]
             error = f"snerd could not rebuild the task's record: {error}"
             self.outbox.log("error", f"task {task.task_id}: {error}; dead-lettered")
-            self.dead_letter_unbased(task, error)
+            self.book.dead_letter_unbased(task, error)
             return
         # Outcome and claim records must land: retry the same append later.
         self.outbox.log(
@@ -1916,7 +1425,7 @@ class Node:
             return
         self.outbox.log(
             "info",
-            f"draining ({event.reason}): no new work; {len(self.inflight)} task(s) in flight get "
+            f"draining ({event.reason}): no new work; {len(self.book.inflight)} task(s) in flight get "
             f"up to {self.config.drain_timeout_us // SECOND} s",
         )
         self.phase = DRAINING
@@ -1938,8 +1447,8 @@ class Node:
         late = self.now.mono >= self.drain_deadline_mono
         waiting_for = [
             t
-            for t in self.inflight
-            if not self.input_closed or self.tasks[t].webhook_url is not None
+            for t in self.book.inflight
+            if not self.input_closed or self.book.tasks[t].webhook_url is not None
         ]
         busy = (
             bool(waiting_for)
@@ -1948,11 +1457,11 @@ class Node:
         )
         if busy and not late:
             return
-        if self.inflight:
+        if self.book.inflight:
             why = "drain timeout" if late else "no result can arrive (stdin closed)"
             self.outbox.log(
                 "warning",
-                f"{why}: {len(self.inflight)} task(s) still running will run again "
+                f"{why}: {len(self.book.inflight)} task(s) still running will run again "
                 "on the next owner",
             )
         self.released = True
@@ -2069,12 +1578,6 @@ def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) 
         attempt=retry_count,
         last_error=None,
     )
-
-
-def _parse_time(value: Any, default: int) -> int:
-    if not isinstance(value, str):
-        return default
-    return parse_rfc3339(value)
 
 
 _T = TypeVar("_T")

@@ -215,7 +215,7 @@ class Tenure:
             node_id=node_id,
             wall_us=now.wall,
             live=live,
-            types=sorted(self.node.registered),
+            types=sorted(self.node.book.registered),
             max_shards=config.max_shards,
         )
         new_doc["version"] = (expected or 0) + 1
@@ -269,7 +269,7 @@ class Tenure:
         return not (
             info.appends_in_flight
             or info.compacting
-            or any(self.node.tasks[t].shard == shard for t in self.node.inflight)
+            or any(self.node.book.tasks[t].shard == shard for t in self.node.book.inflight)
         )
 
     def probe(self, doc: dict[str, Any], wanted: list[int]) -> None:
@@ -562,7 +562,7 @@ class Tenure:
         info.inbox_taken.clear()
         info.inbox_locs.clear()
         info.inbox_marked.clear()
-        self.node.parked_by_shard.pop(shard, None)
+        self.node.book.parked_by_shard.pop(shard, None)
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
         for p in self.out.pending_parts():
@@ -575,8 +575,8 @@ class Tenure:
                 answer = p.extra["ids"] if p.kind == "enqueues" else [p.task_id]
                 for task_id in [*answer, *p.dedupe_waiters]:
                     self.out.send(proto.error(task_id, message))
-        for task_id in [t.task_id for t in self.node.tasks.values() if t.shard == shard]:
-            self.node.forget(task_id)
+        for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
+            self.node.book.forget(task_id)
         # Appends held back by a compaction still running are never made: they belong to this
         # tenure (a compaction ends with them otherwise, `_compaction_over`).
         for effect in info.backlog:
@@ -610,13 +610,13 @@ class Tenure:
         info.phase = ACTIVE
         unrunnable, info.unrunnable = info.unrunnable, []
         for task_id, why, based in unrunnable:
-            task = self.node.tasks.get(task_id)
+            task = self.node.book.tasks.get(task_id)
             if task is not None and task.state is ENQUEUING:
-                self.node.move(task, FINISHING)
+                self.node.book.move(task, FINISHING)
                 if based:  # the tombstone keeps the record, payload and all
-                    self.node.finish(task, OUTCOME_DEAD, why)
+                    self.node.book.finish(task, OUTCOME_DEAD, why)
                 else:
-                    self.node.dead_letter_unbased(task, why)
+                    self.node.book.dead_letter_unbased(task, why)
         if self.node.phase is STARTING:
             self.node.maybe_running()
         else:
@@ -633,9 +633,9 @@ class Tenure:
             f"{shard_name(shard)}: another writer appended to tasks.log between our reading it "
             "and our claim; reading it again",
         )
-        for task_id in [t.task_id for t in self.node.tasks.values() if t.shard == shard]:
-            self.node.forget(task_id)
-        self.node.parked_by_shard.pop(shard, None)
+        for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
+            self.node.book.forget(task_id)
+        self.node.book.parked_by_shard.pop(shard, None)
         info.history.clear()
         info.window_records.clear()
         info.claim_loc = None
