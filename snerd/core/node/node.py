@@ -57,12 +57,10 @@ from snerd.core.node.compaction import Compaction
 from snerd.core.node.inbox import InboxIngest
 from snerd.core.node.model import (
     ACTIVE,
-    BLOCKED,
     DISPATCHING,
     DRAINING,
     ENQUEUING,
     FENCING,
-    KIND_CLAIM,
     LOADING,
     LOCKING,
     NODE_RUNNING,
@@ -89,15 +87,14 @@ from snerd.core.node.model import (
     route_shard,
 )
 from snerd.core.node.outbox import Outbox, PendingAppend, finish_pending
+from snerd.core.node.replay import Replay
 from snerd.core.node.tasks import TaskBook
 from snerd.core.node.tenure import Tenure
 from snerd.core.ownership import (
-    MAX_COUNT,
     shard_name,
     without_claims,
 )
 from snerd.core.ready_queue import ReadyQueue
-from snerd.core.records import task_problem
 from snerd.core.timefmt import format_rfc3339
 
 __all__ = ["Node"]
@@ -122,6 +119,7 @@ class Node:
         self.tenure = Tenure(self)
         #: Every live task, its queues and its lifecycle.
         self.book = TaskBook(self)
+        self.replay = Replay(self)
         #: `format_rfc3339` of the wall time `_now_text_wall` (`_wall_text`).
         self._now_text_wall = -1
         self._now_text = ""
@@ -295,7 +293,7 @@ class Node:
             ev.LockBusy: self.tenure.on_lock_busy,
             ev.LockLost: self.tenure.on_lock_lost,
             ev.ShardUnusable: self.tenure.on_shard_unusable,
-            ev.LogRecordsRead: self._on_log_records,
+            ev.LogRecordsRead: self.replay.on_log_records,
             ev.AppendCommitted: self._on_append_committed,
             ev.AppendFailed: self._on_append_failed,
             ev.Compacted: self.compaction.on_compacted,
@@ -349,126 +347,6 @@ class Node:
         assert not self.held_commands
 
     # ------------------------------------------------------------------ replay
-
-    def _on_log_records(self, event: ev.LogRecordsRead) -> None:
-        info = self.shards[event.shard]
-        if info.phase is not LOADING:
-            return
-        for offset, reason in event.corrupt:
-            info.corrupt_lines += 1
-            self.outbox.log(
-                "warning",
-                f"{shard_name(event.shard)}/tasks/tasks.log: skipped a corrupt line at byte "
-                f"{offset} ({reason}); run `snerdmq fsck` for a report",
-            )
-        assert info.fold is not None
-        info.fold.add_all(event.records)
-        if event.final:
-            info.size = info.loaded_size = event.size
-            self._finish_replay(event.shard, info)
-
-    def _finish_replay(self, shard: int, info: ShardInfo) -> None:
-        """Turn the folded log (`snerd.core.shardlog`, the one fold the CLI uses too) into
-        this node's state, then fence the shard with a claim record of our epoch."""
-        now = self.now
-        fold = info.fold
-        assert fold is not None
-        info.fold = None
-
-        def loc(record: ev.LogRecord) -> fx.Location:
-            return fx.Location(shard, record.offset, record.length)
-
-        info.loaded_records = fold.records
-        info.log_epoch = fold.log_epoch
-        info.claim_loc = loc(fold.claim) if fold.claim is not None else None
-        info.next_seq = fold.next_seq
-        info.inbox_done = dict(fold.inbox)
-        info.inbox_taken = dict(fold.inbox)
-        info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
-        for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
-            info.history.append((task_id, loc(record)))
-        for group, at, record in fold.windows:
-            self.book.windows.restore(group, [at])
-            info.window_records.append((at, loc(record)))
-        in_flight = fold.in_flight()
-        info.unrunnable = []
-        # Enqueue order (snerdSeq), which compaction keeps: FIFO survives restarts.
-        for task_id, record in fold.live_in_order():
-            if task_id in self.book.tasks:
-                self.outbox.log(
-                    "warning",
-                    f"task {task_id} is live in two shards; keeping the one in "
-                    f"{shard_name(self.book.tasks[task_id].shard)}",
-                )
-                continue
-            why = task_problem(record.fields)
-            if why is not None:
-                # A record no enqueue would have taken (an older version's, or written by
-                # hand): the task cannot run, so it ends as a dead letter saying why, once the
-                # shard is ours; it is live until then (its id taken, its children waiting).
-                self.outbox.log(
-                    "warning",
-                    f"{shard_name(shard)}/tasks/tasks.log: {why} (at byte {record.offset}); "
-                    "it is dead-lettered",
-                )
-                self.book.seq += 1
-                self.book.tasks[task_id] = _unrunnable_task(
-                    shard, record.fields, loc(record), self.book.seq
-                )
-                based = type(record.fields.get("taskData")) is str
-                info.unrunnable.append((task_id, why, based))
-                continue
-            task = self.book.task_from_record(shard, record.fields, loc(record))
-            if task is None:
-                self.outbox.log(
-                    "warning", f"task {task_id}: unreadable record in {shard_name(shard)}"
-                )
-                continue
-            if task_id in in_flight:
-                # Dispatched, never resolved: it may have run. Run it again with the same attempt
-                # number: a crash re-execution does not use up an attempt.
-                task.attempt = in_flight[task_id]
-                task.dispatch_loc = loc(fold.dispatch[task_id])
-            self.book.tasks[task_id] = task
-            self.book.add_fingerprint(task)
-            self.book.schedule(task, now)
-        for task in self.book.tasks.values():
-            if task.state is BLOCKED:
-                self.book.check_blocked(task)
-        # Fence: our first record in this log is a claim with our epoch.
-        info.phase = FENCING
-        # Our epoch comes from our claim; should the log already hold a newer one, or this one
-        # claimed by another node (membership.json lost or restored from a backup), go past it
-        # so fencing still holds. Our own claim of this epoch (the shard taken up again after a
-        # lease ran out) keeps it: membership.json names this epoch, and the next claimant
-        # bumps from there.
-        fence = fold.fence_claim
-        fence_node = fence.fields.get("node") if fence is not None else None
-        if info.reloading:
-            info.reloading = False
-            if (
-                fence is not None
-                and fence_node == self.config.node_id
-                and (info.log_epoch == info.epoch)
-            ):
-                self.tenure.claimed(shard, info, loc(fence))  # still the last claim: ours
-                return
-        if info.log_epoch > info.epoch or (
-            info.log_epoch == info.epoch and fence_node != self.config.node_id
-        ):
-            # (At most the largest counter a record may hold: a log with a claim of that epoch,
-            # which no owner reaches by counting, is fenced at it, not past what readers take.)
-            info.epoch = min(info.log_epoch + 1, MAX_COUNT)
-        claim = fx.NewRecord(
-            fields={
-                "snerdKind": KIND_CLAIM,
-                "epoch": info.epoch,
-                "node": self.config.node_id,
-                "at": format_rfc3339(now.wall),
-                **self.tenure.meta(shard),
-            }
-        )
-        self.outbox.append(shard, [claim], PendingAppend(kind="claim", shard=shard))
 
     # ------------------------------------------------------------------ SDK commands
 
@@ -1545,39 +1423,6 @@ class Node:
         return
 
     # ------------------------------------------------------------------ inboxes
-
-
-def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) -> Task:
-    """The task of a record it cannot run with (`task_problem`), to dead-letter: only what
-    the tombstone keeps of it (its base is the record) and where that record is."""
-    task_type = f.get("taskType")
-    retry_count = f.get("retryCount")
-    if type(retry_count) is not int or retry_count < 0:
-        retry_count = 0
-    return Task(
-        task_id=f["taskId"],
-        task_type=task_type if type(task_type) is str else "",
-        shard=shard,
-        seq=seq,
-        state=ENQUEUING,
-        retry_count=retry_count,
-        max_retries=0,
-        retry_after_hours=0.0,
-        ready_at_us=0,
-        urgency=0.0,
-        pool="default",
-        group=None,
-        max_per_minute=None,
-        payload_hash=None,
-        cron=None,
-        webhook_url=None,
-        max_execution_seconds=None,
-        trigger_after_ids=(),
-        loc=loc,
-        # The tombstone counts the attempts made (`_finish`): those that failed before, none now.
-        attempt=retry_count,
-        last_error=None,
-    )
 
 
 _T = TypeVar("_T")
