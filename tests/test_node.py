@@ -1138,7 +1138,7 @@ def test_the_batch_path_of_plain_enqueues_and_results_decides_what_the_long_way_
     def the_long_way(lines: Iterable[bytes]) -> None:
         for line in lines:
             if not proto.is_blank_line(line):
-                slow.node._line(line)
+                slow.node.intake.line(line)
 
     def line_of(m: Any) -> bytes:
         if isinstance(m, bytes):
@@ -1158,7 +1158,7 @@ def test_the_batch_path_of_plain_enqueues_and_results_decides_what_the_long_way_
             return orjson.dumps(doc)
         return orjson.dumps(m)
 
-    slow.node._lines = the_long_way  # type: ignore[method-assign]
+    slow.node.intake.lines = the_long_way  # type: ignore[method-assign]
     for kind, arg in steps:
         lines = [line_of(m) for m in arg] if kind == "burst" else []
         for sh in (fast, slow):

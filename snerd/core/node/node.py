@@ -43,18 +43,15 @@ windows can be rebuilt exactly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
-
-import orjson
-import xxhash
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.core.cron import next_fire
 from snerd.core.node.compaction import Compaction
 from snerd.core.node.inbox import InboxIngest
+from snerd.core.node.intake import Intake
 from snerd.core.node.model import (
     ACTIVE,
     DISPATCHING,
@@ -82,9 +79,7 @@ from snerd.core.node.model import (
     new_ack_enqueued,
     new_append,
     new_location,
-    new_record,
     queue_in,
-    route_shard,
 )
 from snerd.core.node.outbox import Outbox, PendingAppend, finish_pending
 from snerd.core.node.replay import Replay
@@ -99,8 +94,6 @@ from snerd.core.timefmt import format_rfc3339
 
 __all__ = ["Node"]
 
-#: `Node._line`'s default: the line is not parsed yet.
-_UNPARSED = object()
 
 
 class Node:
@@ -120,10 +113,10 @@ class Node:
         #: Every live task, its queues and its lifecycle.
         self.book = TaskBook(self)
         self.replay = Replay(self)
+        self.intake = Intake(self)
         #: `format_rfc3339` of the wall time `_now_text_wall` (`_wall_text`).
         self._now_text_wall = -1
         self._now_text = ""
-        self.held_commands: list[ev.Event] = []
         self.started_mono: int | None = None
         self.drain_deadline_mono: int | None = None
         #: The drain is over and claims are to be handed back; `releasing`: that write is out.
@@ -282,8 +275,8 @@ class Node:
         return {
             ev.Started: self.tenure.on_started,
             ev.Tick: self._on_tick,
-            ev.LineReceived: self._on_line,
-            ev.LinesReceived: self._on_lines,
+            ev.LineReceived: self.intake.on_line,
+            ev.LinesReceived: self.intake.on_lines,
             ev.DrainRequested: self._on_drain,
             ev.MembershipRead: self.tenure.on_membership_read,
             ev.MembershipWritten: self.tenure.on_membership_written,
@@ -298,16 +291,16 @@ class Node:
             ev.AppendFailed: self._on_append_failed,
             ev.Compacted: self.compaction.on_compacted,
             ev.CompactionFailed: self.compaction.on_compaction_failed,
-            ev.WebhookFinished: self._on_webhook,
+            ev.WebhookFinished: self.intake.on_webhook,
             ev.CompactionRequested: self.compaction.on_compaction_requested,
-            ev.PayloadUnreadable: self._on_payload_unreadable,
+            ev.PayloadUnreadable: self.intake.on_payload_unreadable,
             ev.InboxRead: self.inbox.on_inbox_read,
             ev.InboxProgress: self.inbox.on_inbox_progress,
-            proto.Register: self._on_register,
-            proto.Enqueue: self._on_enqueue,
-            proto.Result: self._on_result,
-            proto.Progress: self._on_progress,
-            proto.StatsRequested: self._on_stats,
+            proto.Register: self.intake.on_register,
+            proto.Enqueue: self.intake.on_enqueue,
+            proto.Result: self.intake.on_result,
+            proto.Progress: self.intake.on_progress,
+            proto.StatsRequested: self.intake.on_stats,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -341,475 +334,14 @@ class Node:
                 f"owning {', '.join(shard_name(s) for s in owned)}; "
                 f"{len(self.book.tasks)} live task(s) recovered",
             )
-        held, self.held_commands = self.held_commands, []
+        held, self.intake.held_commands = self.intake.held_commands, []
         for command in held:
             self.handlers[type(command)](command)
-        assert not self.held_commands
+        assert not self.intake.held_commands
 
     # ------------------------------------------------------------------ replay
 
     # ------------------------------------------------------------------ SDK commands
-
-    def _hold_or(self, command: ev.Event) -> bool:
-        """While starting, keep commands in arrival order; True when the command was held."""
-        if self.phase is STARTING:
-            self.held_commands.append(command)
-            return True
-        return False
-
-    def _on_line(self, event: ev.LineReceived) -> None:
-        if event.oversize:
-            self.outbox.send(
-                proto.error(
-                    proto.sniff_task_id(event.line),
-                    f"Invalid JSON: line of {event.oversize} bytes exceeds the daemon's limit "
-                    "(SNERD_MAX_LINE_BYTES); keep payloads in files and send a reference",
-                )
-            )
-            return
-        self._lines((event.line,))
-
-    def _on_lines(self, event: ev.LinesReceived) -> None:
-        self._lines(event.lines)
-
-    def _lines(self, lines: Iterable[bytes]) -> None:
-        """Lines from the SDK, each taken in turn as `_line` takes it, with the commonest one,
-        a plain enqueue (`proto.plain_enqueue`: the five required fields, every optional one
-        absent or null), decided here in one loop while running: what `_on_enqueue` does for
-        it, without building the `Enqueue`, its record joining the run of plain enqueues to
-        its shard (`_append_run`, a list extended in place while no other line comes
-        between). The commonest result, a success of a running attempt, is decided here too
-        (`_plain_success`). A plain enqueue or result this loop cannot decide alone (an
-        enqueue's id pending, its shard not ours: the inbox, or a task that might run at once;
-        a failure) goes to its handler with the command built from the fields already taken;
-        every other line goes to `_line`. After either, nothing this loop holds is trusted.
-        Blank lines are skipped."""
-        loads = orjson.loads
-        decode_error = orjson.JSONDecodeError
-        plain_of = proto.plain_enqueue
-        result_of = proto.plain_result
-        max_line = proto.DEFAULT_MAX_LINE_BYTES
-        tasks = self.book.tasks
-        registered = self.book.registered
-        infos = self.shards
-        stats = self.stats
-        node_id = self.config.node_id
-        #: Set up at the first plain enqueue; cleared by any other line.
-        shards = 0
-        now_text = ""
-        runs_free: bool | None = None  # a worker slot free and no ready task (`_runs_at_once`)
-        #: shard -> the records, task ids and pending of the run of plain enqueues open there.
-        runs: dict[int, tuple[list[fx.NewRecord], list[str], PendingAppend]] = {}
-        for line in lines:
-            try:
-                doc = loads(line)
-            except decode_error:
-                if proto.is_blank_line(line):
-                    continue  # skipped without an answer, as upstream does
-                doc = _NOT_JSON
-            # A line plainly valid but not decided here: its command, for the long way.
-            command: proto.Enqueue | proto.Result | None = None
-            if type(doc) is dict and self.phase is NODE_RUNNING and len(line) <= max_line:
-                action = doc.get("action")
-                if action == "result":
-                    result = result_of(doc)
-                    if result is not None:
-                        if self._plain_success(result):
-                            runs_free = None  # (a worker slot came free)
-                            continue
-                        command = proto.result_command(result)
-                plain = plain_of(doc) if action == "enqueue" else None
-                if plain is not None and plain[0] not in tasks:
-                    task_id, task_type, task_data, max_retries, hours = plain
-                    if task_type in registered and runs_free is None:
-                        runs_free = len(self.book.inflight) < self.config.max_workers and not any(
-                            self.book.ready.values()
-                        )
-                    # (One that might run at once, `_runs_at_once`, goes the long way.)
-                    if not (task_type in registered and runs_free):
-                        if not shards:
-                            shards = self.tenure.shard_count()
-                            now_text = self.wall_text()
-                        shard = route_shard(task_id, shards) if shards != 1 else 0
-                        info = infos.get(shard)
-                        if info is not None and info.phase is ACTIVE:
-                            seq = info.next_seq
-                            info.next_seq = seq + 1
-                            self.book.seq += 1
-                            # The keys and their order of `_enqueue_fields` for a plain enqueue.
-                            record = new_record(
-                                {
-                                    "taskId": task_id,
-                                    "retryCount": 0,
-                                    "maxRetries": max_retries,
-                                    "retryAfterHours": hours,
-                                    "retryAfterTime": now_text,
-                                    "taskData": task_data,
-                                    "taskType": task_type,
-                                    "executeAt": now_text,
-                                    "snerdNode": node_id,
-                                    "snerdEpoch": info.epoch,
-                                    "snerdSeq": seq,
-                                }
-                            )
-                            tasks[task_id] = Task(
-                                task_id,  # task_id
-                                task_type,  # task_type
-                                shard,  # shard
-                                self.book.seq,  # seq
-                                ENQUEUING,  # state
-                                0,  # retry_count
-                                max_retries,  # max_retries
-                                hours,  # retry_after_hours
-                                0,  # ready_at_us: at once (see `_enqueue_fields`)
-                                0.0,  # urgency
-                                "default",  # pool (`_pool_of(None)`)
-                                None,  # group
-                                None,  # max_per_minute
-                                None,  # payload_hash
-                                None,  # cron
-                                None,  # webhook_url
-                                None,  # max_execution_seconds
-                                (),  # trigger_after_ids
-                                None,  # loc
-                                1,  # attempt
-                            )
-                            stats["total_enqueued"] += 1
-                            run = runs.get(shard)
-                            if run is not None:
-                                run[0].append(record)
-                                run[1].append(task_id)
-                                run[2].count += 1
-                            else:
-                                self.outbox.append_run(shard, info, record, task_id, "enqueues")
-                                merged = self.outbox.open_appends.get(shard)
-                                if merged is not None and merged.records is not None:
-                                    last = merged.last
-                                    if last is not None and last.kind == "enqueues":
-                                        ids = last.extra["ids"]
-                                        if ids[-1] is task_id:
-                                            runs[shard] = (merged.records, ids, last)
-                            continue
-                if plain is not None:
-                    command = proto.enqueue_command(plain)
-            if command is not None:
-                # The long way without parsing the line again (`_line` would get the same).
-                self.handlers[type(command)](command)
-            else:
-                self._line(line, doc)
-            shards, runs_free = 0, None
-            runs.clear()
-            if self.phase is STOPPED:
-                return
-
-    def _line(self, line: bytes, doc: Any = _UNPARSED) -> None:
-        """One line, parsed (`doc`: what `orjson.loads` gave, or `_NOT_JSON`) or not, the
-        long way: a command, or an error message naming what is wrong."""
-        if doc is _UNPARSED:
-            try:
-                doc = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                doc = _NOT_JSON
-        try:
-            if doc is _NOT_JSON or len(line) > proto.DEFAULT_MAX_LINE_BYTES:
-                command = proto.parse_line(line)  # (it words the error)
-            else:
-                command = proto.parse_document(doc)
-        except proto.ProtocolError as err:
-            self.outbox.send(proto.error(err.task_id, err.message))
-            return
-        self.handlers[type(command)](command)
-
-    def _on_register(self, cmd: proto.Register) -> None:
-        if self._hold_or(cmd):
-            return
-        if (
-            cmd.task_type not in self.book.registered
-            and len(self.book.registered) >= proto.MAX_REGISTERED_TYPES
-        ):
-            # Each registered type is listed in membership.json, rewritten at every renewal.
-            self.outbox.send(proto.error(None, proto.too_many_task_types(cmd.task_type)))
-            return
-        self.book.registered.add(cmd.task_type)
-        self.outbox.send(proto.ack_registered(cmd.task_type))
-        parked = self.book.parked_by_type.pop(cmd.task_type, None)
-        while parked:
-            task = self.book.tasks[parked.pop()]
-            self.book.move(task, READY)
-            self.book.push_ready(task)
-
-    def _on_enqueue(self, cmd: proto.Enqueue) -> None:
-        if self.phase is not NODE_RUNNING:
-            if not self._hold_or(cmd):
-                self.outbox.send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
-            return
-        existing = self.book.tasks.get(cmd.task_id)
-        if existing is not None:
-            self.outbox.send(
-                proto.error(
-                    cmd.task_id,
-                    proto.failed_to_enqueue(
-                        f"task_id {cmd.task_id} is already pending ({existing.state.value}); "
-                        "a task id can be reused once its task has finished"
-                    ),
-                )
-            )
-            return
-        payload_hash = None
-        if cmd.auto_dedupe:
-            payload_hash = xxhash.xxh64_hexdigest((cmd.task_type + cmd.task_data).encode())
-            # Upstream wrote the digest without zero padding.
-            payload_hash = payload_hash.lstrip("0") or "0"
-            original = self.book.pending_twin(payload_hash)
-            if original is not None:
-                self.stats["total_enqueued"] += 1
-                self.stats["total_deduplicated"] += 1
-                self._ack_duplicate(cmd.task_id, original)
-                return
-        shards = self.tenure.shard_count()
-        key = cmd.rate_limit_group or payload_hash or cmd.task_id
-        shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
-        info = self.shards.get(shard)
-        if info is None or info.phase is not ACTIVE:
-            # Another daemon owns the shard (or none does yet, or ours is still loading): the
-            # task goes into this node's inbox for it, which the owner ingests.
-            self._enqueue_to_inbox(cmd, shard, payload_hash)
-            return
-        if cmd.trigger_after_ids:
-            cycle = self.book.cycle(cmd.task_id, cmd.trigger_after_ids)
-            if cycle is not None:
-                self.outbox.send(
-                    proto.error(
-                        cmd.task_id,
-                        proto.failed_to_enqueue(f"Cycle detected involving task {cycle}"),
-                    )
-                )
-                return
-        fields, ready_at = self._enqueue_fields(cmd, payload_hash)
-        fields["snerdNode"] = self.config.node_id
-        fields["snerdEpoch"] = info.epoch
-        fields["snerdSeq"] = info.next_seq
-        info.next_seq += 1
-        self.book.seq += 1
-        # Positional, in field order: with 19 keywords the call costs about 2.6 us, 0.5 us so.
-        task = Task(
-            cmd.task_id,  # task_id
-            cmd.task_type,  # task_type
-            shard,  # shard
-            self.book.seq,  # seq
-            ENQUEUING,  # state
-            0,  # retry_count
-            cmd.max_retries,  # max_retries
-            cmd.retry_after_hours,  # retry_after_hours
-            ready_at,  # ready_at_us
-            cmd.urgency_score,  # urgency
-            self.book.pool_of(cmd.pool),  # pool
-            cmd.rate_limit_group if cmd.max_per_minute is not None else None,  # group
-            cmd.max_per_minute,  # max_per_minute
-            payload_hash,  # payload_hash
-            cmd.cron,  # cron
-            cmd.webhook_url,  # webhook_url
-            cmd.max_execution_seconds,  # max_execution_seconds
-            cmd.trigger_after_ids,  # trigger_after_ids
-            None,  # loc
-            1,  # attempt
-        )
-        self.book.tasks[cmd.task_id] = task
-        self.book.add_fingerprint(task)
-        self.stats["total_enqueued"] += 1
-        records = [new_record(fields)]
-        if self._runs_at_once(task):
-            # Its first attempt starts now: the dispatch record shares the enqueue record's
-            # append (one commit, one fsync instead of two in a row); the ack and the
-            # `execute` both follow that commit (`_on_append_committed`).
-            records.append(new_record(self.book.begin_attempt(task, task.pool)))
-        self.outbox.append(shard, records, PendingAppend("enqueue", shard, cmd.task_id))
-
-    def _enqueue_fields(
-        self, cmd: proto.Enqueue, payload_hash: str | None
-    ) -> tuple[dict[str, Any], int]:
-        """The task record of a new enqueue, without snerd's node, epoch and sequence keys,
-        and when it is due (µs): 0 without `execute_at` or `cron`, so it is ready as soon as
-        its record is durable even if the wall clock is stepped back meanwhile (its record's
-        `executeAt` says now, as upstream's does)."""
-        now = self.now
-        execute_at = cmd.execute_at_us
-        if execute_at is None and cmd.cron is not None:
-            execute_at = next_fire(cmd.cron, now.wall)
-        ready_at = 0 if execute_at is None else execute_at
-        if execute_at is None:
-            execute_at = now.wall
-        # Upstream's keys in upstream's order, optional ones only when set; built in one pass
-        # (this is the per-enqueue hot path).
-        now_text = self.wall_text()
-        fields: dict[str, Any] = {
-            "taskId": cmd.task_id,
-            "retryCount": 0,
-            "maxRetries": cmd.max_retries,
-            "retryAfterHours": cmd.retry_after_hours,
-            "retryAfterTime": now_text,
-            "taskData": cmd.task_data,
-            "taskType": cmd.task_type,
-        }
-        if cmd.rate_limit_group is not None:
-            fields["rateLimitGroup"] = cmd.rate_limit_group
-        if cmd.max_per_minute is not None:
-            fields["maxPerMinute"] = cmd.max_per_minute
-        if cmd.auto_dedupe:
-            fields["autoDedupe"] = True
-        if cmd.urgency_score:
-            fields["urgencyScore"] = cmd.urgency_score
-        if payload_hash is not None:
-            fields["payloadHash"] = payload_hash
-        fields["executeAt"] = now_text if execute_at == now.wall else format_rfc3339(execute_at)
-        if cmd.pool is not None:
-            fields["pool"] = cmd.pool
-        if cmd.trigger_after_ids:
-            fields["triggerAfterIds"] = list(cmd.trigger_after_ids)
-        if cmd.cron is not None:
-            fields["cronExpression"] = cmd.cron
-        if cmd.webhook_url is not None:
-            fields["webhookUrl"] = cmd.webhook_url
-        if cmd.max_execution_seconds is not None:
-            fields["maxExecutionSeconds"] = cmd.max_execution_seconds
-        return fields, ready_at
-
-    def _enqueue_to_inbox(self, cmd: proto.Enqueue, shard: int, payload_hash: str | None) -> None:
-        """Write an enqueue for a shard this node does not own into its own inbox for that
-        shard; acked once durable. The owner checks what only it can (a pending task with the
-        same id, a duplicate payload, dependencies) when it ingests the record."""
-        fields, _ = self._enqueue_fields(cmd, payload_hash)
-        fields["snerdNode"] = self.config.node_id
-        segment = self.inbox.segment(shard)
-        segment.in_flight += 1
-        token = self.outbox.next_token()
-        self.outbox.pending[token] = PendingAppend(
-            kind="inbox", shard=shard, task_id=cmd.task_id, extra={"segment": segment}
-        )
-        self.stats["total_enqueued"] += 1
-        self.outbox.emit(
-            fx.AppendInbox(
-                token=token, shard=shard, segment=segment.name, records=(new_record(fields),)
-            )
-        )
-
-    def _runs_at_once(self, task: Task) -> bool:
-        """True when a task being enqueued would be dispatched as soon as its enqueue record
-        commits anyway: ready now, no parents, no rate limit, a handler registered (not a
-        webhook), a free slot in its pool, and no ready task waiting for a slot (those go first
-        by urgency, in `_dispatch`)."""
-        return (
-            self.phase is NODE_RUNNING
-            and not task.trigger_after_ids
-            and task.ready_at_us <= self.now.wall
-            and task.webhook_url is None
-            and task.group is None
-            and task.task_type in self.book.registered
-            and len(self.book.inflight) < self.config.max_workers
-            and self.book.pool_busy.get(task.pool, 0) < self.book.pool_limit(task.pool)
-            and not any(self.book.ready.values())
-            and not self.shards[task.shard].giving_back
-            and self.shards[task.shard].hold_dispatch_until_mono is None
-        )
-
-    def _ack_duplicate(self, task_id: str, original: Task) -> None:
-        # Until the original's enqueue record is durable (it has no location yet: ENQUEUING,
-        # or DISPATCHING with its dispatch record in the same append), the duplicate's ack
-        # waits for it: acked now, it would be lost with the original in a crash.
-        if original.loc is None:
-            for p in self.outbox.pending_parts():
-                if p.kind == "enqueue" and p.task_id == original.task_id:
-                    p.dedupe_waiters.append(task_id)
-                    return
-        self.outbox.send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))
-
-    def _on_result(self, cmd: proto.Result) -> None:
-        if self._hold_or(cmd):
-            return
-        task = self.book.result_task(cmd.task_id, cmd.attempt)
-        if task is None:
-            self.outbox.send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
-            return
-        self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
-
-    def _plain_success(self, result: proto.PlainResult) -> bool:
-        """`_on_result` for the commonest result, a success of a running attempt of a task
-        that is not a cron task, without building the `Result` (`_lines`); False, having done
-        nothing, for any other result: `_on_result` takes it. A success writes only a
-        tombstone, which goes to the call's lazy append, so the line loop's open run of plain
-        enqueues stays whole; a cron task's re-arm record would land inside that run."""
-        task_id, success, _, attempt = result
-        task = self.book.result_task(task_id, attempt) if success else None
-        if task is None or task.cron is not None:
-            return False
-        self._attempt_ended(task, True, "")
-        return True
-
-    def _on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
-        flight = self.book.inflight.get(event.task_id)
-        task = self.book.tasks.get(event.task_id)
-        if flight is None or task is None or task.state is not RUNNING:
-            # A dead-letter notice that could not be read: nothing left to decide.
-            self.outbox.log(
-                "error", f"task {event.task_id}: cannot read its record ({event.error})"
-            )
-            return
-        if flight.attempt != event.attempt:
-            return
-        # A failed attempt, so the task's retry and dead-letter rules apply instead of it
-        # hanging forever; a record that stays unreadable dead-letters it (`_on_append_failed`).
-        self._attempt_ended(task, False, f"snerd could not read the task's payload: {event.error}")
-
-    def _attempt_ended(self, task: Task, ok: bool, error: str) -> None:
-        """The outcome of a running attempt, from the SDK or from a webhook."""
-        self.stats["total_executed"] += 1
-        if ok:
-            self.book.succeeded(task)
-        else:
-            self.stats["total_failed"] += 1
-            self.book.failed(task, error)
-
-    def _on_progress(self, cmd: proto.Progress) -> None:
-        # Progress is a pass-through stream; it is not persisted (upstream does the same).
-        self.outbox.send(proto.progress(cmd.task_id, cmd.data))
-
-    def _on_stats(self, cmd: proto.StatsRequested) -> None:
-        if self._hold_or(cmd):
-            return
-        depth: dict[int, int] = {s: 0 for s in self.owned_shards}
-        for task in self.book.tasks.values():
-            depth[task.shard] = depth.get(task.shard, 0) + 1
-        message = proto.stats(
-            total_enqueued=self.stats["total_enqueued"],
-            total_executed=self.stats["total_executed"],
-            total_failed=self.stats["total_failed"],
-            total_dlq=self.stats["total_dlq"],
-            queue_depth=len(self.book.tasks),
-            uptime_secs=(self.now.mono - (self.started_mono or self.now.mono)) // SECOND,
-            per_shard=depth,
-            # snerd's additions, which old SDKs ignore.
-            extra={
-                "in_flight": len(self.book.inflight),
-                "total_deduplicated": self.stats["total_deduplicated"],
-                "waiting_types": self.waiting_types(),
-                "node": self.config.node_id,
-            },
-        )
-        self.outbox.send(message)
-
-    def _on_webhook(self, event: ev.WebhookFinished) -> None:
-        if event.notification:
-            if not event.ok:
-                self.outbox.log(
-                    "warning",
-                    f"task {event.task_id}: dead-letter webhook failed: {event.error}",
-                )
-            return
-        flight = self.book.inflight.get(event.task_id)
-        task = self.book.tasks.get(event.task_id)
-        if flight is None or task is None or flight.attempt != event.attempt:
-            return
-        self._attempt_ended(task, event.ok, event.error or "Webhook failed")
 
     # ------------------------------------------------------------------ scheduling
 
@@ -1298,7 +830,7 @@ class Node:
         if self.phase is STARTING:
             # Commands that came before the drain request are answered first, as upstream
             # answered lines sent before EOF: the drain starts once the shards are loaded.
-            self.held_commands.append(event)
+            self.intake.held_commands.append(event)
             self.drain_before_start()  # (unless no round lands: then it stops now)
             return
         self.outbox.log(
@@ -1378,7 +910,9 @@ class Node:
             and not self.tenure.membership_busy
         ):
             return False
-        drain = next((c for c in self.held_commands if isinstance(c, ev.DrainRequested)), None)
+        drain = next(
+            (c for c in self.intake.held_commands if isinstance(c, ev.DrainRequested)), None
+        )
         if drain is None:
             return False
         self.outbox.log(
@@ -1395,7 +929,7 @@ class Node:
         holds no lock but a probe's. Commands held meanwhile are answered as during a drain
         (an enqueue is refused: not enqueued)."""
         self.phase = DRAINING
-        held, self.held_commands = self.held_commands, []
+        held, self.intake.held_commands = self.intake.held_commands, []
         for command in held:
             if not isinstance(command, ev.DrainRequested):
                 self.handlers[type(command)](command)
@@ -1431,6 +965,4 @@ _K = TypeVar("_K")
 
 #: The kinds of part an append acked as it commits may hold (`Node.on_commit`).
 _EARLY_ACK_KINDS = frozenset({"enqueues", "dispatches", "finishes"})
-#: `_on_line`: a line `orjson` could not decode (no JSON value is this object).
-_NOT_JSON = object()
 _LINES_RECEIVED = ev.LinesReceived
