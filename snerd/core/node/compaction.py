@@ -25,7 +25,7 @@ from snerd.core.node.model import (
     new_keep_range,
     new_location,
 )
-from snerd.core.node.outbox import PendingAppend
+from snerd.core.node.outbox import CompactPart
 from snerd.core.ownership import shard_name
 from snerd.core.rate_limit import RateWindows
 
@@ -119,9 +119,7 @@ class Compaction:
         # place, and a shard taken up again is read only after it (`_appends_drained`).
         info.appends_in_flight += 1
         token = self.out.next_token()
-        self.out.pending[token] = PendingAppend(
-            kind="compact", shard=shard, extra={"keep": keep}, tenure=info.tenure
-        )
+        self.out.pending[token] = CompactPart(shard, tenure=info.tenure, keep=keep)
         self.out.emit(fx.Compact(token=token, shard=shard, keep=tuple(keep)))
         return True
 
@@ -140,7 +138,8 @@ class Compaction:
             # Stepped down meanwhile: the tasks and the records held back were dropped then.
             self._over(event.shard, info)
             return
-        keep: list[fx.KeepRange] = p.extra["keep"]
+        assert type(p) is CompactPart
+        keep = p.keep
         shard = event.shard
         # (`event.offsets` lists the kept ranges, then any new lines.)
         moved = {

@@ -19,15 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core import protocol as proto
 from snerd.core.node.model import (
     ACTIVE,
     DRAINING,
+    ENQUEUING,
     NODE_RUNNING,
+    SECOND,
     InboxSegment,
     ShardInfo,
+    new_location,
     new_record,
 )
-from snerd.core.node.outbox import PendingAppend
+from snerd.core.node.outbox import InboxPart, IngestPart
 from snerd.core.ownership import shard_name
 from snerd.core.records import CHECKSUM_KEY, task_problem
 from snerd.core.shardlog import KIND_INBOX
@@ -222,11 +226,7 @@ class InboxIngest:
         self.out.append(
             chunk.shard,
             records,
-            PendingAppend(
-                kind="ingest",
-                shard=chunk.shard,
-                extra={"tasks": ids, "node": chunk.node, "end": end},
-            ),
+            IngestPart(chunk.shard, tasks=ids, writer=chunk.node, end=end),
         )
 
     def _waits_at_ingest(self, fields: dict[str, Any], taken: set[str]) -> bool:
@@ -325,3 +325,69 @@ class InboxIngest:
         segment = self.current[shard] = InboxSegment(shard=shard, name=name)
         self.segments[(shard, name)] = segment
         return segment
+
+    # -- outcomes of the appends this part made (dispatched by `Outcomes`)
+
+    def segment_committed(self, p: InboxPart, end: int) -> None:
+        """An enqueue into this node's own inbox file is durable (the file holds `end` bytes
+        at least): acked, unless `Node.on_commit` acked it already."""
+        segment = p.segment
+        assert segment is not None
+        segment.in_flight -= 1
+        segment.end = max(segment.end, end)
+        if not p.answered:
+            self.out.send(proto.ack_enqueued(p.task_id, p.shard))
+
+    def segment_failed(self, p: InboxPart, error: str) -> None:
+        """Whatever of the write reached the file stays there (an inbox is never cut: its
+        reader may have taken it already), so the owner may still run the task. Later
+        enqueues go to a new segment."""
+        segment = p.segment
+        assert segment is not None
+        segment.in_flight -= 1
+        segment.failed = True
+        self.node.stats["total_enqueued"] -= 1
+        message = proto.failed_to_enqueue(
+            f"{error} (writing this daemon's inbox for {shard_name(p.shard)}; "
+            "it may or may not be enqueued)"
+        )
+        self.out.send(proto.error(p.task_id, message))
+
+    def ingest_committed(
+        self, p: IngestPart, info: ShardInfo, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> None:
+        """An ingest append landed: its tasks are enqueued here, the inbox read that far."""
+        book = self.node.book
+        ids = p.tasks
+        for i, task_id in enumerate(ids):
+            task = book.tasks.get(task_id) if task_id is not None else None
+            if task is None or task.loc is not None or task.state is not ENQUEUING:
+                continue
+            task.loc = new_location(p.shard, offsets[i], lengths[i])
+            book.schedule(task, self.node.now)
+        writer, end = p.writer, p.end
+        if end >= info.inbox_done.get(writer, -1):
+            info.inbox_done[writer] = end
+            info.inbox_locs[writer] = new_location(p.shard, offsets[len(ids)], lengths[len(ids)])
+
+    def ingest_failed(
+        self, token: int, p: IngestPart, info: ShardInfo, error: str, permanent: bool
+    ) -> None:
+        """Nothing of it is in the log: forget its tasks and read the inbox again from where
+        the log says (after a pause, not in a loop on a full disk)."""
+        del self.out.pending[token]
+        book = self.node.book
+        for task_id in p.tasks:
+            task = book.tasks.get(task_id) if task_id is not None else None
+            if task is not None and task.loc is None and task.state is ENQUEUING:
+                book.forget(task.task_id)
+        writer = p.writer
+        info.inbox_taken[writer] = info.inbox_done.get(writer, 0)
+        self.out.log(
+            "warning",
+            f"{shard_name(p.shard)}: could not ingest {writer}'s inbox ({error}); "
+            f"trying again in {self.config.retry_io_us // SECOND} s",
+        )
+        self.poll_at_mono = max(
+            self.poll_at_mono or 0, self.node.now.mono + self.config.retry_io_us
+        )

@@ -39,7 +39,7 @@ from snerd.core.node.model import (
     new_record,
     route_shard,
 )
-from snerd.core.node.outbox import PendingAppend
+from snerd.core.node.outbox import EnqueuePart, EnqueueRun, InboxPart
 from snerd.core.timefmt import format_rfc3339
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class Intake:
             # append (one commit, one fsync instead of two in a row); the ack and the
             # `execute` both follow that commit (`_on_append_committed`).
             records.append(new_record(self.node.book.begin_attempt(task, task.pool)))
-        self.out.append(shard, records, PendingAppend("enqueue", shard, cmd.task_id))
+        self.out.append(shard, records, EnqueuePart(shard, task_id=cmd.task_id))
 
     def _enqueue_fields(
         self, cmd: proto.Enqueue, payload_hash: str | None
@@ -291,7 +291,7 @@ class Intake:
         now_text = ""
         runs_free: bool | None = None  # a worker slot free and no ready task (`_runs_at_once`)
         #: shard -> the records, task ids and pending of the run of plain enqueues open there.
-        runs: dict[int, tuple[list[fx.NewRecord], list[str], PendingAppend]] = {}
+        runs: dict[int, tuple[list[fx.NewRecord], list[str], EnqueueRun]] = {}
         for line in lines:
             try:
                 doc = loads(line)
@@ -371,12 +371,12 @@ class Intake:
                                 run[1].append(task_id)
                                 run[2].count += 1
                             else:
-                                out.append_run(shard, info, record, task_id, "enqueues")
+                                out.append_run(shard, info, record, task_id, EnqueueRun)
                                 merged = open_appends.get(shard)
                                 if merged is not None and merged.records is not None:
                                     last = merged.last
-                                    if last is not None and last.kind == "enqueues":
-                                        ids = last.extra["ids"]
+                                    if type(last) is EnqueueRun:
+                                        ids = last.ids
                                         if ids[-1] is task_id:
                                             runs[shard] = (merged.records, ids, last)
                             continue
@@ -420,9 +420,7 @@ class Intake:
         segment = self.node.inbox.segment(shard)
         segment.in_flight += 1
         token = self.out.next_token()
-        self.out.pending[token] = PendingAppend(
-            kind="inbox", shard=shard, task_id=cmd.task_id, extra={"segment": segment}
-        )
+        self.out.pending[token] = InboxPart(shard, task_id=cmd.task_id, segment=segment)
         self.node.stats["total_enqueued"] += 1
         self.out.emit(
             fx.AppendInbox(
@@ -436,7 +434,7 @@ class Intake:
         # waits for it: acked now, it would be lost with the original in a crash.
         if original.loc is None:
             for p in self.out.pending_parts():
-                if p.kind == "enqueue" and p.task_id == original.task_id:
+                if type(p) is EnqueuePart and p.task_id == original.task_id:
                     p.dedupe_waiters.append(task_id)
                     return
         self.out.send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))

@@ -71,7 +71,7 @@ from snerd.core.node.model import (
     ShardInfo,
     Task,
 )
-from snerd.core.node.outbox import Outbox
+from snerd.core.node.outbox import DispatchRun, Outbox
 from snerd.core.node.outcomes import Outcomes
 from snerd.core.node.replay import Replay
 from snerd.core.node.tasks import TaskBook
@@ -468,7 +468,7 @@ class Node:
         ]
         busy = (
             bool(waiting_for)
-            or any(p.kind != "dispatches" for p in self.outbox.pending_parts())
+            or any(type(p) is not DispatchRun for p in self.outbox.pending_parts())
             or self.inbox.drain_pending()
         )
         if busy and not late:

@@ -15,13 +15,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from snerd.core import effects as fx
-from snerd.core.node.model import ShardInfo, new_append, new_send
+from snerd.core.node.model import InboxSegment, ShardInfo, new_append, new_send
 from snerd.core.ready_queue import DueQueue
 
-__all__ = ["OpenAppend", "Outbox", "PendingAppend", "finish_pending"]
+__all__ = [
+    "ClaimPart",
+    "CompactPart",
+    "DispatchRun",
+    "EnqueuePart",
+    "EnqueueRun",
+    "FinishPart",
+    "FinishRun",
+    "GroupPart",
+    "InboxPart",
+    "IngestPart",
+    "OpenAppend",
+    "Outbox",
+    "PendingAppend",
+    "RearmPart",
+    "RetryPart",
+    "Run",
+]
 
 
 @dataclass(slots=True)
@@ -45,18 +62,16 @@ class OpenAppend:
 
 @dataclass(slots=True)
 class PendingAppend:
-    """What an `Append` in flight will mean once it commits (or fails)."""
+    """What an `Append` in flight will mean once it commits (or fails): one of the kinds
+    below, each a class of its own (the outcomes are dispatched on the class,
+    `snerd.core.node.outcomes`). `KIND` names it in log lines."""
 
-    kind: str
+    KIND: ClassVar[str] = ""
     shard: int
-    task_id: str | None = None
-    #: Tasks dropped by dedupe while this enqueue was in flight: acked when it commits.
-    dedupe_waiters: list[str] = field(default_factory=list)
     #: For outcome appends: the effect to retry with if it fails.
     effect: fx.Append | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
     #: The SDK was already answered: acked as the append committed (`Node.on_commit`),
-    #: or told the shard changed owner before it did (`Node._step_down`).
+    #: or told the shard changed owner before it did (`Tenure.step_down`).
     answered: bool = False
     #: The shard's tenure when the append was issued (`ShardInfo.tenure`).
     tenure: int = 0
@@ -64,10 +79,114 @@ class PendingAppend:
     count: int = 0
 
 
-def finish_pending(shard: int, task_id: str, outcome: str, error: str | None) -> PendingAppend:
-    """What a tombstone of `task_id` means once it lands: the task finished with `outcome`."""
-    # kind, shard, task_id, dedupe_waiters, effect, extra
-    return PendingAppend("finish", shard, task_id, [], None, {"outcome": outcome, "error": error})
+@dataclass(slots=True)
+class EnqueuePart(PendingAppend):
+    """One enqueue's task record (and, dispatched with it, its first dispatch record)."""
+
+    KIND: ClassVar[str] = "enqueue"
+    task_id: str = ""
+    #: Tasks dropped by dedupe while this enqueue was in flight: acked when it commits.
+    dedupe_waiters: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Run(PendingAppend):
+    """One record per task of `ids`, each meaning the same for its task (`Outbox.append_run`):
+    committed or failed one by one, in order."""
+
+    ids: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class EnqueueRun(Run):
+    """Plain enqueues (`Intake.lines`), each as an `EnqueuePart` with no waiters would be."""
+
+    KIND: ClassVar[str] = "enqueues"
+
+
+@dataclass(slots=True)
+class DispatchRun(Run):
+    """Dispatch records, one per attempt."""
+
+    KIND: ClassVar[str] = "dispatches"
+
+
+@dataclass(slots=True)
+class FinishRun(Run):
+    """Success tombstones, in the call's lazy append (`fx.Append.lazy`)."""
+
+    KIND: ClassVar[str] = "finishes"
+
+
+@dataclass(slots=True)
+class FinishPart(PendingAppend):
+    """One task's tombstone: the task finished with `outcome`."""
+
+    KIND: ClassVar[str] = "finish"
+    task_id: str = ""
+    outcome: str = ""
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class RetryPart(PendingAppend):
+    """A failed attempt's retry record: the task is due again at `ready_at` (wall µs)."""
+
+    KIND: ClassVar[str] = "retry"
+    task_id: str = ""
+    ready_at: int = 0
+
+
+@dataclass(slots=True)
+class RearmPart(PendingAppend):
+    """A cron task's re-arm record: due again at `ready_at` (wall µs)."""
+
+    KIND: ClassVar[str] = "rearm"
+    task_id: str = ""
+    ready_at: int = 0
+
+
+@dataclass(slots=True)
+class ClaimPart(PendingAppend):
+    """The claim record that fences a shard after its replay."""
+
+    KIND: ClassVar[str] = "claim"
+
+
+@dataclass(slots=True)
+class InboxPart(PendingAppend):
+    """An enqueue written to this node's own inbox `segment` for a shard it does not own."""
+
+    KIND: ClassVar[str] = "inbox"
+    task_id: str = ""
+    segment: InboxSegment | None = None
+
+
+@dataclass(slots=True)
+class IngestPart(PendingAppend):
+    """An inbox chunk taken in: its tasks (None for a record dropped), then the `inbox` record
+    saying `writer`'s file is ingested up to `end`."""
+
+    KIND: ClassVar[str] = "ingest"
+    tasks: list[str | None] = field(default_factory=list)
+    writer: str = ""
+    end: int = 0
+
+
+@dataclass(slots=True)
+class CompactPart(PendingAppend):
+    """A compaction in flight, keeping `keep`."""
+
+    KIND: ClassVar[str] = "compact"
+    keep: list[fx.KeepRange] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GroupPart(PendingAppend):
+    """Appends of one call merged into one `Append` (`Outbox.append`), in record order."""
+
+    KIND: ClassVar[str] = "group"
+    parts: list[PendingAppend] = field(default_factory=list)
 
 
 class Outbox:
@@ -156,7 +275,9 @@ class Outbox:
             if merged.records is None:
                 self._group(merged, info)
                 assert merged.records is not None
-            self.pending[merged.token].extra["parts"].append(pending)
+            group = self.pending[merged.token]
+            assert type(group) is GroupPart
+            group.parts.append(pending)
             pending.effect = None
             merged.records += part
             merged.last = pending
@@ -183,34 +304,31 @@ class Outbox:
         merged.records = list(first.effect.records)
         self.merged_appends.append(merged)
         first.effect = None
-        self.pending[merged.token] = PendingAppend(
-            kind="group", shard=merged.shard, extra={"parts": [first]}, tenure=info.tenure
-        )
+        self.pending[merged.token] = GroupPart(merged.shard, tenure=info.tenure, parts=[first])
 
     def append_run(
-        self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str, kind: str
+        self, shard: int, info: ShardInfo, record: fx.NewRecord, task_id: str, kind: type[Run]
     ) -> None:
         """`append` for one record of a task whose append would mean the same for every
-        task (kind "enqueues": a plain enqueue, `_lines`; "dispatches": a dispatch
-        record; "finishes": a success tombstone): consecutive ones to a shard within a call
+        task (`kind` `EnqueueRun`: a plain enqueue, `Intake.lines`; `DispatchRun`: a dispatch
+        record; `FinishRun`: a success tombstone): consecutive ones to a shard within a call
         are one part, listing their task ids (one pending for a burst of them, not one each),
-        committed or failed one by one, in order, as if each were an "enqueue", a "dispatch"
-        or a "finish" of its own. Finishes go in the call's lazy append (`fx.Append.lazy`)."""
-        lazy = kind == "finishes"
+        committed or failed one by one, in order, as if each were an enqueue, a dispatch or a
+        finish of its own. Finishes go in the call's lazy append (`fx.Append.lazy`)."""
+        lazy = kind is FinishRun
         merged = (self.open_lazy if lazy else self.open_appends).get(shard)
         if merged is not None and merged.tenure == info.tenure and not info.compacting:
             run = merged.last
-            if run is not None and run.kind == kind:
+            if run is not None and type(run) is kind:
+                assert isinstance(run, Run)
                 if merged.records is None:
                     self._group(merged, info)
                     assert merged.records is not None
                 merged.records.append(record)
-                run.extra["ids"].append(task_id)
+                run.ids.append(task_id)
                 run.count += 1
                 return
-        self.append(
-            shard, (record,), PendingAppend(kind, shard, extra={"ids": [task_id]}), lazy=lazy
-        )
+        self.append(shard, (record,), kind(shard, ids=[task_id]), lazy=lazy)
 
     def emit_append(self, info: ShardInfo, effect: fx.Append) -> None:
         """Emit an append decided earlier (held back, or to retry): after it, later appends
@@ -228,8 +346,8 @@ class Outbox:
     def pending_parts(self) -> Iterator[PendingAppend]:
         """Every append in flight or waiting, the parts of merged ones one by one."""
         for p in self.pending.values():
-            if p.kind == "group":
-                yield from p.extra["parts"]
+            if type(p) is GroupPart:
+                yield from p.parts
             else:
                 yield p
 
@@ -249,12 +367,8 @@ class Outbox:
         if len(parts) == 1:
             pending = parts[0][0]
         else:
-            pending = PendingAppend(
-                kind="group",
-                shard=shard,
-                extra={"parts": [part for part, _ in parts]},
-                tenure=info.tenure,
-                count=len(records),
+            pending = GroupPart(
+                shard, tenure=info.tenure, count=len(records), parts=[part for part, _ in parts]
             )
             for part, _ in parts:
                 part.effect = None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node.model import BLOCKED, ENQUEUING, FENCING, KIND_CLAIM, LOADING, ShardInfo, Task
-from snerd.core.node.outbox import PendingAppend
+from snerd.core.node.outbox import ClaimPart
 from snerd.core.ownership import MAX_COUNT, shard_name
 from snerd.core.records import task_problem
 from snerd.core.shardlog import ShardFold
@@ -167,7 +167,7 @@ class Replay:
                 **self.node.tenure.meta(shard),
             }
         )
-        self.out.append(shard, [claim], PendingAppend(kind="claim", shard=shard))
+        self.out.append(shard, [claim], ClaimPart(shard))
 
 
 def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) -> Task:

@@ -43,7 +43,7 @@ from snerd.core.node.model import (
     new_record,
     queue_in,
 )
-from snerd.core.node.outbox import PendingAppend, finish_pending
+from snerd.core.node.outbox import DispatchRun, FinishPart, FinishRun, RearmPart, RetryPart
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
 from snerd.core.retry import attempts_allowed, retry_delay_us
@@ -327,7 +327,7 @@ class TaskBook:
         fields = self.begin_attempt(task, pool)
         shard = task.shard
         self.out.append_run(
-            shard, self.shards[shard], new_record(fields), task.task_id, "dispatches"
+            shard, self.shards[shard], new_record(fields), task.task_id, DispatchRun
         )
 
     def begin_attempt(self, task: Task, pool: str) -> dict[str, Any]:
@@ -413,9 +413,7 @@ class TaskBook:
             self.out.append(
                 task.shard,
                 [record],
-                PendingAppend(
-                    kind="rearm", shard=task.shard, task_id=task.task_id, extra={"ready_at": nxt}
-                ),
+                RearmPart(task.shard, task_id=task.task_id, ready_at=nxt),
             )
             return
         self._complete(task)
@@ -442,12 +440,7 @@ class TaskBook:
             self.out.append(
                 task.shard,
                 [fx.NewRecord(fields=fields, base=task.loc)],
-                PendingAppend(
-                    kind="retry",
-                    shard=task.shard,
-                    task_id=task.task_id,
-                    extra={"ready_at": now.wall + delay},
-                ),
+                RetryPart(task.shard, task_id=task.task_id, ready_at=now.wall + delay),
             )
             return
         self.finish(task, OUTCOME_DEAD, error)
@@ -469,7 +462,7 @@ class TaskBook:
         self.out.append(
             task.shard,
             [fx.NewRecord(fields=fields)],
-            finish_pending(task.shard, task.task_id, OUTCOME_DEAD, error),
+            FinishPart(task.shard, task_id=task.task_id, outcome=OUTCOME_DEAD, error=error),
         )
 
     def finish(self, task: Task, outcome: str, error: str | None) -> None:
@@ -485,19 +478,19 @@ class TaskBook:
         self.out.append(
             shard,
             [new_based_record(fields, task.loc, ())],
-            finish_pending(shard, task.task_id, outcome, error),
+            FinishPart(shard, task_id=task.task_id, outcome=outcome, error=error),
         )
 
     def _complete(self, task: Task) -> None:
         """Write the tombstone of a task that succeeded. Success clears the error (upstream
         kept it, so dashboards showed "failed"). The tombstones of tasks completed together
-        are one run ("finishes": one pending for them all, each committed as a "finish" of its
+        are one run (`FinishRun`: one pending for them all, each committed as a `FinishPart` of its
         own would be)."""
         shard = task.shard
         info = self.shards[shard]
         fields = self._tombstone_fields(task, task.retry_count, OUTCOME_COMPLETED)
         record = new_based_record(fields, task.loc, CLEARED_ON_SUCCESS)
-        self.out.append_run(shard, info, record, task.task_id, "finishes")
+        self.out.append_run(shard, info, record, task.task_id, FinishRun)
 
     def _tombstone_fields(self, task: Task, retry_count: int, outcome: str) -> dict[str, Any]:
         return {

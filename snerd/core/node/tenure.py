@@ -37,7 +37,9 @@ from snerd.core.node.model import (
     UNOWNED,
     LockProof,
     ShardInfo,
+    new_location,
 )
+from snerd.core.node.outbox import ClaimPart, EnqueuePart, EnqueueRun
 from snerd.core.ownership import (
     Observer,
     claim_epoch,
@@ -566,14 +568,17 @@ class Tenure:
         # Enqueues not yet committed will never be acked by this node: say so now (their
         # records may still land; the next owner finds them).
         for p in self.out.pending_parts():
-            if p.shard == shard and p.kind in ("enqueue", "enqueues") and not p.answered:
+            if p.shard == shard and isinstance(p, EnqueuePart | EnqueueRun) and not p.answered:
                 p.answered = True
                 message = proto.failed_to_enqueue(
                     f"{shard_name(shard)} changed owner before the enqueue was confirmed; "
                     "it may or may not be enqueued"
                 )
-                answer = p.extra["ids"] if p.kind == "enqueues" else [p.task_id]
-                for task_id in [*answer, *p.dedupe_waiters]:
+                if isinstance(p, EnqueueRun):
+                    answer = p.ids
+                else:
+                    answer = [p.task_id, *p.dedupe_waiters]
+                for task_id in answer:
                     self.out.send(proto.error(task_id, message))
         for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
             self.node.book.forget(task_id)
@@ -679,3 +684,13 @@ class Tenure:
 
     def meta(self, shard: int) -> dict[str, Any]:
         return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
+
+    def claim_committed(
+        self, p: ClaimPart, info: ShardInfo, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> None:
+        """The claim record that fences the shard landed (dispatched by `Outcomes`): the shard
+        is ours, or, behind records another writer appended after our read, read again."""
+        if offsets[0] > info.loaded_size:
+            self.reload(p.shard, info)
+            return
+        self.claimed(p.shard, info, new_location(p.shard, offsets[0], lengths[0]))
