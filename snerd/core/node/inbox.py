@@ -69,6 +69,41 @@ class InboxIngest:
         #: When to tell the writers next how far their inboxes are ingested (`.read` hints).
         self.mark_at_mono = 0
 
+    # -- timers (`Node.timers`)
+
+    def poll_due(self) -> int | None:
+        """When the next look at the owned shards' inboxes is due (mono); None while one is
+        out or the node is not running."""
+        at = self.poll_at_mono
+        if at is None or self.busy or self.node.phase is not NODE_RUNNING:
+            return None
+        return at
+
+    def poll_fire(self, now: ev.Now) -> None:
+        at = self.poll_at_mono
+        if not self.busy and self.node.phase is NODE_RUNNING and (at is None or now.mono >= at):
+            self.read()
+
+    def check_due(self) -> int | None:
+        """When to ask next how far this node's closed inbox files are ingested (mono)."""
+        at = self.check_at_mono
+        if at is None or not self.segments or self.checking:
+            return None
+        return at
+
+    def check_fire(self, now: ev.Now) -> None:
+        at = self.check_at_mono
+        if not self.checking and self.segments and (at is None or now.mono >= at):
+            self.check()
+
+    def drain_wait_due(self) -> int | None:
+        """Until when (mono) a drain waits for this node's inbox files to be ingested; the
+        drain's progress reads it (`drain_pending`)."""
+        at = self.drain_until_mono
+        return at if at is not None and self.drain_pending() else None
+
+    # -- polling and ingestion
+
     def read(self) -> None:
         """Look for tasks other nodes (or this one, while a shard was loading) wrote into the
         inboxes of the shards this node owns."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from snerd.core import effects as fx
@@ -61,8 +62,6 @@ from snerd.core.node.model import (
     NODE_RUNNING,
     PAUSED,
     PROBING,
-    READY,
-    RUNNING,
     SECOND,
     STARTING,
     STOPPED,
@@ -82,7 +81,20 @@ from snerd.core.ownership import (
 )
 from snerd.core.timefmt import format_rfc3339
 
-__all__ = ["Node"]
+__all__ = ["Node", "Timer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """One deadline of the node, in `Node.timers`."""
+
+    name: str
+    #: `due` is on the wall clock (task times) rather than the monotonic one.
+    wall: bool
+    #: When the node next needs a tick for it (µs); None: not armed.
+    due: Callable[[], int | None]
+    #: Does what is due at `now` (checking for itself); None: acted on elsewhere.
+    fire: Callable[[ev.Now], None] | None
 
 
 class Node:
@@ -122,6 +134,8 @@ class Node:
         }
         self.now = ev.Now(wall=0, mono=0)
         self.handlers = self._event_handlers()
+        self.timers = self._timers()
+        self._fires = tuple(t.fire for t in self.timers if t.fire is not None)
 
     # ------------------------------------------------------------------ public API
 
@@ -181,53 +195,19 @@ class Node:
         return self.outbox.take()
 
     def wake_in(self, now: ev.Now) -> int | None:
-        """Microseconds until the node next needs a `Tick` (None: only events will wake it)."""
-        candidates: list[int] = []
+        """Microseconds until the node next needs a `Tick` (None: only events will wake it):
+        the earliest deadline of `timers`."""
         if self.phase is STOPPED:
             return None
-        nd = self.book.due.next_due()
-        if nd is not None:
-            candidates.append(nd - now.wall)
-        gw = self.book.group_wake.next_due()
-        if gw is not None:
-            candidates.append(gw - now.wall)
-        ra = self.outbox.retry_appends.next_due()
-        if ra is not None:
-            candidates.append(ra - now.mono)
-        if self.book.timed_flights:
-            for flight in self.book.inflight.values():
-                if flight.deadline_mono is not None:
-                    candidates.append(flight.deadline_mono - now.mono)
-        if self.tenure.renew_at_mono is not None:
-            candidates.append(self.tenure.renew_at_mono - now.mono)
-        if (
-            self.tenure.probe_at_mono is not None
-            and self.phase is NODE_RUNNING
-            and self.tenure.doc_names_others
-        ):
-            candidates.append(self.tenure.probe_at_mono - now.mono)
-        if self.tenure.lease_deadline_mono is not None:
-            candidates.append(self.tenure.lease_deadline_mono - now.mono)
-        if self.drain_deadline_mono is not None:
-            candidates.append(self.drain_deadline_mono - now.mono)
-        if (
-            self.inbox.poll_at_mono is not None
-            and not self.inbox.busy
-            and self.phase is NODE_RUNNING
-        ):
-            candidates.append(self.inbox.poll_at_mono - now.mono)
-        if self.inbox.check_at_mono is not None and self.inbox.segments and not self.inbox.checking:
-            candidates.append(self.inbox.check_at_mono - now.mono)
-        if self.inbox.drain_until_mono is not None and self.inbox.drain_pending():
-            candidates.append(self.inbox.drain_until_mono - now.mono)
-        for info in self.shards.values():
-            if info.retry_lock_at_mono is not None:
-                candidates.append(info.retry_lock_at_mono - now.mono)
-            if info.hold_dispatch_until_mono is not None:
-                candidates.append(info.hold_dispatch_until_mono - now.mono)
-        if not candidates:
-            return None
-        return max(0, min(candidates))
+        mono, wall = now.mono, now.wall
+        best: int | None = None
+        for timer in self.timers:
+            at = timer.due()
+            if at is not None:
+                left = at - (wall if timer.wall else mono)
+                if best is None or left < best:
+                    best = left
+        return None if best is None else max(0, best)
 
     def on_commit(
         self, token: int, now: ev.Now, offsets: tuple[int, ...], lengths: tuple[int, ...]
@@ -344,85 +324,45 @@ class Node:
     # ------------------------------------------------------------------ scheduling
 
     def _on_time(self) -> None:
-        """Everything that depends only on time and free slots; runs after every event."""
-        now = self.now
+        """The tick: everything that depends only on time and free slots; runs after every
+        event. Each timer does what is due, in the order of `timers`; then free worker slots
+        are filled, a drain moves on, and compaction is checked."""
         if self.phase is STOPPED:
             return
-        if (
-            not self.inbox.busy
-            and self.phase is NODE_RUNNING
-            and (self.inbox.poll_at_mono is None or now.mono >= self.inbox.poll_at_mono)
-        ):
-            self.inbox.read()
-        if (
-            not self.inbox.checking
-            and self.inbox.segments
-            and (self.inbox.check_at_mono is None or now.mono >= self.inbox.check_at_mono)
-        ):
-            self.inbox.check()
-        # Appends that failed and are due for another try.
-        self.outbox.retry_due(now.mono)
-        # Locks to retry, and shards whose dispatch hold ends.
-        for shard, info in self.shards.items():
-            until = info.hold_dispatch_until_mono
-            if until is not None and now.mono >= until:
-                info.hold_dispatch_until_mono = None
-                parked = self.book.parked_by_shard.get(shard)
-                while parked and not info.giving_back:
-                    task = self.book.tasks[parked.pop()]
-                    self.book.move(task, READY)
-                    self.book.push_ready(task)
-            if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
-                info.retry_lock_at_mono = None
-                if info.phase is PAUSED:
-                    self.outbox.emit(
-                        fx.TryLock(shard=shard, owner=self.config.node_id, epoch=info.lock_epoch)
-                    )
-        # Leases.
-        if self.tenure.renew_at_mono is not None and now.mono >= self.tenure.renew_at_mono:
-            self.tenure.renew()
-        # Hard timeouts. `timed_flights` spares the scan of every flight on every event when
-        # no attempt has a deadline (the common case); it is cleared when a scan finds none.
-        timed = (
-            [f for f in self.book.inflight.values() if f.deadline_mono is not None]
-            if self.book.timed_flights
-            else []
-        )
-        if self.book.timed_flights and not timed:
-            self.book.timed_flights = False
-        for flight in timed:
-            assert flight.deadline_mono is not None
-            if now.mono >= flight.deadline_mono:
-                task = self.book.tasks[flight.task_id]
-                if task.state is RUNNING:
-                    self.stats["total_failed"] += 1
-                    self.book.failed(task, proto.timed_out(task.max_execution_seconds or 0))
-        # Delayed tasks and retries whose time came.
-        for task_id in self.book.due.pop_due(now.wall):
-            task = self.book.tasks[task_id]
-            self.book.move(task, READY)
-            self.book.push_ready(task)
-        # Rate windows with room again.
-        for group in self.book.group_wake.pop_due(now.wall):
-            parked = self.book.parked_by_group.get(group)
-            while parked:
-                task = self.book.tasks[parked.pop()]
-                self.book.move(task, READY)
-                self.book.push_ready(task)
-        if (
-            self.config.lock_proves_liveness
-            and self.phase is NODE_RUNNING
-            and self.tenure.doc is not None
-            and (self.tenure.probe_at_mono is None or now.mono >= self.tenure.probe_at_mono)
-        ):
-            self.tenure.probe_at_mono = now.mono + self.config.probe_interval_us
-            if not self.tenure.membership_busy:
-                self.tenure.probe(self.tenure.doc, [])
+        now = self.now
+        for fire in self._fires:
+            fire(now)
         if self.phase is NODE_RUNNING:
             self.book.dispatch()
         if self.phase is DRAINING:
             self._drain_progress()
         self.compaction.maybe_compact()
+
+    def _timers(self) -> tuple[Timer, ...]:
+        """Every deadline the node keeps, once: `wake_in` reads each one's `due`, and the tick
+        (`_on_time`) calls each one's `fire`, in this order."""
+        inbox, book, tenure, outbox = self.inbox, self.book, self.tenure, self.outbox
+        return (
+            Timer("inbox poll", False, inbox.poll_due, inbox.poll_fire),
+            Timer("inbox check", False, inbox.check_due, inbox.check_fire),
+            Timer("append retry", False, outbox.retry_due_at, outbox.retry_fire),
+            Timer("dispatch hold", False, book.dispatch_holds_due, book.dispatch_holds_fire),
+            Timer("lock retry", False, tenure.lock_retry_due, tenure.lock_retry_fire),
+            Timer("renewal", False, tenure.renew_due, tenure.renew_fire),
+            Timer("hard timeout", False, book.timeouts_due, book.timeouts_fire),
+            Timer("due task", True, book.due_at, book.due_fire),
+            Timer("rate window", True, book.group_wake_at, book.group_wake_fire),
+            Timer("lock probe", False, tenure.probe_due, tenure.probe_fire),
+            # Deadlines acted on elsewhere, which only need the node woken at them: the lease
+            # (checked by `_begin` before every event), the drain's timeout and its wait for
+            # the inboxes (`_drain_progress`, at every tick while draining).
+            Timer("lease", False, tenure.lease_due, None),
+            Timer("drain timeout", False, self._drain_due, None),
+            Timer("drain inbox wait", False, inbox.drain_wait_due, None),
+        )
+
+    def _drain_due(self) -> int | None:
+        return self.drain_deadline_mono
 
     # ------------------------------------------------------------------ outcomes
 

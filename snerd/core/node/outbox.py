@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from snerd.core import effects as fx
+from snerd.core import events as ev
 from snerd.core.node.model import InboxSegment, ShardInfo, new_append, new_send
 from snerd.core.ready_queue import DueQueue
 
@@ -382,6 +383,13 @@ class Outbox:
             info.backlog.append(effect)
         else:
             self.emit_append(info, effect)
+
+    def retry_due_at(self) -> int | None:
+        """When the next failed append is due for another try (mono; `Node.timers`)."""
+        return self.retry_appends.next_due()
+
+    def retry_fire(self, now: ev.Now) -> None:
+        self.retry_due(now.mono)
 
     def retry_due(self, now_mono: int) -> None:
         """Issue again the failed appends due for another try (those of an ended tenure are

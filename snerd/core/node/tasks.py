@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core import protocol as proto
 from snerd.core.cron import next_fire
 from snerd.core.fields import adopt_cron
 from snerd.core.node.model import (
@@ -86,6 +87,81 @@ class TaskBook:
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.seq = 0
+
+    # -- timers (`Node.timers`)
+
+    def due_at(self) -> int | None:
+        """When the next delayed task or retry is due (wall)."""
+        return self.due.next_due()
+
+    def due_fire(self, now: ev.Now) -> None:
+        """Delayed tasks and retries whose time came."""
+        tasks = self.tasks
+        for task_id in self.due.pop_due(now.wall):
+            task = tasks[task_id]
+            self.move(task, READY)
+            self.push_ready(task)
+
+    def group_wake_at(self) -> int | None:
+        """When the next full rate window has room again (wall)."""
+        return self.group_wake.next_due()
+
+    def group_wake_fire(self, now: ev.Now) -> None:
+        """Rate windows with room again: their parked tasks are ready."""
+        for group in self.group_wake.pop_due(now.wall):
+            parked = self.parked_by_group.get(group)
+            while parked:
+                task = self.tasks[parked.pop()]
+                self.move(task, READY)
+                self.push_ready(task)
+
+    def timeouts_due(self) -> int | None:
+        """The earliest hard timeout of an attempt in flight (mono)."""
+        if not self.timed_flights:
+            return None
+        deadlines = [f.deadline_mono for f in self.inflight.values() if f.deadline_mono is not None]
+        return min(deadlines) if deadlines else None
+
+    def timeouts_fire(self, now: ev.Now) -> None:
+        """Hard timeouts. `timed_flights` spares the scan of every flight on every event when
+        no attempt has a deadline (the common case); it is cleared when a scan finds none."""
+        timed = (
+            [f for f in self.inflight.values() if f.deadline_mono is not None]
+            if self.timed_flights
+            else []
+        )
+        if self.timed_flights and not timed:
+            self.timed_flights = False
+        for flight in timed:
+            assert flight.deadline_mono is not None
+            if now.mono >= flight.deadline_mono:
+                task = self.tasks[flight.task_id]
+                if task.state is RUNNING:
+                    self.node.stats["total_failed"] += 1
+                    self.failed(task, proto.timed_out(task.max_execution_seconds or 0))
+
+    def dispatch_holds_due(self) -> int | None:
+        """When the earliest shard's dispatch hold (a dispatch record that failed) ends (mono)."""
+        holds = [
+            i.hold_dispatch_until_mono
+            for i in self.shards.values()
+            if i.hold_dispatch_until_mono is not None
+        ]
+        return min(holds) if holds else None
+
+    def dispatch_holds_fire(self, now: ev.Now) -> None:
+        """Shards whose dispatch hold ends: their parked ready tasks are ready again."""
+        for shard, info in self.shards.items():
+            until = info.hold_dispatch_until_mono
+            if until is not None and now.mono >= until:
+                info.hold_dispatch_until_mono = None
+                parked = self.parked_by_shard.get(shard)
+                while parked and not info.giving_back:
+                    task = self.tasks[parked.pop()]
+                    self.move(task, READY)
+                    self.push_ready(task)
+
+    # -- the lifecycle
 
     def move(self, task: Task, new: TaskState) -> None:
         if (task.state, new) not in TRANSITIONS:

@@ -28,6 +28,7 @@ from snerd.core.node.model import (
     FINISHING,
     LOADING,
     LOCKING,
+    NODE_RUNNING,
     OUTCOME_DEAD,
     PAUSED,
     PROBING,
@@ -107,6 +108,58 @@ class Tenure:
         #: This node acts for its shards only until then: the start of its last renewal known
         #: to have committed, plus the lease (DESIGN §4.4). None: it holds no lease.
         self.lease_deadline_mono: int | None = None
+
+    # -- timers (`Node.timers`)
+
+    def renew_due(self) -> int | None:
+        """When the next membership round (a renewal, a retry, a takeover) is due (mono)."""
+        return self.renew_at_mono
+
+    def renew_fire(self, now: ev.Now) -> None:
+        if self.renew_at_mono is not None and now.mono >= self.renew_at_mono:
+            self.renew()
+
+    def lock_retry_due(self) -> int | None:
+        """When the earliest paused shard's lock is tried again (mono)."""
+        retries = [
+            i.retry_lock_at_mono for i in self.shards.values() if i.retry_lock_at_mono is not None
+        ]
+        return min(retries) if retries else None
+
+    def lock_retry_fire(self, now: ev.Now) -> None:
+        for shard, info in self.shards.items():
+            if info.retry_lock_at_mono is not None and now.mono >= info.retry_lock_at_mono:
+                info.retry_lock_at_mono = None
+                if info.phase is PAUSED:
+                    self.out.emit(
+                        fx.TryLock(shard=shard, owner=self.config.node_id, epoch=info.lock_epoch)
+                    )
+
+    def probe_due(self) -> int | None:
+        """When to try other nodes' shard locks next (mono): only while running and another
+        node holds shards (`doc_names_others`)."""
+        at = self.probe_at_mono
+        if at is None or self.node.phase is not NODE_RUNNING or not self.doc_names_others:
+            return None
+        return at
+
+    def probe_fire(self, now: ev.Now) -> None:
+        at = self.probe_at_mono
+        if (
+            self.config.lock_proves_liveness
+            and self.node.phase is NODE_RUNNING
+            and self.doc is not None
+            and (at is None or now.mono >= at)
+        ):
+            self.probe_at_mono = now.mono + self.config.probe_interval_us
+            if not self.membership_busy:
+                self.probe(self.doc, [])
+
+    def lease_due(self) -> int | None:
+        """When the lease runs out (mono); `Node._begin` checks it before every event."""
+        return self.lease_deadline_mono
+
+    # -- membership rounds
 
     def read_membership(self) -> None:
         """Start a membership round: read, then (in `on_membership_read`) write claims,
