@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["DueQueue", "ReadyQueue"]
@@ -234,6 +234,10 @@ class ReadyQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._live)
 
+    def queued(self) -> Iterator[K]:
+        """The queued keys, in no particular order (for `invariants` checks)."""
+        return iter(self._live)
+
     def __contains__(self, key: object) -> bool:
         return key in self._live
 
@@ -329,6 +333,10 @@ class DueQueue(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def queued(self) -> Iterator[K]:
+        """The queued keys, in no particular order (for `invariants` checks)."""
+        return iter(self._live)
 
     def __contains__(self, key: object) -> bool:
         return key in self._live

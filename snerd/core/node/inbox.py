@@ -30,6 +30,7 @@ from snerd.core.node.model import (
     ShardInfo,
     new_location,
     new_record,
+    require,
 )
 from snerd.core.node.outbox import InboxPart, IngestPart
 from snerd.core.ownership import shard_name
@@ -70,6 +71,22 @@ class InboxIngest:
         self.mark_at_mono = 0
 
     # -- timers (`Node.timers`)
+
+    def invariants(self) -> None:
+        """This node's own segments: the current one of each shard is open and known; none
+        has a negative count in flight. Each writer's file is taken at least as far as it is
+        durably ingested."""
+        for shard, segment in self.current.items():
+            require(segment.shard == shard, f"inbox segment {segment.name} filed under {shard}")
+            require(not segment.closed, f"closed inbox segment {segment.name} still current")
+            require(self.segments.get((shard, segment.name)) is segment, "current segment unknown")
+        for (shard, name), segment in self.segments.items():
+            require((segment.shard, segment.name) == (shard, name), f"inbox {name}: misfiled")
+            require(segment.in_flight >= 0, f"inbox {name}: appends in flight < 0")
+        for shard, info in self.shards.items():
+            for writer, done in info.inbox_done.items():
+                taken = info.inbox_taken.get(writer, 0)
+                require(taken >= done, f"shard {shard}: {writer}'s inbox taken below what is done")
 
     def poll_due(self) -> int | None:
         """When the next look at the owned shards' inboxes is due (mono); None while one is

@@ -70,6 +70,7 @@ __all__ = [
     "new_record",
     "new_send",
     "queue_in",
+    "require",
     "route_shard",
 ]
 
@@ -404,3 +405,10 @@ def queue_in(queues: dict[_K, ReadyQueue[str]], key: _K) -> ReadyQueue[str]:
     if queue is None:
         queue = queues[key] = ReadyQueue()
     return queue
+
+
+def require(ok: bool, what: str) -> None:
+    """An invariant of the node's state (`Node.invariants`): raise, naming it, when it does
+    not hold. Not an `assert`, so that it is checked under `python -O` too."""
+    if not ok:
+        raise AssertionError(f"node invariant broken: {what}")

@@ -67,8 +67,10 @@ from snerd.core.node.model import (
     STOPPED,
     UNOWNED,
     NodeConfig,
+    NodePhase,
     ShardInfo,
     Task,
+    require,
 )
 from snerd.core.node.outbox import DispatchRun, Outbox
 from snerd.core.node.outcomes import Outcomes
@@ -76,6 +78,7 @@ from snerd.core.node.replay import Replay
 from snerd.core.node.tasks import TaskBook
 from snerd.core.node.tenure import Tenure
 from snerd.core.ownership import (
+    ShardPhase,
     shard_name,
     without_claims,
 )
@@ -133,6 +136,8 @@ class Node:
             "total_deduplicated": 0,
         }
         self.now = ev.Now(wall=0, mono=0)
+        #: The clock reading of the last tick (`_on_time`), for `invariants`.
+        self._ticked: ev.Now | None = None
         self.handlers = self._event_handlers()
         self.timers = self._timers()
         self._fires = tuple(t.fire for t in self.timers if t.fire is not None)
@@ -208,6 +213,31 @@ class Node:
                 if best is None or left < best:
                     best = left
         return None if best is None else max(0, best)
+
+    def invariants(self) -> None:
+        """Check that the node's state is whole, part by part (TigerBeetle's `invariants()`):
+        raises `AssertionError` naming the first thing found broken. For tests and the
+        simulator, after any call; it walks every task, so the daemon does not call it."""
+        require(isinstance(self.phase, NodePhase), f"phase {self.phase!r}")
+        require(len(self._fires) == sum(t.fire is not None for t in self.timers), "timer fires")
+        self.outbox.invariants()
+        self.book.invariants()
+        self.tenure.invariants()
+        self.inbox.invariants()
+        if self.phase is STOPPED:
+            return
+        for shard, info in self.shards.items():
+            require(isinstance(info.phase, ShardPhase), f"shard {shard}: phase {info.phase!r}")
+        # No timer the last tick fires was still due at that tick (what came due since waits
+        # for the next one).
+        ticked = self._ticked
+        if ticked is None:
+            return
+        mono, wall = ticked.mono, ticked.wall
+        for timer in self.timers:
+            at = timer.due()
+            if timer.fire is not None and at is not None:
+                require(at > (wall if timer.wall else mono), f"timer {timer.name!r} due, not fired")
 
     def on_commit(
         self, token: int, now: ev.Now, offsets: tuple[int, ...], lengths: tuple[int, ...]
@@ -329,7 +359,7 @@ class Node:
         are filled, a drain moves on, and compaction is checked."""
         if self.phase is STOPPED:
             return
-        now = self.now
+        now = self._ticked = self.now
         for fire in self._fires:
             fire(now)
         if self.phase is NODE_RUNNING:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
-from snerd.core.node.model import InboxSegment, ShardInfo, new_append, new_send
+from snerd.core.node.model import InboxSegment, ShardInfo, new_append, new_send, require
 from snerd.core.ready_queue import DueQueue
 
 __all__ = [
@@ -210,6 +210,32 @@ class Outbox:
         self.merged_appends: list[OpenAppend] = []
         #: Failed outcome appends waiting for another try, by token (mono time).
         self.retry_appends: DueQueue[int] = DueQueue()
+
+    def invariants(self) -> None:
+        """Between calls: nothing buffered or open; every pending append under its own token,
+        its effect (if kept) that token's, a group's parts adding up to its records; every
+        append held back by a compaction pending, and held only while one runs."""
+        require(not self.out, "effects left in the buffer between calls")
+        require(not (self.open_appends or self.open_lazy or self.merged_appends), "open appends")
+        for token, p in self.pending.items():
+            require(0 < token <= self.token, f"pending token {token} was never issued")
+            effect = p.effect
+            if effect is not None:
+                require(
+                    effect.token == token, f"pending {token} keeps the effect of {effect.token}"
+                )
+                require(effect.shard == p.shard, f"pending {token}: effect of another shard")
+            if type(p) is GroupPart:
+                require(bool(p.parts), f"group {token} has no part")
+                require(all(type(q) is not GroupPart for q in p.parts), f"group {token} nests")
+                if effect is not None:
+                    total = sum(q.count for q in p.parts)
+                    require(total == len(effect.records), f"group {token}: parts miscounted")
+        for shard, info in self.shards.items():
+            require(info.appends_in_flight >= 0, f"shard {shard}: appends in flight < 0")
+            require(not info.backlog or info.compacting, f"shard {shard}: backlog, no compaction")
+            for held in info.backlog:
+                require(held.token in self.pending, f"shard {shard}: held append {held.token} lost")
 
     def take(self) -> list[fx.Effect]:
         """What every call ends with: the appends merged during it are written out in full

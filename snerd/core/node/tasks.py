@@ -22,18 +22,22 @@ from snerd.core import protocol as proto
 from snerd.core.cron import next_fire
 from snerd.core.fields import adopt_cron
 from snerd.core.node.model import (
+    ACTIVE,
     BLOCKED,
     CLEARED_ON_SUCCESS,
     DISPATCHING,
     ENQUEUING,
+    FENCING,
     FINISHING,
     KIND_DISPATCH,
+    LOADING,
     OUTCOME_COMPLETED,
     OUTCOME_DEAD,
     PARKED,
     READY,
     RUNNING,
     SECOND,
+    STOPPED,
     TRANSITIONS,
     WAITING,
     InFlight,
@@ -43,6 +47,7 @@ from snerd.core.node.model import (
     new_execute,
     new_record,
     queue_in,
+    require,
 )
 from snerd.core.node.outbox import DispatchRun, FinishPart, FinishRun, RearmPart, RetryPart
 from snerd.core.rate_limit import RateWindows
@@ -89,6 +94,81 @@ class TaskBook:
         self.seq = 0
 
     # -- timers (`Node.timers`)
+
+    def invariants(self) -> None:
+        """Check the index against its queues (`Node.invariants`): each queue entry is a
+        known task in the state and on the key that queue means; each task in a waiting
+        state is in its queue, each dispatching or running one in flight; the pool counts,
+        the fingerprints."""
+        tasks = self.tasks
+        for task_id, task in tasks.items():
+            require(task.task_id == task_id, f"task {task_id} is filed under another id")
+        queued: dict[str, str] = {}
+
+        def entries(where: str, queue: ReadyQueue[str] | DueQueue[str], state: TaskState) -> None:
+            for task_id in queue.queued():
+                task = tasks.get(task_id)
+                require(task is not None, f"{where} holds {task_id}, which is not a live task")
+                assert task is not None
+                require(task.state is state, f"{where} holds {task_id}, {task.state.value}")
+                require(task_id not in queued, f"{task_id} is in {queued.get(task_id)} and {where}")
+                queued[task_id] = where
+
+        for pool, queue in self.ready.items():
+            entries(f"ready[{pool}]", queue, READY)
+            require(
+                all(tasks[t].pool == pool for t in queue.queued()), f"ready[{pool}]: wrong pool"
+            )
+        for key, queue in self.parked_by_type.items():
+            entries(f"parked_by_type[{key}]", queue, PARKED)
+        for group, queue in self.parked_by_group.items():
+            entries(f"parked_by_group[{group}]", queue, PARKED)
+        for shard, queue in self.parked_by_shard.items():
+            entries(f"parked_by_shard[{shard}]", queue, PARKED)
+            require(all(tasks[t].shard == shard for t in queue.queued()), "parked on another shard")
+        entries("due", self.due, WAITING)
+        for task_id, task in tasks.items():
+            if task.state in (READY, PARKED, WAITING):
+                require(task_id in queued, f"{task.state.value} task {task_id} is in no queue")
+            flying = task.state in (DISPATCHING, RUNNING)
+            require(flying == (task_id in self.inflight), f"{task_id} {task.state.value}: flight")
+        self._flight_invariants()
+
+    def _flight_invariants(self) -> None:
+        # (A stopped node let go of its shards and keeps what it held as it was.)
+        stopped = self.node.phase is STOPPED
+        busy: dict[str, int] = {}
+        for task_id, flight in self.inflight.items():
+            task = self.tasks[task_id]
+            require(flight.task_id == task_id, f"flight of {task_id} names {flight.task_id}")
+            require(flight.attempt == task.attempt, f"{task_id}: flight of another attempt")
+            info = self.shards.get(task.shard)
+            require(
+                stopped or (info is not None and info.phase in (LOADING, FENCING, ACTIVE)),
+                f"{task_id} is in flight on shard {task.shard}, which this node does not hold",
+            )
+            require(
+                flight.deadline_mono is None or self.timed_flights,
+                f"{task_id} has a deadline but timed_flights is off",
+            )
+            busy[flight.pool] = busy.get(flight.pool, 0) + 1
+        for pool, count in self.pool_busy.items():
+            require(
+                count == busy.get(pool, 0), f"pool {pool}: {count} busy, {busy.get(pool, 0)} flying"
+            )
+        require(len(self.inflight) <= self.config.max_workers, "more in flight than max_workers")
+        for digest, ids in self.fingerprints.items():
+            require(bool(ids), f"fingerprint {digest} lists no task")
+            for task_id in ids:
+                twin = self.tasks.get(task_id)
+                require(
+                    twin is not None and twin.payload_hash == digest,
+                    f"fingerprint {digest} lists {task_id}, not a live task of it",
+                )
+        for task in self.tasks.values():
+            if task.payload_hash is not None:
+                ids = self.fingerprints.get(task.payload_hash, {})
+                require(task.task_id in ids, f"{task.task_id} is missing from its fingerprint")
 
     def due_at(self) -> int | None:
         """When the next delayed task or retry is due (wall)."""

@@ -39,6 +39,7 @@ from snerd.core.node.model import (
     LockProof,
     ShardInfo,
     new_location,
+    require,
 )
 from snerd.core.node.outbox import ClaimPart, EnqueuePart, EnqueueRun
 from snerd.core.ownership import (
@@ -110,6 +111,27 @@ class Tenure:
         self.lease_deadline_mono: int | None = None
 
     # -- timers (`Node.timers`)
+
+    def invariants(self) -> None:
+        """Each shard's tenure fields agree with its phase; lock proofs are of shards this
+        node does not act for."""
+        for shard, info in self.shards.items():
+            phase = info.phase
+            require(
+                (phase is PROBING) == (info.probed_doc is not None), f"shard {shard}: probe doc"
+            )
+            require(
+                phase is not LOADING or info.fold is not None, f"shard {shard}: loading, no fold"
+            )
+            require(phase is not ACTIVE or info.claim_loc is not None, f"shard {shard}: no claim")
+            require(not info.giving_back or phase is ACTIVE, f"shard {shard}: gives back, not held")
+            require(info.tenure >= 0 and info.epoch >= 0, f"shard {shard}: negative counter")
+        for shard in self.lock_proofs:
+            proved = self.shards.get(shard)
+            require(
+                proved is None or proved.phase in (UNOWNED, PROBING),
+                f"shard {shard}: a lock proof for a shard this node acts for",
+            )
 
     def renew_due(self) -> int | None:
         """When the next membership round (a renewal, a retry, a takeover) is due (mono)."""
