@@ -884,7 +884,7 @@ def test_an_unreadable_payload_is_a_failed_attempt_decided_by_the_core() -> None
     assert [e.attempt for e in sh.executed] == [1, 2]
 
 
-# --- the batch path of plain enqueues (`Node._lines`) ----------------------------------
+# --- the batch path of plain enqueues (`Intake.lines`) ----------------------------------
 
 
 def test_plain_and_other_enqueues_in_one_burst_keep_arrival_order_in_records_and_acks() -> None:
@@ -1131,7 +1131,7 @@ def test_the_batch_path_of_plain_enqueues_and_results_decides_what_the_long_way_
     # The same traffic through a node with the batch path and one without it: the same
     # messages, in the same order, the same log, the same tasks in the same states.
     # The fast node takes each burst as one `LinesReceived`, the slow one as a `LineReceived`
-    # per line, each line the long way (`Node._line`).
+    # per line, each line the long way (`Intake.line`).
     config = NodeConfig(node_id="test-node@pid-1-aa", max_workers=workers)
     fast, slow = started(config), started(config)
 

@@ -116,7 +116,7 @@ class Compaction:
         keep = self._live_ranges(shard, info, offsets)
         info.compacting = True
         # Counted as an append in flight: a step-down keeps the lock until the new file is in
-        # place, and a shard taken up again is read only after it (`_appends_drained`).
+        # place, and a shard taken up again is read only after it (`Tenure.appends_drained`).
         info.appends_in_flight += 1
         token = self.out.next_token()
         self.out.pending[token] = CompactPart(shard, tenure=info.tenure, keep=keep)

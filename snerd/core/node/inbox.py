@@ -143,7 +143,7 @@ class InboxIngest:
         while a shard was loading). Otherwise every `inbox_idle_poll_us`: a lone daemon does
         not list its folders ten times a second (each look is a thread hop, and on a
         distributed filesystem a directory listing per shard). A node that joins is seen at
-        the next membership read (`_on_membership_read` then looks sooner), so its first
+        the next membership read (`Tenure.on_membership_read` then looks sooner), so its first
         inbox tasks wait at most `inbox_idle_poll_us` for ingestion."""
         if found or self.node.tenure.peers_live:
             return self.config.inbox_poll_us

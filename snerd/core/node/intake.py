@@ -35,6 +35,7 @@ from snerd.core.node.model import (
     SECOND,
     STARTING,
     STOPPED,
+    ShardInfo,
     Task,
     new_record,
     route_shard,
@@ -122,20 +123,19 @@ class Intake:
             self.node.book.push_ready(task)
 
     def on_enqueue(self, cmd: proto.Enqueue) -> None:
+        """An enqueue the long way: refused (not running, its id pending, a cycle), acked as a
+        duplicate, written to this node's inbox for a shard it does not own, or taken here."""
         if self.node.phase is not NODE_RUNNING:
             if not self.hold_or(cmd):
                 self.out.send(proto.error(cmd.task_id, proto.SHUTTING_DOWN))
             return
-        existing = self.node.book.tasks.get(cmd.task_id)
+        book = self.node.book
+        existing = book.tasks.get(cmd.task_id)
         if existing is not None:
-            self.out.send(
-                proto.error(
-                    cmd.task_id,
-                    proto.failed_to_enqueue(
-                        f"task_id {cmd.task_id} is already pending ({existing.state.value}); "
-                        "a task id can be reused once its task has finished"
-                    ),
-                )
+            self._refuse(
+                cmd.task_id,
+                f"task_id {cmd.task_id} is already pending ({existing.state.value}); "
+                "a task id can be reused once its task has finished",
             )
             return
         payload_hash = None
@@ -143,7 +143,7 @@ class Intake:
             payload_hash = xxhash.xxh64_hexdigest((cmd.task_type + cmd.task_data).encode())
             # Upstream wrote the digest without zero padding.
             payload_hash = payload_hash.lstrip("0") or "0"
-            original = self.node.book.pending_twin(payload_hash)
+            original = book.pending_twin(payload_hash)
             if original is not None:
                 self.node.stats["total_enqueued"] += 1
                 self.node.stats["total_deduplicated"] += 1
@@ -159,34 +159,40 @@ class Intake:
             self._enqueue_to_inbox(cmd, shard, payload_hash)
             return
         if cmd.trigger_after_ids:
-            cycle = self.node.book.cycle(cmd.task_id, cmd.trigger_after_ids)
+            cycle = book.cycle(cmd.task_id, cmd.trigger_after_ids)
             if cycle is not None:
-                self.out.send(
-                    proto.error(
-                        cmd.task_id,
-                        proto.failed_to_enqueue(f"Cycle detected involving task {cycle}"),
-                    )
-                )
+                self._refuse(cmd.task_id, f"Cycle detected involving task {cycle}")
                 return
+        self._enqueue_here(cmd, shard, info, payload_hash)
+
+    def _refuse(self, task_id: str, why: str) -> None:
+        self.out.send(proto.error(task_id, proto.failed_to_enqueue(why)))
+
+    def _enqueue_here(
+        self, cmd: proto.Enqueue, shard: int, info: ShardInfo, payload_hash: str | None
+    ) -> None:
+        """Take an enqueue into a shard this node owns: its record, and its task in the index
+        (ENQUEUING until the record is durable, or dispatched with it, `_runs_at_once`)."""
+        book = self.node.book
         fields, ready_at = self._enqueue_fields(cmd, payload_hash)
         fields["snerdNode"] = self.config.node_id
         fields["snerdEpoch"] = info.epoch
         fields["snerdSeq"] = info.next_seq
         info.next_seq += 1
-        self.node.book.seq += 1
+        book.seq += 1
         # Positional, in field order: with 19 keywords the call costs about 2.6 us, 0.5 us so.
         task = Task(
             cmd.task_id,  # task_id
             cmd.task_type,  # task_type
             shard,  # shard
-            self.node.book.seq,  # seq
+            book.seq,  # seq
             ENQUEUING,  # state
             0,  # retry_count
             cmd.max_retries,  # max_retries
             cmd.retry_after_hours,  # retry_after_hours
             ready_at,  # ready_at_us
             cmd.urgency_score,  # urgency
-            self.node.book.pool_of(cmd.pool),  # pool
+            book.pool_of(cmd.pool),  # pool
             cmd.rate_limit_group if cmd.max_per_minute is not None else None,  # group
             cmd.max_per_minute,  # max_per_minute
             payload_hash,  # payload_hash
@@ -197,15 +203,15 @@ class Intake:
             None,  # loc
             1,  # attempt
         )
-        self.node.book.tasks[cmd.task_id] = task
-        self.node.book.add_fingerprint(task)
+        book.tasks[cmd.task_id] = task
+        book.add_fingerprint(task)
         self.node.stats["total_enqueued"] += 1
         records = [new_record(fields)]
         if self._runs_at_once(task):
             # Its first attempt starts now: the dispatch record shares the enqueue record's
             # append (one commit, one fsync instead of two in a row); the ack and the
-            # `execute` both follow that commit (`_on_append_committed`).
-            records.append(new_record(self.node.book.begin_attempt(task, task.pool)))
+            # `execute` both follow that commit (`Outcomes.on_commit`).
+            records.append(new_record(book.begin_attempt(task, task.pool)))
         self.out.append(shard, records, EnqueuePart(shard, task_id=cmd.task_id))
 
     def _enqueue_fields(
@@ -262,7 +268,7 @@ class Intake:
         a plain enqueue (`proto.plain_enqueue`: the five required fields, every optional one
         absent or null), decided here in one loop while running: what `on_enqueue` does for
         it, without building the `Enqueue`, its record joining the run of plain enqueues to
-        its shard (`_append_run`, a list extended in place while no other line comes
+        its shard (`Outbox.append_run`, a list extended in place while no other line comes
         between). The commonest result, a success of a running attempt, is decided here too
         (`_plain_success`). A plain enqueue or result this loop cannot decide alone (an
         enqueue's id pending, its shard not ours: the inbox, or a task that might run at once;
@@ -396,7 +402,7 @@ class Intake:
         """True when a task being enqueued would be dispatched as soon as its enqueue record
         commits anyway: ready now, no parents, no rate limit, a handler registered (not a
         webhook), a free slot in its pool, and no ready task waiting for a slot (those go first
-        by urgency, in `_dispatch`)."""
+        by urgency, in `TaskBook.dispatch`)."""
         return (
             self.node.phase is NODE_RUNNING
             and not task.trigger_after_ids
@@ -480,7 +486,7 @@ class Intake:
         if flight.attempt != event.attempt:
             return
         # A failed attempt, so the task's retry and dead-letter rules apply instead of it
-        # hanging forever; a record that stays unreadable dead-letters it (`_on_append_failed`).
+        # hanging forever; a record that stays unreadable dead-letters it (`Outcomes.on_append_failed`).
         self._attempt_ended(task, False, f"snerd could not read the task's payload: {event.error}")
 
     def on_webhook(self, event: ev.WebhookFinished) -> None:

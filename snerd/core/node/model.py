@@ -6,7 +6,7 @@ imports this one, and this one imports none of them (an import-linter contract),
 read the same wherever a part of the node holds them.
 
 `TRANSITIONS` is the one table of allowed task state changes (the package's `node` module
-draws the graph); `Node._move` refuses anything else.
+draws the graph); `TaskBook.move` refuses anything else.
 """
 
 from __future__ import annotations
@@ -102,12 +102,12 @@ class TaskState(enum.Enum):
     FINISHING = "finishing"
 
     #: By identity (members are singletons, and equal only to themselves): `Enum.__hash__`
-    #: is Python code, and `Node._move` looks up a pair of states for every state change.
+    #: is Python code, and `TaskBook.move` looks up a pair of states for every state change.
     __hash__ = object.__hash__
 
 
 S = TaskState
-#: Every allowed task state change. `Node._move` refuses anything else.
+#: Every allowed task state change. `TaskBook.move` refuses anything else.
 TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
     {
         (S.ENQUEUING, S.WAITING),
@@ -203,7 +203,7 @@ class NodeConfig:
     inbox_poll_us: int = 100_000
     #: How often it looks while nothing can be writing to them (SNERD_INBOX_IDLE_POLL_MS):
     #: no other node's heartbeat was live at the last membership read and the last look found
-    #: no inbox file in its shards' folders (`Node._inbox_poll_interval`). At least
+    #: no inbox file in its shards' folders (`InboxIngest.poll_interval`). At least
     #: `inbox_poll_us`.
     inbox_idle_poll_us: int = SECOND
     inbox_read_bytes: int = 4 * 1024 * 1024
@@ -309,13 +309,13 @@ class ShardInfo:
     #: The log's size as the latest replay read it (after cutting a torn tail).
     loaded_size: int = 0
     #: Read again because our claim landed behind records another writer appended after our
-    #: read (`Node._reload`): our claim is in the log, so the replay writes no new one.
+    #: read (`Tenure.reload`): our claim is in the log, so the replay writes no new one.
     reloading: bool = False
     #: Stepped down while appends were in flight: the lock is released once they have landed.
     unlock_when_drained: bool = False
     #: Stepped down to hand the shard over (an even spread, a drain): the lock is released
     #: only once the write that removes our claim has landed. A free lock under a claim that
-    #: still names us would tell a prober that this process is gone (`_probe`).
+    #: still names us would tell a prober that this process is gone (`Tenure.probe`).
     unlock_when_unclaimed: bool = False
     #: `PROBING`: the membership document whose claim on the shard the probe tries the lock
     #: of.
@@ -329,7 +329,7 @@ class ShardInfo:
     corrupt_lines: int = 0
     #: Live tasks of the replay whose record they cannot run with (`records.task_problem`):
     #: (task id, why, whether the record holds a payload for its tombstone to keep),
-    #: dead-lettered once the shard is ours (`_claimed`).
+    #: dead-lettered once the shard is ours (`Tenure.claimed`).
     unrunnable: list[tuple[str, str, bool]] = field(default_factory=list)
     #: Dispatch records in the window, per group: (time, location), to keep on compaction.
     window_records: deque[tuple[int, fx.Location]] = field(default_factory=deque)

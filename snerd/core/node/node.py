@@ -2,9 +2,28 @@
 
 Theory of operation
 -------------------
-`Node.handle(event, now)` is the only entry point. It never performs I/O: it returns a list of
-effects (`snerd.core.effects`) that the shell carries out, and the shell reports outcomes back
-as events. `Node.wake_in(now)` says when the node next needs a `Tick`.
+The node has three inputs: `Node.handle(event, now)` (and `handle_burst`, for events that
+arrived together), `Node.on_commit(token, ...)` (an append just made durable, asked straight
+after the fsync), and the timer: `Node.wake_in(now)` says when the node next needs a `Tick`.
+It never performs I/O: each call returns the effects (`snerd.core.effects`) that the shell
+carries out, and the shell reports their outcomes back as events.
+
+`Node` decides little itself. It composes parts that own their state (aioquic's connection
+holding its recovery and streams), builds them once, and routes each event to its handler
+through one table (`_event_handlers`):
+
+- `Outbox` (`outbox`): the effects of the call, tokens, append merging, pending appends;
+- `Tenure` (`tenure`): membership rounds, claims, locks, probes, the lease, step-down;
+- `Replay` (`replay`): a claimed shard's log read back into state;
+- `TaskBook` (`tasks`): the task index, its queues and the task lifecycle;
+- `Intake` (`intake`): SDK lines and commands;
+- `Outcomes` (`outcomes`): what a commit or a failure of each kind of append means;
+- `InboxIngest` (`inbox`), `Compaction` (`compaction`).
+
+What stays here: the call's frame (`_begin`, `_end`), the phase machine below (the drain and
+the release included), the one table of timers that both `wake_in` and the tick read
+(`timers`: each deadline's owner says when it is due and what firing it does), the read-only
+views the shells use, and `invariants()`, which calls each part's.
 
 A node goes through four phases::
 
@@ -12,8 +31,8 @@ A node goes through four phases::
 
 While STARTING it reads membership.json, claims shards, locks them and replays their logs;
 SDK commands that arrive meanwhile are kept in order and handled once it runs (upstream simply
-left them in the pipe). Every task it knows lives in `self.book.tasks`, a payload-free index; the
-payload stays in the log and is read by the shell when an `Execute` needs it.
+left them in the pipe). Every task it knows lives in `TaskBook.tasks`, a payload-free index;
+the payload stays in the log and is read by the shell when an `Execute` needs it.
 
 A task moves through the states below, and only along the edges of `TRANSITIONS`; any other move
 is a bug and raises (TigerBeetle-style assertions are kept on)::
@@ -45,7 +64,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
@@ -119,7 +138,7 @@ class Node:
         self.replay = Replay(self)
         self.intake = Intake(self)
         self.outcomes = Outcomes(self)
-        #: `format_rfc3339` of the wall time `_now_text_wall` (`_wall_text`).
+        #: `format_rfc3339` of the wall time `_now_text_wall` (`wall_text`).
         self._now_text_wall = -1
         self._now_text = ""
         self.started_mono: int | None = None
@@ -322,7 +341,7 @@ class Node:
             self._now_text = format_rfc3339(wall)
         return self._now_text
 
-    # ------------------------------------------------------------------ startup and ownership
+    # ------------------------------------------------------------------ phases
 
     def maybe_running(self) -> None:
         if self.phase is not STARTING:
@@ -346,12 +365,6 @@ class Node:
         for command in held:
             self.handlers[type(command)](command)
         assert not self.intake.held_commands
-
-    # ------------------------------------------------------------------ replay
-
-    # ------------------------------------------------------------------ SDK commands
-
-    # ------------------------------------------------------------------ scheduling
 
     def _on_time(self) -> None:
         """The tick: everything that depends only on time and free slots; runs after every
@@ -393,10 +406,6 @@ class Node:
 
     def _drain_due(self) -> int | None:
         return self.drain_deadline_mono
-
-    # ------------------------------------------------------------------ outcomes
-
-    # ------------------------------------------------------------------ append outcomes
 
     # ------------------------------------------------------------------ drain
 
@@ -527,16 +536,8 @@ class Node:
         self.outbox.log("info", "Shutdown complete.")
         self.outbox.emit(fx.Exit(code=code))
 
-    # ------------------------------------------------------------------ compaction
-
     def _on_tick(self, event: ev.Tick) -> None:
         return
-
-    # ------------------------------------------------------------------ inboxes
-
-
-_T = TypeVar("_T")
-_K = TypeVar("_K")
 
 
 _LINES_RECEIVED = ev.LinesReceived

@@ -286,7 +286,7 @@ class Outbox:
         outcome is handed to each part in turn as if it were an append of its own. A record
         whose base the shell cannot read fails its own part only: the shell names it
         (`AppendFailed.record`) and writes nothing, and the other parts are issued again
-        (`_on_append_failed`).
+        (`Outcomes.on_append_failed`).
 
         `lazy` (success tombstones only, `append_run`): the records join the call's lazy
         append to the shard instead (`fx.Append.lazy`), which the shell writes after the

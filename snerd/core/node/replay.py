@@ -197,7 +197,7 @@ def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) 
         max_execution_seconds=None,
         trigger_after_ids=(),
         loc=loc,
-        # The tombstone counts the attempts made (`_finish`): those that failed before, none now.
+        # The tombstone counts the attempts made (`TaskBook.finish`): those that failed before, none now.
         attempt=retry_count,
         last_error=None,
     )

@@ -72,7 +72,7 @@ class TaskBook:
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
         self.inflight: dict[str, InFlight] = {}
-        #: Some flight may have a deadline (set with it; cleared by `_on_time` when none has).
+        #: Some flight may have a deadline (set with it; cleared by `timeouts_fire` when none has).
         self.timed_flights = False
         self.pool_busy: dict[str, int] = {}
         self.ready: dict[str, ReadyQueue[str]] = {}
@@ -83,7 +83,7 @@ class TaskBook:
         self.parked_by_group: dict[str, ReadyQueue[str]] = {}
         self.group_wake: DueQueue[str] = DueQueue()
         self.windows = RateWindows()
-        #: The live tasks of each dedupe fingerprint, in the order they came (`_pending_twin`).
+        #: The live tasks of each dedupe fingerprint, in the order they came (`pending_twin`).
         #: Usually one, but two can share it: one with a rate-limit group routes by its group,
         #: so two owners may each take one in, and a node taking both shards over has both.
         self.fingerprints: dict[str, dict[str, None]] = {}
@@ -398,7 +398,7 @@ class TaskBook:
 
     def park_by_type(self, task: Task) -> None:
         """A ready task with no handler here: `dispatch` would only pop it to park it; park
-        it now, in the same queue with the same order keys (`_on_register` makes it ready
+        it now, in the same queue with the same order keys (`Intake.on_register` makes it ready
         again)."""
         self.move(task, PARKED)
         queue_in(self.parked_by_type, task.task_type).push(task.task_id, task.urgency, task.seq)
@@ -502,7 +502,7 @@ class TaskBook:
         }
         if task.group is not None:
             fields["group"] = task.group
-        # (`_meta`, set key by key: one dispatch record per attempt.)
+        # (`Tenure.meta`, set key by key: one dispatch record per attempt.)
         fields["snerdNode"] = self.config.node_id
         fields["snerdEpoch"] = self.shards[task.shard].epoch
         return fields
@@ -653,7 +653,7 @@ class TaskBook:
             "retryCount": retry_count,
             "deletedAt": self.node.wall_text(),
             "snerdOutcome": outcome,
-            "snerdNode": self.config.node_id,  # (`_meta`, key by key: one per task)
+            "snerdNode": self.config.node_id,  # (`Tenure.meta`, key by key: one per task)
             "snerdEpoch": self.shards[task.shard].epoch,
         }
 

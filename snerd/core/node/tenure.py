@@ -194,6 +194,9 @@ class Tenure:
         self.read_membership()
 
     def on_membership_read(self, event: ev.MembershipRead) -> None:
+        """A membership round's read: step down from what it gives to others, then write
+        claims, renewals, give-backs and this node's heartbeat (or, draining and done, the
+        release)."""
         self.membership_busy = False
         if self.node.phase is STOPPED:
             return
@@ -210,22 +213,12 @@ class Tenure:
         if self.node.phase is DRAINING and self.node.released:
             self.node.release(doc, expected)
             return
-        config = self.config.ownership
-        node_id = self.config.node_id
-        mine = set(owned_by(doc, node_id))
+        mine = set(owned_by(doc, self.config.node_id))
         # A shard we think we hold but membership.json gives to someone else: step down.
         for shard, info in self.shards.items():
             if info.phase not in (UNOWNED, PROBING) and shard not in mine:
                 self.step_down(shard, "its claim in membership.json now names another owner")
-        live = self.observer.live_nodes(node_id=node_id, mono_us=now.mono, config=config)
-        if self.dead_nodes:
-            # Proven dead: not live, whatever their heartbeat says (and no longer written).
-            # Forgotten once the heartbeat would have lapsed anyway (ids are never reused).
-            forget = 2 * (config.ttl_us + config.skew_margin_us)
-            for dead, since in list(self.dead_nodes.items()):
-                if now.mono - since > forget:
-                    del self.dead_nodes[dead]
-            live = [n for n in live if n not in self.dead_nodes]
+        live = self._live_nodes(now.mono)
         self.peers_live = len(live) > 1  # (`live` names this node too)
         if self.peers_live:
             self.node.inbox.poll_soon()  # one may be writing to our inboxes now
@@ -235,49 +228,88 @@ class Tenure:
             # claimed.
             wanted = sorted(s for s, i in self.shards.items() if i.phase not in (UNOWNED, PROBING))
         else:
-            candidates = claimable(
-                doc,
-                node_id=node_id,
-                wall_us=now.wall,
-                config=config,
-                proven_dead=self._proven_dead(),
-                observer=self.observer,
-                mono_us=now.mono,
-            )
-            # A shard whose files cannot be used is neither claimed nor kept (`ShardUnusable`).
-            candidates = [s for s in candidates if not self._unusable(s)]
-            plan = plan_claims(
-                doc,
-                node_id=node_id,
-                candidates=candidates,
-                proofs=self.lock_proofs,
-                live=len(live),
-                config=config,
-            )
-            wanted = plan.wanted
-            for shard in plan.proofs_dropped:
-                # Proven dead, but beyond this node's cap: the lock goes back for another.
-                del self.lock_proofs[shard]
-                self.out.emit(fx.Unlock(shard=shard))
-            self._say_left_free(plan.left_free)
-            self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
-            releases = [s for s in wanted if self._ready_to_give_back(s)]
-            releases += [s for s in sorted(mine) if self._unusable(s)]
-            wanted = [s for s in wanted if s not in releases]
-            # Stop acting for a shard before the write that frees it: once that write lands,
-            # another node may claim it at once, before this node hears back.
-            for shard in releases:
-                self.step_down(
-                    shard, "handed over to even out the shares", level="info", handing_over=True
-                )
-            if self.config.lock_proves_liveness:
-                self.probe(doc, wanted)
+            wanted, releases = self._plan_round(doc, mine, live)
         if not wanted and self.node.phase is STARTING:
             self.out.log(
                 "warning",
                 "every shard of this queue is claimed by a live daemon; this daemon waits "
                 "and claims shards as their leases lapse or as the others give shares back",
             )
+        self._write_round(doc, expected, mine, live, wanted, releases)
+
+    def _live_nodes(self, mono: int) -> list[str]:
+        """The nodes whose heartbeat is live (this one included), less those proven dead."""
+        config = self.config.ownership
+        live = self.observer.live_nodes(node_id=self.config.node_id, mono_us=mono, config=config)
+        if self.dead_nodes:
+            # Proven dead: not live, whatever their heartbeat says (and no longer written).
+            # Forgotten once the heartbeat would have lapsed anyway (ids are never reused).
+            forget = 2 * (config.ttl_us + config.skew_margin_us)
+            for dead, since in list(self.dead_nodes.items()):
+                if mono - since > forget:
+                    del self.dead_nodes[dead]
+            live = [n for n in live if n not in self.dead_nodes]
+        return live
+
+    def _plan_round(
+        self, doc: dict[str, Any], mine: set[int], live: list[str]
+    ) -> tuple[list[int], list[int]]:
+        """The shards this round claims or renews, and those it hands back (stepped down
+        from already: once the write that frees one lands, another node may claim it at once,
+        before this node hears back)."""
+        now = self.node.now
+        config = self.config.ownership
+        node_id = self.config.node_id
+        candidates = claimable(
+            doc,
+            node_id=node_id,
+            wall_us=now.wall,
+            config=config,
+            proven_dead=self._proven_dead(),
+            observer=self.observer,
+            mono_us=now.mono,
+        )
+        # A shard whose files cannot be used is neither claimed nor kept (`ShardUnusable`).
+        candidates = [s for s in candidates if not self._unusable(s)]
+        plan = plan_claims(
+            doc,
+            node_id=node_id,
+            candidates=candidates,
+            proofs=self.lock_proofs,
+            live=len(live),
+            config=config,
+        )
+        wanted = plan.wanted
+        for shard in plan.proofs_dropped:
+            # Proven dead, but beyond this node's cap: the lock goes back for another.
+            del self.lock_proofs[shard]
+            self.out.emit(fx.Unlock(shard=shard))
+        self._say_left_free(plan.left_free)
+        self._mark_give_backs(give_back(doc, node_id=node_id, live=live, config=config))
+        releases = [s for s in wanted if self._ready_to_give_back(s)]
+        releases += [s for s in sorted(mine) if self._unusable(s)]
+        wanted = [s for s in wanted if s not in releases]
+        for shard in releases:
+            self.step_down(
+                shard, "handed over to even out the shares", level="info", handing_over=True
+            )
+        if self.config.lock_proves_liveness:
+            self.probe(doc, wanted)
+        return wanted, releases
+
+    def _write_round(
+        self,
+        doc: dict[str, Any],
+        expected: int | None,
+        mine: set[int],
+        live: list[str],
+        wanted: list[int],
+        releases: list[int],
+    ) -> None:
+        """Write the round: `wanted` claimed or renewed, `releases` removed, the heartbeat."""
+        now = self.node.now
+        config = self.config.ownership
+        node_id = self.config.node_id
         # A shard this node stepped down from is claimed anew (a new epoch), not renewed: its
         # lock file still names the tenure that ended (`LockProof`), and fencing keeps the
         # two tenures apart.
@@ -658,7 +690,7 @@ class Tenure:
         for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
             self.node.book.forget(task_id)
         # Appends held back by a compaction still running are never made: they belong to this
-        # tenure (a compaction ends with them otherwise, `_compaction_over`).
+        # tenure (a compaction ends with them otherwise, `Compaction._over`).
         for effect in info.backlog:
             self.out.pending.pop(effect.token, None)
         info.backlog = []
@@ -707,7 +739,7 @@ class Tenure:
         stale owner's write, made late: paused after deciding it, on a filesystem whose lock
         did not stop us). They precede our fence, so every reader takes them: we must know
         them too. Forget what the replay built and read the log again; our claim is in it now,
-        and it writes no new one (`_finish_replay`)."""
+        and it writes no new one (`Replay._fence`)."""
         self.out.log(
             "warning",
             f"{shard_name(shard)}: another writer appended to tasks.log between our reading it "
