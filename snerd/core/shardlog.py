@@ -7,7 +7,7 @@ the live tasks (the latest record of each), the unresolved dispatch of each, the
 history (latest tombstone of each task), the dead letters, the claim records, the dispatch
 records that feed rate windows, and the records fencing ignored as stale.
 
-It follows the daemon's replay (`snerd.core.node.Node._replay_one` / `_finish_replay`) rule for
+It follows the daemon's replay (`snerd.core.node.replay.Replay`) rule for
 rule, so a tool and a daemon never disagree about a shard:
 
 - Fencing (docs/architecture.md, "Epochs, claim records and fencing") is judged in file
