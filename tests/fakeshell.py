@@ -85,6 +85,7 @@ class FakeShell:
             for effect in fx.lazy_last(self.node.handle(e, self.now())):
                 self._do(effect)
             self._ack_committed()
+            self.node.invariants()  # after every call, as the simulator may
 
     def _ack_committed(self) -> None:
         """Carry out what the node lets go for the appends just committed (`Node.on_commit`)."""
@@ -118,6 +119,7 @@ class FakeShell:
         for effect in fx.lazy_last(effects):
             self._do(effect)
         self._ack_committed()
+        self.node.invariants()
         self._pump()
         return effects
 

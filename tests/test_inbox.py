@@ -28,7 +28,7 @@ def pair(other_config: NodeConfig | None = None) -> tuple[FakeShell, FakeShell]:
     round_s = owner.node.config.ownership.renew_interval_us / SECOND
     owner.advance(round_s)
     other.advance(round_s)  # (the two clocks stay together)
-    assert owner.node.peers_live and owner.node.owned_shards == [0]
+    assert owner.node.tenure.peers_live and owner.node.owned_shards == [0]
     return owner, other
 
 
@@ -296,19 +296,19 @@ def test_a_full_inbox_segment_is_closed_and_removed_once_ingested() -> None:
     other.advance(1.1)
     # Every closed segment is gone; the one still taking enqueues stays.
     left = sorted(n for _, n in other.disk["inboxes"])
-    assert left == [other.node.inbox_current[0].name]
+    assert left == [other.node.inbox.current[0].name]
     # A failed write closes its segment too (what it holds past the last acked record is
     # unknown); here nothing reached it, and it is dropped.
     other.disk_full = True
     other.enqueue("x")
-    failed = other.node.inbox_current[0]
+    failed = other.node.inbox.current[0]
     other.disk_full = False
     other.enqueue("y")
     assert failed.failed and failed.closed
-    assert other.node.inbox_current[0] is not failed
+    assert other.node.inbox.current[0] is not failed
     owner.advance(1.2)
     other.advance(1.1)
-    assert (0, failed.name) not in other.node.inbox_segments
+    assert (0, failed.name) not in other.node.inbox.segments
     assert [m["task_id"] for m in other.messages("ack")][-1] == "y"
 
 
@@ -340,7 +340,7 @@ def test_a_lone_owner_looks_at_its_inboxes_seldom_and_often_once_membership_name
     other = FakeShell(NodeConfig(node_id="other@pid-2-b"), disk=owner.disk)
     other.start()  # its heartbeat is in membership.json now; the owner reads it next round
     owner.advance(owner.node.config.ownership.renew_interval_us / SECOND)
-    assert owner.node.peers_live
+    assert owner.node.tenure.peers_live
     before = owner.inbox_reads
     owner.advance(1.0)
     assert owner.inbox_reads - before >= round(1.0 / poll_s) - 1
@@ -352,7 +352,7 @@ def test_a_task_through_a_node_the_owner_has_not_seen_yet_waits_at_most_the_idle
     owner.register("t")
     other = FakeShell(NodeConfig(node_id="other@pid-2-b"), disk=owner.disk)
     other.start()
-    assert not owner.node.peers_live  # (no membership read since the other started)
+    assert not owner.node.tenure.peers_live  # (no membership read since the other started)
     other.enqueue("a")
     owner.advance(0.15)
     assert owner.executed_ids() == []  # the owner still looks once a second
@@ -388,7 +388,7 @@ def test_a_shard_taken_over_later_has_its_inbox_looked_at_within_the_poll() -> N
             sh.advance(0.05)
         if taken in a.node.owned_shards:
             break
-    assert taken in a.node.owned_shards and not a.node.peers_live
+    assert taken in a.node.owned_shards and not a.node.tenure.peers_live
     assert a.executed_ids() == []
     a.advance(a.node.config.inbox_poll_us / SECOND + 0.01)
     assert a.executed_ids() == ["w1"]

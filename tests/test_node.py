@@ -616,7 +616,7 @@ def test_random_workloads_finish_every_acked_task_within_its_attempts(
         if op == "enqueue" and tid not in sh.node.tasks and tid not in max_retries:
             sh.enqueue(tid, max_retries=r)
             max_retries[tid] = r
-        elif op in ("ok", "fail") and tid in sh.node.inflight:
+        elif op in ("ok", "fail") and tid in sh.node.book.inflight:
             sh.result(tid, ok=op == "ok", error="x")
         elif op == "tick":
             sh.advance(1)
@@ -637,7 +637,7 @@ def test_random_workloads_finish_every_acked_task_within_its_attempts(
     for _ in range(200):
         if not sh.node.tasks:
             break
-        for tid in list(sh.node.inflight):
+        for tid in list(sh.node.book.inflight):
             sh.result(tid)
         sh.advance(1)
         note_executions(sh)
@@ -820,10 +820,10 @@ def test_no_busy_wakeups_while_draining_or_renewing() -> None:
     sh.enqueue("stuck")
     # A renewal that comes due while another membership operation is out waits for it,
     # without asking to be woken at once, again and again.
-    sh.node.membership_busy = True
+    sh.node.tenure.membership_busy = True
     sh.advance(11)
     assert sh.node.wake_in(sh.now()) != 0
-    sh.node.membership_busy = False
+    sh.node.tenure.membership_busy = False
     sh.feed(ev.DrainRequested(reason="SIGTERM"))
     sh.disk["membership"] = None  # membership.json vanished: the release cannot be written
     sh.fail_membership = True
@@ -884,7 +884,7 @@ def test_an_unreadable_payload_is_a_failed_attempt_decided_by_the_core() -> None
     assert [e.attempt for e in sh.executed] == [1, 2]
 
 
-# --- the batch path of plain enqueues (`Node._lines`) ----------------------------------
+# --- the batch path of plain enqueues (`Intake.lines`) ----------------------------------
 
 
 def test_plain_and_other_enqueues_in_one_burst_keep_arrival_order_in_records_and_acks() -> None:
@@ -959,7 +959,7 @@ def test_a_task_dispatched_with_its_record_is_acked_and_run_as_the_append_commit
     assert execute.task_id == "a" and execute.location.offset == 100
     task = sh.node.tasks["a"]
     assert task.state is TaskState.RUNNING and task.dispatch_loc is not None
-    assert sh.node.inflight["a"].deadline_mono == sh.mono + 5 * SECOND
+    assert sh.node.book.inflight["a"].deadline_mono == sh.mono + 5 * SECOND
     assert sh.node.on_commit(append.token, sh.now(), (100, 300), (200, 100)) == []
     sh.early_acks = False  # (asked above already)
     sh.hold_appends = False
@@ -1010,7 +1010,7 @@ def test_an_append_one_of_whose_tasks_was_forgotten_is_left_to_the_burst() -> No
     sh.hold_appends = True
     sh.burst(_enqueue_lines("s1", "s2"))
     (append,) = sh.held
-    sh.node._forget("s1")
+    sh.node.book.forget("s1")
     assert sh.acks_on_commit(append, sh.now()) == []
     sh.hold_appends = False
     sh.release_held()
@@ -1131,20 +1131,20 @@ def test_the_batch_path_of_plain_enqueues_and_results_decides_what_the_long_way_
     # The same traffic through a node with the batch path and one without it: the same
     # messages, in the same order, the same log, the same tasks in the same states.
     # The fast node takes each burst as one `LinesReceived`, the slow one as a `LineReceived`
-    # per line, each line the long way (`Node._line`).
+    # per line, each line the long way (`Intake.line`).
     config = NodeConfig(node_id="test-node@pid-1-aa", max_workers=workers)
     fast, slow = started(config), started(config)
 
     def the_long_way(lines: Iterable[bytes]) -> None:
         for line in lines:
             if not proto.is_blank_line(line):
-                slow.node._line(line)
+                slow.node.intake.line(line)
 
     def line_of(m: Any) -> bytes:
         if isinstance(m, bytes):
             return m
         if isinstance(m, tuple):  # a `_RESULT_MARK`: the two nodes have the same in flight
-            flying = sorted(fast.node.inflight.items())
+            flying = sorted(fast.node.book.inflight.items())
             if not flying:
                 return b""
             task_id, flight = flying[m[1] % len(flying)]
@@ -1158,7 +1158,7 @@ def test_the_batch_path_of_plain_enqueues_and_results_decides_what_the_long_way_
             return orjson.dumps(doc)
         return orjson.dumps(m)
 
-    slow.node._lines = the_long_way  # type: ignore[method-assign]
+    slow.node.intake.lines = the_long_way  # type: ignore[method-assign]
     for kind, arg in steps:
         lines = [line_of(m) for m in arg] if kind == "burst" else []
         for sh in (fast, slow):
@@ -1449,7 +1449,7 @@ def test_a_failed_dispatch_pass_uses_no_attempt_and_runs_each_task_after_the_pau
     assert [r.fields["task"] for r in append.records] == ["d1", "d2", "d3"]  # one pass
     warnings = [m for level, m in sh.logs_out if "dispatch record not written" in m]
     assert [w.split()[1] for w in warnings] == ["d1:", "d2:", "d3:"]
-    assert sh.executed_ids() == [] and not sh.node.inflight
+    assert sh.executed_ids() == [] and not sh.node.book.inflight
     sh.disk_full = False
     sh.advance(2)
     assert sh.executed_ids() == ["d1", "d2", "d3"]
@@ -1526,5 +1526,5 @@ def test_registered_types_are_bounded_because_membership_lists_them() -> None:
     assert sh.messages("error") == [
         {"action": "error", "message": proto.too_many_task_types("one-too-many")}
     ]
-    assert "one-too-many" not in sh.node.registered
+    assert "one-too-many" not in sh.node.book.registered
     assert proto.too_many_task_types("x").startswith("[Snerd] Cannot register task type 'x'")

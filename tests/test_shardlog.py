@@ -362,7 +362,7 @@ async def _serves_ok_and_stays_up(d: Daemon) -> dict[str, Any]:
 async def test_a_daemon_skips_a_record_whose_task_type_is_a_list_and_serves_the_rest(
     tmp_path: Path, nursery: trio.Nursery, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Before: TypeError (an unhashable type) in `Node._schedule` at start, in every daemon
+    # Before: TypeError (an unhashable type) in `TaskBook.schedule` at start, in every daemon
     # that took the shard over. Not a record (a task type is what it runs by): a corrupt line.
     q = plant(tmp_path / "q", {0: [task("bad", taskType=["t"]), task("ok")]})
     d = await Daemon.start(nursery, q)
@@ -382,7 +382,7 @@ async def test_a_daemon_skips_a_record_whose_task_type_is_a_list_and_serves_the_
 async def test_a_daemon_dead_letters_a_task_whose_timeout_is_not_a_number_and_serves_the_rest(
     tmp_path: Path, nursery: trio.Nursery, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Before: the attempt's deadline (`Node._begin_execution`) raised on "abc": the daemon
+    # Before: the attempt's deadline (`TaskBook.begin_execution`) raised on "abc": the daemon
     # died at the first dispatch, and so did every daemon that took the shard over.
     bad = task("bad", maxExecutionSeconds="abc")
     q = plant(tmp_path / "q", {0: [bad, task("ok")]})

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["DueQueue", "ReadyQueue"]
@@ -130,7 +130,7 @@ class ReadyQueue(Generic[K]):
 
     def push_run(self, keys: list[K], seqs: list[int], urgency: float) -> None:
         """`push(key, urgency, seq)` for each key and seq in turn, in one call (the committed
-        run of plain enqueues, `Node._enqueues_committed`). On an error the keys before the
+        run of plain enqueues, `Outcomes._enqueues_committed`). On an error the keys before the
         offending one are pushed, as with the calls one by one.
 
         Raises:
@@ -191,7 +191,7 @@ class ReadyQueue(Generic[K]):
 
     def pop_many(self, n: int) -> list[K]:
         """Remove and return up to `n` keys, most urgent first: what `n` calls of `pop` would
-        return (all of them when fewer are queued), in one call (`Node._dispatch` filling
+        return (all of them when fewer are queued), in one call (`TaskBook.dispatch` filling
         free worker slots). Runs of entries pushed in `seq` order are taken from the front of
         their level's deque without a look at the heaps."""
         keys: list[K] = []
@@ -233,6 +233,10 @@ class ReadyQueue(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def queued(self) -> Iterator[K]:
+        """The queued keys, in no particular order (for `invariants` checks)."""
+        return iter(self._live)
 
     def __contains__(self, key: object) -> bool:
         return key in self._live
@@ -329,6 +333,10 @@ class DueQueue(Generic[K]):
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def queued(self) -> Iterator[K]:
+        """The queued keys, in no particular order (for `invariants` checks)."""
+        return iter(self._live)
 
     def __contains__(self, key: object) -> bool:
         return key in self._live

@@ -7,12 +7,13 @@ the live tasks (the latest record of each), the unresolved dispatch of each, the
 history (latest tombstone of each task), the dead letters, the claim records, the dispatch
 records that feed rate windows, and the records fencing ignored as stale.
 
-It follows the daemon's replay (`snerd.core.node.Node._replay_one` / `_finish_replay`) rule for
+It follows the daemon's replay (`snerd.core.node.replay.Replay`) rule for
 rule, so a tool and a daemon never disagree about a shard:
 
-- Fencing (DESIGN §4.3) is judged in file order: a record whose `snerdEpoch` is an int below
-  the highest claim epoch read before it is stale and is not part of the state. Claim records
-  are never stale; they raise the fence.
+- Fencing (docs/architecture.md, "Epochs, claim records and fencing") is judged in file
+  order: a record whose `snerdEpoch` is an int below the highest claim epoch read before it
+  is stale and is not part of the state. Claim records are never stale; they raise the
+  fence.
 - A task record (no `snerdKind`) with `deletedAt` is a tombstone: the task leaves the live set
   and its unresolved dispatch is dropped. Any other task record makes it live (the last one
   wins) and resolves its dispatch: only an attempt's outcome writes a full record after a
@@ -184,7 +185,8 @@ class ShardFold:
     """
 
     keep_payloads: bool = True
-    #: Ignore records written under an epoch older than a claim read before them (DESIGN §4.3).
+    #: Ignore records written under an epoch older than a claim read before them
+    #: (docs/architecture.md, "Epochs, claim records and fencing").
     #: Only the simulator's negative control `--unsafe-no-fence` turns it off, to prove that
     #: the checkers notice what fencing prevents.
     fence: bool = True

@@ -262,8 +262,8 @@ class Runtime:
     async def _drive(self) -> None:
         # Waiting costs no trio.Event and no cancel scope per wait: the driver parks itself
         # (`_park`) and `submit` reschedules it; deadlines are kept by the `_timer` task, which
-        # re-arms only when the deadline moves earlier (DESIGN §6: per-message task switches,
-        # not Python, are what limit the daemon).
+        # re-arms only when the deadline moves earlier (docs/architecture.md, "Why the shell works
+        # in bursts": per-message task switches, not Python, are what limit the daemon).
         node = self.node
         events = self.events
         now = self.clock.now
