@@ -21,12 +21,8 @@ __all__ = [
     "found_dead",
     "holds_shards",
     "lease_deadline",
-    "locked_shards",
     "task_locations",
 ]
-
-#: The shard phases in which a node holds the shard's lock.
-_LOCKED_PHASES = ("loading", "fencing", "active")
 
 
 def claim_epoch(node: Node, shard: int) -> int:
@@ -34,12 +30,6 @@ def claim_epoch(node: Node, shard: int) -> int:
     `execute` or a record is recorded under."""
     info = node.shards.get(shard)
     return info.epoch if info is not None else -1
-
-
-def locked_shards(node: Node) -> list[int]:
-    """The shards whose lock `node` holds (loading, fencing or active), in its own order: those
-    a membership read touches (a renewal point)."""
-    return [shard for shard, info in node.shards.items() if info.phase.value in _LOCKED_PHASES]
 
 
 def holds_shards(node: Node) -> bool:

@@ -32,7 +32,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from sim.fs import InboxKey, SimFS
-from sim.node_view import claim_epoch, locked_shards
+from sim.node_view import claim_epoch
 from sim.process import APPEND_DONE, APPEND_ISSUE, CARRY_OUT, DELIVER, MEMBERSHIP_DONE, Proc
 from sim.settings import uniform
 from snerd.core import effects as fx
@@ -245,9 +245,9 @@ class Shell:
         self.world.down(proc, crashed=False)
 
     def _read_membership(self, proc: Proc, effect: fx.ReadMembership) -> None:
-        # Each membership read is a renewal point: the shell writes through every held lock fd,
-        # so a lock lost with an error surfaces here (snerd.io.runtime does the same).
-        for shard in locked_shards(proc.node):
+        # The locks the node asks to touch first (a renewal point: a lock lost with an error
+        # surfaces here, as in snerd.io.runtime).
+        for shard in effect.touch:
             error = self.fs.touch_lock(proc.pid, shard)
             if error is not None:
                 self.answer(proc, ev.LockLost(shard=shard, error=error), 100, 1_000)

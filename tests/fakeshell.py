@@ -41,6 +41,8 @@ class FakeShell:
         self.sent: list[dict[str, Any]] = []
         self.executed: list[fx.Execute] = []
         self.webhooks: list[fx.CallWebhook] = []
+        #: Every membership read the node asked for (with the locks it asked to touch).
+        self.membership_reads: list[fx.ReadMembership] = []
         self.dead_letters: list[fx.DeliverDeadLetter] = []
         self.logs_out: list[tuple[str, str]] = []
         self.exit_code: int | None = None
@@ -205,6 +207,8 @@ class FakeShell:
     # -------------------------------------------------------------- effects
 
     def _do(self, effect: fx.Effect) -> None:
+        if isinstance(effect, fx.ReadMembership):
+            self.membership_reads.append(effect)
         if isinstance(effect, fx.Send):
             self.sent.append(effect.message)
         elif isinstance(effect, fx.AckEnqueued):

@@ -4,6 +4,7 @@ messages go out relative to the work it is doing."""
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ class _Peer:
 
     def __init__(self) -> None:
         self.out: list[dict[str, Any]] = []
+        self.logs: list[tuple[str, str]] = []
         self._changed = trio.Event()
 
     def deliver(self, message: dict[str, Any]) -> None:
@@ -50,7 +52,8 @@ class _Peer:
         pass
 
     def log(self, level: str, message: str) -> None:
-        pass
+        self.logs.append((level, message))
+        self._changed.set()
 
 
 def _enqueue(task_id: str, **options: Any) -> bytes:
@@ -198,3 +201,30 @@ async def test_the_node_s_deadlines_run_on_trio_s_clock(
         # (A drain waits for running tasks up to its timeout, on this clock that stands still.)
         runtime.submit(ev.DrainRequested(reason="test"))
     assert time.perf_counter() - real_start < 25
+
+
+async def test_a_renewal_touches_the_locks_the_node_names_and_a_lost_one_is_noticed(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # The node's `ReadMembership.touch` lists the shards whose lock it holds; the shell writes
+    # through each of their fds before reading membership.json. An fd that can no longer be
+    # written (here: the lock's descriptor replaced by an O_PATH one, so ftruncate(2) fails
+    # with EBADF, as on a lock a network filesystem dropped) is a lost lock: the node steps
+    # down. (The clock is moved by hand; the pytest timeout bounds a wait that never ends.)
+    peer = _Peer()
+    runtime = Runtime(tmp_path, load_settings({"SNERD_LEASE_TTL": "600"}), peer)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run)
+        await runtime.ready.wait()
+        assert runtime.node.owned_shards == [0]
+        fd = runtime.locks.fds[0]
+        unwritable = os.open(os.devnull, os.O_PATH)
+        os.dup2(unwritable, fd)
+        os.close(unwritable)
+        await trio.testing.wait_all_tasks_blocked()
+        assert runtime.node.owned_shards == [0]  # nothing touches the lock between rounds
+        mock_clock.jump(201)  # past the renewal interval (a third of the lease)
+        await peer.wait_for(lambda: any("its lock failed" in m for _, m in peer.logs))
+        lost = [m for _, m in peer.logs if "its lock failed" in m]
+        assert lost[0].startswith("shard-0: ") and "EBADF" in lost[0], lost
+        runtime.submit(ev.DrainRequested(reason="test"))

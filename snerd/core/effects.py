@@ -175,7 +175,15 @@ class ReadLog(Effect):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadMembership(Effect):
-    """Read membership.json under `.membership.lock`; answered by `MembershipRead`."""
+    """Read membership.json under `.membership.lock`; answered by `MembershipRead`.
+
+    First, write and fsync through the lock file of each shard in `touch` (the shards whose
+    lock the node holds): a membership read is a renewal point, so a lock a network filesystem
+    took away is reported now, as `LockLost` before the `MembershipRead`, not at the next
+    append. A shard the shell holds no lock of is skipped.
+    """
+
+    touch: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -654,13 +654,13 @@ class Runtime:
 
     def _read_membership(self, effect: fx.ReadMembership) -> None:
         assert self._nursery is not None
-        self._nursery.start_soon(self._read_membership_task)
+        self._nursery.start_soon(self._read_membership_task, effect.touch)
 
-    async def _read_membership_task(self) -> None:
-        # Each membership read is also a renewal point: touch every held lock so that a lock
-        # lost on a network filesystem surfaces as an error now, not at the next append.
+    async def _read_membership_task(self, touch: tuple[int, ...]) -> None:
+        # First the locks the node asks to touch (a renewal point: a lock lost on a network
+        # filesystem surfaces as an error now, not at the next append).
         lost: list[ev.Event] = []
-        for shard in list(self.locks.fds):
+        for shard in touch:
             # The Unlock of a shard given up meanwhile may run while the write is out: the fd
             # is reserved so that it is closed only after it (never reused under the write).
             reserved = self.locks.begin_touch(shard, self.node.config.node_id)

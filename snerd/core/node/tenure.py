@@ -25,6 +25,7 @@ from snerd.core.node.model import (
     ACTIVE,
     DRAINING,
     ENQUEUING,
+    FENCING,
     FINISHING,
     LOADING,
     LOCKING,
@@ -61,6 +62,9 @@ from snerd.core.ownership import (
     without_claims,
 )
 from snerd.core.shardlog import ShardFold
+
+#: The shard phases in which the node holds the shard's lock.
+_LOCKED_PHASES = frozenset((LOADING, FENCING, ACTIVE))
 
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
@@ -188,7 +192,14 @@ class Tenure:
         renewals, give-backs and this node's heartbeat. A renewal's lease counts from here."""
         self.membership_busy = True
         self.round_started_mono = self.node.now.mono
-        self.out.emit(fx.ReadMembership())
+        self.out.emit(fx.ReadMembership(touch=self.locked_shards()))
+
+    def locked_shards(self) -> tuple[int, ...]:
+        """The shards whose lock this node holds (loading, fencing or active), in its own
+        order: those a membership read touches."""
+        return tuple(
+            shard for shard, info in self.shards.items() if info.phase in _LOCKED_PHASES
+        )
 
     def on_started(self, event: ev.Started) -> None:
         self.read_membership()
