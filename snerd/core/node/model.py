@@ -155,7 +155,8 @@ COMPACT_CHECK_BYTES_PER_TASK = 256
 class NodeConfig:
     """Everything a node is told at start (parsed from the environment by the shell)."""
 
-    #: Unique per process start: host, pid and a random part (DESIGN §4.7).
+    #: Unique per process start: host, pid and a random part (docs/architecture.md, "Node
+    #: identity").
     node_id: str
     queue: str = "snerdmq-daemon"
     #: Shard count for a directory that has no membership.json yet (SNERD_SHARDS).
@@ -189,14 +190,16 @@ class NodeConfig:
     retry_unusable_us: int = 60 * SECOND
     #: True where holding a flock proves the previous holder's process is gone (one host, a
     #: local filesystem): a shard whose lock this node can take is taken over at once instead
-    #: of after its lease lapses (DESIGN §4.8). The shell decides it from the mount type.
+    #: of after its lease lapses (docs/architecture.md, "Single-host takeover (proven dead)").
+    #: The shell decides it from the mount type.
     lock_proves_liveness: bool = False
     #: Where flock proves liveness, how often a running node tries the locks of shards other
     #: nodes claim (between membership rounds too), so a dead owner's shards are taken over
     #: within about this long instead of at the next round.
     probe_interval_us: int = SECOND
-    #: Ignore log records of an epoch older than a claim before them (DESIGN §4.3). Only the
-    #: simulator's negative control `--unsafe-no-fence` turns it off.
+    #: Ignore log records of an epoch older than a claim before them (docs/architecture.md,
+    #: "Epochs, claim records and fencing"). Only the simulator's negative control
+    #: `--unsafe-no-fence` turns it off.
     fence: bool = True
     #: How often the owner of a shard looks for tasks other nodes put in its inbox files
     #: (SNERD_INBOX_POLL_MS), and how much of one inbox file it takes in one read.

@@ -111,7 +111,8 @@ class Tenure:
         #: When the membership round in flight started (its read was issued).
         self.round_started_mono: int | None = None
         #: This node acts for its shards only until then: the start of its last renewal known
-        #: to have committed, plus the lease (DESIGN §4.4). None: it holds no lease.
+        #: to have committed, plus the lease (docs/architecture.md, "Leases: counted from the
+        #: round's start, and self-expiring"). None: it holds no lease.
         self.lease_deadline_mono: int | None = None
 
     # -- timers (`Node.timers`)
@@ -654,8 +655,9 @@ class Tenure:
 
     def lease_ran_out(self) -> None:
         """No renewal committed within the lease: stop acting for every shard at once, whatever
-        the shell is doing (a hung write must not extend a lease, DESIGN §4.4). The claims
-        still name this node; the next round that commits takes them up again."""
+        the shell is doing (a hung write must not extend a lease: docs/architecture.md,
+        "Leases: counted from the round's start, and self-expiring"). The claims still name
+        this node; the next round that commits takes them up again."""
         self.lease_deadline_mono = None
         for shard, info in self.shards.items():
             if info.phase not in (UNOWNED, PROBING):
