@@ -5,8 +5,8 @@
 group-commit log, exactly like `tasks.log`: one record per line, checksummed, fsynced before
 the ack) and read only by the shard's owner, which copies the tasks into `tasks.log` and
 records there how far it has read each file (`snerd.core.node.inbox.InboxIngest.ingest`). A
-node id is unique per process start, so a file has one writer for its whole life and a crashed writer's
-torn last line is never followed by another.
+node id is unique per process start, so a file has one writer for its whole life and a crashed
+writer's torn last line is never followed by another.
 
 This module owns the paths and the reading: what is new in every inbox of some shards, from
 given offsets, complete lines only (a line still being written is left for the next read);
