@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from snerd.core import effects as fx
-from snerd.core.ownership import OwnershipConfig, ShardPhase
+from snerd.core.ownership import DEFAULT_QUEUE, OwnershipConfig, ShardPhase
 from snerd.core.ready_queue import ReadyQueue
 from snerd.core.shardlog import ShardFold
 from snerd.core.slots import slot_constructor
@@ -158,7 +158,7 @@ class NodeConfig:
     #: Unique per process start: host, pid and a random part (docs/architecture.md, "Node
     #: identity").
     node_id: str
-    queue: str = "snerdmq-daemon"
+    queue: str = DEFAULT_QUEUE
     #: Shard count for a directory that has no membership.json yet (SNERD_SHARDS).
     new_queue_shards: int = 1
     #: Attempts in flight on this daemon at most (SNERD_MAX_WORKERS).
