@@ -117,26 +117,9 @@ def check_rate_windows(history: History) -> list[Violation]:
 
 
 def check_priority(history: History) -> list[Violation]:
-    """No ready task is passed over for a less urgent one while a worker slot is free — judged
-    only where the history proves it, since a false alarm costs a whole CI run. Task B was
-    passed over for task A on node N when all of these hold:
-
-    1. A's first execute is on N with attempt 1, and matches an accepted dispatch record D
-       (same shard, task, attempt 1, epoch) written by N: A's first dispatch record anywhere,
-       durable first and issued first. `D.t_issue` stands for N's decision.
-    2. N acked B (an "ok" naming the execute's shard, not deduplicated, not an inbox ack: such
-       a task is ready only once ingested) strictly before `D.t_issue`; B != A.
-    3. A and B have one type and one pool; neither has a group, parents, a delay or a cron;
-       B's urgency is strictly above A's.
-    4. By `D.t_issue` (inclusive) B had no execute, no dispatch record issued (accepted or
-       fenced) and no tombstone durable, on any node.
-    5. N had no belief change, crash, restart, pause, resume or clock step, and ran no
-       execute, from B's ack to `D.t_issue` (inclusive; entries of the whole world without a
-       node count for every node): N's view did not change, and the slot A took was free for B.
-    6. No other record N issued before D, in a log or in an inbox file, was still in flight
-       (durable at or after B's ack): N's writer was idle, so D was issued when N decided, not queued behind an earlier
-       append from before B's ack.
-    """
+    """No ready task is passed over for a less urgent one while a worker slot is free, judged
+    only where the history proves it: the six conditions are stated once, in
+    `sim.check.order`'s header."""
     return judge_priority(analyse(history))
 
 
