@@ -60,6 +60,9 @@ class EpochLedger:
         self.foreign_seen: set[tuple[int, int, str]] = set()
         self.violations: list[Violation] = []
 
+    def _double(self, index: int, t: int, message: str) -> None:
+        self.violations.append(Violation(kind=DOUBLE_OWNERSHIP, index=index, t=t, message=message))
+
     def judge(
         self, i: int, t: int, shard: int, node: str, rkind: str | None, epoch: int | None
     ) -> tuple[bool, int]:
@@ -72,17 +75,12 @@ class EpochLedger:
         accepted = not below or not self.fence_on
         if below and accepted:
             what = f"{rkind or 'task'} record"
-            self.violations.append(
-                Violation(
-                    kind=DOUBLE_OWNERSHIP,
-                    index=i,
-                    t=t,
-                    message=(
-                        f"shard {shard}: a {what} by {node} under epoch {epoch} was accepted after "
-                        f"the claim of epoch {fence} (#{claimed[fence][1]}): a transition out of "
-                        "epoch order"
-                    ),
-                )
+            self._double(
+                i,
+                t,
+                f"shard {shard}: a {what} by {node} under epoch {epoch} was accepted after "
+                f"the claim of epoch {fence} (#{claimed[fence][1]}): a transition out of "
+                "epoch order",
             )
         if accepted and epoch is not None:
             owner = claimed.get(epoch)
@@ -90,16 +88,11 @@ class EpochLedger:
                 if owner is None:
                     claimed[epoch] = (node, i)
                 elif owner[0] != node:
-                    self.violations.append(
-                        Violation(
-                            kind=DOUBLE_OWNERSHIP,
-                            index=i,
-                            t=t,
-                            message=(
-                                f"shard {shard}: epoch {epoch} claimed by {owner[0]} (#{owner[1]}) "
-                                f"and again by {node}"
-                            ),
-                        )
+                    self._double(
+                        i,
+                        t,
+                        f"shard {shard}: epoch {epoch} claimed by {owner[0]} (#{owner[1]}) "
+                        f"and again by {node}",
                     )
                 self.fences[shard] = max(fence, epoch)
             elif (
@@ -109,16 +102,11 @@ class EpochLedger:
             ):
                 self.foreign_seen.add((shard, epoch, node))
                 what = f"{rkind or 'task'} record"
-                self.violations.append(
-                    Violation(
-                        kind=DOUBLE_OWNERSHIP,
-                        index=i,
-                        t=t,
-                        message=(
-                            f"shard {shard}: {node} wrote an accepted {what} under epoch {epoch}, "
-                            f"which {owner[0]} claimed (#{owner[1]})"
-                        ),
-                    )
+                self._double(
+                    i,
+                    t,
+                    f"shard {shard}: {node} wrote an accepted {what} under epoch {epoch}, "
+                    f"which {owner[0]} claimed (#{owner[1]})",
                 )
         return accepted, fence
 
