@@ -14,8 +14,8 @@ process) under a nemesis, judged by the simulator's checker (docs/chaos.md).
   (the lock probed from the other mount: held before, free after), another node takes the
   shard, the old owner wakes still believing it holds the lock: the checker must pass;
 - GlusterFS in network namespaces (the `gluster_netns_volume` fixture brings up its own volume
-  with `SNERD_GLUSTER_NETNS=1 tests/support/glusterfs/up.sh` and takes it down; skipped where it cannot,
-  a failure under SNERD_REQUIRE_ALL=1): mount A's client cut off beyond the volume's
+  with `SNERD_GLUSTER_NETNS=1 tests/support/glusterfs/up.sh` and takes it down; skipped where
+  it cannot, a failure under SNERD_REQUIRE_ALL=1): mount A's client cut off beyond the volume's
   network.ping-timeout and healed, and features.locks-monkey-unlocking switched on and off;
 - the negative control: daemons without fencing (SNERD_TEST_UNSAFE_NO_FENCE=1) and lock files
   replaced under their owners: the checker must report the double ownership.

@@ -11,10 +11,10 @@ nesting up to what a line can hold.
   reason naming the record and the key, on one line), never another exception; a record it
   takes, `task_problem` judges without raising; a scan of a log holding such lines reports
   each corrupt one and reads every other.
-- The core (`snerd.core.node` through `tests.support.fakeshell`): a node loading a log of valid tasks
-  followed by such records raises nothing, whatever it is fed; it runs every valid task to
-  its end, and a record it cannot use is a corrupt line or a dead letter, said on its log;
-  a second node taking the shard over after that raises nothing either.
+- The core (`snerd.core.node` through `tests.support.fakeshell`): a node loading a log of
+  valid tasks followed by such records raises nothing, whatever it is fed; it runs every valid
+  task to its end, and a record it cannot use is a corrupt line or a dead letter, said on its
+  log; a second node taking the shard over after that raises nothing either.
 
 Example counts come from the hypothesis profile (tests/conftest.py): `make fuzz` runs them long.
 """

@@ -2,8 +2,8 @@
 (test_engine): the `run` fixture that runs a scenario under trio and under asyncio, `Calls` to
 collect what handlers saw and wait for it, and `wait_for_stats` to poll a queue-side fact.
 
-A test module takes the fixture with `from tests.support.sdkhelpers import run as run` (pytest finds a
-fixture by its name in the module; the alias marks the import as meant).
+A test module takes the fixture with `from tests.support.sdkhelpers import run as run`
+(pytest finds a fixture by its name in the module; the alias marks the import as meant).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""snerd on a real GlusterFS volume mounted twice on this host (tests/support/glusterfs): the startup
-filesystem check and the lock probe, flock on shard lock files across the two mounts, and the
-cluster of real daemons under faults with its daemons alternating between mount A and mount B.
+"""snerd on a real GlusterFS volume mounted twice on this host (tests/support/glusterfs): the
+startup filesystem check and the lock probe, flock on shard lock files across the two mounts,
+and the cluster of real daemons under faults with its daemons alternating between mount A and
+mount B.
 
 Each mount is its own gluster client, so a lock, rename or append made through one reaches the
 other only through the brick, as between two hosts. Without a volume these tests skip (fail

@@ -1,8 +1,8 @@
 """`Node.invariants()`: it holds after every call of a varied workload, and each check fails
 when the state it guards is broken on purpose (a checker that cannot fail proves nothing).
 
-`tests.support.fakeshell.FakeShell` calls `invariants()` after every `handle`, burst and commit, so the
-workload below (and every other FakeShell test) is checked step by step.
+`tests.support.fakeshell.FakeShell` calls `invariants()` after every `handle`, burst and
+commit, so the workload below (and every other FakeShell test) is checked step by step.
 """
 
 from __future__ import annotations

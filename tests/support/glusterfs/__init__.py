@@ -126,7 +126,9 @@ def _run_up(netns: bool) -> tuple[GlusterVolume | None, str]:
     for k in ("GLUSTER_MOUNT_A", "GLUSTER_MOUNT_B", "GLUSTER_VOLUME"):
         if netns:  # its own defaults, never the other setup's mounts
             env.pop(k, None)
-    name = "SNERD_GLUSTER_NETNS=1 tests/support/glusterfs/up.sh" if netns else "tests/support/glusterfs/up.sh"
+    name = "tests/support/glusterfs/up.sh"
+    if netns:
+        name = f"SNERD_GLUSTER_NETNS=1 {name}"
     try:
         proc = subprocess.run(
             ["bash", str(UP)],
