@@ -30,10 +30,10 @@ unit: $(STAMP)
 
 test: lint unit
 
-# A long fuzz run: every tests/test_fuzz_*.py test with SNERD_FUZZ_EXAMPLES inputs each
+# A long fuzz run: every test in tests/fuzz/ with SNERD_FUZZ_EXAMPLES inputs each
 # (default 20,000; docs/operations.md, "Hostile input", has the figures of one run).
 fuzz: $(STAMP)
-	SNERD_HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 tests/test_fuzz_*.py
+	SNERD_HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider --timeout=0 tests/fuzz/
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

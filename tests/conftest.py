@@ -14,10 +14,10 @@ from typing import NoReturn
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import daemon as _daemons
-from tests import glusterfs as _gluster
+from tests.support import daemon as _daemons
+from tests.support import glusterfs as _gluster
 
-# Hypothesis profiles. The fuzz tests (tests/test_fuzz_*.py) take their example counts from
+# Hypothesis profiles. The fuzz tests (tests/fuzz/test_fuzz_*.py) take their example counts from
 # the profile: "ci" (the default, a few hundred inputs per test, part of `make test`) or
 # "fuzz" (`make fuzz`: SNERD_FUZZ_EXAMPLES inputs per test, default 20,000). A failing input is
 # printed by hypothesis with the `@reproduce_failure` line that replays it.
@@ -98,7 +98,7 @@ def gluster_volume() -> Iterator[_gluster.GlusterVolume | str]:
 
 @pytest.fixture
 def gluster_netns_volume() -> Iterator[_gluster.GlusterVolume]:
-    """The network-namespace GlusterFS setup (`SNERD_GLUSTER_NETNS=1 tests/glusterfs/up.sh`:
+    """The network-namespace GlusterFS setup (`SNERD_GLUSTER_NETNS=1 tests/support/glusterfs/up.sh`:
     a glusterd and volume of its own, mount A's client behind a veth link that can be cut),
     brought up for one test and taken down after it, namespaces included; the default volume
     is left alone. Skipped, or failed under SNERD_REQUIRE_ALL=1, where it cannot be made."""

@@ -507,9 +507,9 @@ def replace_lock_file(directory: Path, shard: int) -> int | None:
 class GlusterControl:
     """How to reach the GlusterFS volume of a run: its name and glusterd's CLI socket (for
     `gluster volume set/get`), and, for the partition nemesis, the server-side veth of mount
-    A's client (`tests/glusterfs/up.sh` with SNERD_GLUSTER_NETNS=1 prints them) and the command
-    that repairs the setup when a mount does not come back (up.sh again: it re-applies links
-    and routes and remounts a client that gave up)."""
+    A's client (`tests/support/glusterfs/up.sh` with SNERD_GLUSTER_NETNS=1 prints them) and
+    the command that repairs the setup when a mount does not come back (up.sh again: it
+    re-applies links and routes and remounts a client that gave up)."""
 
     volume: str
     mount_a: Path

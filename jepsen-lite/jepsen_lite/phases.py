@@ -326,7 +326,7 @@ def _setup_dirs(
         if config.gluster_dirs is not None:
             return list(config.gluster_dirs), list, config.gluster
         sys.path.insert(0, str(REPO))
-        from tests import glusterfs as gl  # the test suite's volume helpers
+        from tests.support import glusterfs as gl  # the test suite's volume helpers
 
         # The partition nemesis needs mount A's client in a network namespace: the
         # SNERD_GLUSTER_NETNS=1 setup of up.sh (a volume of its own).
@@ -348,7 +348,7 @@ def _setup_dirs(
 
 
 def gluster_control(volume: Any) -> nem.GlusterControl:
-    """How to reach a `tests.glusterfs.GlusterVolume` (its CLI socket, mount A's link)."""
+    """How to reach a `tests.support.glusterfs.GlusterVolume` (its CLI socket, mount A's link)."""
     return nem.GlusterControl(
         volume=volume.name,
         mount_a=volume.a,

@@ -14,7 +14,7 @@ have acted (`HealthSettings.overdue_us`). The lease rule, the fair share and the
 are the ownership module's; nothing here restates them.
 
 Pure: no I/O and no clock reads. The same inputs give the same report, so every judgement is
-tested on a fixed clock (tests/test_health.py). It must never gather a fact itself.
+tested on a fixed clock (tests/core/test_health.py). It must never gather a fact itself.
 
 `judge_health` judges the daemons first (heartbeats, fair shares, caps, handled types), then
 each shard with what that taught (`_Judging`), in the order its findings are printed.

@@ -9,9 +9,9 @@ replays them once it runs.
 The commonest lines, a plain enqueue and a plain success, are decided in one loop (`lines`)
 without building their commands. That loop is a second implementation of `on_enqueue` and
 `on_result` for those lines, so it sits right after `on_enqueue` and must decide what the long
-way decides (a differential test in `tests/test_node.py` drives both). It is the one function
-here longer than about 70 lines: it binds every name it uses once per burst and keeps the
-decision inline, since a call per line costs as much as the decision itself.
+way decides (a differential test in `tests/core/node/test_node.py` drives both). It is the
+one function here longer than about 70 lines: it binds every name it uses once per burst and
+keeps the decision inline, since a call per line costs as much as the decision itself.
 """
 
 from __future__ import annotations

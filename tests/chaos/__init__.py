@@ -1,0 +1,1 @@
+"""Tests of jepsen-lite: its configuration, faults, phases and a short real run."""

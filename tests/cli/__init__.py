@@ -1,0 +1,1 @@
+"""Tests of snerd.cli: the snerdmq commands and what they print."""

@@ -1,0 +1,1 @@
+"""Tests of snerd.config: the daemon's and the tools' settings."""

@@ -1,0 +1,1 @@
+"""Tests of snerd.core: the pure rules, each module on its own."""

@@ -1,0 +1,1 @@
+"""Tests of snerd.core.node: a Node driven through tests.support.fakeshell."""

@@ -1,0 +1,1 @@
+"""Hypothesis fuzz tests (`make fuzz` runs them long)."""

@@ -1,0 +1,1 @@
+"""Tests of snerd.io.log: the shard log's reader, writer and sync helper."""

@@ -1,0 +1,1 @@
+"""Tests of the simulator (sim): its clock, filesystem, world and checker."""

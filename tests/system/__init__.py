@@ -1,0 +1,1 @@
+"""Real processes: daemons on real directories, clusters, crashes, GlusterFS, upstream SDKs."""
