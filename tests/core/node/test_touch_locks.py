@@ -11,7 +11,7 @@ from snerd.core import effects as fx
 from snerd.core.node import NodeConfig
 from snerd.core.node.model import ShardPhase
 from snerd.core.ownership import OwnershipConfig
-from tests.fakeshell import FakeShell
+from tests.support.fakeshell import FakeShell
 
 
 def _node(name: str, shards: int, disk: dict | None = None) -> FakeShell:
