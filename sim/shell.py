@@ -46,6 +46,7 @@ from snerd.core.records import (
     scan,
     scan_tail,
 )
+from snerd.core.schema import SNERD_EPOCH, TASK_DATA, TASK_ID
 from snerd.core.slots import slot_constructor
 
 if TYPE_CHECKING:
@@ -198,10 +199,10 @@ class Shell:
         except CorruptRecord as exc:
             problem = f"from an unreadable record at shard-{loc.shard}@{loc.offset} ({exc})"
         else:
-            if fields_.get("taskId") != effect.task_id:
+            if fields_.get(TASK_ID) != effect.task_id:
                 problem = (
                     f"but its location shard-{loc.shard}@{loc.offset} holds "
-                    f"{fields_.get('taskId')!r}"
+                    f"{fields_.get(TASK_ID)!r}"
                 )
         if problem is not None:
             if loc.shard in self.world.believed(proc):
@@ -571,7 +572,7 @@ class Shell:
             if durable_at is None:
                 continue
             for fields_ in pending.records:
-                epoch = fields_.get("snerdEpoch")
+                epoch = fields_.get(SNERD_EPOCH)
                 self.world.record(
                     {
                         "kind": "record",
@@ -712,7 +713,7 @@ _EFFECTS: dict[type[Any], Callable[[Shell, Proc, Any], None]] = {
 
 def _history_fields(fields_: dict[str, Any]) -> dict[str, Any]:
     """A record's fields for the history, without the payload (the checkers never read it)."""
-    if "taskData" in fields_:
+    if TASK_DATA in fields_:
         fields_ = dict(fields_)
-        del fields_["taskData"]
+        del fields_[TASK_DATA]
     return fields_

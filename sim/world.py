@@ -91,6 +91,7 @@ from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import OwnershipConfig
 from snerd.core.records import CorruptRecord, decode_line_at
+from snerd.core.schema import DISPATCH_TASK, TASK_ID
 
 __all__ = ["Outcome", "World", "run"]
 
@@ -311,7 +312,7 @@ class World:
                 got = decode_line_at(raw, f"shard {loc.shard}:{loc.offset}+{loc.length}")
             except CorruptRecord as exc:
                 got = {"error": str(exc)}
-            key = "task" if what == "dispatch record" else "taskId"
+            key = DISPATCH_TASK if what == "dispatch record" else TASK_ID
             if got.get(key) != task_id:
                 self.violation(
                     f"t={self.t}: {proc.name} holds shard-{shard}@{loc.offset}+{loc.length} "

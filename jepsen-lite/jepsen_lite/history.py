@@ -30,6 +30,26 @@ from pathlib import Path
 from typing import Any
 
 from snerd.core.records import scan
+from snerd.core.schema import (
+    CLAIM_EPOCH,
+    DELETED_AT,
+    DISPATCH_ATTEMPT,
+    DISPATCH_TASK,
+    KIND_CLAIM,
+    KIND_DISPATCH,
+    RECORD_AT,
+    RETRY_AFTER_HOURS,
+    RETRY_AFTER_TIME,
+    RETRY_COUNT,
+    SNERD_CRC,
+    SNERD_EPOCH,
+    SNERD_KIND,
+    SNERD_NODE,
+    SNERD_OUTCOME,
+    SNERD_SEQ,
+    SNERD_VIA,
+    TASK_ID,
+)
 from snerd.core.timefmt import parse_rfc3339
 
 __all__ = ["ClockSteps", "build_history", "finished_tasks", "node_name", "read_logs"]
@@ -124,15 +144,15 @@ def finished_tasks(directory: Path) -> set[str]:
     logs, _ = read_logs(directory)
     for records in logs.values():
         for f in records:
-            if f.get("snerdKind") is None and f.get("deletedAt") is not None:
-                task = f.get("taskId")
+            if f.get(SNERD_KIND) is None and f.get(DELETED_AT) is not None:
+                task = f.get(TASK_ID)
                 if isinstance(task, str):
                     done.add(task)
     return done
 
 
 def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if not k.startswith("_") and k != "snerdCrc"}
+    return {k: v for k, v in fields.items() if not k.startswith("_") and k != SNERD_CRC}
 
 
 def build_history(
@@ -180,28 +200,28 @@ def build_history(
     inbox_fields: dict[tuple[int, str, str], dict[str, Any]] = {}
     for shard, records in inboxes:
         for f in records:
-            writer = node_name(str(f.get("snerdNode", "?")))
-            inbox_fields.setdefault((shard, writer, str(f.get("taskId"))), f)
+            writer = node_name(str(f.get(SNERD_NODE, "?")))
+            inbox_fields.setdefault((shard, writer, str(f.get(TASK_ID))), f)
     for shard, records in logs.items():
         for f in records:
-            via = f.get("snerdVia")
-            if f.get("snerdKind") is not None or not isinstance(via, str):
+            via = f.get(SNERD_VIA)
+            if f.get(SNERD_KIND) is not None or not isinstance(via, str):
                 continue
-            key = (shard, node_name(via), str(f.get("taskId")))
+            key = (shard, node_name(via), str(f.get(TASK_ID)))
             if key not in inbox_fields:
                 copy = {
                     k: v
                     for k, v in f.items()
-                    if k not in ("snerdEpoch", "snerdSeq", "snerdVia", "deletedAt", "snerdOutcome")
+                    if k not in (SNERD_EPOCH, SNERD_SEQ, SNERD_VIA, DELETED_AT, SNERD_OUTCOME)
                 }
-                copy["snerdNode"] = via
+                copy[SNERD_NODE] = via
                 copy["_offset"] = -1
                 copy["_rebuilt"] = True
                 inbox_fields[key] = copy
     inbox_at: dict[tuple[int, str], int] = {}
     inbox_entries: list[dict[str, Any]] = []
     for (shard, writer, task), f in inbox_fields.items():
-        raw = _time(f.get("retryAfterTime"))
+        raw = _time(f.get(RETRY_AFTER_TIME))
         sent = invokes.get(task)
         durable = clamp_enqueue(
             writer,
@@ -231,50 +251,52 @@ def build_history(
     for shard, records in sorted(logs.items()):
         prev = params["t"]
         for f in records:
-            writer = node_name(str(f.get("snerdNode", "?")))
-            kind = f.get("snerdKind")
+            writer = node_name(str(f.get(SNERD_NODE, "?")))
+            kind = f.get(SNERD_KIND)
             est: int | None = None
-            if kind == "claim":
-                raw = _time(f.get("at"))
+            if kind == KIND_CLAIM:
+                raw = _time(f.get(RECORD_AT))
                 est = clocks.true_time(writer, raw, prev) if raw is not None else None
-            elif kind == "dispatch":
-                raw = _time(f.get("at"))
+            elif kind == KIND_DISPATCH:
+                raw = _time(f.get(RECORD_AT))
                 est = clocks.true_time(writer, raw, prev) if raw is not None else None
-                seen = executes.get((writer, str(f.get("task")), int(f.get("attempt", 0))))
+                seen = executes.get(
+                    (writer, str(f.get(DISPATCH_TASK)), int(f.get(DISPATCH_ATTEMPT, 0)))
+                )
                 if seen and est is not None:
                     later = [t for t in seen if t >= est - 2_000_000]
                     est = min(est, later[0] if later else seen[-1])
                 elif seen:
                     est = seen[0]
             elif kind is None:
-                task = str(f.get("taskId"))
-                if f.get("deletedAt") is not None:
-                    raw = _time(f.get("deletedAt"))
+                task = str(f.get(TASK_ID))
+                if f.get(DELETED_AT) is not None:
+                    raw = _time(f.get(DELETED_AT))
                     est = clocks.true_time(writer, raw, prev) if raw is not None else None
                     returns = [t for _a, t in done.get((writer, task), [])]
                     if returns:
                         est = max(est if est is not None else 0, max(returns) + 1)
-                elif "snerdVia" in f:
+                elif SNERD_VIA in f:
                     # Copied from an inbox after the writer's record was durable.
                     at = inbox_at.get((shard, task))
                     est = None if at is None else max(at + 1, prev)
-                elif f.get("retryCount", 0) == 0:
-                    raw = _time(f.get("retryAfterTime"))
+                elif f.get(RETRY_COUNT, 0) == 0:
+                    raw = _time(f.get(RETRY_AFTER_TIME))
                     if raw is not None:
                         est = clamp_enqueue(writer, task, clocks.true_time(writer, raw, prev))
                 else:
-                    raw = _time(f.get("retryAfterTime"))
-                    hours = f.get("retryAfterHours") or 0
+                    raw = _time(f.get(RETRY_AFTER_TIME))
+                    hours = f.get(RETRY_AFTER_HOURS) or 0
                     if raw is not None and isinstance(hours, int | float):
                         est = clocks.true_time(writer, raw - int(hours * 3_600_000_000), prev)
-                    attempt = f.get("retryCount")
+                    attempt = f.get(RETRY_COUNT)
                     returns = [t for a, t in done.get((writer, task), []) if a == attempt]
                     if returns:
                         est = max(est if est is not None else 0, returns[-1] + 1)
             durable = est if est is not None else prev
             t = max(prev, durable)
             prev = t
-            epoch = f.get("epoch") if kind == "claim" else f.get("snerdEpoch")
+            epoch = f.get(CLAIM_EPOCH) if kind == KIND_CLAIM else f.get(SNERD_EPOCH)
             entry: dict[str, Any] = {
                 "t": t,
                 "kind": "record",
@@ -288,10 +310,10 @@ def build_history(
             if durable != t:
                 entry["t_durable"] = durable
             out.append(entry)
-            if kind == "dispatch" and isinstance(epoch, int):
-                dispatched[(writer, str(f.get("task")), int(f.get("attempt", 0)))].append(
-                    (shard, epoch, durable)
-                )
+            if kind == KIND_DISPATCH and isinstance(epoch, int):
+                dispatched[
+                    (writer, str(f.get(DISPATCH_TASK)), int(f.get(DISPATCH_ATTEMPT, 0)))
+                ].append((shard, epoch, durable))
     # Executes: the shard and epoch of the dispatch they followed.
     for e in out:
         if e.get("kind") != "execute":

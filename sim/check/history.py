@@ -81,7 +81,16 @@ from typing import Any
 
 from sim.check.ownership import EpochLedger
 from sim.check.report import Params
-from snerd.core.shardlog import KIND_CLAIM, KIND_DISPATCH
+from snerd.core.schema import (
+    CLAIM_EPOCH,
+    DELETED_AT,
+    DISPATCH_TASK,
+    KIND_CLAIM,
+    KIND_DISPATCH,
+    SNERD_EPOCH,
+    SNERD_KIND,
+    TASK_ID,
+)
 
 __all__ = [
     "Ack",
@@ -336,8 +345,8 @@ class Analysis:
                 t_durable or t,
             )
             self.inbox_records.append(rec)
-            task_id = fields.get("taskId")
-            if isinstance(task_id, str) and fields.get("snerdKind") is None:
+            task_id = fields.get(TASK_ID)
+            if isinstance(task_id, str) and fields.get(SNERD_KIND) is None:
                 self.inbox_by_task.setdefault(task_id, []).append(rec)
                 self.touched_tasks.add(task_id)
         elif kind == "execute":
@@ -414,9 +423,9 @@ class Analysis:
             shard = _need(e, "shard", int, i)
             node = _need(e, "node", str, i)
             fields = _need(e, "fields", dict, i)
-        rkind = fields.get("snerdKind")
+        rkind = fields.get(SNERD_KIND)
         rkind = rkind if isinstance(rkind, str) else None
-        epoch = fields.get("epoch" if rkind == KIND_CLAIM else "snerdEpoch")
+        epoch = fields.get(CLAIM_EPOCH if rkind == KIND_CLAIM else SNERD_EPOCH)
         if not isinstance(epoch, int):  # `_int_epoch` inline
             epoch = None
         accepted, fence = self.epochs.judge(i, t, shard, node, rkind, epoch)
@@ -429,10 +438,10 @@ class Analysis:
         if type(t_queued) is not int:
             t_queued = _opt(e, "t_queued", int, i)
         if rkind is None:
-            task_id = fields.get("taskId")
-            tombstone = fields.get("deletedAt") is not None
+            task_id = fields.get(TASK_ID)
+            tombstone = fields.get(DELETED_AT) is not None
         else:
-            task_id = fields.get("task") if rkind == KIND_DISPATCH else None
+            task_id = fields.get(DISPATCH_TASK) if rkind == KIND_DISPATCH else None
             tombstone = False
         if not isinstance(task_id, str):
             task_id = None

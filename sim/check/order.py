@@ -35,6 +35,7 @@ from collections import defaultdict
 
 from sim.check.history import Ack, Analysis, Execute, InboxRecord, Invoke, Record
 from sim.check.report import DUPLICATE_PENDING, PRIORITY_INVERSION, Violation, at
+from snerd.core.schema import AUTO_DEDUPE, DISPATCH_ATTEMPT, PAYLOAD_HASH
 
 __all__ = ["judge_dedupe", "judge_priority"]
 
@@ -112,7 +113,7 @@ def judge_priority(a: Analysis, via_inbox: list[bool] | None = None) -> list[Vio
                 if r.index < x.index
                 and r.accepted
                 and r.shard == x.shard
-                and r.fields.get("attempt") == 1
+                and r.fields.get(DISPATCH_ATTEMPT) == 1
                 and r.epoch == x.epoch
             ),
             None,
@@ -185,8 +186,8 @@ def judge_dedupe(a: Analysis) -> list[Violation]:
         if r.tombstone:
             shard_live.pop(task, None)
             continue
-        h = r.fields.get("payloadHash")
-        fp = h if r.fields.get("autoDedupe") is True and isinstance(h, str) else None
+        h = r.fields.get(PAYLOAD_HASH)
+        fp = h if r.fields.get(AUTO_DEDUPE) is True and isinstance(h, str) else None
         if fp is not None and shard_live.get(task) != fp:
             twin = next(
                 (other for other, f in shard_live.items() if f == fp and other != task), None

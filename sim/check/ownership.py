@@ -34,7 +34,7 @@ from sim.check.report import (
     Violation,
     at,
 )
-from snerd.core.shardlog import KIND_CLAIM
+from snerd.core.schema import DELETED_AT, DISPATCH_ATTEMPT, KIND_CLAIM, RETRY_COUNT
 
 if TYPE_CHECKING:  # (`sim.check.history` imports this module for `EpochLedger`)
     from sim.check.history import Analysis
@@ -120,7 +120,7 @@ def judge_fenced_acts(a: Analysis, via_inbox: list[bool] | None = None) -> list[
             for r in a.dispatches.get(x.task, ())
             if r.t_durable <= x.t
             and r.shard == x.shard
-            and r.fields.get("attempt") == x.attempt
+            and r.fields.get(DISPATCH_ATTEMPT) == x.attempt
             and r.epoch == x.epoch
         ]
         if any(r.accepted for r in matching):
@@ -150,8 +150,8 @@ def judge_fenced_acts(a: Analysis, via_inbox: list[bool] | None = None) -> list[
             for r in a.task_records.get(ack.task, ())
             if ack.invoke.t <= r.t_durable <= ack.t
             and (ack.shard is None or r.shard == ack.shard)
-            and r.fields.get("retryCount", 0) == 0
-            and r.fields.get("deletedAt") is None
+            and r.fields.get(RETRY_COUNT, 0) == 0
+            and r.fields.get(DELETED_AT) is None
         ]
         if any(r.accepted for r in candidates):
             continue

@@ -18,6 +18,7 @@ from snerd.cli.args import DEFAULT_DIR, QueueError, command_parser, run_command,
 from snerd.cli.text import clip, format_table, print_json
 from snerd.core.ownership import shard_name
 from snerd.core.records import encode_record
+from snerd.core.schema import MAX_RETRIES, TASK_DATA
 from snerd.core.shardlog import (
     DeadLetter,
     ShardFold,
@@ -79,11 +80,11 @@ def _dlq(args: argparse.Namespace) -> int:
                     "task_type": d.letter.task_type,
                     "shard": shard_name(d.shard),
                     "attempts": d.letter.attempts,
-                    "max_retries": d.letter.record.fields.get("maxRetries"),
+                    "max_retries": d.letter.record.fields.get(MAX_RETRIES),
                     "error": d.letter.error,
                     "dead_lettered_at": d.letter.at,
                     "inferred": d.letter.inferred,
-                    "task_data": d.letter.record.fields.get("taskData"),
+                    "task_data": d.letter.record.fields.get(TASK_DATA),
                 }
                 for d in found
             ]

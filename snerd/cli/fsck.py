@@ -21,6 +21,7 @@ from snerd.cli.args import QueueError, command_parser, run_command
 from snerd.cli.text import fmt_bytes, print_json
 from snerd.core.health import UNUSABLE_MEANS, LockState
 from snerd.core.ownership import shard_name
+from snerd.core.schema import TASK_ID
 from snerd.io.files import unlink_file
 from snerd.io.log import fsync_dir, repair_tail
 from snerd.queuedir import (
@@ -245,7 +246,7 @@ def _shard_json(item: _FsckShard, problems: int) -> dict[str, Any]:
         "records": scan.fold.records,
         "corrupt": [{"offset": o, "reason": r} for o, r in scan.corrupt],
         "unrunnable": [
-            {"offset": r.offset, "task_id": r.fields["taskId"], "reason": why}
+            {"offset": r.offset, "task_id": r.fields[TASK_ID], "reason": why}
             for r, why in scan.fold.unrunnable()
         ],
         "torn_tail": (

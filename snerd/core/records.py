@@ -7,9 +7,10 @@ It is pure: no file access, no clocks, no threads. The shell (`snerd.io.log`) re
 the bytes; this module only judges them.
 
 Format. A task record keeps upstream SnerdMQ's keys and casing (`taskId`, `taskType`,
-`taskData`, `retryCount`, ... see docs/storage.md), so upstream tools and SDK dashboards can read a
-snerd log. snerd adds keys old readers ignore: `snerdKind` (absent: a task state record;
-otherwise e.g. "dispatch", "claim"), `snerdNode`, `snerdEpoch`, and, always last, the checksum::
+`taskData`, `retryCount`, ... see docs/storage.md; each key is spelled once, in
+`snerd.core.schema`), so upstream tools and SDK dashboards can read a snerd log. snerd adds
+keys old readers ignore: `snerdKind` (absent: a task state record; otherwise e.g. "dispatch",
+"claim"), `snerdNode`, `snerdEpoch`, and, always last, the checksum::
 
     {"taskId":"a",...,"snerdEpoch":3,"snerdCrc":"9c1d2e3f4a5b6c7d"}\\n
 
@@ -72,6 +73,48 @@ from snerd.core.fields import (
     nests_deeper,
 )
 from snerd.core.ownership import MAX_COUNT
+from snerd.core.schema import (
+    AUTO_DEDUPE,
+    CLAIM_EPOCH,
+    CLAIM_NODE,
+    CRON_EXPRESSION,
+    DELETED_AT,
+    DISPATCH_ATTEMPT,
+    DISPATCH_GROUP,
+    DISPATCH_TASK,
+    EXECUTE_AT,
+    INBOX_NODE,
+    INBOX_OFFSET,
+    KIND_CLAIM,
+    KIND_DISPATCH,
+    KIND_INBOX,
+    LAST_ERROR_OBJ,
+    LAST_JOB_ERROR,
+    MAX_EXECUTION_SECONDS,
+    MAX_PER_MINUTE,
+    MAX_RETRIES,
+    PAYLOAD_HASH,
+    POOL,
+    RATE_LIMIT_GROUP,
+    RECORD_AT,
+    RETRY_AFTER_HOURS,
+    RETRY_AFTER_TIME,
+    RETRY_COUNT,
+    SNERD_CRC,
+    SNERD_EPOCH,
+    SNERD_KIND,
+    SNERD_NODE,
+    SNERD_OUTCOME,
+    SNERD_REPLAYED_AT,
+    SNERD_SEQ,
+    SNERD_VIA,
+    TASK_DATA,
+    TASK_ID,
+    TASK_TYPE,
+    TRIGGER_AFTER_IDS,
+    URGENCY_SCORE,
+    WEBHOOK_URL,
+)
 from snerd.core.slots import slot_constructor
 
 __all__ = [
@@ -92,7 +135,7 @@ __all__ = [
 ]
 
 #: The key of the checksum, always the last key of a line snerd writes.
-CHECKSUM_KEY = "snerdCrc"
+CHECKSUM_KEY = SNERD_CRC
 
 #: The longest line (newline included) snerd writes or accepts when reading a log back. A writer
 #: refuses bigger records (`encode_record` raises), so nothing is ever written that a reader
@@ -100,7 +143,10 @@ CHECKSUM_KEY = "snerdCrc"
 #: resynchronises at the next newline instead of buffering it without bound.
 LINE_LIMIT = 64 * 1024 * 1024
 
-_TAIL_HEAD = b'"snerdCrc":"'  # 12 bytes
+_TAIL_HEAD = f'"{SNERD_CRC}":"'.encode()  # 12 bytes
+# `encode_record`, which every record written goes through, spells the tail as a literal (one
+# `%` format, no concatenation); it must be this one:
+assert _TAIL_HEAD == b'"snerdCrc":"', "encode_record's checksum key differs from the schema's"
 _TAIL_END = b'"}'  # 2 bytes
 #: `"snerdCrc":"` + 16 hex digits + `"}`.
 _TAIL_LEN = len(_TAIL_HEAD) + 16 + len(_TAIL_END)  # 30
@@ -110,7 +156,7 @@ _HEX = frozenset(b"0123456789abcdef")
 #: Resynchronisation marker for lines glued together by upstream's torn writes (bug 6.1.1):
 #: upstream writes `taskId` first, and inside a JSON string a quote is always escaped, so an
 #: unescaped `{"taskId":` can only start an object.
-_TASK_START = b'{"taskId":'
+_TASK_START = f'{{"{TASK_ID}":'.encode()
 
 _dumps = orjson.dumps
 _loads = orjson.loads
@@ -194,7 +240,7 @@ def merge_base(base: Mapping[str, Any], record: NewRecord) -> dict[str, Any]:
     fake shell all hold it to this one rule).
     """
     loc = record.base
-    if "taskData" not in base:
+    if TASK_DATA not in base:
         where = "?" if loc is None else f"shard {loc.shard} offset {loc.offset}"
         raise CorruptRecord(f"record at {where} has no taskData")
     merged = {**base, **record.fields}
@@ -519,59 +565,71 @@ _Check = Callable[[str, Any], None]
 
 #: Keys every record may carry (snerd's own).
 _COMMON: dict[str, _Check] = {
-    "snerdKind": _str,
-    "snerdNode": _node_id,
-    "snerdEpoch": _count,
+    SNERD_KIND: _str,
+    SNERD_NODE: _node_id,
+    SNERD_EPOCH: _count,
 }
 
 #: What makes a task record (no `snerdKind`) one: the keys readers place it by (its task, its
 #: order, whether it ends the task). A record that breaks these is not one.
 _TASK_SHAPE: dict[str, _Check] = {
     **_COMMON,
-    "taskId": _task_id,
-    "taskType": _str,
-    "deletedAt": _str,  # a tombstone ends its task; its time is only shown
-    "snerdSeq": _count,
+    TASK_ID: _task_id,
+    TASK_TYPE: _str,
+    DELETED_AT: _str,  # a tombstone ends its task; its time is only shown
+    SNERD_SEQ: _count,
 }
-_TASK_REQUIRED: tuple[str, ...] = ("taskId",)
+_TASK_REQUIRED: tuple[str, ...] = (TASK_ID,)
 
 #: What a live task runs with: upstream's keys, then snerd's (`task_problem`).
 _TASK_VALUES: dict[str, _Check] = {
-    "taskType": _task_type,
-    "taskData": _str,
-    "retryCount": _retry_count,
-    "maxRetries": _max_retries,
-    "retryAfterHours": _retry_after_hours,
-    "retryAfterTime": _time,
-    "executeAt": _time,
-    "LastErrorObj": _str,
-    "LastJobError": _last_job_error,
-    "rateLimitGroup": _optional_name,
-    "maxPerMinute": _max_per_minute,
-    "autoDedupe": _bool,
-    "urgencyScore": _urgency,
-    "payloadHash": _payload_hash,
-    "pool": _optional_name,
-    "triggerAfterIds": _parents,
-    "cronExpression": _cron,
-    "webhookUrl": _webhook_url,
-    "maxExecutionSeconds": _max_execution_seconds,
-    "snerdVia": _node_id,
-    "snerdOutcome": _str,
-    "snerdReplayedAt": _time,
+    TASK_TYPE: _task_type,
+    TASK_DATA: _str,
+    RETRY_COUNT: _retry_count,
+    MAX_RETRIES: _max_retries,
+    RETRY_AFTER_HOURS: _retry_after_hours,
+    RETRY_AFTER_TIME: _time,
+    EXECUTE_AT: _time,
+    LAST_ERROR_OBJ: _str,
+    LAST_JOB_ERROR: _last_job_error,
+    RATE_LIMIT_GROUP: _optional_name,
+    MAX_PER_MINUTE: _max_per_minute,
+    AUTO_DEDUPE: _bool,
+    URGENCY_SCORE: _urgency,
+    PAYLOAD_HASH: _payload_hash,
+    POOL: _optional_name,
+    TRIGGER_AFTER_IDS: _parents,
+    CRON_EXPRESSION: _cron,
+    WEBHOOK_URL: _webhook_url,
+    MAX_EXECUTION_SECONDS: _max_execution_seconds,
+    SNERD_VIA: _node_id,
+    SNERD_OUTCOME: _str,
+    SNERD_REPLAYED_AT: _time,
 }
 #: What a live task cannot run without.
-_LIVE_REQUIRED = ("taskType", "taskData")
+_LIVE_REQUIRED = (TASK_TYPE, TASK_DATA)
 
-#: The kinds snerd adds (`snerd.core.shardlog`: KIND_DISPATCH, KIND_CLAIM, KIND_INBOX): every
+#: The kinds snerd adds (`snerd.core.schema`: KIND_DISPATCH, KIND_CLAIM, KIND_INBOX): every
 #: key they have is what makes them one.
 _KINDS: dict[str, tuple[dict[str, _Check], tuple[str, ...]]] = {
-    "dispatch": (
-        {**_COMMON, "task": _task_id, "attempt": _attempt, "at": _time, "group": _optional_name},
-        ("task", "attempt"),
+    KIND_DISPATCH: (
+        {
+            **_COMMON,
+            DISPATCH_TASK: _task_id,
+            DISPATCH_ATTEMPT: _attempt,
+            RECORD_AT: _time,
+            DISPATCH_GROUP: _optional_name,
+        },
+        (DISPATCH_TASK, DISPATCH_ATTEMPT),
     ),
-    "claim": ({**_COMMON, "epoch": _count, "node": _node_id, "at": _time}, ("epoch", "node")),
-    "inbox": ({**_COMMON, "node": _node_id, "offset": _count}, ("node", "offset")),
+    KIND_CLAIM: (
+        {**_COMMON, CLAIM_EPOCH: _count, CLAIM_NODE: _node_id, RECORD_AT: _time},
+        (CLAIM_EPOCH, CLAIM_NODE),
+    ),
+    KIND_INBOX: (
+        {**_COMMON, INBOX_NODE: _node_id, INBOX_OFFSET: _count},
+        (INBOX_NODE, INBOX_OFFSET),
+    ),
 }
 #: A kind this snerd does not know (a newer one wrote it; it is skipped): only the keys every
 #: record has are checked.
@@ -593,7 +651,7 @@ def check_record(fields: dict[str, Any]) -> None:
     nothing nests deeper than `MAX_NESTING`, and `snerdCrc` is only the checksum at the end, so
     that a record built on this one can be written back.
     """
-    kind = fields.get("snerdKind")
+    kind = fields.get(SNERD_KIND)
     if kind is None:
         checks, required = _TASK_SHAPE, _TASK_REQUIRED
     elif type(kind) is not str:
@@ -640,7 +698,7 @@ def task_problem(fields: dict[str, Any]) -> str | None:
     (A daemon dead-letters such a task with that reason instead of running it.) None for
     a record of another kind and for a tombstone, which only ends its task.
     """
-    if fields.get("snerdKind") is not None or fields.get("deletedAt") is not None:
+    if fields.get(SNERD_KIND) is not None or fields.get(DELETED_AT) is not None:
         return None
     key = ""
     try:
@@ -653,13 +711,13 @@ def task_problem(fields: dict[str, Any]) -> str | None:
                 check(key, value)
         key = ""
         check_rate_limit(
-            ("rateLimitGroup", "maxPerMinute"),
-            fields.get("rateLimitGroup") or None,
-            fields.get("maxPerMinute"),
+            (RATE_LIMIT_GROUP, MAX_PER_MINUTE),
+            fields.get(RATE_LIMIT_GROUP) or None,
+            fields.get(MAX_PER_MINUTE),
         )
-        parents = fields.get("triggerAfterIds")
+        parents = fields.get(TRIGGER_AFTER_IDS)
         if parents:
-            check_parents("triggerAfterIds", fields["taskId"], parents)
+            check_parents(TRIGGER_AFTER_IDS, fields[TASK_ID], parents)
     except _WrongType as wrong:
         return _wrong_type(fields, None, key, wrong)
     except BadField as bad:
@@ -674,9 +732,9 @@ def _wrong_type(fields: dict[str, Any], kind: Any, key: str, wrong: _WrongType) 
 def _record_name(fields: dict[str, Any], kind: Any) -> str:
     """What a message calls a record: "task t1's record", "task t1's dispatch record", "a
     claim record"."""
-    task_id = fields.get("taskId" if kind is None else "task")
+    task_id = fields.get(TASK_ID if kind is None else DISPATCH_TASK)
     what = "record" if kind is None else f"{_shown_kind(kind)} record"
-    if type(task_id) is str and task_id and (kind is None or kind == "dispatch"):
+    if type(task_id) is str and task_id and (kind is None or kind == KIND_DISPATCH):
         return f"task {_shown_id(task_id)}'s {what}"
     if kind is None:
         return "a task record"

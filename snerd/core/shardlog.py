@@ -59,6 +59,38 @@ from snerd.core.effects import KeepRange
 from snerd.core.events import LogRecord
 from snerd.core.ownership import MAX_COUNT
 from snerd.core.records import task_problem
+from snerd.core.schema import (
+    AUTO_DEDUPE,
+    CLAIM_EPOCH,
+    DELETED_AT,
+    DISPATCH_ATTEMPT,
+    DISPATCH_GROUP,
+    DISPATCH_TASK,
+    EXECUTE_AT,
+    INBOX_NODE,
+    INBOX_OFFSET,
+    KIND_CLAIM,
+    KIND_DISPATCH,
+    KIND_INBOX,
+    LAST_ERROR_OBJ,
+    LAST_JOB_ERROR,
+    MAX_RETRIES,
+    OUTCOME_COMPLETED,
+    OUTCOME_DEAD,
+    PAYLOAD_HASH,
+    RECORD_AT,
+    RETRY_AFTER_TIME,
+    RETRY_COUNT,
+    SNERD_EPOCH,
+    SNERD_KIND,
+    SNERD_NODE,
+    SNERD_OUTCOME,
+    SNERD_REPLAYED_AT,
+    SNERD_SEQ,
+    TASK_DATA,
+    TASK_ID,
+    TASK_TYPE,
+)
 from snerd.core.timefmt import parse_rfc3339
 
 __all__ = [
@@ -84,15 +116,8 @@ __all__ = [
     "tombstone_outcome",
 ]
 
-#: Record kinds snerd adds to tasks.log (`snerdKind`); task records have none (upstream shape).
-KIND_DISPATCH = "dispatch"
-KIND_CLAIM = "claim"
-KIND_INBOX = "inbox"
-
-#: `snerdOutcome` of a tombstone: the task succeeded.
-OUTCOME_COMPLETED = "completed"
-#: `snerdOutcome` of a tombstone: the task used every attempt (a dead letter).
-OUTCOME_DEAD = "dead_letter"
+# KIND_DISPATCH, KIND_CLAIM, KIND_INBOX, OUTCOME_COMPLETED and OUTCOME_DEAD are
+# `snerd.core.schema`'s, named here too for the readers of the fold.
 #: A tombstone without `snerdOutcome` (written by upstream SnerdMQ) that has the shape of
 #: upstream's dead letter: `LastErrorObj` set and `retryCount >= maxRetries - 1` (upstream's
 #: `maxRetries` is the total attempt budget and its final failure is never written, reference
@@ -138,14 +163,14 @@ def tombstone_outcome(fields: dict[str, Any]) -> str:
     """How a tombstone's task ended: `OUTCOME_COMPLETED`, `OUTCOME_DEAD`, or, for a tombstone
     without `snerdOutcome` (upstream), `OUTCOME_DEAD_INFERRED` when it has upstream's dead-letter
     shape, else `OUTCOME_COMPLETED`."""
-    outcome = fields.get("snerdOutcome")
+    outcome = fields.get(SNERD_OUTCOME)
     if outcome == OUTCOME_DEAD:
         return OUTCOME_DEAD
     if outcome is not None:
         return OUTCOME_COMPLETED
-    retry_count = _int_or(fields.get("retryCount"), 0)
-    max_retries = _int_or(fields.get("maxRetries"), 0)
-    if fields.get("LastErrorObj") is not None and retry_count >= max_retries - 1:
+    retry_count = _int_or(fields.get(RETRY_COUNT), 0)
+    max_retries = _int_or(fields.get(MAX_RETRIES), 0)
+    if fields.get(LAST_ERROR_OBJ) is not None and retry_count >= max_retries - 1:
         return OUTCOME_DEAD_INFERRED
     return OUTCOME_COMPLETED
 
@@ -154,7 +179,7 @@ def ready_at_us(fields: dict[str, Any]) -> int | None:
     """When a live task may run next: the later of `executeAt` and `retryAfterTime` (the
     daemon's rule); None when neither parses."""
     times = []
-    for key in ("executeAt", "retryAfterTime"):
+    for key in (EXECUTE_AT, RETRY_AFTER_TIME):
         value = fields.get(key)
         if isinstance(value, str):
             try:
@@ -226,8 +251,8 @@ class ShardFold:
         """Fold one record (the next one in file order)."""
         f = record.fields
         self.records += 1
-        kind = f.get("snerdKind")
-        epoch = f.get("snerdEpoch")
+        kind = f.get(SNERD_KIND)
+        epoch = f.get(SNERD_EPOCH)
         if isinstance(epoch, int) and epoch < self.log_epoch and kind != KIND_CLAIM and self.fence:
             self.stale.append(
                 StaleRecord(
@@ -239,26 +264,26 @@ class ShardFold:
             )
             return
         if kind == KIND_CLAIM:
-            e = f.get("epoch")
+            e = f.get(CLAIM_EPOCH)
             if isinstance(e, int) and (e > self.log_epoch or self.fence_claim is None):
                 self.log_epoch = max(self.log_epoch, e)
                 self.fence_claim = record
             self.claim = record
             return
         if kind == KIND_DISPATCH:
-            task_id = f.get("task")
-            attempt = f.get("attempt")
+            task_id = f.get(DISPATCH_TASK)
+            attempt = f.get(DISPATCH_ATTEMPT)
             if isinstance(task_id, str) and isinstance(attempt, int):
                 self.dispatch[task_id] = record
-                group = f.get("group")
-                at = f.get("at")
+                group = f.get(DISPATCH_GROUP)
+                at = f.get(RECORD_AT)
                 if group and isinstance(group, str) and isinstance(at, str):
                     with contextlib.suppress(ValueError):
                         self.windows.append((group, parse_rfc3339(at), record))
             return
         if kind == KIND_INBOX:
-            node = f.get("node")
-            offset = f.get("offset")
+            node = f.get(INBOX_NODE)
+            offset = f.get(INBOX_OFFSET)
             if isinstance(node, str) and isinstance(offset, int):
                 if offset >= self.inbox.get(node, -1):
                     self.inbox[node] = offset
@@ -269,21 +294,21 @@ class ShardFold:
         if kind is not None:
             self.ignored += 1
             return
-        task_id = f.get("taskId")
+        task_id = f.get(TASK_ID)
         if not isinstance(task_id, str):
             self.ignored += 1
             return
-        if not self.keep_payloads and type(f.get("taskData")) is str:
+        if not self.keep_payloads and type(f.get(TASK_DATA)) is str:
             # Released, but still there for `unrunnable`: a record whose payload is missing
             # or not a string keeps what it has.
-            f["taskData"] = ""
-        seq = f.get("snerdSeq")
+            f[TASK_DATA] = ""
+        seq = f.get(SNERD_SEQ)
         if isinstance(seq, int) and seq >= self.next_seq:
             # (At most the largest counter a record may hold: a sequence number of that size,
             # which no shard reaches by counting, does not make the next records unreadable.)
             self.next_seq = min(seq + 1, MAX_COUNT)
         kept = record
-        if f.get("deletedAt") is not None:
+        if f.get(DELETED_AT) is not None:
             self.live.pop(task_id, None)
             self.dispatch.pop(task_id, None)
             self.finished.pop(task_id, None)  # re-insert: ordered by the latest tombstone
@@ -316,8 +341,8 @@ class ShardFold:
             task = self.live.get(task_id)
             if task is None:
                 continue
-            attempt = record.fields["attempt"]
-            if attempt > _int_or(task.fields.get("retryCount"), 0):
+            attempt = record.fields[DISPATCH_ATTEMPT]
+            if attempt > _int_or(task.fields.get(RETRY_COUNT), 0):
                 out[task_id] = attempt
         return out
 
@@ -332,11 +357,11 @@ class ShardFold:
             if outcome == OUTCOME_COMPLETED:
                 continue
             f = record.fields
-            retry_count = _int_or(f.get("retryCount"), 0)
+            retry_count = _int_or(f.get(RETRY_COUNT), 0)
             inferred = outcome == OUTCOME_DEAD_INFERRED
-            error = f.get("LastErrorObj")
-            at = f.get("deletedAt")
-            task_type = f.get("taskType")
+            error = f.get(LAST_ERROR_OBJ)
+            at = f.get(DELETED_AT)
+            task_type = f.get(TASK_TYPE)
             out.append(
                 DeadLetter(
                     task_id=task_id,
@@ -409,7 +434,7 @@ class ShardFold:
 
 
 def _seq_of(item: tuple[str, LogRecord]) -> int:
-    return _int_or(item[1].fields.get("snerdSeq"), 0)
+    return _int_or(item[1].fields.get(SNERD_SEQ), 0)
 
 
 def enqueue_order(
@@ -455,7 +480,7 @@ def find_dead_letters(
     latest: dict[str, tuple[int, int, LogRecord]] = {}
     for shard, fold in folds.items():
         for task_id, record in fold.finished.items():
-            at = record.fields.get("deletedAt")
+            at = record.fields.get(DELETED_AT)
             try:
                 at_us = parse_rfc3339(at) if isinstance(at, str) else 0
             except ValueError:
@@ -481,8 +506,8 @@ def find_dead_letters(
 #: Keys of a tombstone that a replayed task record does not carry over.
 _NOT_REPLAYED = frozenset(
     {
-        "taskId", "deletedAt", "snerdOutcome", "LastErrorObj", "LastJobError",
-        "snerdNode", "snerdEpoch",
+        TASK_ID, DELETED_AT, SNERD_OUTCOME, LAST_ERROR_OBJ, LAST_JOB_ERROR, SNERD_NODE,
+        SNERD_EPOCH,
     }
 )
 
@@ -492,16 +517,16 @@ def replay_record(record: LogRecord, *, now: str, epoch: int, node: str) -> dict
     due `now` (an RFC 3339 time), written by `node` under `epoch`; `snerdSeq` and the task
     data kept. `taskId` stays the first key (upstream's order; `scan` resynchronises on it)."""
     f = record.fields
-    fields: dict[str, Any] = {"taskId": f["taskId"]}
+    fields: dict[str, Any] = {TASK_ID: f[TASK_ID]}
     fields.update((k, v) for k, v in f.items() if k not in _NOT_REPLAYED)
     fields.update(
         {
-            "retryCount": 0,
-            "retryAfterTime": now,
-            "executeAt": now,
-            "snerdReplayedAt": now,
-            "snerdNode": node,
-            "snerdEpoch": epoch,
+            RETRY_COUNT: 0,
+            RETRY_AFTER_TIME: now,
+            EXECUTE_AT: now,
+            SNERD_REPLAYED_AT: now,
+            SNERD_NODE: node,
+            SNERD_EPOCH: epoch,
         }
     )
     return fields
@@ -523,22 +548,22 @@ def plan_replay(found: Sequence[FoundDeadLetter], folds: Mapping[int, ShardFold]
     pending: dict[str, str] = {}
     for fold in folds.values():
         for task_id, record in fold.live.items():
-            h = record.fields.get("payloadHash")
+            h = record.fields.get(PAYLOAD_HASH)
             if isinstance(h, str):
                 pending.setdefault(h, task_id)
     replay: list[FoundDeadLetter] = []
     skipped: list[str] = []
     for d in found:
         f = d.letter.record.fields
-        h = f.get("payloadHash")
-        if f.get("autoDedupe") and isinstance(h, str):
+        h = f.get(PAYLOAD_HASH)
+        if f.get(AUTO_DEDUPE) and isinstance(h, str):
             if h in pending:
                 skipped.append(
                     f"{d.letter.task_id}: an identical task ({pending[h]}) is pending (auto_dedupe)"
                 )
                 continue
             pending[h] = d.letter.task_id
-        if "taskData" not in f:
+        if TASK_DATA not in f:
             skipped.append(f"{d.letter.task_id}: its tombstone has no taskData")
             continue
         replay.append(d)

@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from snerd.core.schema import EXECUTE_AT, RETRY_AFTER_TIME, RETRY_COUNT, TASK_TYPE
 from snerd.core.shardlog import ShardFold, ready_at_us
 
 __all__ = ["FINISHED_STATES", "LIVE_STATES", "ShardSummary", "live_state", "summarize"]
@@ -57,7 +58,7 @@ def _ready_at(execute_at: str | None, retry_after: str | None) -> int | None:
     """`ready_at_us` of a record with these two fields, remembered: a watching reader (the
     dashboard) judges every live task again at each refresh, and parsing the two times was
     most of that work."""
-    return ready_at_us({"executeAt": execute_at, "retryAfterTime": retry_after})
+    return ready_at_us({EXECUTE_AT: execute_at, RETRY_AFTER_TIME: retry_after})
 
 
 def live_state(task_id: str, fields: dict[str, Any], in_flight: dict[str, int], now_us: int) -> str:
@@ -66,10 +67,10 @@ def live_state(task_id: str, fields: dict[str, Any], in_flight: dict[str, int], 
     not due yet), waiting (due: for a worker, a handler, a rate window or its parents)."""
     if task_id in in_flight:
         return "in_flight"
-    retry_count = fields.get("retryCount")
+    retry_count = fields.get(RETRY_COUNT)
     if isinstance(retry_count, int) and retry_count > 0:
         return "retrying"
-    execute_at, retry_after = fields.get("executeAt"), fields.get("retryAfterTime")
+    execute_at, retry_after = fields.get(EXECUTE_AT), fields.get(RETRY_AFTER_TIME)
     if isinstance(execute_at, str | None) and isinstance(retry_after, str | None):
         ready = _ready_at(execute_at, retry_after)
     else:  # not the shape snerd writes: nothing to remember
@@ -86,7 +87,7 @@ def summarize(fold: ShardFold, now_us: int) -> ShardSummary:
     for task_id, record in fold.live.items():
         f = record.fields
         s.live += 1
-        task_type = f.get("taskType")
+        task_type = f.get(TASK_TYPE)
         s.types[task_type if isinstance(task_type, str) else "?"] += 1
         state = live_state(task_id, f, in_flight, now_us)
         setattr(s, state, getattr(s, state) + 1)

@@ -21,6 +21,21 @@ from typing import Any
 from snerd.core.events import LogRecord
 from snerd.core.fields import whole_or_none
 from snerd.core.ownership import NODES_KEY
+from snerd.core.schema import (
+    CRON_EXPRESSION,
+    DELETED_AT,
+    EXECUTE_AT,
+    LAST_ERROR_OBJ,
+    MAX_RETRIES,
+    OUTCOME_COMPLETED,
+    POOL,
+    RATE_LIMIT_GROUP,
+    RETRY_AFTER_TIME,
+    RETRY_COUNT,
+    TASK_TYPE,
+    URGENCY_SCORE,
+    WEBHOOK_URL,
+)
 from snerd.core.shardlog import enqueue_order, ready_at_us, tombstone_outcome
 from snerd.core.status import FINISHED_STATES, LIVE_STATES, live_state
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339_or_none
@@ -57,24 +72,24 @@ def _next_run(fields: dict[str, Any], status: str) -> str | None:
 
 
 def _task_row(shard: int, task_id: str, fields: dict[str, Any], status: str) -> dict[str, Any]:
-    error = fields.get("LastErrorObj")
+    error = fields.get(LAST_ERROR_OBJ)
     return {
         "id": task_id,
-        "type": _str(fields.get("taskType")) or "?",
+        "type": _str(fields.get(TASK_TYPE)) or "?",
         "status": status,
         "shard": shard,
-        "retry_count": whole_or_none(fields.get("retryCount")) or 0,
-        "max_retries": whole_or_none(fields.get("maxRetries")),
-        "execute_at": _str(fields.get("executeAt")),
-        "retry_after": _str(fields.get("retryAfterTime")),
+        "retry_count": whole_or_none(fields.get(RETRY_COUNT)) or 0,
+        "max_retries": whole_or_none(fields.get(MAX_RETRIES)),
+        "execute_at": _str(fields.get(EXECUTE_AT)),
+        "retry_after": _str(fields.get(RETRY_AFTER_TIME)),
         "next_run": _next_run(fields, status),
-        "finished_at": _str(fields.get("deletedAt")),
+        "finished_at": _str(fields.get(DELETED_AT)),
         "error": error if isinstance(error, str) else None,
-        "cron": _str(fields.get("cronExpression")),
-        "webhook": isinstance(fields.get("webhookUrl"), str),
-        "pool": _str(fields.get("pool")),
-        "group": _str(fields.get("rateLimitGroup")),
-        "urgency": _number(fields.get("urgencyScore")),
+        "cron": _str(fields.get(CRON_EXPRESSION)),
+        "webhook": isinstance(fields.get(WEBHOOK_URL), str),
+        POOL: _str(fields.get("pool")),
+        "group": _str(fields.get(RATE_LIMIT_GROUP)),
+        "urgency": _number(fields.get(URGENCY_SCORE)),
     }
 
 
@@ -214,7 +229,7 @@ class QueueView:
                     continue
                 state = (
                     "completed"
-                    if tombstone_outcome(record.fields) == "completed"
+                    if tombstone_outcome(record.fields) == OUTCOME_COMPLETED
                     else "dead_letter"
                 )
                 if status is None or state == status:

@@ -20,6 +20,7 @@ from typing import Any
 
 from snerd.core import effects as fx
 from snerd.core.records import CorruptRecord, decode_record
+from snerd.core.schema import TASK_DATA
 from snerd.io.log import LogReader
 
 __all__ = ["RecentRecords"]
@@ -77,7 +78,7 @@ class RecentRecords:
         big = self._big
         size = self._size
         for offset, line, record in zip(offsets, lines, records, strict=True):
-            if record.base is None and "taskData" in record.fields:
+            if record.base is None and TASK_DATA in record.fields:
                 length = len(line)
                 if length <= big:
                     young[offset] = (length, record.fields)
@@ -98,7 +99,7 @@ class RecentRecords:
         if hit is not None and hit[0] == length:
             return hit[1]
         fields = self._read_missed(path, name, offset, length)
-        if hit is None and "taskData" in fields and length <= self._big:
+        if hit is None and TASK_DATA in fields and length <= self._big:
             # Read through: a task's record is read twice, for its `execute` and as the base of
             # its outcome record. A task that waited long in the queue has left the cache by
             # then; this keeps it for the second read.

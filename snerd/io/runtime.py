@@ -38,6 +38,7 @@ from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodePhase
 from snerd.core.ownership import LockText
+from snerd.core.schema import TASK_DATA
 from snerd.core.slots import slot_constructor
 from snerd.io import log as logio
 from snerd.io.clock import Clock
@@ -433,7 +434,7 @@ class Runtime:
         record = self._recent.read_record(
             self.log_path(location.shard), location.offset, location.length
         )
-        data = record.get("taskData")
+        data = record.get(TASK_DATA)
         return data if isinstance(data, str) else ""
 
     # Per-task effects (`_execute_task`, `_dead_letter`, `_webhook`) catch every Exception, not

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 import orjson
 import trio
 
+from snerd.core.schema import TASK_ID, TASK_TYPE
 from snerd.core.webhook_target import BadWebhookUrl, parse_webhook_url, refused_address
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ class WebhookCaller:
         target = parse_webhook_url(url)
         if isinstance(target, BadWebhookUrl):
             return False, f"Webhook request refused: {target.reason}"
-        body = orjson.dumps({"taskId": task_id, "taskType": task_type, "data": data})
+        body = orjson.dumps({TASK_ID: task_id, TASK_TYPE: task_type, "data": data})
         headers = {"Content-Type": "application/json", "X-SnerdMQ-Event": event}
         if self.secret is not None:
             digest = hmac.new(self.secret, body, hashlib.sha256).hexdigest()

@@ -35,7 +35,19 @@ from snerd.core.node.model import (
 from snerd.core.node.outbox import InboxPart, IngestPart
 from snerd.core.ownership import shard_name
 from snerd.core.records import CHECKSUM_KEY, task_problem
-from snerd.core.shardlog import KIND_INBOX
+from snerd.core.schema import (
+    AUTO_DEDUPE,
+    INBOX_NODE,
+    INBOX_OFFSET,
+    KIND_INBOX,
+    PAYLOAD_HASH,
+    SNERD_EPOCH,
+    SNERD_KIND,
+    SNERD_NODE,
+    SNERD_SEQ,
+    SNERD_VIA,
+    TASK_ID,
+)
 
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
@@ -267,9 +279,9 @@ class InboxIngest:
         records.append(
             new_record(
                 {
-                    "snerdKind": KIND_INBOX,
-                    "node": chunk.node,
-                    "offset": end,
+                    SNERD_KIND: KIND_INBOX,
+                    INBOX_NODE: chunk.node,
+                    INBOX_OFFSET: end,
                     **self.node.tenure.meta(chunk.shard),
                 }
             )
@@ -286,12 +298,12 @@ class InboxIngest:
         are not in the log yet (an enqueue in flight, another ingest): the task with its id,
         or every live task with its dedupe fingerprint. Those taken in by the same ingest do
         not count: its records land together."""
-        task_id = fields.get("taskId")
+        task_id = fields.get(TASK_ID)
         same = self.node.book.tasks.get(task_id) if isinstance(task_id, str) else None
         if same is not None:
             return same.loc is None and same.task_id not in taken
-        payload_hash = fields.get("payloadHash")
-        if not fields.get("autoDedupe") or not isinstance(payload_hash, str):
+        payload_hash = fields.get(PAYLOAD_HASH)
+        if not fields.get(AUTO_DEDUPE) or not isinstance(payload_hash, str):
             return False
         twins = self.node.book.fingerprints.get(payload_hash, {})
         return bool(twins) and all(
@@ -304,8 +316,8 @@ class InboxIngest:
         """Take one inbox record in as a new task of the shard (its fields rewritten in place
         to be this node's record); None when it is dropped, with the reason logged."""
         f = record.fields
-        task_id = f.get("taskId")
-        if f.get("snerdKind") is not None or not isinstance(task_id, str):
+        task_id = f.get(TASK_ID)
+        if f.get(SNERD_KIND) is not None or not isinstance(task_id, str):
             self.out.log("warning", f"{where}: byte {record.offset} is not a task record; skipped")
             return None
         if task_id in self.node.book.tasks:
@@ -319,10 +331,10 @@ class InboxIngest:
             # Its writer took no such enqueue: a line written by hand (or by an older version).
             self.out.log("warning", f"{where}: {why} (at byte {record.offset}); skipped")
             return None
-        payload_hash = f.get("payloadHash")
+        payload_hash = f.get(PAYLOAD_HASH)
         original = (
             self.node.book.pending_twin(payload_hash)
-            if f.get("autoDedupe") and isinstance(payload_hash, str)
+            if f.get(AUTO_DEDUPE) and isinstance(payload_hash, str)
             else None
         )
         if original is not None:
@@ -349,10 +361,10 @@ class InboxIngest:
             )
             return None
         f.pop(CHECKSUM_KEY, None)
-        f["snerdNode"] = self.config.node_id
-        f["snerdEpoch"] = info.epoch
-        f["snerdSeq"] = info.next_seq
-        f["snerdVia"] = chunk.node
+        f[SNERD_NODE] = self.config.node_id
+        f[SNERD_EPOCH] = info.epoch
+        f[SNERD_SEQ] = info.next_seq
+        f[SNERD_VIA] = chunk.node
         info.next_seq += 1
         self.node.book.tasks[task_id] = task
         self.node.book.add_fingerprint(task)

@@ -41,12 +41,65 @@ from snerd.core.node.model import (
     route_shard,
 )
 from snerd.core.node.outbox import EnqueuePart, EnqueueRun, InboxPart
+from snerd.core.schema import (
+    AUTO_DEDUPE,
+    CRON_EXPRESSION,
+    EXECUTE_AT,
+    MAX_EXECUTION_SECONDS,
+    MAX_PER_MINUTE,
+    MAX_RETRIES,
+    PAYLOAD_HASH,
+    POOL,
+    RATE_LIMIT_GROUP,
+    RETRY_AFTER_HOURS,
+    RETRY_AFTER_TIME,
+    RETRY_COUNT,
+    SNERD_EPOCH,
+    SNERD_NODE,
+    SNERD_SEQ,
+    TASK_DATA,
+    TASK_ID,
+    TASK_TYPE,
+    TRIGGER_AFTER_IDS,
+    URGENCY_SCORE,
+    WEBHOOK_URL,
+)
 from snerd.core.timefmt import format_rfc3339
 
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
 
 __all__ = ["Intake"]
+
+# The two builders of a plain enqueue's record (`_enqueue_fields` and the loop of `lines`) spell
+# its keys as literals: a dict display of constant keys is built in one step, one whose keys are
+# module names looks each up first, on the path every enqueue takes. The literals must be the
+# record's keys of `snerd.core.schema`:
+assert (
+    TASK_ID,
+    RETRY_COUNT,
+    MAX_RETRIES,
+    RETRY_AFTER_HOURS,
+    RETRY_AFTER_TIME,
+    TASK_DATA,
+    TASK_TYPE,
+    EXECUTE_AT,
+    SNERD_NODE,
+    SNERD_EPOCH,
+    SNERD_SEQ,
+) == (
+    "taskId",
+    "retryCount",
+    "maxRetries",
+    "retryAfterHours",
+    "retryAfterTime",
+    "taskData",
+    "taskType",
+    "executeAt",
+    "snerdNode",
+    "snerdEpoch",
+    "snerdSeq",
+), "intake's literal record keys differ from snerd.core.schema"
 
 #: `Intake.line`'s default: the line is not parsed yet.
 _UNPARSED = object()
@@ -175,9 +228,9 @@ class Intake:
         (ENQUEUING until the record is durable, or dispatched with it, `_runs_at_once`)."""
         book = self.node.book
         fields, ready_at = self._enqueue_fields(cmd, payload_hash)
-        fields["snerdNode"] = self.config.node_id
-        fields["snerdEpoch"] = info.epoch
-        fields["snerdSeq"] = info.next_seq
+        fields[SNERD_NODE] = self.config.node_id
+        fields[SNERD_EPOCH] = info.epoch
+        fields[SNERD_SEQ] = info.next_seq
         info.next_seq += 1
         book.seq += 1
         # Positional, in field order: with 19 keywords the call costs about 2.6 us, 0.5 us so.
@@ -229,7 +282,9 @@ class Intake:
         if execute_at is None:
             execute_at = now.wall
         # Upstream's keys in upstream's order, optional ones only when set; built in one pass
-        # (this is the per-enqueue hot path).
+        # (this is the per-enqueue hot path: the keys every record has are literals, checked
+        # against the schema at import; the loop of `lines` builds the same record for a plain
+        # enqueue).
         now_text = self.node.wall_text()
         fields: dict[str, Any] = {
             "taskId": cmd.task_id,
@@ -241,26 +296,26 @@ class Intake:
             "taskType": cmd.task_type,
         }
         if cmd.rate_limit_group is not None:
-            fields["rateLimitGroup"] = cmd.rate_limit_group
+            fields[RATE_LIMIT_GROUP] = cmd.rate_limit_group
         if cmd.max_per_minute is not None:
-            fields["maxPerMinute"] = cmd.max_per_minute
+            fields[MAX_PER_MINUTE] = cmd.max_per_minute
         if cmd.auto_dedupe:
-            fields["autoDedupe"] = True
+            fields[AUTO_DEDUPE] = True
         if cmd.urgency_score:
-            fields["urgencyScore"] = cmd.urgency_score
+            fields[URGENCY_SCORE] = cmd.urgency_score
         if payload_hash is not None:
-            fields["payloadHash"] = payload_hash
-        fields["executeAt"] = now_text if execute_at == now.wall else format_rfc3339(execute_at)
+            fields[PAYLOAD_HASH] = payload_hash
+        fields[EXECUTE_AT] = now_text if execute_at == now.wall else format_rfc3339(execute_at)
         if cmd.pool is not None:
-            fields["pool"] = cmd.pool
+            fields[POOL] = cmd.pool
         if cmd.trigger_after_ids:
-            fields["triggerAfterIds"] = list(cmd.trigger_after_ids)
+            fields[TRIGGER_AFTER_IDS] = list(cmd.trigger_after_ids)
         if cmd.cron is not None:
-            fields["cronExpression"] = cmd.cron
+            fields[CRON_EXPRESSION] = cmd.cron
         if cmd.webhook_url is not None:
-            fields["webhookUrl"] = cmd.webhook_url
+            fields[WEBHOOK_URL] = cmd.webhook_url
         if cmd.max_execution_seconds is not None:
-            fields["maxExecutionSeconds"] = cmd.max_execution_seconds
+            fields[MAX_EXECUTION_SECONDS] = cmd.max_execution_seconds
         return fields, ready_at
 
     def lines(self, lines: Iterable[bytes]) -> None:
@@ -332,7 +387,8 @@ class Intake:
                             seq = info.next_seq
                             info.next_seq = seq + 1
                             book.seq += 1
-                            # The keys and their order of `_enqueue_fields` for a plain enqueue.
+                            # The keys and their order of `_enqueue_fields` for a plain enqueue
+                            # (literals, checked against the schema at import).
                             record = new_record(
                                 {
                                     "taskId": task_id,
@@ -422,7 +478,7 @@ class Intake:
         shard; acked once durable. The owner checks what only it can (a pending task with the
         same id, a duplicate payload, dependencies) when it ingests the record."""
         fields, _ = self._enqueue_fields(cmd, payload_hash)
-        fields["snerdNode"] = self.config.node_id
+        fields[SNERD_NODE] = self.config.node_id
         segment = self.node.inbox.segment(shard)
         segment.in_flight += 1
         token = self.out.next_token()

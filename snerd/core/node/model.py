@@ -22,6 +22,7 @@ import xxhash
 from snerd.core import effects as fx
 from snerd.core.ownership import DEFAULT_QUEUE, OwnershipConfig, ShardPhase
 from snerd.core.ready_queue import ReadyQueue
+from snerd.core.schema import LAST_ERROR_OBJ, LAST_JOB_ERROR
 from snerd.core.shardlog import ShardFold
 from snerd.core.slots import slot_constructor
 
@@ -35,13 +36,9 @@ __all__ = [
     "ENQUEUING",
     "FENCING",
     "FINISHING",
-    "KIND_CLAIM",
-    "KIND_DISPATCH",
     "LOADING",
     "LOCKING",
     "NODE_RUNNING",
-    "OUTCOME_COMPLETED",
-    "OUTCOME_DEAD",
     "PARKED",
     "PAUSED",
     "PROBING",
@@ -75,13 +72,6 @@ __all__ = [
 ]
 
 SECOND = 1_000_000
-
-#: Record kinds snerd adds to tasks.log. Task state records have no `snerdKind` (upstream shape).
-KIND_DISPATCH = "dispatch"
-KIND_CLAIM = "claim"
-
-OUTCOME_COMPLETED = "completed"
-OUTCOME_DEAD = "dead_letter"
 
 
 class NodePhase(enum.Enum):
@@ -397,7 +387,7 @@ new_execute = slot_constructor(
     fx.Execute, "task_id", "task_type", "attempt", "location", "max_execution_seconds"
 )
 #: What a success tombstone drops from its base record.
-CLEARED_ON_SUCCESS = ("LastErrorObj", "LastJobError")
+CLEARED_ON_SUCCESS = (LAST_ERROR_OBJ, LAST_JOB_ERROR)
 
 _K = TypeVar("_K")
 

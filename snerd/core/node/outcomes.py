@@ -24,7 +24,6 @@ from snerd.core.node.model import (
     DRAINING,
     ENQUEUING,
     NODE_RUNNING,
-    OUTCOME_COMPLETED,
     PARKED,
     READY,
     SECOND,
@@ -53,6 +52,7 @@ from snerd.core.node.outbox import (
 )
 from snerd.core.ownership import shard_name
 from snerd.core.ready_queue import ReadyQueue
+from snerd.core.schema import OUTCOME_COMPLETED
 
 if TYPE_CHECKING:
     from snerd.core.node.node import Node

@@ -14,10 +14,28 @@ from typing import TYPE_CHECKING, Any
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
-from snerd.core.node.model import BLOCKED, ENQUEUING, FENCING, KIND_CLAIM, LOADING, ShardInfo, Task
+from snerd.core.node.model import (
+    BLOCKED,
+    ENQUEUING,
+    FENCING,
+    LOADING,
+    ShardInfo,
+    Task,
+)
 from snerd.core.node.outbox import ClaimPart
 from snerd.core.ownership import MAX_COUNT, shard_name
 from snerd.core.records import task_problem
+from snerd.core.schema import (
+    CLAIM_EPOCH,
+    CLAIM_NODE,
+    KIND_CLAIM,
+    RECORD_AT,
+    RETRY_COUNT,
+    SNERD_KIND,
+    TASK_DATA,
+    TASK_ID,
+    TASK_TYPE,
+)
 from snerd.core.shardlog import ShardFold
 from snerd.core.timefmt import format_rfc3339
 
@@ -117,7 +135,7 @@ class Replay:
                 )
                 book.seq += 1
                 tasks[task_id] = _unrunnable_task(shard, record.fields, loc(record), book.seq)
-                based = type(record.fields.get("taskData")) is str
+                based = type(record.fields.get(TASK_DATA)) is str
                 info.unrunnable.append((task_id, why, based))
                 continue
             task = book.task_from_record(shard, record.fields, loc(record))
@@ -145,7 +163,7 @@ class Replay:
         # lease ran out) keeps it: membership.json names this epoch, and the next claimant
         # bumps from there.
         fence = fold.fence_claim
-        fence_node = fence.fields.get("node") if fence is not None else None
+        fence_node = fence.fields.get(CLAIM_NODE) if fence is not None else None
         node_id = self.config.node_id
         if info.reloading:
             info.reloading = False
@@ -160,10 +178,10 @@ class Replay:
             info.epoch = min(info.log_epoch + 1, MAX_COUNT)
         claim = fx.NewRecord(
             fields={
-                "snerdKind": KIND_CLAIM,
-                "epoch": info.epoch,
-                "node": node_id,
-                "at": format_rfc3339(self.node.now.wall),
+                SNERD_KIND: KIND_CLAIM,
+                CLAIM_EPOCH: info.epoch,
+                CLAIM_NODE: node_id,
+                RECORD_AT: format_rfc3339(self.node.now.wall),
                 **self.node.tenure.meta(shard),
             }
         )
@@ -173,12 +191,12 @@ class Replay:
 def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) -> Task:
     """The task of a record it cannot run with (`task_problem`), to dead-letter: only what
     the tombstone keeps of it (its base is the record) and where that record is."""
-    task_type = f.get("taskType")
-    retry_count = f.get("retryCount")
+    task_type = f.get(TASK_TYPE)
+    retry_count = f.get(RETRY_COUNT)
     if type(retry_count) is not int or retry_count < 0:
         retry_count = 0
     return Task(
-        task_id=f["taskId"],
+        task_id=f[TASK_ID],
         task_type=task_type if type(task_type) is str else "",
         shard=shard,
         seq=seq,

@@ -29,10 +29,7 @@ from snerd.core.node.model import (
     ENQUEUING,
     FENCING,
     FINISHING,
-    KIND_DISPATCH,
     LOADING,
-    OUTCOME_COMPLETED,
-    OUTCOME_DEAD,
     PARKED,
     READY,
     RUNNING,
@@ -53,6 +50,38 @@ from snerd.core.node.outbox import DispatchRun, FinishPart, FinishRun, RearmPart
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
 from snerd.core.retry import attempts_allowed, retry_delay_us
+from snerd.core.schema import (
+    CRON_EXPRESSION,
+    DELETED_AT,
+    DISPATCH_ATTEMPT,
+    DISPATCH_GROUP,
+    DISPATCH_TASK,
+    EXECUTE_AT,
+    KIND_DISPATCH,
+    LAST_ERROR_OBJ,
+    LAST_JOB_ERROR,
+    MAX_EXECUTION_SECONDS,
+    MAX_PER_MINUTE,
+    MAX_RETRIES,
+    OUTCOME_COMPLETED,
+    OUTCOME_DEAD,
+    PAYLOAD_HASH,
+    POOL,
+    RATE_LIMIT_GROUP,
+    RECORD_AT,
+    RETRY_AFTER_HOURS,
+    RETRY_AFTER_TIME,
+    RETRY_COUNT,
+    SNERD_EPOCH,
+    SNERD_KIND,
+    SNERD_NODE,
+    SNERD_OUTCOME,
+    TASK_ID,
+    TASK_TYPE,
+    TRIGGER_AFTER_IDS,
+    URGENCY_SCORE,
+    WEBHOOK_URL,
+)
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 if TYPE_CHECKING:
@@ -297,27 +326,27 @@ class TaskBook:
         range the task runs with. (A `null` is an absent key there, and an empty group, pool,
         cron or webhook URL none.)"""
         try:
-            task_id = f["taskId"]
-            task_type = f["taskType"]
-            retry_count = f.get("retryCount") or 0
-            max_retries = f.get("maxRetries") or 0
+            task_id = f[TASK_ID]
+            task_type = f[TASK_TYPE]
+            retry_count = f.get(RETRY_COUNT) or 0
+            max_retries = f.get(MAX_RETRIES) or 0
             ready = max(
-                _parse_time(f.get("executeAt"), 0),
-                _parse_time(f.get("retryAfterTime"), 0),
+                _parse_time(f.get(EXECUTE_AT), 0),
+                _parse_time(f.get(RETRY_AFTER_TIME), 0),
             )
-            cron = f.get("cronExpression") or None
+            cron = f.get(CRON_EXPRESSION) or None
             if cron is not None:
                 # Upstream's 7-field form is read without its year.
-                cron = adopt_cron("cronExpression", cron)
+                cron = adopt_cron(CRON_EXPRESSION, cron)
         except (KeyError, ValueError):  # (a record the rule was not asked about)
             return None
-        if cron is None and f.get("executeAt") == f.get("retryAfterTime") is not None:
+        if cron is None and f.get(EXECUTE_AT) == f.get(RETRY_AFTER_TIME) is not None:
             # Enqueued without `execute_at` (both times are the enqueue's, as no retry or cron
             # tick has moved one): due at once, whatever this node's clock says of the other
             # writer's (an inbox record) or of an earlier wall clock (a replay after a step).
             ready = 0
         self.seq += 1
-        urgency = f.get("urgencyScore")
+        urgency = f.get(URGENCY_SCORE)
         return Task(
             task_id=task_id,
             task_type=task_type,
@@ -326,20 +355,20 @@ class TaskBook:
             state=ENQUEUING,
             retry_count=retry_count,
             max_retries=max_retries,
-            retry_after_hours=float(f.get("retryAfterHours") or 0.0),
+            retry_after_hours=float(f.get(RETRY_AFTER_HOURS) or 0.0),
             ready_at_us=ready,
             urgency=float(urgency) if isinstance(urgency, int | float) else 0.0,
-            pool=self.pool_of(f.get("pool") or None),
-            group=f.get("rateLimitGroup") or None,
-            max_per_minute=f.get("maxPerMinute"),
-            payload_hash=f.get("payloadHash"),
+            pool=self.pool_of(f.get(POOL) or None),
+            group=f.get(RATE_LIMIT_GROUP) or None,
+            max_per_minute=f.get(MAX_PER_MINUTE),
+            payload_hash=f.get(PAYLOAD_HASH),
             cron=cron,
-            webhook_url=f.get("webhookUrl") or None,
-            max_execution_seconds=f.get("maxExecutionSeconds"),
-            trigger_after_ids=tuple(f.get("triggerAfterIds") or ()),
+            webhook_url=f.get(WEBHOOK_URL) or None,
+            max_execution_seconds=f.get(MAX_EXECUTION_SECONDS),
+            trigger_after_ids=tuple(f.get(TRIGGER_AFTER_IDS) or ()),
             loc=loc,
             attempt=retry_count + 1,
-            last_error=f.get("LastErrorObj"),
+            last_error=f.get(LAST_ERROR_OBJ),
         )
 
     def pending_twin(self, payload_hash: str) -> Task | None:
@@ -495,16 +524,16 @@ class TaskBook:
         self.inflight[task.task_id] = InFlight(task.task_id, task.attempt, pool, None)
         self.pool_busy[pool] = self.pool_busy.get(pool, 0) + 1
         fields: dict[str, Any] = {
-            "snerdKind": KIND_DISPATCH,
-            "task": task.task_id,
-            "attempt": task.attempt,
-            "at": self.node.wall_text(),
+            SNERD_KIND: KIND_DISPATCH,
+            DISPATCH_TASK: task.task_id,
+            DISPATCH_ATTEMPT: task.attempt,
+            RECORD_AT: self.node.wall_text(),
         }
         if task.group is not None:
-            fields["group"] = task.group
+            fields[DISPATCH_GROUP] = task.group
         # (`Tenure.meta`, set key by key: one dispatch record per attempt.)
-        fields["snerdNode"] = self.config.node_id
-        fields["snerdEpoch"] = self.shards[task.shard].epoch
+        fields[SNERD_NODE] = self.config.node_id
+        fields[SNERD_EPOCH] = self.shards[task.shard].epoch
         return fields
 
     def begin_execution(self, task: Task) -> None:
@@ -558,13 +587,13 @@ class TaskBook:
         if nxt is not None:
             # Re-arm: same id, errors cleared, next tick strictly after now (missed ticks skipped).
             fields = {
-                "retryCount": 0,
-                "retryAfterTime": format_rfc3339(now.wall),
-                "executeAt": format_rfc3339(nxt),
+                RETRY_COUNT: 0,
+                RETRY_AFTER_TIME: format_rfc3339(now.wall),
+                EXECUTE_AT: format_rfc3339(nxt),
                 **self.node.tenure.meta(task.shard),
             }
             record = fx.NewRecord(
-                fields=fields, base=task.loc, remove=("LastErrorObj", "LastJobError", "deletedAt")
+                fields=fields, base=task.loc, remove=(LAST_ERROR_OBJ, LAST_JOB_ERROR, DELETED_AT)
             )
             self.out.append(
                 task.shard,
@@ -587,10 +616,10 @@ class TaskBook:
                 task_id=task.task_id,
             )
             fields = {
-                "retryCount": task.attempt,
-                "retryAfterTime": format_rfc3339(now.wall + delay),
-                "LastErrorObj": error,
-                "LastJobError": {"error": error, "retry_worthy": True},
+                RETRY_COUNT: task.attempt,
+                RETRY_AFTER_TIME: format_rfc3339(now.wall + delay),
+                LAST_ERROR_OBJ: error,
+                LAST_JOB_ERROR: {"error": error, "retry_worthy": True},
                 **self.node.tenure.meta(task.shard),
             }
             self.out.append(
@@ -605,14 +634,14 @@ class TaskBook:
         """Dead-letter `task` with a tombstone that needs no base record (its own is damaged,
         or holds no payload to keep)."""
         fields = {
-            "taskId": task.task_id,
-            "taskType": task.task_type,
-            "retryCount": task.attempt,
-            "maxRetries": task.max_retries,
-            "deletedAt": format_rfc3339(self.node.now.wall),
-            "snerdOutcome": OUTCOME_DEAD,
-            "LastErrorObj": error,
-            "LastJobError": {"error": error, "retry_worthy": False},
+            TASK_ID: task.task_id,
+            TASK_TYPE: task.task_type,
+            RETRY_COUNT: task.attempt,
+            MAX_RETRIES: task.max_retries,
+            DELETED_AT: format_rfc3339(self.node.now.wall),
+            SNERD_OUTCOME: OUTCOME_DEAD,
+            LAST_ERROR_OBJ: error,
+            LAST_JOB_ERROR: {"error": error, "retry_worthy": False},
             **self.node.tenure.meta(task.shard),
         }
         self.out.append(
@@ -629,8 +658,8 @@ class TaskBook:
         shard = task.shard
         fields = self._tombstone_fields(task, task.attempt, outcome)
         if error is not None:
-            fields["LastErrorObj"] = error
-            fields["LastJobError"] = {"error": error, "retry_worthy": False}
+            fields[LAST_ERROR_OBJ] = error
+            fields[LAST_JOB_ERROR] = {"error": error, "retry_worthy": False}
         self.out.append(
             shard,
             [new_based_record(fields, task.loc, ())],
@@ -650,11 +679,11 @@ class TaskBook:
 
     def _tombstone_fields(self, task: Task, retry_count: int, outcome: str) -> dict[str, Any]:
         return {
-            "retryCount": retry_count,
-            "deletedAt": self.node.wall_text(),
-            "snerdOutcome": outcome,
-            "snerdNode": self.config.node_id,  # (`Tenure.meta`, key by key: one per task)
-            "snerdEpoch": self.shards[task.shard].epoch,
+            RETRY_COUNT: retry_count,
+            DELETED_AT: self.node.wall_text(),
+            SNERD_OUTCOME: outcome,
+            SNERD_NODE: self.config.node_id,  # (`Tenure.meta`, key by key: one per task)
+            SNERD_EPOCH: self.shards[task.shard].epoch,
         }
 
     def end_flight_unsent(self, task: Task, delay_us: int = 0) -> None:

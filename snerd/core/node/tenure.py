@@ -30,7 +30,6 @@ from snerd.core.node.model import (
     LOADING,
     LOCKING,
     NODE_RUNNING,
-    OUTCOME_DEAD,
     PAUSED,
     PROBING,
     SECOND,
@@ -61,6 +60,7 @@ from snerd.core.ownership import (
     with_heartbeat,
     without_claims,
 )
+from snerd.core.schema import OUTCOME_DEAD, SNERD_EPOCH, SNERD_NODE
 from snerd.core.shardlog import ShardFold
 
 #: The shard phases in which the node holds the shard's lock.
@@ -803,7 +803,7 @@ class Tenure:
         return int(self.doc.get("shards", 1)) if self.doc is not None else 1
 
     def meta(self, shard: int) -> dict[str, Any]:
-        return {"snerdNode": self.config.node_id, "snerdEpoch": self.shards[shard].epoch}
+        return {SNERD_NODE: self.config.node_id, SNERD_EPOCH: self.shards[shard].epoch}
 
     def claim_committed(
         self, p: ClaimPart, info: ShardInfo, offsets: tuple[int, ...], lengths: tuple[int, ...]

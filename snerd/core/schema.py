@@ -1,0 +1,124 @@
+"""The log record's keys: the one spelling of every field name a record in `tasks.log` or an
+inbox log can carry.
+
+This module owns the names, nothing else: each key is a constant here with what it holds, and
+every reader and writer of records (the core, the shell, the faces, the simulator, jepsen-lite)
+spells a key through it. What a value may be is `snerd.core.fields`' and `snerd.core.records`';
+the byte format of a line is `snerd.core.records`'. docs/storage.md describes the format for
+people. It is a leaf: it imports nothing, so every layer can import it.
+
+Upstream SnerdMQ's keys keep upstream's spelling and casing (`LastErrorObj` included), so
+upstream tools can read a snerd log; snerd's own keys start with `snerd` and old readers ignore
+them. The keys of snerd's non-task records (`snerdKind` set: a dispatch, a claim, an inbox
+mark) are short lowercase words and are listed last.
+
+The node's per-line loop (`snerd.core.node.intake`) spells the plain-enqueue record's keys as
+literals, which CPython builds faster than names it has to look up; it asserts at import that
+they are these.
+
+This module must never: hold anything but the record's key names and the values of its two
+enumerated keys (`snerdKind`, `snerdOutcome`), or import anything.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "AUTO_DEDUPE",
+    "CLAIM_EPOCH",
+    "CLAIM_NODE",
+    "CRON_EXPRESSION",
+    "DELETED_AT",
+    "DISPATCH_ATTEMPT",
+    "DISPATCH_GROUP",
+    "DISPATCH_TASK",
+    "EXECUTE_AT",
+    "INBOX_NODE",
+    "INBOX_OFFSET",
+    "KIND_CLAIM",
+    "KIND_DISPATCH",
+    "KIND_INBOX",
+    "LAST_ERROR_OBJ",
+    "LAST_JOB_ERROR",
+    "MAX_EXECUTION_SECONDS",
+    "MAX_PER_MINUTE",
+    "MAX_RETRIES",
+    "OUTCOME_COMPLETED",
+    "OUTCOME_DEAD",
+    "PAYLOAD_HASH",
+    "POOL",
+    "RATE_LIMIT_GROUP",
+    "RECORD_AT",
+    "RETRY_AFTER_HOURS",
+    "RETRY_AFTER_TIME",
+    "RETRY_COUNT",
+    "SNERD_CRC",
+    "SNERD_EPOCH",
+    "SNERD_KIND",
+    "SNERD_NODE",
+    "SNERD_OUTCOME",
+    "SNERD_REPLAYED_AT",
+    "SNERD_SEQ",
+    "SNERD_VIA",
+    "TASK_DATA",
+    "TASK_ID",
+    "TASK_TYPE",
+    "TRIGGER_AFTER_IDS",
+    "URGENCY_SCORE",
+    "WEBHOOK_URL",
+]
+
+# -- Upstream SnerdMQ's task record keys, in the order an enqueue writes them -------------------
+
+TASK_ID: Final = "taskId"  # the task id; every task record has it, and it comes first
+RETRY_COUNT: Final = "retryCount"  # failed attempts so far (0 at enqueue)
+MAX_RETRIES: Final = "maxRetries"  # the task may run 1 + maxRetries times
+RETRY_AFTER_HOURS: Final = "retryAfterHours"  # the delay between attempts, in hours
+RETRY_AFTER_TIME: Final = "retryAfterTime"  # RFC 3339: not runnable before (enqueue time at first)
+TASK_DATA: Final = "taskData"  # the payload, verbatim (a string)
+TASK_TYPE: Final = "taskType"  # the handler type
+RATE_LIMIT_GROUP: Final = "rateLimitGroup"  # the rate-limit group, when given
+MAX_PER_MINUTE: Final = "maxPerMinute"  # the group's dispatches per minute, with the group
+AUTO_DEDUPE: Final = "autoDedupe"  # true: a pending twin (same type and data) is refused
+URGENCY_SCORE: Final = "urgencyScore"  # the priority, when not 0
+PAYLOAD_HASH: Final = "payloadHash"  # with autoDedupe: xxh64 of type + data, lowercase hex
+EXECUTE_AT: Final = "executeAt"  # RFC 3339: first eligible time (now, execute_at, a cron tick)
+POOL: Final = "pool"  # the worker pool, when given
+TRIGGER_AFTER_IDS: Final = "triggerAfterIds"  # the parent task ids it waits for, when given
+CRON_EXPRESSION: Final = "cronExpression"  # the cron schedule, normalized 6-field form
+WEBHOOK_URL: Final = "webhookUrl"  # the webhook the daemon calls instead of a worker
+MAX_EXECUTION_SECONDS: Final = "maxExecutionSeconds"  # the attempt's hard timeout, in seconds
+LAST_ERROR_OBJ: Final = "LastErrorObj"  # after a failure: the last failure reason (a string)
+LAST_JOB_ERROR: Final = "LastJobError"  # after a failure: {"error": reason, "retry_worthy": bool}
+DELETED_AT: Final = "deletedAt"  # RFC 3339, tombstones only: when the task ended
+
+# -- snerd's additions, which upstream readers ignore -------------------------------------------
+
+SNERD_KIND: Final = "snerdKind"  # absent: a task record; else "dispatch", "claim" or "inbox"
+SNERD_NODE: Final = "snerdNode"  # the owner id of the node that wrote the record
+SNERD_EPOCH: Final = "snerdEpoch"  # the shard epoch its writer held (fencing)
+SNERD_SEQ: Final = "snerdSeq"  # the task's enqueue position in its shard (1, 2, ...): FIFO order
+SNERD_VIA: Final = "snerdVia"  # a task copied from an inbox: the node that wrote it there
+SNERD_OUTCOME: Final = "snerdOutcome"  # on a tombstone: "completed" or "dead_letter"
+SNERD_REPLAYED_AT: Final = "snerdReplayedAt"  # RFC 3339: when `dlq replay` put it back
+SNERD_CRC: Final = "snerdCrc"  # always last: xxh3_64 hex of the line's bytes before it
+
+# -- The values of snerdKind and snerdOutcome ---------------------------------------------------
+
+KIND_DISPATCH: Final = "dispatch"  # an attempt started (its task, number, time, group)
+KIND_CLAIM: Final = "claim"  # a node took the shard at an epoch; it fences older writers
+KIND_INBOX: Final = "inbox"  # the owner copied another node's inbox up to an offset
+OUTCOME_COMPLETED: Final = "completed"  # the tombstone of a task that succeeded
+OUTCOME_DEAD: Final = "dead_letter"  # the tombstone of a task that used every attempt
+
+# -- The keys of snerd's non-task records (snerdKind set) ---------------------------------------
+
+DISPATCH_TASK: Final = "task"  # a dispatch: the task id whose attempt started
+DISPATCH_ATTEMPT: Final = "attempt"  # a dispatch: the attempt's number (1 for the first)
+DISPATCH_GROUP: Final = "group"  # a dispatch: the rate-limit group it counts against, if any
+CLAIM_EPOCH: Final = "epoch"  # a claim: the epoch the claiming node took the shard at
+CLAIM_NODE: Final = "node"  # a claim: the owner id of the claiming node
+INBOX_NODE: Final = "node"  # an inbox mark: the node whose inbox was copied
+INBOX_OFFSET: Final = "offset"  # an inbox mark: the inbox's byte offset copied up to
+RECORD_AT: Final = "at"  # a dispatch or claim: RFC 3339, when it happened
