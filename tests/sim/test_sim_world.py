@@ -84,7 +84,15 @@ def test_a_dispatch_torn_after_a_lost_append_is_not_in_the_history() -> None:
 
 
 #: `Node`'s public API: what the simulator may call or read on a node outside `sim.node_view`.
-_NODE_API = {"handle", "handle_burst", "on_commit", "wake_in", "owned_shards", "waiting_types"}
+_NODE_API = {
+    "handle",
+    "handle_burst",
+    "on_commit",
+    "wake_in",
+    "owned_shards",
+    "waiting_types",
+    "invariants",
+}
 
 
 def _node_reads(path: pathlib.Path) -> set[str]:
@@ -112,3 +120,24 @@ def test_the_simulator_reads_a_node_only_through_its_api_or_node_view() -> None:
     assert {name: reads for name, reads in beyond.items() if reads} == {}
     # The check can fail: node_view itself reads past the API.
     assert _node_reads(pathlib.Path(sim.__file__).parent / "node_view.py") - _NODE_API
+
+
+def test_a_node_whose_invariants_break_fails_the_run(monkeypatch: Any) -> None:
+    # The world checks `Node.invariants()` every `INVARIANTS_EVERY` events it hands the nodes;
+    # a broken one is a world violation, naming the node and what broke, and fails the seed.
+    from snerd.core.node import Node
+
+    assert sim.world.run(Settings.draw(3)).ok
+
+    def broken(self: Node) -> None:
+        raise AssertionError("task t1 is READY but in no ready queue")
+
+    monkeypatch.setattr(Node, "invariants", broken)
+    outcome = sim.world.run(Settings.draw(3))
+    assert not outcome.ok
+    assert outcome.world_violations
+    assert (
+        "node invariant broken: task t1 is READY but in no ready queue"
+        in (outcome.world_violations[0])
+    )
+    assert len(outcome.world_violations) <= 10
