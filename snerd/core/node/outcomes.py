@@ -62,6 +62,14 @@ __all__ = ["Outcomes"]
 #: The kinds of part an append acked as it commits may hold (`Outcomes.on_commit`).
 _EARLY_ACK_KINDS = (EnqueueRun, DispatchRun, FinishRun)
 
+
+def _holds_enqueue(part: PendingAppend) -> bool:
+    """Whether the append `part` carries an enqueue whose ack the SDK waits for."""
+    if type(part) is GroupPart:
+        return any(not inner.answered and _holds_enqueue(inner) for inner in part.parts)
+    return type(part) is EnqueuePart or type(part) is EnqueueRun
+
+
 Offsets = tuple[int, ...]
 #: What the records of one part mean once in the log: (part, shard, offsets, lengths).
 Committed = Callable[[Any, ShardInfo, Offsets, Offsets], None]
@@ -104,6 +112,16 @@ class Outcomes:
         }
         self.book = book
 
+    def _earlier_enqueue_waits(self, token: int) -> bool:
+        """Whether an enqueue appended before `token` is still unanswered: its ack, left to
+        the burst that handles its commit (or not durable yet), must not be overtaken, so
+        that acks leave in the order of their enqueues across appends too. Few appends are
+        in flight at once, so the walk is short."""
+        for other, part in self.out.pending.items():
+            if other < token and not part.answered and _holds_enqueue(part):
+                return True
+        return False
+
     def on_commit(
         self, token: int, now: ev.Now, offsets: Offsets, lengths: Offsets
     ) -> list[fx.Effect]:
@@ -125,7 +143,8 @@ class Outcomes:
         - one task's enqueue dispatched with its record (`Intake._runs_at_once`), no duplicate
           waiting on it, the node not draining, no webhook: its ack, and the attempt starts
           here (`_enqueue_landed`: its state, its deadline, the `execute`).
-        No I/O."""
+        None of them goes early while an enqueue appended before it is unanswered
+        (`_earlier_enqueue_waits`): acks leave in the order of their enqueues. No I/O."""
         p = self.out.pending.get(token)
         if p is None or p.answered:
             return []
@@ -133,6 +152,8 @@ class Outcomes:
             p.answered = True
             return [new_ack_enqueued([p.task_id], p.shard)]
         if self.node.tenure.lease_over(now):
+            return []
+        if self._earlier_enqueue_waits(token):
             return []
         if type(p) is EnqueuePart:
             return self._enqueue_early(p, now, offsets, lengths)

@@ -1528,3 +1528,22 @@ def test_registered_types_are_bounded_because_membership_lists_them() -> None:
     ]
     assert "one-too-many" not in sh.node.book.registered
     assert proto.too_many_task_types("x").startswith("[Snerd] Cannot register task type 'x'")
+
+
+def test_acks_leave_in_the_order_of_their_enqueues_across_appends() -> None:
+    # A plain enqueue's ack goes out the moment its append commits (`Node.on_commit`); it must
+    # not overtake an enqueue appended before it whose ack waits for the burst that handles
+    # its commit (one with options). Found by the differential test above, with held appends.
+    sh = started(NodeConfig(node_id="test-node@pid-1-aa", max_workers=1))
+
+    def enqueue(task_id: str, **options: Any) -> bytes:
+        doc = {"action": "enqueue", "task_id": task_id, "task_type": "t", "task_data": "{}"}
+        return orjson.dumps({**doc, "max_retries": 1, "retry_after_hours": 0, **options})
+
+    sh.burst([ev.LinesReceived(lines=[enqueue("k0")])])  # runs: the one worker is busy after
+    sh.hold_appends = True
+    sh.burst([ev.LinesReceived(lines=[enqueue("k1", urgency_score=1)])])
+    sh.burst([ev.LinesReceived(lines=[enqueue("k2")])])
+    sh.hold_appends = False
+    sh.release_held()
+    assert [m["task_id"] for m in sh.sent if m["action"] == "ack"] == ["k0", "k1", "k2"]
