@@ -20,10 +20,7 @@ PRODUCTION = [ROOT / "snerd", ROOT / "sim", ROOT / "jepsen-lite" / "jepsen_lite"
 
 #: Imports of private names still to be given a public name, each with the move that ends it:
 #: (file, imported name). Remove an entry with its move (a stale one fails), and add none.
-KNOWN = {
-    # The membership lock, until legacy-layout adoption gets it under a public name.
-    ("snerd/io/layout.py", "_MembershipLock"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _private(name: str) -> bool:

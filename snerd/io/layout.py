@@ -19,7 +19,7 @@ from pathlib import Path
 import portalocker
 
 from snerd.io.files import RefusedFile, fsync_dir, make_dirs, open_dir, open_file
-from snerd.io.membership import MEMBERSHIP, _MembershipLock
+from snerd.io.membership import MEMBERSHIP, MembershipLock
 
 __all__ = ["AdoptionRefused", "LegacyDaemonRunning", "adopt_legacy_layout"]
 
@@ -52,7 +52,7 @@ def adopt_legacy_layout(directory: Path) -> str | None:
 
 
 def _adopt(directory: Path, legacy: Path) -> str | None:
-    with _MembershipLock(directory):
+    with MembershipLock(directory):
         if (directory / MEMBERSHIP).exists() or not legacy.exists():
             return None
         root_lock = directory / ".lock"

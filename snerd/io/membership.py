@@ -26,6 +26,7 @@ from snerd.io.files import atomic_replace, make_dirs, open_file, read_small
 __all__ = [
     "MembershipConflict",
     "MembershipInvalid",
+    "MembershipLock",
     "ShardLocks",
     "parse_membership_file",
     "read_membership",
@@ -65,16 +66,17 @@ class MembershipConflict(Exception):
         self.doc = doc
 
 
-class _MembershipLock:
+class MembershipLock:
     """flock on `.membership.lock`, polled with LOCK_NB (never an abandonable blocking flock)
-    for up to `wait_s`."""
+    for up to `wait_s`: every reader and writer of membership.json holds it, and so does the
+    adoption of an upstream layout (`snerd.io.layout`)."""
 
     def __init__(self, directory: Path, wait_s: float = LOCK_WAIT_S) -> None:
         self.path = directory / MEMBERSHIP_LOCK
         self.fd: int | None = None
         self.wait_s = wait_s
 
-    def __enter__(self) -> _MembershipLock:
+    def __enter__(self) -> MembershipLock:
         fd = open_file(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link
         deadline = time.monotonic() + self.wait_s
         while True:
@@ -117,7 +119,7 @@ def parse_membership_file(path: Path, data: bytes) -> dict[str, Any]:
 
 def read_membership(directory: Path) -> dict[str, Any] | None:
     """Read membership.json under its lock (None when absent)."""
-    with _MembershipLock(directory):
+    with MembershipLock(directory):
         return _read(directory)
 
 
@@ -131,7 +133,7 @@ def update_membership(
 ) -> dict[str, Any]:
     """Under the lock: replace membership.json with `doc` if its version is `expected_version`
     (None: only if there is no file). Raises MembershipConflict otherwise."""
-    with _MembershipLock(directory):
+    with MembershipLock(directory):
         current = _read(directory)
         version = None if current is None else int(current.get("version", 0))
         if version != expected_version:
@@ -151,7 +153,7 @@ def withdraw_claims(directory: Path, node_id: str) -> bool:
     `.membership.lock`, as every writer's is (no version to race); False when the file named
     the node nowhere. Raises OSError (TimeoutError after `WITHDRAW_WAIT_S`) and
     MembershipInvalid: the caller is ending anyway and says what went wrong."""
-    with _MembershipLock(directory, wait_s=WITHDRAW_WAIT_S):
+    with MembershipLock(directory, wait_s=WITHDRAW_WAIT_S):
         current = _read(directory)
         new = None if current is None else withdrawal(current, node_id=node_id)
         if new is None:
