@@ -12,12 +12,7 @@ from typing import Any
 
 import orjson
 
-from snerd.core.timefmt import format_span
-
-__all__ = ["clip", "fmt_bytes", "fmt_span", "format_table", "print_json"]
-
-#: A span as people read it (`12 s`, `5 min`): the core's, which the health texts also use.
-fmt_span = format_span
+__all__ = ["clip", "fmt_bytes", "format_table", "print_json"]
 
 
 def fmt_bytes(n: int) -> str:
@@ -32,7 +27,9 @@ def fmt_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
+) -> list[str]:
     """The lines of a table: columns as wide as their widest cell, those in `right`
     right-aligned, two spaces between."""
     widths = [len(h) for h in headers]
