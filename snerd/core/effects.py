@@ -30,6 +30,7 @@ __all__ = [
     "ReadLog",
     "ReadMembership",
     "RemoveInbox",
+    "ScanQueue",
     "Send",
     "TryLock",
     "Unlock",
@@ -142,6 +143,23 @@ class ReadInbox(Effect):
 
     #: shard -> {writer node -> offset already ingested}.
     offsets: dict[int, dict[str, int]]
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanQueue(Effect):
+    """Read what is new about the task ids in `ids`, in every shard's files, whoever owns them
+    (the task watch, `snerd.core.watch`): for shard 0 to `shards - 1`, its log
+    `shard-N/tasks/tasks.log` (segment "") and each inbox file `shard-N/inbox/<segment>.log`.
+    Each file is read from the offset `known` gives for it when its identity (`st_ino`) is the
+    one given there, else from 0 (a new file, or one that compaction replaced), up to its last
+    complete line and at most about `max_bytes` (but at least one line). The lines read pass
+    through `snerd.core.watch.pick` with `ids`. Answered by one `QueueScanned`."""
+
+    shards: int
+    #: (shard, segment) -> (identity, offset already read).
+    known: dict[tuple[int, str], tuple[int, int]]
+    ids: frozenset[str]
     max_bytes: int
 
 

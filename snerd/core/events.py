@@ -43,6 +43,8 @@ __all__ = [
     "MembershipWritten",
     "Now",
     "PayloadUnreadable",
+    "QueueScanned",
+    "ScanChunk",
     "ShardUnusable",
     "Started",
     "Tick",
@@ -237,6 +239,33 @@ class InboxRead(Event):
     #: Per shard whose inbox folder could be listed: the segments (file names without `.log`)
     #: it holds now.
     present: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScanChunk:
+    """New complete lines of one file of the queue, read for a `ScanQueue`: the shard's log
+    (segment "") or an inbox file, from `start` to `end`, the file `identity` (`st_ino`)."""
+
+    shard: int
+    segment: str
+    identity: int
+    start: int
+    end: int
+    #: The records `snerd.core.watch.pick` kept, in file order (offsets are the file's).
+    records: tuple[LogRecord, ...]
+    #: Lines kept by `pick` that could not be decoded: (offset, reason). Skipped.
+    corrupt: tuple[tuple[int, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueScanned(Event):
+    """The answer to a `ScanQueue`: a chunk for each file with anything new; every file found,
+    as (shard, segment, identity, size when read); the errors met (a folder or a file that
+    could not be read), as (shard, text)."""
+
+    chunks: tuple[ScanChunk, ...]
+    files: tuple[tuple[int, str, int, int], ...]
+    errors: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,7 @@ from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import LockText
 from snerd.core.records import decode_line_at, encode_record, merge_base, scan
+from snerd.core.watch import pick
 
 SECOND = 1_000_000
 T0 = 1_800_000_000 * SECOND  # a wall-clock origin in 2027
@@ -324,6 +325,8 @@ class FakeShell:
                     )
                 )
             self.queue.append(ev.InboxRead(chunks=tuple(chunks), present=present))
+        elif isinstance(effect, fx.ScanQueue):
+            self.queue.append(self._scan_queue(effect))
         elif isinstance(effect, fx.Compact) and self.hold_compaction:
             self.held_compactions.append(effect)
         elif isinstance(effect, fx.Compact):
@@ -335,6 +338,8 @@ class FakeShell:
                 lengths.append(r.length)
                 new += log[r.offset : r.offset + r.length]
             self.disk["logs"][effect.shard] = new
+            generation = self.disk.setdefault("generations", {})
+            generation[effect.shard] = generation.get(effect.shard, 1) + 1
             self.queue.append(
                 ev.Compacted(
                     token=effect.token,
@@ -346,6 +351,43 @@ class FakeShell:
             )
         else:
             raise AssertionError(f"unexpected effect {effect!r}")
+
+    def _scan_queue(self, effect: fx.ScanQueue) -> ev.QueueScanned:
+        """What the daemon's shell does for a `ScanQueue`: every shard's log (its identity is
+        its compaction generation) and inbox files, each from the offset known for it, through
+        `pick`."""
+        files: list[tuple[int, str, int, bytes]] = []
+        generations = self.disk.get("generations", {})
+        for shard in range(effect.shards):
+            if shard in self.disk["logs"]:
+                log = bytes(self.disk["logs"][shard])
+                files.append((shard, "", generations.get(shard, 1), log))
+            for (s, segment), data in sorted(self.disk["inboxes"].items()):
+                if s == shard:
+                    files.append((shard, segment, 1, bytes(data)))
+        chunks = []
+        for shard, segment, identity, data in files:
+            known = effect.known.get((shard, segment))
+            start = known[1] if known is not None and known[0] == identity else 0
+            end = data.rfind(b"\n", start, start + effect.max_bytes) + 1
+            if end <= start:
+                continue
+            records, corrupt, _ = pick(data[start:end], start, effect.ids)
+            chunks.append(
+                ev.ScanChunk(
+                    shard=shard,
+                    segment=segment,
+                    identity=identity,
+                    start=start,
+                    end=end,
+                    records=tuple(records),
+                    corrupt=tuple(corrupt),
+                )
+            )
+        return ev.QueueScanned(
+            chunks=tuple(chunks),
+            files=tuple((shard, seg, ident, len(data)) for shard, seg, ident, data in files),
+        )
 
     def _build(self, record: fx.NewRecord) -> dict[str, Any]:
         """The line a record stands for, by the core's rule (`records.merge_base`)."""

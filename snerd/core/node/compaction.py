@@ -92,7 +92,7 @@ class Compaction:
                 loc = task.dispatch_loc
                 if loc is not None:
                     offsets[loc.offset] = loc.length
-        for _, loc in info.history:
+        for loc, _ in info.history.values():
             offsets[loc.offset] = loc.length
         horizon = self.node.now.wall - RateWindows.WINDOW_US
         while info.window_records and info.window_records[0][0] < horizon:
@@ -162,7 +162,9 @@ class Compaction:
                 loc = task.dispatch_loc
                 if loc is not None:
                     task.dispatch_loc = get(loc.offset, loc)
-        info.history = deque((t, moved.get(loc.offset, loc)) for t, loc in info.history)
+        info.history = {
+            t: (moved.get(loc.offset, loc), outcome) for t, (loc, outcome) in info.history.items()
+        }
         info.window_records = deque(
             (t, moved.get(loc.offset, loc)) for t, loc in info.window_records
         )

@@ -200,6 +200,18 @@ class NodeConfig:
     #: `inbox_poll_us`.
     inbox_idle_poll_us: int = SECOND
     inbox_read_bytes: int = 4 * 1024 * 1024
+    #: How long a child waits for a parent no file of the queue holds (never enqueued, or
+    #: finished longer ago than the history kept) before it is dead-lettered with
+    #: `unknown_parent: <id>` (SNERD_UNKNOWN_PARENT_SECONDS).
+    unknown_parent_wait_us: int = 60 * SECOND
+    #: While children wait on parents this node does not hold, how often it reads the
+    #: queue's files for news of them (SNERD_WATCH_POLL_MS), and how much of a file at once.
+    watch_poll_us: int = 250_000
+    watch_read_bytes: int = 4 * 1024 * 1024
+    #: A parent that is not a live task of this node counts as done (the behaviour the
+    #: dependency rule replaced). Only the simulator's negative control
+    #: `--unsafe-absent-parents-done` turns it on.
+    unsafe_absent_parents_done: bool = False
     #: This node's own inbox files: a new segment is started once one holds this much, and
     #: closed segments are removed once their owner has ingested them (checked this often).
     inbox_segment_bytes: int = 16 * 1024 * 1024
@@ -269,8 +281,9 @@ class ShardInfo:
     size: int = 0
     #: Location of the latest claim record (kept by compaction).
     claim_loc: fx.Location | None = None
-    #: Finished tasks kept in the log: (task_id, location of the tombstone).
-    history: deque[tuple[str, fx.Location]] = field(default_factory=deque)
+    #: Finished tasks kept in the log, oldest first: task_id -> (location of the tombstone,
+    #: `OUTCOME_COMPLETED` or `OUTCOME_DEAD`). A child of one of them is judged by it.
+    history: dict[str, tuple[fx.Location, str]] = field(default_factory=dict)
     #: Appends in flight to this shard (compaction waits for zero).
     appends_in_flight: int = 0
     #: The log size from which the next compaction check runs (0: at once). Finding the live

@@ -93,6 +93,7 @@ from snerd.core.node.model import (
 )
 from snerd.core.node.outbox import DispatchRun, Outbox
 from snerd.core.node.outcomes import Outcomes
+from snerd.core.node.parents import Parents
 from snerd.core.node.replay import Replay
 from snerd.core.node.tasks import TaskBook
 from snerd.core.node.tenure import Tenure
@@ -135,6 +136,8 @@ class Node:
         self.tenure = Tenure(self)
         #: Every live task, its queues and its lifecycle.
         self.book = TaskBook(self)
+        #: Children waiting on parents, and the watch of parents held elsewhere.
+        self.parents = Parents(self)
         self.replay = Replay(self)
         self.intake = Intake(self)
         self.outcomes = Outcomes(self)
@@ -241,6 +244,7 @@ class Node:
         require(len(self._fires) == sum(t.fire is not None for t in self.timers), "timer fires")
         self.outbox.invariants()
         self.book.invariants()
+        self.parents.invariants()
         self.tenure.invariants()
         self.inbox.invariants()
         if self.phase is STOPPED:
@@ -322,6 +326,7 @@ class Node:
             ev.CompactionRequested: self.compaction.on_compaction_requested,
             ev.PayloadUnreadable: self.intake.on_payload_unreadable,
             ev.InboxRead: self.inbox.on_inbox_read,
+            ev.QueueScanned: self.parents.on_scanned,
             ev.InboxProgress: self.inbox.on_inbox_progress,
             proto.Register: self.intake.on_register,
             proto.Enqueue: self.intake.on_enqueue,
@@ -385,6 +390,7 @@ class Node:
         """Every deadline the node keeps, once: `wake_in` reads each one's `due`, and the tick
         (`_on_time`) calls each one's `fire`, in this order."""
         inbox, book, tenure, outbox = self.inbox, self.book, self.tenure, self.outbox
+        parents = self.parents
         return (
             Timer("inbox poll", False, inbox.poll_due, inbox.poll_fire),
             Timer("inbox check", False, inbox.check_due, inbox.check_fire),
@@ -395,6 +401,8 @@ class Node:
             Timer("hard timeout", False, book.timeouts_due, book.timeouts_fire),
             Timer("due task", True, book.due_at, book.due_fire),
             Timer("rate window", True, book.group_wake_at, book.group_wake_fire),
+            Timer("parent scan", False, parents.scan_due, parents.scan_fire),
+            Timer("unknown parent", False, parents.unknown_due, parents.unknown_fire),
             Timer("lock probe", False, tenure.probe_due, tenure.probe_fire),
             # Deadlines acted on elsewhere, which only need the node woken at them: the lease
             # (checked by `_begin` before every event), the drain's timeout and its wait for

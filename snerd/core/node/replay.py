@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.node.model import (
-    BLOCKED,
     ENQUEUING,
     FENCING,
     LOADING,
@@ -29,6 +28,8 @@ from snerd.core.schema import (
     CLAIM_EPOCH,
     CLAIM_NODE,
     KIND_CLAIM,
+    OUTCOME_COMPLETED,
+    OUTCOME_DEAD,
     RECORD_AT,
     RETRY_COUNT,
     SNERD_KIND,
@@ -36,7 +37,7 @@ from snerd.core.schema import (
     TASK_ID,
     TASK_TYPE,
 )
-from snerd.core.shardlog import ShardFold
+from snerd.core.shardlog import ShardFold, tombstone_outcome
 from snerd.core.timefmt import format_rfc3339
 
 if TYPE_CHECKING:
@@ -96,7 +97,10 @@ class Replay:
         info.inbox_taken = dict(fold.inbox)
         info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
-            info.history.append((task_id, loc(record)))
+            outcome = tombstone_outcome(record.fields)
+            if outcome != OUTCOME_COMPLETED:
+                outcome = OUTCOME_DEAD
+            info.history[task_id] = (loc(record), outcome)
         windows = self.node.book.windows
         for group, at, record in fold.windows:
             windows.restore(group, [at])
@@ -150,9 +154,7 @@ class Replay:
             tasks[task_id] = task
             book.add_fingerprint(task)
             book.schedule(task, now)
-        for task in tasks.values():
-            if task.state is BLOCKED:
-                book.check_blocked(task)
+        self.node.parents.recheck()
 
     def _fence(self, shard: int, info: ShardInfo, fold: ShardFold) -> None:
         """Fence: our first record in this log is a claim with our epoch."""

@@ -23,7 +23,6 @@ from snerd.core.cron import next_fire
 from snerd.core.fields import adopt_cron
 from snerd.core.node.model import (
     ACTIVE,
-    BLOCKED,
     CLEARED_ON_SUCCESS,
     DISPATCHING,
     ENQUEUING,
@@ -116,8 +115,6 @@ class TaskBook:
         #: Usually one, but two can share it: one with a rate-limit group routes by its group,
         #: so two owners may each take one in, and a node taking both shards over has both.
         self.fingerprints: dict[str, dict[str, None]] = {}
-        #: Children waiting on parents (trigger_after_ids), by parent id.
-        self.children: dict[str, set[str]] = {}
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.seq = 0
@@ -292,6 +289,7 @@ class TaskBook:
         if flight is not None:
             self.pool_busy[flight.pool] -= 1
         self.drop_fingerprint(task)
+        self.node.parents.forget(task_id)
 
     def add_fingerprint(self, task: Task) -> None:
         if task.payload_hash is not None:
@@ -410,11 +408,16 @@ class TaskBook:
 
     def schedule(self, task: Task, now: ev.Now) -> None:
         """Put a task whose record is durable where it belongs: blocked, waiting or ready."""
-        if task.trigger_after_ids and any(p in self.tasks for p in task.trigger_after_ids):
-            self.move(task, BLOCKED)
-            for parent in task.trigger_after_ids:
-                self.children.setdefault(parent, set()).add(task.task_id)
+        if task.trigger_after_ids and self.node.parents.hold(task):
             return
+        self.place(task, now)
+
+    def unblock(self, task: Task) -> None:
+        """Every parent of a blocked task has completed (`Parents`): it runs when due."""
+        self.place(task, self.node.now)
+
+    def place(self, task: Task, now: ev.Now) -> None:
+        """A task free to run: waiting until it is due, or ready."""
         if task.ready_at_us > now.wall:
             self.move(task, WAITING)
             self.due.push(task.task_id, task.ready_at_us, task.seq)
@@ -435,19 +438,6 @@ class TaskBook:
     def push_ready(self, task: Task) -> None:
         assert task.state is READY
         queue_in(self.ready, task.pool).push(task.task_id, task.urgency, task.seq)
-
-    def check_blocked(self, task: Task) -> None:
-        if any(p in self.tasks for p in task.trigger_after_ids):
-            for parent in task.trigger_after_ids:
-                if parent in self.tasks:
-                    self.children.setdefault(parent, set()).add(task.task_id)
-            return
-        if task.ready_at_us > self.node.now.wall:
-            self.move(task, WAITING)
-            self.due.push(task.task_id, task.ready_at_us, task.seq)
-        else:
-            self.move(task, READY)
-            self.push_ready(task)
 
     def dispatch(self) -> None:
         """Fill free worker slots, best task first (highest urgency, then enqueue order)."""
@@ -701,9 +691,14 @@ class TaskBook:
         info = self.shards[task.shard]
         del self.tasks[task.task_id]
         self.drop_fingerprint(task)
-        info.history.append((task.task_id, loc))
-        while len(info.history) > self.config.history_limit:
-            info.history.popleft()
+        history = info.history
+        history.pop(task.task_id, None)  # (a reused id: its latest end goes last)
+        history[task.task_id] = (
+            loc,
+            OUTCOME_DEAD if outcome == OUTCOME_DEAD else OUTCOME_COMPLETED,
+        )
+        while len(history) > self.config.history_limit:
+            del history[next(iter(history))]
         if outcome == OUTCOME_DEAD:
             self.node.stats["total_dlq"] += 1
             if task.webhook_url is not None:
@@ -719,18 +714,7 @@ class TaskBook:
                         error=error or "",
                     )
                 )
-        # Children waiting on this task.
-        children = self.children.pop(task.task_id, None)
-        for child_id in sorted(children) if children else ():
-            child = self.tasks.get(child_id)
-            if child is None or child.state is not BLOCKED:
-                continue
-            if outcome == OUTCOME_DEAD:
-                child.attempt = child.retry_count + 1
-                self.move(child, FINISHING)
-                self.finish(child, OUTCOME_DEAD, f"blocked_by_failed_parent: {task.task_id}")
-            else:
-                self.check_blocked(child)
+        self.node.parents.parent_finished(task.task_id, outcome)
 
 
 def _parse_time(value: Any, default: int) -> int:

@@ -366,7 +366,8 @@ def test_a_result_between_enqueues_of_one_burst_leaves_each_record_its_own_place
 
     for task_id in ("p1", "p2", "p3"):
         assert at(sh.node.tasks[task_id].loc)["taskId"] == task_id
-    ((done, loc),) = list(sh.node.shards[0].history)
+    ((done, (loc, outcome)),) = list(sh.node.shards[0].history.items())
+    assert outcome == "completed"
     assert done == "a"
     assert at(loc)["taskId"] == "a"
     assert "deletedAt" in at(loc)

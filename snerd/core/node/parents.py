@@ -1,0 +1,225 @@
+"""Dependencies: children (`trigger_after_ids`) waiting on their parents, wherever those are.
+
+A child is held (state `BLOCKED`, no attempt used) until every parent has completed. Each
+parent is judged where it can be known:
+
+- a live task of this node: the child waits, and `parent_finished` ends the wait when that
+  task ends here;
+- a task this node saw finish (a shard's history, `ShardInfo.history`, which compaction keeps):
+  done if it succeeded; a dead-lettered one fails the child through;
+- anything else (a parent in a shard another daemon owns, one still in an inbox, one that
+  finished before this node took its shard, or one nobody ever enqueued): the child waits and
+  the parent is **watched** (`snerd.core.watch.TaskWatch`): the node reads every shard's files
+  for it, every `watch_poll_us`, and acts on what they say. Completed: the wait ends. Dead:
+  the child is dead-lettered with `blocked_by_failed_parent: <id>`. Live: the child waits.
+  Unknown (a whole pass over the queue's files found no record of it): the child waits at
+  most `unknown_parent_wait_us` for it to appear, then is dead-lettered with
+  `unknown_parent: <id>`.
+
+A dead-lettered child fails its own children in turn (`TaskBook.finished`). State is in memory
+only: after a restart or a takeover the replay blocks each child again and the parents are
+judged afresh, from the files.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from snerd.core import events as ev
+from snerd.core.node.model import BLOCKED, FINISHING, NODE_RUNNING, SECOND, Task, require
+from snerd.core.schema import OUTCOME_COMPLETED, OUTCOME_DEAD
+from snerd.core.watch import COMPLETED, DEAD, LIVE, UNKNOWN, TaskWatch
+
+if TYPE_CHECKING:
+    from snerd.core.node.node import Node
+
+__all__ = ["FAILED_PARENT", "UNKNOWN_PARENT", "Parents"]
+
+#: The error a child is dead-lettered with, followed by the parent's id.
+FAILED_PARENT = "blocked_by_failed_parent: "
+UNKNOWN_PARENT = "unknown_parent: "
+
+
+class Parents:
+    """Who waits on whom, and the watch of the parents this node does not hold."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.config = node.config
+        self.out = node.outbox
+        #: Parent id -> the blocked children waiting on it.
+        self.children: dict[str, set[str]] = {}
+        #: Blocked child id -> the parents it still waits on (never empty).
+        self.blockers: dict[str, set[str]] = {}
+        self.watch = TaskWatch(fence=self.config.fence)
+        #: A `ScanQueue` is out; when the next one is due (mono).
+        self.scanning = False
+        self.scan_at_mono = 0
+        #: Watched parents the files hold no record of: since when (mono).
+        self.unknown_since: dict[str, int] = {}
+
+    # -- timers (`Node.timers`)
+
+    def invariants(self) -> None:
+        """Each waiting child is a blocked task waiting on each parent it names here, and
+        each parent's children wait on it."""
+        tasks = self.node.book.tasks
+        for child, parents in self.blockers.items():
+            task = tasks.get(child)
+            require(task is not None and task.state is BLOCKED, f"{child} waits, not blocked")
+            require(bool(parents), f"{child} waits on no parent")
+            for parent in parents:
+                require(child in self.children.get(parent, ()), f"{child} not under {parent}")
+        for parent, children in self.children.items():
+            require(bool(children), f"parent {parent} has no child listed")
+            for child in children:
+                require(parent in self.blockers.get(child, ()), f"{parent}: {child} not waiting")
+        for task in tasks.values():
+            if task.state is BLOCKED:
+                require(task.task_id in self.blockers, f"{task.task_id} blocked, waits on none")
+
+    def scan_due(self) -> int | None:
+        """When to read the queue's files for watched parents next (mono): None while a read
+        is out, nothing is watched, or the node is not running."""
+        if self.scanning or self.node.phase is not NODE_RUNNING or not self._watched():
+            return None
+        if not self.watch.caught_up():
+            return 0  # a pass goes on, or new parents wait for one: at once
+        return self.scan_at_mono
+
+    def scan_fire(self, now: ev.Now) -> None:
+        at = self.scan_due()
+        if at is not None and now.mono >= at:
+            self.watch.want(self._watched())
+            self.scanning = True
+            shards = self.node.tenure.shard_count()
+            self.out.emit(self.watch.request(shards, self.config.watch_read_bytes))
+
+    def unknown_due(self) -> int | None:
+        """When the first parent nobody holds has been waited on long enough (mono)."""
+        if not self.unknown_since:
+            return None
+        return min(self.unknown_since.values()) + self.config.unknown_parent_wait_us
+
+    def unknown_fire(self, now: ev.Now) -> None:
+        wait = self.config.unknown_parent_wait_us
+        late = [p for p, since in self.unknown_since.items() if now.mono >= since + wait]
+        for parent in sorted(late):
+            del self.unknown_since[parent]
+            self._fail_children(
+                parent,
+                f"{UNKNOWN_PARENT}{parent} (no shard holds it after {wait // SECOND} s)",
+            )
+
+    # -- the rule
+
+    def hold(self, task: Task) -> bool:
+        """A child whose record is durable: block it on the parents it must wait for (True),
+        or say it may run (False). A parent known to have been dead-lettered fails it at once
+        (True: it is on its way out)."""
+        book = self.node.book
+        waiting: set[str] = set()
+        failed = None
+        for parent in task.trigger_after_ids:
+            outcome = self._known(parent)
+            if outcome == LIVE:
+                waiting.add(parent)
+            elif outcome == DEAD:
+                failed = parent
+            elif outcome is None and not self.config.unsafe_absent_parents_done:
+                waiting.add(parent)
+        if failed is None and not waiting:
+            return False
+        book.move(task, BLOCKED)
+        if failed is not None:
+            self._fail(task, f"{FAILED_PARENT}{failed}")
+            return True
+        self.blockers[task.task_id] = waiting
+        for parent in waiting:
+            self.children.setdefault(parent, set()).add(task.task_id)
+        return True
+
+    def parent_finished(self, parent: str, outcome: str) -> None:
+        """A task of this node ended (`OUTCOME_COMPLETED` or `OUTCOME_DEAD`): its children go on
+        or fail through."""
+        if parent not in self.children:
+            return
+        if outcome == OUTCOME_DEAD:
+            self._fail_children(parent, f"{FAILED_PARENT}{parent}")
+        else:
+            self._release(parent)
+
+    def recheck(self) -> None:
+        """After shards were loaded: a parent a child waits on may be in a history now."""
+        for parent in list(self.children):
+            outcome = self._known(parent)
+            if outcome == COMPLETED:
+                self._release(parent)
+            elif outcome == DEAD:
+                self._fail_children(parent, f"{FAILED_PARENT}{parent}")
+
+    def forget(self, task_id: str) -> None:
+        """`task_id` left this node without ending (its shard was given back or lost)."""
+        for parent in self.blockers.pop(task_id, ()):
+            children = self.children[parent]
+            children.discard(task_id)
+            if not children:
+                del self.children[parent]
+                self.unknown_since.pop(parent, None)
+
+    def on_scanned(self, event: ev.QueueScanned) -> None:
+        self.scanning = False
+        self.scan_at_mono = self.node.now.mono + self.config.watch_poll_us
+        for shard, text in event.errors:
+            self.out.log("warning", f"watching parents: shard {shard}: {text}")
+        tasks = self.node.book.tasks
+        for parent, state in sorted(self.watch.scanned(event).items()):
+            if parent not in self.children or parent in tasks:
+                continue
+            if state == COMPLETED:
+                self._release(parent)
+            elif state == DEAD:
+                self._fail_children(parent, f"{FAILED_PARENT}{parent}")
+            elif state == UNKNOWN:
+                self.unknown_since.setdefault(parent, self.node.now.mono)
+            else:
+                self.unknown_since.pop(parent, None)
+
+    # -- the parts
+
+    def _known(self, parent: str) -> str | None:
+        """What this node knows of `parent`: LIVE, COMPLETED, DEAD, or None (nothing)."""
+        if parent in self.node.book.tasks:
+            return LIVE
+        for info in self.node.shards.values():
+            entry = info.history.get(parent)
+            if entry is not None:
+                return COMPLETED if entry[1] == OUTCOME_COMPLETED else DEAD
+        return None
+
+    def _watched(self) -> list[str]:
+        tasks = self.node.book.tasks
+        return [p for p in self.children if p not in tasks]
+
+    def _release(self, parent: str) -> None:
+        self.unknown_since.pop(parent, None)
+        book = self.node.book
+        for child_id in sorted(self.children.pop(parent, ())):
+            parents = self.blockers[child_id]
+            parents.discard(parent)
+            if not parents:
+                del self.blockers[child_id]
+                book.unblock(book.tasks[child_id])
+
+    def _fail_children(self, parent: str, error: str) -> None:
+        self.unknown_since.pop(parent, None)
+        tasks = self.node.book.tasks
+        for child_id in sorted(self.children.get(parent, ())):
+            self.forget(child_id)
+            self._fail(tasks[child_id], error)
+
+    def _fail(self, task: Task, error: str) -> None:
+        book = self.node.book
+        task.attempt = task.retry_count + 1
+        book.move(task, FINISHING)
+        book.finish(task, OUTCOME_DEAD, error)
