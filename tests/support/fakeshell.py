@@ -72,6 +72,8 @@ class FakeShell:
         self.queue: deque[ev.Event] = deque()
         #: `ReadInbox` effects carried out (looks at the inboxes).
         self.inbox_reads = 0
+        #: `ScanQueue` effects carried out (looks at the queue's files for watched parents).
+        self.scans = 0
 
     # -------------------------------------------------------------- driving
 
@@ -326,6 +328,7 @@ class FakeShell:
                 )
             self.queue.append(ev.InboxRead(chunks=tuple(chunks), present=present))
         elif isinstance(effect, fx.ScanQueue):
+            self.scans += 1
             self.queue.append(self._scan_queue(effect))
         elif isinstance(effect, fx.Compact) and self.hold_compaction:
             self.held_compactions.append(effect)
