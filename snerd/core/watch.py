@@ -38,6 +38,7 @@ from snerd.core.schema import (
     SNERD_EPOCH,
     SNERD_KIND,
     TASK_ID,
+    TRIGGER_AFTER_IDS,
 )
 from snerd.core.shardlog import tombstone_outcome
 
@@ -144,6 +145,9 @@ class TaskWatch:
         self.covering: frozenset[str] | None = None
         #: The state last returned for each id.
         self.reported: dict[str, str] = {}
+        #: The parents (`trigger_after_ids`) of each watched id some file holds live, as its
+        #: latest live record names them: the node follows dependency cycles through them.
+        self.parents_of: dict[str, tuple[str, ...]] = {}
 
     def want(self, ids: Iterable[str]) -> None:
         """Watch exactly `ids` from now on."""
@@ -156,6 +160,7 @@ class TaskWatch:
         self.settled -= gone
         for task_id in gone:
             self.reported.pop(task_id, None)
+            self.parents_of.pop(task_id, None)
             for f in self.files.values():
                 f.states.pop(task_id, None)
         self.ids = ids
@@ -229,6 +234,9 @@ class TaskWatch:
                 continue  # fenced: the replay of the shard ignores it too
             if fields.get(DELETED_AT) is None:
                 f.states[task_id] = LIVE
+                parents = fields.get(TRIGGER_AFTER_IDS)
+                if isinstance(parents, list) and all(type(p) is str for p in parents):
+                    self.parents_of[task_id] = tuple(parents)
             elif tombstone_outcome(fields) == OUTCOME_COMPLETED:
                 f.states[task_id] = COMPLETED
             else:

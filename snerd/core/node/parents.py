@@ -33,11 +33,12 @@ from snerd.core.watch import COMPLETED, DEAD, LIVE, UNKNOWN, TaskWatch
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
 
-__all__ = ["FAILED_PARENT", "UNKNOWN_PARENT", "Parents"]
+__all__ = ["CYCLE", "FAILED_PARENT", "UNKNOWN_PARENT", "Parents"]
 
 #: The error a child is dead-lettered with, followed by the parent's id.
 FAILED_PARENT = "blocked_by_failed_parent: "
 UNKNOWN_PARENT = "unknown_parent: "
+CYCLE = "dependency_cycle_through: "
 
 
 class Parents:
@@ -184,6 +185,7 @@ class Parents:
                 self.unknown_since.setdefault(parent, self.node.now.mono)
             else:
                 self.unknown_since.pop(parent, None)
+                self._break_cycles(parent)
 
     # -- the parts
 
@@ -200,6 +202,16 @@ class Parents:
     def _watched(self) -> list[str]:
         tasks = self.node.book.tasks
         return [p for p in self.children if p not in tasks]
+
+    def _break_cycles(self, parent: str) -> None:
+        """`parent` is live elsewhere: a child of it that it waits on in turn (a cycle no single
+        node could see at enqueue, each part enqueued on another) can never run; it is
+        dead-lettered, and the rest of the cycle fails through it."""
+        book = self.node.book
+        for child_id in sorted(self.children.get(parent, ())):
+            if child_id in self.blockers and book.cycle(child_id, (parent,)) is not None:
+                self.forget(child_id)
+                self._fail(book.tasks[child_id], f"{CYCLE}{parent}")
 
     def _release(self, parent: str) -> None:
         self.unknown_since.pop(parent, None)

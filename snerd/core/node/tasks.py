@@ -377,7 +377,9 @@ class TaskBook:
         return None
 
     def cycle(self, task_id: str, parents: Iterable[str]) -> str | None:
-        """A task id on a dependency cycle through `task_id`, or None."""
+        """A task id on a dependency cycle through `task_id`, or None: followed through this
+        node's live tasks and the parents the watch saw in other shards' files."""
+        elsewhere = self.node.parents.watch.parents_of
         seen: set[str] = set()
         stack = list(parents)
         while stack:
@@ -390,6 +392,8 @@ class TaskBook:
             task = self.tasks.get(parent)
             if task is not None:
                 stack.extend(task.trigger_after_ids)
+            else:
+                stack.extend(elsewhere.get(parent, ()))
         return None
 
     def result_task(self, task_id: str, attempt: int | None) -> Task | None:

@@ -143,3 +143,17 @@ def test_the_negative_control_counts_an_absent_parent_as_done() -> None:
     b.enqueue("p2", task_type="slow")
     a.enqueue("c1", trigger_after_ids=["p2"])
     assert a.executed_ids() == ["c1"]  # the wrong rule the watch replaced
+
+
+def test_a_cycle_across_two_nodes_is_broken_and_each_part_dead_lettered() -> None:
+    a, b = split(unknown_parent_wait_us=30 * SECOND)
+    a.register("t")
+    b.register("t")
+    a.enqueue("c1", trigger_after_ids=["k1"])  # k1 is unknown yet: c1 waits for it
+    b.enqueue("k1", trigger_after_ids=["c1"])  # c1 lives on a: nobody sees the cycle yet
+    assert not a.messages("error") and not b.messages("error")
+    both(a, b, 1)
+    assert a.node.tasks == {} and b.node.tasks == {}
+    assert a.executed_ids() == [] and b.executed_ids() == []
+    errors = {tombstone(a, "c1", 0)["LastErrorObj"], tombstone(b, "k1", 1)["LastErrorObj"]}
+    assert errors & {"dependency_cycle_through: k1", "dependency_cycle_through: c1"}
