@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from snerd.core.cron import normalize_cron
+from snerd.core.dedupe import FINISHED, MAX_UNIQUE_SECONDS, STARTED
 from snerd.core.retry import MAX_RETRY_AFTER_HOURS
 from snerd.core.timefmt import parse_rfc3339
 from snerd.core.webhook_target import MAX_WEBHOOK_URL_BYTES, BadWebhookUrl, parse_webhook_url
@@ -271,6 +272,22 @@ def check_webhook_url(name: str, url: str) -> None:
 def _webhook_target(url: str) -> object:
     # Cached: every record of a webhook task carries its URL.
     return parse_webhook_url(url)
+
+
+def check_unique_until(name: str, value: str | int, dedupes: bool) -> None:
+    """`started`, `finished`, or whole seconds from 1 to a week; anything but `finished` (the
+    default) only with dedupe on."""
+    if type(value) is int:
+        if not 1 <= value <= MAX_UNIQUE_SECONDS:
+            raise BadField(
+                f"{name} is {value} seconds; it must be from 1 to {MAX_UNIQUE_SECONDS} (a week)"
+            )
+    elif value not in (STARTED, FINISHED):
+        raise BadField(
+            f"{name} must be 'started', 'finished' or a number of seconds, got '{show(str(value))}'"
+        )
+    if value != FINISHED and not dedupes:
+        raise BadField(f"{name} needs auto_dedupe or unique_key")
 
 
 def check_parents(name: str, task_id: str, parents: Sequence[str]) -> None:

@@ -67,6 +67,7 @@ from typing import Any, TypeAlias
 
 import orjson
 
+from snerd.core import dedupe
 from snerd.core import fields as rule
 from snerd.core.events import Event
 from snerd.core.fields import I32_MAX as _I32_MAX
@@ -189,6 +190,15 @@ class Enqueue(Event):
     max_execution_seconds: int | None = None
     pool: str | None = None
     trigger_after_ids: tuple[str, ...] = ()
+    #: Dedupe by this key (per task type) instead of the payload (`snerd.core.dedupe`).
+    unique_key: str | None = None
+    #: How long a twin makes this enqueue a duplicate: `started`, `finished` or seconds.
+    unique_until: str | int = "finished"
+
+    @property
+    def dedupes(self) -> bool:
+        """The enqueue is checked for duplicates (`auto_dedupe` or a `unique_key`)."""
+        return self.auto_dedupe or self.unique_key is not None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -371,6 +381,10 @@ def validate_enqueue(cmd: Enqueue) -> None:
         if cmd.webhook_url is not None:
             rule.check_webhook_url("webhook_url", cmd.webhook_url)
         rule.check_parents("trigger_after_ids", cmd.task_id, cmd.trigger_after_ids)
+        if cmd.unique_key is not None:
+            rule.check_not_empty("unique_key", cmd.unique_key)
+            rule.check_size("unique_key", cmd.unique_key, rule.MAX_TASK_ID_BYTES)
+        rule.check_unique_until("unique_until", cmd.unique_until, cmd.dedupes)
     except BadField as bad:
         raise ProtocolError(failed_to_enqueue(bad.detail), task_id=cmd.task_id) from None
 
@@ -388,6 +402,8 @@ ENQUEUE_OPTIONS = (
     "max_execution_seconds",
     "pool",
     "trigger_after_ids",
+    "unique_key",
+    "unique_until",
 )
 #: `_plain_enqueue` takes only lines where all of them are absent or null.
 _ENQUEUE_OPTIONAL = frozenset(ENQUEUE_OPTIONS)
@@ -518,6 +534,14 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
     max_execution_seconds = f.optional_int("max_execution_seconds")
     pool = f.optional_str("pool")
     trigger_after_ids = f.optional_str_list("trigger_after_ids")
+    unique_key = f.optional_str("unique_key")
+    unique_until = f.doc.get("unique_until")
+    if unique_until is None:
+        unique_until = dedupe.FINISHED
+    elif type(unique_until) is not str and type(unique_until) is not int:
+        raise f.invalid(
+            f"field `unique_until` must be a string or an integer, got {_type_name(unique_until)}"
+        )
 
     cmd = Enqueue(
         task_id=task_id,
@@ -535,6 +559,8 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
         pool=pool,
         # dict.fromkeys keeps the first occurrence of each id, in order.
         trigger_after_ids=tuple(dict.fromkeys(trigger_after_ids or ())),
+        unique_key=unique_key,
+        unique_until=unique_until,
     )
     # The plain fields first (empty id, negative retries, ...), then the two that need parsing.
     validate_enqueue(cmd)
@@ -755,10 +781,26 @@ def ack_registered(task_type: str) -> dict[str, Any]:
     return {"action": "ack", "message": f"Registered handler for {task_type}"}
 
 
-def ack_enqueued(task_id: str, shard: int, *, deduplicated: bool = False) -> dict[str, Any]:
+def already_pending(task_id: str, state: str) -> str:
+    """The error of an enqueue whose id a live task has."""
+    return failed_to_enqueue(
+        f"task_id {task_id} is already pending ({state}); "
+        "a task id can be reused once its task has finished"
+    )
+
+
+def ack_enqueued(
+    task_id: str,
+    shard: int,
+    *,
+    deduplicated: bool | None = False,
+    duplicate_of: str | None = None,
+) -> dict[str, Any]:
     """The enqueue ack, sent once the record is durable (or the task was deduplicated).
 
-    `deduplicated` adds the snerd extra `"deduplicated": true`; old SDKs ignore it.
+    `deduplicated` adds the snerd extras `"deduplicated": true` and `"duplicate_of"` (the
+    twin's id), or `"deduplicated": null` when the shard's owner did not decide in time (an
+    enqueue through an inbox); old SDKs ignore both.
     """
     msg: dict[str, Any] = {
         "action": "ack",
@@ -766,8 +808,12 @@ def ack_enqueued(task_id: str, shard: int, *, deduplicated: bool = False) -> dic
         "message": "Enqueued successfully",
         "shard": f"shard-{shard}",
     }
-    if deduplicated:
+    if deduplicated is None:
+        msg["deduplicated"] = None
+    elif deduplicated:
         msg["deduplicated"] = True
+        if duplicate_of is not None:
+            msg["duplicate_of"] = duplicate_of
     return msg
 
 

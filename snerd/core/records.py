@@ -68,6 +68,7 @@ from snerd.core.fields import (
     check_retry_after_hours,
     check_task_id,
     check_time,
+    check_unique_until,
     check_urgency,
     check_webhook_url,
     nests_deeper,
@@ -82,7 +83,13 @@ from snerd.core.schema import (
     DISPATCH_ATTEMPT,
     DISPATCH_GROUP,
     DISPATCH_TASK,
+    DROP_AT,
+    DROP_ERROR,
+    DROP_OF,
+    DROP_TASK,
     EXECUTE_AT,
+    INBOX_DROPPED,
+    INBOX_FROM,
     INBOX_NODE,
     INBOX_OFFSET,
     KIND_CLAIM,
@@ -107,6 +114,7 @@ from snerd.core.schema import (
     SNERD_OUTCOME,
     SNERD_REPLAYED_AT,
     SNERD_SEQ,
+    SNERD_UNIQUE_UNTIL,
     SNERD_VIA,
     TASK_DATA,
     TASK_ID,
@@ -548,6 +556,27 @@ def _parents(key: str, value: Any) -> None:
         raise _WrongType(value, "an array of strings")
 
 
+def _unique_until(key: str, value: Any) -> None:
+    if type(value) is not str and type(value) is not int:
+        raise _WrongType(value, "a string or an integer")
+    check_unique_until(key, value, True)
+
+
+def _dropped(key: str, value: Any) -> None:
+    """The records an ingest did not take in: `[{"task": id, "at": offset, "of": id}]` or with
+    `"error"` instead of `"of"`."""
+    if type(value) is not list or any(type(item) is not dict for item in value):
+        raise _WrongType(value, "an array of objects")
+    for item in value:
+        _task_id(f"{key}[].{DROP_TASK}", item.get(DROP_TASK))
+        _count(f"{key}[].{DROP_AT}", item.get(DROP_AT))
+        of, error = item.get(DROP_OF), item.get(DROP_ERROR)
+        if of is not None:
+            _task_id(f"{key}[].{DROP_OF}", of)
+        elif type(error) is not str:
+            raise BadField(f"{key} holds an entry with neither {DROP_OF} nor {DROP_ERROR}")
+
+
 def _last_job_error(key: str, value: Any) -> None:
     if type(value) is not dict:
         raise _WrongType(value, "an object")
@@ -605,6 +634,7 @@ _TASK_VALUES: dict[str, _Check] = {
     SNERD_VIA: _node_id,
     SNERD_OUTCOME: _str,
     SNERD_REPLAYED_AT: _time,
+    SNERD_UNIQUE_UNTIL: _unique_until,
 }
 #: What a live task cannot run without.
 _LIVE_REQUIRED = (TASK_TYPE, TASK_DATA)
@@ -627,7 +657,13 @@ _KINDS: dict[str, tuple[dict[str, _Check], tuple[str, ...]]] = {
         (CLAIM_EPOCH, CLAIM_NODE),
     ),
     KIND_INBOX: (
-        {**_COMMON, INBOX_NODE: _node_id, INBOX_OFFSET: _count},
+        {
+            **_COMMON,
+            INBOX_NODE: _node_id,
+            INBOX_OFFSET: _count,
+            INBOX_FROM: _count,
+            INBOX_DROPPED: _dropped,
+        },
         (INBOX_NODE, INBOX_OFFSET),
     ),
 }

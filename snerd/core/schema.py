@@ -33,7 +33,13 @@ __all__ = [
     "DISPATCH_ATTEMPT",
     "DISPATCH_GROUP",
     "DISPATCH_TASK",
+    "DROP_AT",
+    "DROP_ERROR",
+    "DROP_OF",
+    "DROP_TASK",
     "EXECUTE_AT",
+    "INBOX_DROPPED",
+    "INBOX_FROM",
     "INBOX_NODE",
     "INBOX_OFFSET",
     "KIND_CLAIM",
@@ -60,6 +66,7 @@ __all__ = [
     "SNERD_OUTCOME",
     "SNERD_REPLAYED_AT",
     "SNERD_SEQ",
+    "SNERD_UNIQUE_UNTIL",
     "SNERD_VIA",
     "TASK_DATA",
     "TASK_ID",
@@ -100,6 +107,7 @@ SNERD_NODE: Final = "snerdNode"  # the owner id of the node that wrote the recor
 SNERD_EPOCH: Final = "snerdEpoch"  # the shard epoch its writer held (fencing)
 SNERD_SEQ: Final = "snerdSeq"  # the task's enqueue position in its shard (1, 2, ...): FIFO order
 SNERD_VIA: Final = "snerdVia"  # a task copied from an inbox: the node that wrote it there
+SNERD_UNIQUE_UNTIL: Final = "snerdUniqueUntil"  # with dedupe: "started", or seconds after the twin finished ("finished", the default, is not written)
 SNERD_OUTCOME: Final = "snerdOutcome"  # on a tombstone: "completed" or "dead_letter"
 SNERD_REPLAYED_AT: Final = "snerdReplayedAt"  # RFC 3339: when `dlq replay` put it back
 SNERD_CRC: Final = "snerdCrc"  # always last: xxh3_64 hex of the line's bytes before it
@@ -121,4 +129,10 @@ CLAIM_EPOCH: Final = "epoch"  # a claim: the epoch the claiming node took the sh
 CLAIM_NODE: Final = "node"  # a claim: the owner id of the claiming node
 INBOX_NODE: Final = "node"  # an inbox mark: the node whose inbox was copied
 INBOX_OFFSET: Final = "offset"  # an inbox mark: the inbox's byte offset copied up to
+INBOX_FROM: Final = "from"  # an inbox mark: the inbox's byte offset this copy began at
+INBOX_DROPPED: Final = "dropped"  # an inbox mark: the records not taken in, [{task, at, why, of?}]
+DROP_TASK: Final = "task"  # a record not taken in: its task id
+DROP_AT: Final = "at"  # ... its byte offset in the inbox file
+DROP_OF: Final = "of"  # ... dropped as a duplicate of this task
+DROP_ERROR: Final = "error"  # ... or refused with this error, as the enqueue would have been
 RECORD_AT: Final = "at"  # a dispatch or claim: RFC 3339, when it happened

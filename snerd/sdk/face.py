@@ -414,6 +414,8 @@ class QueueFace:
         max_execution_seconds: int | None = None,
         pool: str | None = None,
         trigger_after_ids: Iterable[str] | None = None,
+        unique_key: str | None = None,
+        unique_until: str | int | None = None,
     ) -> Enqueued:
         """Store a task and return once the daemon says it is durable.
 
@@ -427,7 +429,8 @@ class QueueFace:
             retry_after_hours: wait between attempts.
             rate_limit_group: name of a group limited to `max_per_minute` dispatches a minute.
             max_per_minute: the group's limit (needs `rate_limit_group`).
-            auto_dedupe: drop this task if an identical one (same type and data) is pending.
+            auto_dedupe: drop this task if an identical one (same type and data, whatever the
+                order of its keys) is pending or running.
             urgency_score: higher runs first; equal scores run in enqueue order.
             execute_at: not before this time: an RFC 3339 string, a datetime (a naive one is
                 local time) or a timedelta from now.
@@ -436,9 +439,16 @@ class QueueFace:
             max_execution_seconds: hard timeout per attempt (enforced here and by the daemon).
             pool: worker pool name (`SNERD_POOLS` limits its concurrency).
             trigger_after_ids: run only after all these tasks completed.
+            unique_key: drop this task if another of its type with this key counts (see
+                `unique_until`), whatever its data.
+            unique_until: how long a twin counts, with `auto_dedupe` or `unique_key`:
+                `"started"` (until it starts running), `"finished"` (the default: until it
+                ends) or a number of seconds after it ended.
 
         Returns:
-            `Enqueued(task_id, shard, deduplicated)`.
+            `Enqueued(task_id, shard, deduplicated, duplicate_of)`: `deduplicated` is True
+            when it was dropped as a duplicate of `duplicate_of`, None when the shard's owner
+            (another daemon) did not decide in time.
 
         Raises:
             EnqueueError: the daemon refused it; `message` is its text.
@@ -461,6 +471,8 @@ class QueueFace:
             max_execution_seconds,
             pool,
             trigger_after_ids,
+            unique_key,
+            unique_until,
         )
         # (Most enqueues set none of them: no dict to build and walk then. By identity: a value
         # such as an array may not compare with None.)

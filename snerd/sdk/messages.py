@@ -49,22 +49,29 @@ class Enqueued:
     task_id: str
     #: The shard the task went to (`"shard-N"`), when the daemon says.
     shard: str | None = None
-    #: True when `auto_dedupe` dropped it because an identical task is still pending.
-    deduplicated: bool = False
+    #: True when dedupe (`auto_dedupe`, `unique_key`) dropped it as a duplicate of
+    #: `duplicate_of`; None when another daemon owns its shard and did not decide in time
+    #: (that daemon decides when it takes the task in).
+    deduplicated: bool | None = False
+    duplicate_of: str | None = None
 
 
-#: `Enqueued(task_id, shard, deduplicated)`, built without the frozen `__init__`'s calls.
-_new_enqueued = slot_constructor(Enqueued, "task_id", "shard", "deduplicated")
+#: `Enqueued(task_id, shard, deduplicated, duplicate_of)`, built without the frozen
+#: `__init__`'s calls.
+_new_enqueued = slot_constructor(Enqueued, "task_id", "shard", "deduplicated", "duplicate_of")
 
 
 def enqueued_from_ack(task_id: str, message: dict[str, Any]) -> Enqueued:
-    """What the daemon's `ack` of the enqueue of `task_id` says (a `shard` or `deduplicated`
-    of the wrong type is read as absent)."""
+    """What the daemon's `ack` of the enqueue of `task_id` says (a `shard`, `deduplicated` or
+    `duplicate_of` of the wrong type is read as absent)."""
     shard = message.get("shard")
+    deduplicated = message.get("deduplicated", False)
+    of = message.get("duplicate_of")
     return _new_enqueued(
         task_id,
         shard if isinstance(shard, str) else None,
-        message.get("deduplicated") is True,
+        deduplicated if deduplicated is None or deduplicated is True else False,
+        of if isinstance(of, str) else None,
     )
 
 

@@ -60,7 +60,7 @@ def enqueue_command(**overrides: Any) -> Enqueue:
     return Enqueue(**{**fields, **overrides})
 
 
-#: The enqueue fields that may be left out, in the upstream SDK's order.
+#: The enqueue fields that may be left out: the upstream SDK's, in its order, then snerd's.
 OPTIONAL_FIELDS = (
     "rate_limit_group",
     "max_per_minute",
@@ -72,6 +72,8 @@ OPTIONAL_FIELDS = (
     "max_execution_seconds",
     "pool",
     "trigger_after_ids",
+    "unique_key",
+    "unique_until",
 )
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
+from snerd.core.dedupe import FINISHED
 from snerd.core.node.model import (
     ACTIVE,
     DRAINING,
@@ -37,6 +38,12 @@ from snerd.core.ownership import shard_name
 from snerd.core.records import CHECKSUM_KEY, task_problem
 from snerd.core.schema import (
     AUTO_DEDUPE,
+    DROP_AT,
+    DROP_ERROR,
+    DROP_OF,
+    DROP_TASK,
+    INBOX_DROPPED,
+    INBOX_FROM,
     INBOX_NODE,
     INBOX_OFFSET,
     KIND_INBOX,
@@ -45,6 +52,7 @@ from snerd.core.schema import (
     SNERD_KIND,
     SNERD_NODE,
     SNERD_SEQ,
+    SNERD_UNIQUE_UNTIL,
     SNERD_VIA,
     TASK_ID,
 )
@@ -255,6 +263,7 @@ class InboxIngest:
         records: list[fx.NewRecord] = []
         ids: list[str | None] = []
         taken: set[str] = set()
+        dropped: list[dict[str, Any]] = []
         end = chunk.end
         for record in chunk.records:
             if self._waits_at_ingest(record.fields, taken):
@@ -263,7 +272,7 @@ class InboxIngest:
                 # one landed. The file is taken up to it; the rest is read again later.
                 end = record.offset
                 break
-            task_id = self._ingest_one(chunk, record, info, where)
+            task_id = self._ingest_one(chunk, record, info, where, dropped)
             if task_id is None:
                 continue
             ids.append(task_id)
@@ -276,16 +285,15 @@ class InboxIngest:
                 )
         if end == chunk.start:
             return
-        records.append(
-            new_record(
-                {
-                    SNERD_KIND: KIND_INBOX,
-                    INBOX_NODE: chunk.node,
-                    INBOX_OFFSET: end,
-                    **self.node.tenure.meta(chunk.shard),
-                }
-            )
-        )
+        mark: dict[str, Any] = {
+            SNERD_KIND: KIND_INBOX,
+            INBOX_NODE: chunk.node,
+            INBOX_OFFSET: end,
+            INBOX_FROM: chunk.start,
+        }
+        if dropped:
+            mark[INBOX_DROPPED] = [d for d in dropped if d[DROP_AT] < end]
+        records.append(new_record({**mark, **self.node.tenure.meta(chunk.shard)}))
         info.inbox_taken[chunk.node] = end
         self.out.append(
             chunk.shard,
@@ -311,29 +319,43 @@ class InboxIngest:
         )
 
     def _ingest_one(
-        self, chunk: ev.InboxChunk, record: ev.LogRecord, info: ShardInfo, where: str
+        self,
+        chunk: ev.InboxChunk,
+        record: ev.LogRecord,
+        info: ShardInfo,
+        where: str,
+        dropped: list[dict[str, Any]],
     ) -> str | None:
         """Take one inbox record in as a new task of the shard (its fields rewritten in place
-        to be this node's record); None when it is dropped, with the reason logged."""
+        to be this node's record); None when it is dropped, with the reason logged and, for a
+        task record, added to `dropped` (the `inbox` record tells its writer, which may be
+        waiting to answer the enqueue: `snerd.core.node.verdicts`)."""
         f = record.fields
         task_id = f.get(TASK_ID)
         if f.get(SNERD_KIND) is not None or not isinstance(task_id, str):
             self.out.log("warning", f"{where}: byte {record.offset} is not a task record; skipped")
             return None
-        if task_id in self.node.book.tasks:
+
+        def refuse(error: str) -> None:
+            dropped.append({DROP_TASK: task_id, DROP_AT: record.offset, DROP_ERROR: error})
+
+        existing = self.node.book.tasks.get(task_id)
+        if existing is not None:
             self.out.log(
                 "warning",
                 f"task {task_id} from {where} dropped: a task with that id is already pending",
             )
+            refuse(proto.already_pending(task_id, existing.state.value))
             return None
         why = task_problem(f)
         if why is not None:
             # Its writer took no such enqueue: a line written by hand (or by an older version).
             self.out.log("warning", f"{where}: {why} (at byte {record.offset}); skipped")
+            refuse(proto.failed_to_enqueue(why))
             return None
         payload_hash = f.get(PAYLOAD_HASH)
         original = (
-            self.node.book.pending_twin(payload_hash)
+            self.node.book.twin(payload_hash, f.get(SNERD_UNIQUE_UNTIL) or FINISHED)
             if f.get(AUTO_DEDUPE) and isinstance(payload_hash, str)
             else None
         )
@@ -341,13 +363,14 @@ class InboxIngest:
             self.node.stats["total_deduplicated"] += 1
             self.out.log(
                 "info",
-                f"task {task_id} from {where} dropped as a duplicate of pending task "
-                f"{original.task_id}",
+                f"task {task_id} from {where} dropped as a duplicate of task {original.task_id}",
             )
+            dropped.append({DROP_TASK: task_id, DROP_AT: record.offset, DROP_OF: original.task_id})
             return None
         task = self.node.book.task_from_record(chunk.shard, f, None)
         if task is None:
             self.out.log("warning", f"task {task_id} from {where}: unreadable record; skipped")
+            refuse(proto.failed_to_enqueue("its record could not be read"))
             return None
         cycle = (
             self.node.book.cycle(task_id, task.trigger_after_ids)
@@ -359,6 +382,7 @@ class InboxIngest:
                 "error",
                 f"task {task_id} from {where} dropped: cycle detected involving task {cycle}",
             )
+            refuse(proto.failed_to_enqueue(f"Cycle detected involving task {cycle}"))
             return None
         f.pop(CHECKSUM_KEY, None)
         f[SNERD_NODE] = self.config.node_id

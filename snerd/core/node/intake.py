@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import xxhash
 
+from snerd.core import dedupe
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
@@ -35,6 +35,7 @@ from snerd.core.node.model import (
     SECOND,
     STARTING,
     STOPPED,
+    FinishedTwin,
     ShardInfo,
     Task,
     new_record,
@@ -57,6 +58,7 @@ from snerd.core.schema import (
     SNERD_EPOCH,
     SNERD_NODE,
     SNERD_SEQ,
+    SNERD_UNIQUE_UNTIL,
     TASK_DATA,
     TASK_ID,
     TASK_TYPE,
@@ -185,18 +187,17 @@ class Intake:
         book = self.node.book
         existing = book.tasks.get(cmd.task_id)
         if existing is not None:
-            self._refuse(
-                cmd.task_id,
-                f"task_id {cmd.task_id} is already pending ({existing.state.value}); "
-                "a task id can be reused once its task has finished",
+            self.out.send(
+                proto.error(cmd.task_id, proto.already_pending(cmd.task_id, existing.state.value))
             )
             return
         payload_hash = None
-        if cmd.auto_dedupe:
-            payload_hash = xxhash.xxh64_hexdigest((cmd.task_type + cmd.task_data).encode())
-            # Upstream wrote the digest without zero padding.
-            payload_hash = payload_hash.lstrip("0") or "0"
-            original = book.pending_twin(payload_hash)
+        if cmd.dedupes:
+            if cmd.unique_key is not None:
+                payload_hash = dedupe.unique_fingerprint(cmd.task_type, cmd.unique_key)
+            else:
+                payload_hash = dedupe.fingerprint(cmd.task_type, cmd.task_data)
+            original = book.twin(payload_hash, cmd.unique_until)
             if original is not None:
                 self.node.stats["total_enqueued"] += 1
                 self.node.stats["total_deduplicated"] += 1
@@ -299,8 +300,10 @@ class Intake:
             fields[RATE_LIMIT_GROUP] = cmd.rate_limit_group
         if cmd.max_per_minute is not None:
             fields[MAX_PER_MINUTE] = cmd.max_per_minute
-        if cmd.auto_dedupe:
+        if cmd.dedupes:
             fields[AUTO_DEDUPE] = True
+            if cmd.unique_until != dedupe.FINISHED:
+                fields[SNERD_UNIQUE_UNTIL] = cmd.unique_until
         if cmd.urgency_score:
             fields[URGENCY_SCORE] = cmd.urgency_score
         if payload_hash is not None:
@@ -490,7 +493,7 @@ class Intake:
             )
         )
 
-    def _ack_duplicate(self, task_id: str, original: Task) -> None:
+    def _ack_duplicate(self, task_id: str, original: Task | FinishedTwin) -> None:
         # Until the original's enqueue record is durable (it has no location yet: ENQUEUING,
         # or DISPATCHING with its dispatch record in the same append), the duplicate's ack
         # waits for it: acked now, it would be lost with the original in a crash.
@@ -499,7 +502,11 @@ class Intake:
                 if type(p) is EnqueuePart and p.task_id == original.task_id:
                     p.dedupe_waiters.append(task_id)
                     return
-        self.out.send(proto.ack_enqueued(task_id, original.shard, deduplicated=True))
+        self.out.send(
+            proto.ack_enqueued(
+                task_id, original.shard, deduplicated=True, duplicate_of=original.task_id
+            )
+        )
 
     def on_result(self, cmd: proto.Result) -> None:
         if self.hold_or(cmd):

@@ -226,6 +226,23 @@ def route_shard(key: str, shards: int) -> int:
     return xxhash.xxh3_64_intdigest(key.encode()) % shards
 
 
+#: How many finished tasks with a dedupe fingerprint a node remembers (`TaskBook.twin`), for
+#: enqueues whose `unique_until` is a number of seconds.
+FINISHED_TWINS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedTwin:
+    """The latest task of a dedupe fingerprint that ended: which, in which shard, when (wall µs)."""
+
+    task_id: str
+    shard: int
+    finished_at_us: int
+
+    #: Its tombstone is durable (a twin a duplicate's ack waits for has none yet).
+    loc = True
+
+
 @dataclass(slots=True)
 class Task:
     """One live task, without its payload (that stays in the log at `loc`)."""

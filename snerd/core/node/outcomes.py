@@ -240,7 +240,9 @@ class Outcomes:
         task.loc = new_location(p.shard, offsets[0], lengths[0])
         self.out.emit(new_ack_enqueued([task.task_id], task.shard))
         for dup in p.dedupe_waiters:
-            self.out.send(proto.ack_enqueued(dup, task.shard, deduplicated=True))
+            self.out.send(
+                proto.ack_enqueued(dup, task.shard, deduplicated=True, duplicate_of=task.task_id)
+            )
         if task.state is DISPATCHING:
             # Dispatched with its enqueue record (`Intake._runs_at_once`): that record is second.
             task.dispatch_loc = new_location(p.shard, offsets[1], lengths[1])

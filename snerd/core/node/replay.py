@@ -18,6 +18,7 @@ from snerd.core.node.model import (
     ENQUEUING,
     FENCING,
     LOADING,
+    FinishedTwin,
     ShardInfo,
     Task,
 )
@@ -27,9 +28,11 @@ from snerd.core.records import task_problem
 from snerd.core.schema import (
     CLAIM_EPOCH,
     CLAIM_NODE,
+    DELETED_AT,
     KIND_CLAIM,
     OUTCOME_COMPLETED,
     OUTCOME_DEAD,
+    PAYLOAD_HASH,
     RECORD_AT,
     RETRY_COUNT,
     SNERD_KIND,
@@ -38,7 +41,7 @@ from snerd.core.schema import (
     TASK_TYPE,
 )
 from snerd.core.shardlog import ShardFold, tombstone_outcome
-from snerd.core.timefmt import format_rfc3339
+from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
@@ -101,10 +104,27 @@ class Replay:
             if outcome != OUTCOME_COMPLETED:
                 outcome = OUTCOME_DEAD
             info.history[task_id] = (loc(record), outcome)
+            self._twin_from(shard, task_id, record.fields)
         windows = self.node.book.windows
         for group, at, record in fold.windows:
             windows.restore(group, [at])
             info.window_records.append((at, loc(record)))
+
+    def _twin_from(self, shard: int, task_id: str, fields: dict[str, Any]) -> None:
+        """A finished task with a dedupe fingerprint, for `unique_until` in seconds."""
+        payload_hash = fields.get(PAYLOAD_HASH)
+        at = fields.get(DELETED_AT)
+        if not isinstance(payload_hash, str) or not isinstance(at, str):
+            return
+        try:
+            finished = parse_rfc3339(at)
+        except ValueError:
+            return
+        twins = self.node.book.finished_twins
+        known = twins.get(payload_hash)
+        if known is None or known.finished_at_us <= finished:
+            twins.pop(payload_hash, None)
+            twins[payload_hash] = FinishedTwin(task_id, shard, finished)
 
     def _restore_tasks(self, shard: int, info: ShardInfo, fold: ShardFold) -> None:
         """Every live task of the fold, in enqueue order (snerdSeq, which compaction keeps:

@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from snerd.core import dedupe
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.cron import next_fire
+from snerd.core.dedupe import UniqueUntil
 from snerd.core.fields import adopt_cron
 from snerd.core.node.model import (
     ACTIVE,
@@ -27,6 +29,7 @@ from snerd.core.node.model import (
     DISPATCHING,
     ENQUEUING,
     FENCING,
+    FINISHED_TWINS,
     FINISHING,
     LOADING,
     PARKED,
@@ -36,6 +39,7 @@ from snerd.core.node.model import (
     STOPPED,
     TRANSITIONS,
     WAITING,
+    FinishedTwin,
     InFlight,
     Task,
     TaskState,
@@ -115,6 +119,8 @@ class TaskBook:
         #: Usually one, but two can share it: one with a rate-limit group routes by its group,
         #: so two owners may each take one in, and a node taking both shards over has both.
         self.fingerprints: dict[str, dict[str, None]] = {}
+        #: The latest finished task of each dedupe fingerprint, oldest first (`twin`).
+        self.finished_twins: dict[str, FinishedTwin] = {}
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
         self.seq = 0
@@ -369,12 +375,35 @@ class TaskBook:
             last_error=f.get(LAST_ERROR_OBJ),
         )
 
-    def pending_twin(self, payload_hash: str) -> Task | None:
-        """The oldest live task with this dedupe fingerprint, if any (an enqueue's, or an inbox
-        record's being ingested: both are dropped as its duplicates)."""
+    def twin(self, payload_hash: str, until: UniqueUntil) -> Task | FinishedTwin | None:
+        """The task an enqueue with this dedupe fingerprint and `unique_until` is a duplicate
+        of (`snerd.core.dedupe.counts`), if any: the oldest live one that counts, else the one
+        that finished last, if it counts (an enqueue's, or an inbox record's being ingested:
+        both are dropped as its duplicates)."""
+        now = self.node.now.wall
         for task_id in self.fingerprints.get(payload_hash, ()):
-            return self.tasks[task_id]
+            task = self.tasks[task_id]
+            started = task.state is RUNNING or task.state is DISPATCHING
+            if dedupe.counts(until, started=started, finished_at_us=None, now_us=now):
+                return task
+        ended = self.finished_twins.get(payload_hash)
+        if ended is not None and dedupe.counts(
+            until, started=True, finished_at_us=ended.finished_at_us, now_us=now
+        ):
+            return ended
         return None
+
+    def twin_finished(self, task: Task, shard: int, at_us: int) -> None:
+        """A task with a dedupe fingerprint ended: later enqueues with a `unique_until` of
+        seconds are judged against it for that long (at most `FINISHED_TWINS` are kept, the
+        latest)."""
+        if task.payload_hash is None:
+            return
+        twins = self.finished_twins
+        twins.pop(task.payload_hash, None)
+        twins[task.payload_hash] = FinishedTwin(task.task_id, shard, at_us)
+        if len(twins) > FINISHED_TWINS:
+            del twins[next(iter(twins))]
 
     def cycle(self, task_id: str, parents: Iterable[str]) -> str | None:
         """A task id on a dependency cycle through `task_id`, or None: followed through this
@@ -695,6 +724,7 @@ class TaskBook:
         info = self.shards[task.shard]
         del self.tasks[task.task_id]
         self.drop_fingerprint(task)
+        self.twin_finished(task, task.shard, self.node.now.wall)
         history = info.history
         history.pop(task.task_id, None)  # (a reused id: its latest end goes last)
         history[task.task_id] = (

@@ -157,7 +157,7 @@ def test_an_id_already_pending_and_a_duplicate_payload_are_dropped_at_ingest() -
     owner.advance(0.15)
     assert set(owner.node.tasks) == {"dup", "first"}
     assert any("dup" in m and "already pending" in m for _, m in owner.logs_out)
-    assert any("second" in m and "duplicate of pending task first" in m for _, m in owner.logs_out)
+    assert any("second" in m and "duplicate of task first" in m for _, m in owner.logs_out)
     assert owner.node.stats["total_deduplicated"] == 1
 
 
@@ -194,7 +194,7 @@ def test_a_duplicate_payload_is_dropped_at_ingest_once_its_twin_is_durable() -> 
     owner.release_held()
     owner.advance(0.5)
     assert set(owner.node.tasks) == {"first"}
-    assert any("second" in m and "duplicate of pending task first" in m for _, m in owner.logs_out)
+    assert any("second" in m and "duplicate of task first" in m for _, m in owner.logs_out)
     assert inbox_records(owner)[-1]["offset"] == len(inbox_of(other))
 
 
