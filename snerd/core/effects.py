@@ -28,6 +28,7 @@ __all__ = [
     "NewRecord",
     "ReadInbox",
     "ReadLog",
+    "ReadLogTail",
     "ReadMembership",
     "RemoveInbox",
     "ScanQueue",
@@ -96,7 +97,10 @@ class AppendInbox(Effect):
     `shard-N/inbox/<segment>.log` (created with its folder if missing), and make them durable
     as an `Append` does (group commit), except that a failed write is never cut back off the
     file: the owner may have read it already. The shard's owner ingests them. Answered by
-    `AppendCommitted` or `AppendFailed` with the same token."""
+    `AppendCommitted` or `AppendFailed` with the same token; the commit says what
+    `shard-N/tasks/tasks.log` was just before the write (`log_identity`, `log_size`: its
+    `st_ino` and size; 0 and 0 when there is none), where the owner's answer will follow.
+    """
 
     token: int
     shard: int
@@ -161,6 +165,22 @@ class ScanQueue(Effect):
     known: dict[tuple[int, str], tuple[int, int]]
     ids: frozenset[str]
     max_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadLogTail(Effect):
+    """Read a shard's log, whoever owns it, for the verdicts on enqueues this node wrote into
+    that shard's inbox (`snerd.core.node.verdicts`): from byte `offset` when the file's
+    identity (`st_ino`) is `identity`, else from 0, to its last complete line, at most about
+    `max_bytes` (but at least one line), through `snerd.core.watch.pick_marks` with
+    `writers`. Answered by one `LogTailRead`."""
+
+    shard: int
+    identity: int
+    offset: int
+    max_bytes: int
+    #: The inbox files (this node's segments) whose `inbox` records to keep.
+    writers: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

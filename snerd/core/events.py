@@ -37,6 +37,7 @@ __all__ = [
     "LockLost",
     "LogRecord",
     "LogRecordsRead",
+    "LogTailRead",
     "MembershipRead",
     "MembershipUnusable",
     "MembershipWriteFailed",
@@ -269,6 +270,21 @@ class QueueScanned(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LogTailRead(Event):
+    """The answer to a `ReadLogTail`: the `inbox` records kept, in file order, read from byte
+    `start` to `end` of the log whose identity is `identity` and size `size` when read; or
+    `error` (the log could not be read)."""
+
+    shard: int
+    identity: int = 0
+    start: int = 0
+    end: int = 0
+    size: int = 0
+    records: tuple[LogRecord, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InboxProgress(Event):
     """The answer to a `CheckInboxes`: per (shard, segment), the offset in its `.read` hint
     (None: no hint, or it does not parse) and the file's size (None: it does not exist)."""
@@ -285,6 +301,9 @@ class AppendCommitted(Event):
     offsets: tuple[int, ...]
     #: Length of each appended record in bytes, newline included.
     lengths: tuple[int, ...]
+    #: An `AppendInbox` only: the shard log's identity and size just before the write.
+    log_identity: int = 0
+    log_size: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

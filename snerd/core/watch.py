@@ -33,7 +33,9 @@ from snerd.core.records import scan
 from snerd.core.schema import (
     CLAIM_EPOCH,
     DELETED_AT,
+    INBOX_NODE,
     KIND_CLAIM,
+    KIND_INBOX,
     OUTCOME_COMPLETED,
     SNERD_EPOCH,
     SNERD_KIND,
@@ -42,7 +44,7 @@ from snerd.core.schema import (
 )
 from snerd.core.shardlog import tombstone_outcome
 
-__all__ = ["COMPLETED", "DEAD", "LIVE", "UNKNOWN", "TaskWatch", "pick"]
+__all__ = ["COMPLETED", "DEAD", "LIVE", "UNKNOWN", "TaskWatch", "pick", "pick_marks"]
 
 LIVE = "live"
 COMPLETED = "completed"
@@ -115,6 +117,44 @@ def pick(
     for offset, reason in result.corrupt:
         corrupt.append((starts.get(offset, base_offset), reason))
     return records, corrupt, pos
+
+
+_INBOX_MARK = b'{"' + SNERD_KIND.encode() + b'":"' + KIND_INBOX.encode() + b'"'
+
+
+def pick_marks(
+    data: bytes | bytearray, base_offset: int, writers: frozenset[str]
+) -> list[ev.LogRecord]:
+    """The `inbox` records of `data` (complete lines of a shard log, `data[0]` at
+    `base_offset`) for the inbox files named in `writers`, in file order: how far each ingest
+    took a file, and what it did not take in (`snerd.core.node.verdicts`). Only lines that
+    start as an `inbox` record are decoded; a damaged one is skipped."""
+    keep = bytearray()
+    starts: list[int] = []
+    pos = 0
+    find = data.find
+    while True:
+        nl = find(b"\n", pos)
+        if nl < 0:
+            break
+        if data.startswith(_INBOX_MARK, pos):
+            starts.append(base_offset + pos)
+            keep += data[pos : nl + 1]
+        pos = nl + 1
+    found: list[ev.LogRecord] = []
+    at = 0
+    by_offset: dict[int, int] = {}
+    for start in starts:
+        by_offset[at] = start
+        at = keep.index(b"\n", at) + 1
+    for record in scan(keep).records:
+        if record.fields.get(SNERD_KIND) == KIND_INBOX and record.fields.get(INBOX_NODE) in writers:
+            found.append(
+                ev.LogRecord(
+                    offset=by_offset[record.offset], length=record.length, fields=record.fields
+                )
+            )
+    return found
 
 
 @dataclass(slots=True)

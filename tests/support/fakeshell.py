@@ -19,7 +19,7 @@ from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import LockText
 from snerd.core.records import decode_line_at, encode_record, merge_base, scan
-from snerd.core.watch import pick
+from snerd.core.watch import pick, pick_marks
 
 SECOND = 1_000_000
 T0 = 1_800_000_000 * SECOND  # a wall-clock origin in 2027
@@ -327,6 +327,8 @@ class FakeShell:
                     )
                 )
             self.queue.append(ev.InboxRead(chunks=tuple(chunks), present=present))
+        elif isinstance(effect, fx.ReadLogTail):
+            self.queue.append(self._read_log_tail(effect))
         elif isinstance(effect, fx.ScanQueue):
             self.scans += 1
             self.queue.append(self._scan_queue(effect))
@@ -354,6 +356,24 @@ class FakeShell:
             )
         else:
             raise AssertionError(f"unexpected effect {effect!r}")
+
+    def _read_log_tail(self, effect: fx.ReadLogTail) -> ev.LogTailRead:
+        """What the daemon's shell does for a `ReadLogTail`: the shard's log (its identity is
+        its compaction generation) from the offset given, through `pick_marks`."""
+        identity = self.disk.get("generations", {}).get(effect.shard, 1)
+        data = bytes(self.disk["logs"].get(effect.shard, b""))
+        start = effect.offset if effect.identity == identity else 0
+        start = min(start, len(data))
+        end = data.rfind(b"\n", start, start + effect.max_bytes) + 1 or start
+        marks = pick_marks(data[start:end], start, effect.writers)
+        return ev.LogTailRead(
+            shard=effect.shard,
+            identity=identity,
+            start=start,
+            end=end,
+            size=len(data),
+            records=tuple(marks),
+        )
 
     def _scan_queue(self, effect: fx.ScanQueue) -> ev.QueueScanned:
         """What the daemon's shell does for a `ScanQueue`: every shard's log (its identity is
@@ -429,6 +449,9 @@ class FakeShell:
         )
 
     def _commit_inbox(self, effect: fx.AppendInbox) -> None:
+        log = self.disk["logs"].get(effect.shard)
+        log_identity = self.disk.get("generations", {}).get(effect.shard, 1) if log else 0
+        log_size = len(log) if log else 0
         inbox = self.disk["inboxes"].setdefault((effect.shard, effect.segment), bytearray())
         offsets, lengths = [], []
         for record in effect.records:
@@ -439,7 +462,13 @@ class FakeShell:
         if self.early_acks:
             self.committing.append((effect.token, tuple(offsets), tuple(lengths)))
         self.queue.append(
-            ev.AppendCommitted(token=effect.token, offsets=tuple(offsets), lengths=tuple(lengths))
+            ev.AppendCommitted(
+                token=effect.token,
+                offsets=tuple(offsets),
+                lengths=tuple(lengths),
+                log_identity=log_identity,
+                log_size=log_size,
+            )
         )
 
     def payload(self, loc: fx.Location) -> str:

@@ -418,13 +418,11 @@ class InboxIngest:
 
     def segment_committed(self, p: InboxPart, end: int) -> None:
         """An enqueue into this node's own inbox file is durable (the file holds `end` bytes
-        at least): acked, unless `Node.on_commit` acked it already."""
+        at least). (`Outcomes` answers it.)"""
         segment = p.segment
         assert segment is not None
         segment.in_flight -= 1
         segment.end = max(segment.end, end)
-        if not p.answered:
-            self.out.send(proto.ack_enqueued(p.task_id, p.shard))
 
     def segment_failed(self, p: InboxPart, error: str) -> None:
         """Whatever of the write reached the file stays there (an inbox is never cut: its

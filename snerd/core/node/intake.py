@@ -485,7 +485,9 @@ class Intake:
         segment = self.node.inbox.segment(shard)
         segment.in_flight += 1
         token = self.out.next_token()
-        self.out.pending[token] = InboxPart(shard, task_id=cmd.task_id, segment=segment)
+        self.out.pending[token] = InboxPart(
+            shard, task_id=cmd.task_id, segment=segment, verdict=cmd.dedupes
+        )
         self.node.stats["total_enqueued"] += 1
         self.out.emit(
             fx.AppendInbox(

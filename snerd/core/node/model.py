@@ -204,6 +204,11 @@ class NodeConfig:
     #: finished longer ago than the history kept) before it is dead-lettered with
     #: `unknown_parent: <id>` (SNERD_UNKNOWN_PARENT_SECONDS).
     unknown_parent_wait_us: int = 60 * SECOND
+    #: How long the ack of an enqueue with dedupe through another daemon's inbox waits, at
+    #: most, for that daemon's decision (SNERD_DEDUPE_WAIT_MS; 0: acked at its write, as
+    #: upstream did), and how often this node looks for it meanwhile.
+    dedupe_wait_us: int = 5 * SECOND
+    verdict_poll_us: int = 50_000
     #: While children wait on parents this node does not hold, how often it reads the
     #: queue's files for news of them (SNERD_WATCH_POLL_MS), and how much of a file at once.
     watch_poll_us: int = 250_000

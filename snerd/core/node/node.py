@@ -97,6 +97,7 @@ from snerd.core.node.parents import Parents
 from snerd.core.node.replay import Replay
 from snerd.core.node.tasks import TaskBook
 from snerd.core.node.tenure import Tenure
+from snerd.core.node.verdicts import Verdicts
 from snerd.core.ownership import (
     ShardPhase,
     shard_name,
@@ -138,6 +139,8 @@ class Node:
         self.book = TaskBook(self)
         #: Children waiting on parents, and the watch of parents held elsewhere.
         self.parents = Parents(self)
+        #: Enqueues with dedupe through inboxes, waiting for their owner's decision.
+        self.verdicts = Verdicts(self)
         self.replay = Replay(self)
         self.intake = Intake(self)
         self.outcomes = Outcomes(self)
@@ -245,6 +248,7 @@ class Node:
         self.outbox.invariants()
         self.book.invariants()
         self.parents.invariants()
+        self.verdicts.invariants()
         self.tenure.invariants()
         self.inbox.invariants()
         if self.phase is STOPPED:
@@ -327,6 +331,7 @@ class Node:
             ev.PayloadUnreadable: self.intake.on_payload_unreadable,
             ev.InboxRead: self.inbox.on_inbox_read,
             ev.QueueScanned: self.parents.on_scanned,
+            ev.LogTailRead: self.verdicts.on_log_tail,
             ev.InboxProgress: self.inbox.on_inbox_progress,
             proto.Register: self.intake.on_register,
             proto.Enqueue: self.intake.on_enqueue,
@@ -390,7 +395,7 @@ class Node:
         """Every deadline the node keeps, once: `wake_in` reads each one's `due`, and the tick
         (`_on_time`) calls each one's `fire`, in this order."""
         inbox, book, tenure, outbox = self.inbox, self.book, self.tenure, self.outbox
-        parents = self.parents
+        parents, verdicts = self.parents, self.verdicts
         return (
             Timer("inbox poll", False, inbox.poll_due, inbox.poll_fire),
             Timer("inbox check", False, inbox.check_due, inbox.check_fire),
@@ -403,6 +408,8 @@ class Node:
             Timer("rate window", True, book.group_wake_at, book.group_wake_fire),
             Timer("parent scan", False, parents.scan_due, parents.scan_fire),
             Timer("unknown parent", False, parents.unknown_due, parents.unknown_fire),
+            Timer("verdict poll", False, verdicts.poll_due, verdicts.poll_fire),
+            Timer("verdict wait", False, verdicts.deadline_due, verdicts.deadline_fire),
             Timer("lock probe", False, tenure.probe_due, tenure.probe_fire),
             # Deadlines acted on elsewhere, which only need the node woken at them: the lease
             # (checked by `_begin` before every event), the drain's timeout and its wait for
@@ -457,6 +464,7 @@ class Node:
             bool(waiting_for)
             or any(type(p) is not DispatchRun for p in self.outbox.pending_parts())
             or self.inbox.drain_pending()
+            or self.verdicts.pending()
         )
         if busy and not late:
             return

@@ -161,6 +161,8 @@ class InboxPart(PendingAppend):
     KIND: ClassVar[str] = "inbox"
     task_id: str = ""
     segment: InboxSegment | None = None
+    #: An enqueue with dedupe: answered with the owner's decision (`Verdicts`), not at its write.
+    verdict: bool = False
 
 
 @dataclass(slots=True)

@@ -149,6 +149,8 @@ class Outcomes:
         if p is None or p.answered:
             return []
         if type(p) is InboxPart:
+            if self.node.verdicts.awaits(p):
+                return []  # answered with the owner's decision
             p.answered = True
             return [new_ack_enqueued([p.task_id], p.shard)]
         if self.node.tenure.lease_over(now):
@@ -200,6 +202,10 @@ class Outcomes:
         p = self.out.pending.pop(event.token)
         if type(p) is InboxPart:
             self.node.inbox.segment_committed(p, event.offsets[-1] + event.lengths[-1])
+            if self.node.verdicts.awaits(p):
+                self.node.verdicts.hold(p, event.offsets[0], event.log_identity, event.log_size)
+            elif not p.answered:
+                self.out.send(proto.ack_enqueued(p.task_id, p.shard))
             return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1

@@ -153,12 +153,24 @@ def test_an_id_already_pending_and_a_duplicate_payload_are_dropped_at_ingest() -
     other.enqueue("dup")
     owner.enqueue("first", data={"same": 1}, auto_dedupe=True)
     other.enqueue("second", data={"same": 1}, auto_dedupe=True)
-    assert [m["task_id"] for m in other.messages("ack")] == ["dup", "second"]
+    # The plain enqueue is acked at its write; the one with dedupe waits for the owner.
+    assert [m["task_id"] for m in other.messages("ack")] == ["dup"]
     owner.advance(0.15)
     assert set(owner.node.tasks) == {"dup", "first"}
     assert any("dup" in m and "already pending" in m for _, m in owner.logs_out)
     assert any("second" in m and "duplicate of task first" in m for _, m in owner.logs_out)
     assert owner.node.stats["total_deduplicated"] == 1
+    (mark,) = inbox_records(owner)
+    assert mark["from"] == 0 and [d["task"] for d in mark["dropped"]] == ["dup", "second"]
+    other.advance(0.1)
+    assert other.messages("ack")[-1] == {
+        "action": "ack",
+        "task_id": "second",
+        "message": "Enqueued successfully",
+        "shard": "shard-0",
+        "deduplicated": True,
+        "duplicate_of": "first",
+    }
 
 
 def test_a_duplicate_payload_waits_at_ingest_while_its_twin_is_not_durable() -> None:
@@ -170,7 +182,7 @@ def test_a_duplicate_payload_waits_at_ingest_while_its_twin_is_not_durable() -> 
     owner.enqueue("first", data={"same": 1}, auto_dedupe=True)  # its record in flight
     other.enqueue("second", data={"same": 1}, auto_dedupe=True)
     other.enqueue("plain")
-    assert [m["task_id"] for m in other.messages("ack")] == ["second", "plain"]
+    assert [m["task_id"] for m in other.messages("ack")] == ["plain"]  # "second" waits
     owner.advance(0.15)
     assert "second" not in owner.node.tasks
     (twin,) = [a for a in owner.held if any(r.fields.get("taskId") == "first" for r in a.records)]

@@ -1,0 +1,224 @@
+"""Verdicts: the answer to an enqueue with dedupe that went into another daemon's shard.
+
+An enqueue this node writes into its inbox for a shard it does not own is decided by the
+shard's owner when it ingests the file: taken in as a task, dropped as a duplicate of a twin,
+or refused (an id already pending). An enqueue with dedupe (`auto_dedupe`, `unique_key`) is
+answered only once that decision is known, so its ack can say whether it was deduplicated,
+as it does when this node owns the shard.
+
+The owner writes its decision into the shard's log: each ingest ends with an `inbox` record
+naming the writer's file, the range it took (`from`, `offset`) and what in it was not taken
+in (`dropped`: the record's offset, and the twin or the error). That record comes after the
+enqueue's write, so after the log's size then (the inbox write's commit says it). While an
+answer waits this node reads the log on from there (`ReadLogTail`, every `verdict_poll_us`)
+and, for each waiting enqueue at byte `at` of its file, finds the record whose range holds it
+(`from <= at < offset`):
+
+- listed in `dropped` with a twin: acked `"deduplicated": true, "duplicate_of": <twin>`;
+- listed with an error: answered with that error, as the owner would have answered it;
+- not listed: taken in; acked as enqueued.
+
+No record holds it yet: it waits, at most `dedupe_wait_us` after its write was durable;
+then it is acked with `"deduplicated": null` (enqueued; whether as a duplicate, the owner
+decides when it takes the file in). A log replaced meanwhile (compacted) is read from its
+start; where only a later record of the file is left there, the enqueue is undecided too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from snerd.core import effects as fx
+from snerd.core import events as ev
+from snerd.core import protocol as proto
+from snerd.core.node.model import require
+from snerd.core.node.outbox import InboxPart
+from snerd.core.ownership import shard_name
+from snerd.core.schema import (
+    DROP_AT,
+    DROP_ERROR,
+    DROP_OF,
+    INBOX_DROPPED,
+    INBOX_FROM,
+    INBOX_NODE,
+    INBOX_OFFSET,
+)
+
+if TYPE_CHECKING:
+    from snerd.core.node.node import Node
+
+__all__ = ["Verdicts"]
+
+@dataclass(slots=True)
+class _Waiting:
+    task_id: str
+    segment: str
+    #: Where its record starts in the inbox file.
+    at: int
+    #: When it is answered undecided (mono).
+    until: int
+
+
+@dataclass(slots=True)
+class _Shard:
+    waiting: list[_Waiting] = field(default_factory=list)
+    #: The log's identity and how far it is read.
+    identity: int = 0
+    offset: int = 0
+    reading: bool = False
+
+
+class Verdicts:
+    """The enqueues through inboxes waiting for their owner's decision (module docstring)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.config = node.config
+        self.out = node.outbox
+        self.shards: dict[int, _Shard] = {}
+        self.poll_at_mono = 0
+
+    # -- timers (`Node.timers`)
+
+    def invariants(self) -> None:
+        for shard, s in self.shards.items():
+            require(bool(s.waiting) or s.reading, f"verdicts of shard {shard}: nothing waits")
+
+    def poll_due(self) -> int | None:
+        """When to read on in the logs that hold answers (mono)."""
+        if not any(s.waiting and not s.reading for s in self.shards.values()):
+            return None
+        return self.poll_at_mono
+
+    def poll_fire(self, now: ev.Now) -> None:
+        at = self.poll_due()
+        if at is None or now.mono < at:
+            return
+        self.poll_at_mono = now.mono + self.config.verdict_poll_us
+        for shard, s in sorted(self.shards.items()):
+            if s.waiting and not s.reading:
+                self._read(shard, s)
+
+    def deadline_due(self) -> int | None:
+        """When the first waiting enqueue is answered undecided (mono)."""
+        ends = [w.until for s in self.shards.values() for w in s.waiting]
+        return min(ends) if ends else None
+
+    def deadline_fire(self, now: ev.Now) -> None:
+        for shard, s in list(self.shards.items()):
+            late = [w for w in s.waiting if now.mono >= w.until]
+            for w in late:
+                self._answer(shard, w, None)
+            self._drop_answered(shard, s, late)
+
+    # -- the rule
+
+    def awaits(self, p: InboxPart) -> bool:
+        """An enqueue into an inbox is answered with its owner's decision (not at its write)."""
+        return p.verdict and self.config.dedupe_wait_us > 0
+
+    def hold(self, p: InboxPart, at: int, log_identity: int, log_size: int) -> None:
+        """`p`'s record is durable at byte `at` of its inbox file, written when the shard's
+        log had this identity and size: wait for the verdict, reading the log from there."""
+        assert p.segment is not None
+        s = self.shards.get(p.shard)
+        if s is None:
+            s = self.shards[p.shard] = _Shard(identity=log_identity, offset=log_size)
+        elif s.identity == log_identity and log_size < s.offset:
+            s.offset = log_size  # read on from the earliest place an answer may be
+        now = self.node.now.mono
+        s.waiting.append(_Waiting(p.task_id, p.segment.name, at, now + self.config.dedupe_wait_us))
+        if self.poll_at_mono < now:
+            # No sooner than the owner may have looked at its inboxes.
+            self.poll_at_mono = now + self.config.verdict_poll_us
+
+    def pending(self) -> bool:
+        """An enqueue still waits for its verdict (a drain waits for them, within the wait)."""
+        return any(s.waiting for s in self.shards.values())
+
+    def on_log_tail(self, event: ev.LogTailRead) -> None:
+        s = self.shards.get(event.shard)
+        if s is None:
+            return
+        s.reading = False
+        if event.error is not None:
+            self.out.log("warning", f"reading the verdicts of {shard_name(event.shard)}: "
+                         f"{event.error}")
+            self._drop_answered(event.shard, s, [])
+            return
+        replaced = event.identity != s.identity
+        s.identity, s.offset = event.identity, event.end
+        marks: dict[str, list[dict[str, Any]]] = {}
+        for record in event.records:
+            f = record.fields
+            if isinstance(f.get(INBOX_FROM), int):
+                marks.setdefault(f[INBOX_NODE], []).append(f)
+        answered: list[_Waiting] = []
+        for w in s.waiting:
+            verdict = _find(marks.get(w.segment, ()), w.at)
+            if verdict is _LATER and not (replaced and event.end >= event.size):
+                continue
+            # (A replaced log read to its end without a record that says: none is left.)
+            self._answer(event.shard, w, None if verdict is _LATER else verdict)
+            answered.append(w)
+        if event.end < event.size:
+            self.poll_at_mono = self.node.now.mono  # more to read: at once
+        self._drop_answered(event.shard, s, answered)
+
+    # -- the parts
+
+    def _read(self, shard: int, s: _Shard) -> None:
+        s.reading = True
+        writers = frozenset(w.segment for w in s.waiting)
+        self.out.emit(
+            fx.ReadLogTail(
+                shard=shard,
+                identity=s.identity,
+                offset=s.offset,
+                max_bytes=self.config.inbox_read_bytes,
+                writers=writers,
+            )
+        )
+
+    def _answer(self, shard: int, w: _Waiting, verdict: dict[str, Any] | str | None) -> None:
+        if verdict is None:
+            self.out.send(proto.ack_enqueued(w.task_id, shard, deduplicated=None))
+        elif verdict is _TAKEN:
+            self.out.send(proto.ack_enqueued(w.task_id, shard))
+        else:
+            assert isinstance(verdict, dict)
+            twin = verdict.get(DROP_OF)
+            if isinstance(twin, str):
+                self.node.stats["total_deduplicated"] += 1
+                self.out.send(
+                    proto.ack_enqueued(w.task_id, shard, deduplicated=True, duplicate_of=twin)
+                )
+            else:
+                self.node.stats["total_enqueued"] -= 1
+                self.out.send(proto.error(w.task_id, str(verdict.get(DROP_ERROR))))
+
+    def _drop_answered(self, shard: int, s: _Shard, answered: list[_Waiting]) -> None:
+        done = {id(w) for w in answered}
+        s.waiting = [w for w in s.waiting if id(w) not in done]
+        if not s.waiting and not s.reading:
+            del self.shards[shard]
+
+
+_TAKEN = "taken"
+_LATER = "later"
+
+
+def _find(marks: Iterable[dict[str, Any]], at: int) -> dict[str, Any] | str:
+    """What the `inbox` records of one writer's file (in log order) say of its record at byte
+    `at`: the `dropped` entry naming it, `_TAKEN`, or `_LATER` (none says yet)."""
+    for mark in marks:
+        start, end = mark[INBOX_FROM], mark.get(INBOX_OFFSET)
+        if not isinstance(end, int) or not start <= at < end:
+            continue
+        for entry in mark.get(INBOX_DROPPED) or ():
+            if isinstance(entry, dict) and entry.get(DROP_AT) == at:
+                return entry
+        return _TAKEN
+    return _LATER
