@@ -97,9 +97,9 @@ class AppendInbox(Effect):
     `shard-N/inbox/<segment>.log` (created with its folder if missing), and make them durable
     as an `Append` does (group commit), except that a failed write is never cut back off the
     file: the owner may have read it already. The shard's owner ingests them. Answered by
-    `AppendCommitted` or `AppendFailed` with the same token; the commit says what
-    `shard-N/tasks/tasks.log` was just before the write (`log_identity`, `log_size`: its
-    `st_ino` and size; 0 and 0 when there is none), where the owner's answer will follow.
+    `AppendCommitted` or `AppendFailed` with the same token. With `note_log`, the commit says
+    what `shard-N/tasks/tasks.log` was before the write (`log_identity`, `log_size`: its
+    `st_ino` and size; 0 and 0 when there is none): the owner's answer comes after that.
     """
 
     token: int
@@ -107,6 +107,7 @@ class AppendInbox(Effect):
     #: The file's name without `.log`: the node id, then `<node id>~<n>` for later segments.
     segment: str
     records: tuple[NewRecord, ...]
+    note_log: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

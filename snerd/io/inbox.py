@@ -10,9 +10,11 @@ writer's torn last line is never followed by another.
 
 This module owns the paths and the reading: what is new in every inbox of some shards, from
 given offsets, complete lines only (a line still being written is left for the next read);
-and the clean-up hints: the owner writes how far it has ingested a file into
-`<segment>.read` beside it, and the writer, which alone removes its files, reads that back.
-Blocking: run these in a worker thread.
+the clean-up hints: the owner writes how far it has ingested a file into `<segment>.read`
+beside it, and the writer, which alone removes its files, reads that back; and the writer's
+look at the owner's log for its decisions on the enqueues it wrote (`read_log_tail`, with
+`log_identity_and_size` taken before the write). Blocking: run these in a worker thread
+(`log_identity_and_size` is one stat).
 
 An inbox's last line without its newline is left unread, never cut: it is a line its writer is
 still writing, or the torn write of a writer that crashed (never acknowledged). Nothing here is
@@ -27,7 +29,10 @@ import os
 import stat
 from pathlib import Path
 
+from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core.records import LINE_LIMIT
+from snerd.core.watch import pick_marks
 from snerd.io.files import open_dir, open_file, read_small, replace_file, unlink_file
 from snerd.io.log import read_log
 
@@ -36,8 +41,10 @@ __all__ = [
     "inbox_files",
     "inbox_path",
     "inbox_progress",
+    "log_identity_and_size",
     "mark_read",
     "read_inboxes",
+    "read_log_tail",
     "remove_inbox",
 ]
 
@@ -193,4 +200,52 @@ def _read_one(
         end=end,
         records=tuple(records),
         corrupt=tuple(corrupt),
+    )
+
+
+def log_identity_and_size(path: str) -> tuple[int, int]:
+    """The identity (`st_ino`) and size of a shard's log, (0, 0) when there is none or it is
+    not a regular file (reading it later says why)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0, 0
+    if not stat.S_ISREG(st.st_mode):
+        return 0, 0
+    return st.st_ino, st.st_size
+
+
+def read_log_tail(directory: str | os.PathLike[str], effect: fx.ReadLogTail) -> ev.LogTailRead:
+    """What a `ReadLogTail` asks: the `inbox` records of the writers named, in the shard's log
+    from the offset given (from 0 when the file is another one now), complete lines only."""
+    path = os.path.join(directory, f"shard-{effect.shard}", "tasks", "tasks.log")
+    try:
+        fd = open_file(path, os.O_RDONLY, root=directory)
+    except FileNotFoundError:
+        return ev.LogTailRead(shard=effect.shard)
+    except OSError as exc:
+        return ev.LogTailRead(shard=effect.shard, error=f"{path}: {exc.strerror or exc}")
+    try:
+        st = os.fstat(fd)
+        start = effect.offset if st.st_ino == effect.identity else 0
+        start = min(start, st.st_size)
+        data = os.pread(fd, min(effect.max_bytes, st.st_size - start), start)
+        end = data.rfind(b"\n") + 1
+        if not end and len(data) < st.st_size - start:
+            # One line longer than max_bytes: read on to its end.
+            rest = os.pread(fd, min(st.st_size - start, LINE_LIMIT + 1), start)
+            end = rest.find(b"\n") + 1
+            data = rest
+        marks = pick_marks(data[:end], start, effect.writers)
+    except OSError as exc:
+        return ev.LogTailRead(shard=effect.shard, error=f"{path}: {exc.strerror or exc}")
+    finally:
+        os.close(fd)
+    return ev.LogTailRead(
+        shard=effect.shard,
+        identity=st.st_ino,
+        start=start,
+        end=start + end,
+        size=st.st_size,
+        records=tuple(marks),
     )

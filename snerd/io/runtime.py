@@ -46,8 +46,10 @@ from snerd.io.files import RefusedFile
 from snerd.io.inbox import (
     inbox_path,
     inbox_progress,
+    log_identity_and_size,
     mark_read,
     read_inboxes,
+    read_log_tail,
     remove_inbox,
 )
 from snerd.io.membership import (
@@ -516,6 +518,9 @@ class Runtime:
         out = self._outbox.get(path)
         if out is None:
             out = self._outbox[path] = _Outgoing(self, path, inbox)
+        if inbox and effect.note_log and out.log_before is None:  # type: ignore[union-attr]
+            # (Before any line of this file's job is written: they go together, at submit.)
+            out.log_before = log_identity_and_size(self.log_path(effect.shard))
         out.add(effect.token, lines, records)
         self._outbox_records += len(lines)
 
@@ -533,6 +538,14 @@ class Runtime:
         self.submit(
             ev.InboxRead(chunks=tuple(chunks), errors=tuple(errors), present=tuple(present))
         )
+
+    def _read_log_tail(self, effect: fx.ReadLogTail) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._read_log_tail_task, effect)
+
+    async def _read_log_tail_task(self, effect: fx.ReadLogTail) -> None:
+        read = await trio.to_thread.run_sync(read_log_tail, self.directory, effect)
+        self.submit(read)
 
     def _inbox_chore(self, effect: fx.MarkInboxRead | fx.RemoveInbox) -> None:
         assert self._nursery is not None
@@ -776,7 +789,7 @@ class _Outgoing:
     error every append of it fails), so one job per file changes no outcome; the callback
     hands each append its own offsets as an `AppendCommitted`, in order, or fails each."""
 
-    __slots__ = ("inbox", "lines", "path", "records", "runtime", "tokens")
+    __slots__ = ("inbox", "lines", "log_before", "path", "records", "runtime", "tokens")
 
     def __init__(self, runtime: Runtime, path: str, inbox: bool) -> None:
         self.runtime = runtime
@@ -787,6 +800,8 @@ class _Outgoing:
         #: (token, number of lines) per append, and every record, in order.
         self.tokens: list[tuple[int, int]] = []
         self.records: list[fx.NewRecord] = []
+        #: An inbox whose appends note the shard's log: its identity and size before them.
+        self.log_before: tuple[int, int] | None = None
 
     def add(self, token: int, lines: list[bytes], records: tuple[fx.NewRecord, ...]) -> None:
         self.tokens.append((token, len(lines)))
@@ -811,7 +826,23 @@ class _Outgoing:
             recent.remember(self.path, result, lines, self.records)
         lengths = tuple(map(len, lines))
         tokens = self.tokens
-        if len(tokens) == 1:
+        if self.log_before is not None:
+            identity, size = self.log_before
+            committed = []
+            at = 0
+            for token, n in tokens:
+                end = at + n
+                committed.append(
+                    ev.AppendCommitted(
+                        token=token,
+                        offsets=result[at:end],
+                        lengths=lengths[at:end],
+                        log_identity=identity,
+                        log_size=size,
+                    )
+                )
+                at = end
+        elif len(tokens) == 1:
             committed = [_new_committed(tokens[0][0], result, lengths)]
         else:
             committed = []
@@ -875,6 +906,7 @@ _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.Append: Runtime._append,
     fx.AppendInbox: Runtime._append,
     fx.ReadInbox: Runtime._read_inbox,
+    fx.ReadLogTail: Runtime._read_log_tail,
     fx.MarkInboxRead: Runtime._inbox_chore,
     fx.RemoveInbox: Runtime._inbox_chore,
     fx.CheckInboxes: Runtime._check_inboxes,

@@ -491,7 +491,11 @@ class Intake:
         self.node.stats["total_enqueued"] += 1
         self.out.emit(
             fx.AppendInbox(
-                token=token, shard=shard, segment=segment.name, records=(new_record(fields),)
+                token=token,
+                shard=shard,
+                segment=segment.name,
+                records=(new_record(fields),),
+                note_log=cmd.dedupes,
             )
         )
 
