@@ -207,3 +207,33 @@ def test_the_core_s_watch_follows_a_parent_through_real_files(tmp_path: Path) ->
     _append(_log(tmp_path, 1), _task("p") + _task("p", "completed"))
     assert step() == {"p": COMPLETED}
     assert step() == {}
+
+
+# Known gaps of the core's watch, shown on real files: a pass never settles while some file
+# holds bytes no read can take (an empty file has no chunk to enter `TaskWatch.files` by; a
+# dead writer's torn last line never completes), so a parent no file holds is never judged
+# `UNKNOWN` and `TaskWatch.caught_up()` stays False (the node then scans back to back).
+
+
+@pytest.mark.xfail(strict=True, reason="core: an empty file keeps every pass 'behind'")
+def test_an_empty_inbox_file_does_not_keep_a_pass_from_settling(tmp_path: Path) -> None:
+    _log(tmp_path, 0).write_bytes(_task("x"))
+    (tmp_path / "shard-0" / "inbox").mkdir()
+    (tmp_path / "shard-0" / "inbox" / "w@pid-1-aa.log").write_bytes(b"")  # crashed at create
+    watch = TaskWatch()
+    watch.want({"p"})
+    assert watch.scanned(scan_queue(tmp_path, watch.request(1, 1 << 20))) == {"p": UNKNOWN}
+
+
+@pytest.mark.xfail(
+    strict=True, reason="core: a torn tail that never completes keeps every pass 'behind'"
+)
+def test_a_dead_writer_s_torn_inbox_tail_does_not_keep_a_pass_from_settling(
+    tmp_path: Path,
+) -> None:
+    _log(tmp_path, 0).write_bytes(_task("x"))
+    (tmp_path / "shard-0" / "inbox").mkdir()
+    (tmp_path / "shard-0" / "inbox" / "w@pid-1-aa.log").write_bytes(_task("y") + _task("z")[:9])
+    watch = TaskWatch()
+    watch.want({"p"})
+    assert watch.scanned(scan_queue(tmp_path, watch.request(1, 1 << 20))) == {"p": UNKNOWN}
