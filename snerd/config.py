@@ -94,6 +94,10 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "SNERD_MAX_LINE_BYTES": (1024, 1 << 30),
     "SNERD_INBOX_POLL_MS": (1, 60_000),
     "SNERD_INBOX_IDLE_POLL_MS": (1, 600_000),
+    "SNERD_WATCH_POLL_MS": (10, 60_000),
+    # Above 0 (a wait of none would fail a child whose parent is a moment from its inbox), at
+    # most a week.
+    "SNERD_UNKNOWN_PARENT_SECONDS": (0.001, 7 * 86_400.0),
     "SNERD_TEST_RECENT_BYTES": (1024, 1 << 32),
     "SNERD_TEST_COMPACT_MIN_BYTES": (4096, 1 << 40),
 }
@@ -287,6 +291,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     max_line = _int(env, "SNERD_MAX_LINE_BYTES", 64 * 1024 * 1024)
     inbox_poll_ms = _int(env, "SNERD_INBOX_POLL_MS", 100)
     inbox_idle_poll_ms = _int(env, "SNERD_INBOX_IDLE_POLL_MS", 1000)
+    watch_poll_ms = _int(env, "SNERD_WATCH_POLL_MS", 250)
+    unknown_parent = seconds_setting(env, "SNERD_UNKNOWN_PARENT_SECONDS", 60.0)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = shared.mountinfo_path
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
@@ -308,6 +314,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         jitter_seed=secrets.randbits(32),
         inbox_poll_us=inbox_poll_ms * 1000,
         inbox_idle_poll_us=inbox_idle_poll_ms * 1000,
+        watch_poll_us=watch_poll_ms * 1000,
+        unknown_parent_wait_us=int(unknown_parent * SECOND),
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,
     )

@@ -16,8 +16,8 @@ Why this module stays above 800 lines: the driver, the burst loop and the effect
 share one state (the node, the event deque, the burst's outbox, the parked driver, the peer's
 flush) and the executors are one table (`_EFFECTS`) over it; `_Outgoing`, a commit's way back
 into the node, reads the same state. What has a state of its own lives beside it: the clock
-(`snerd.io.clock`), the recent-records cache (`snerd.io.recent`), the log, membership, inbox
-and webhook modules.
+(`snerd.io.clock`), the recent-records cache (`snerd.io.recent`), the log, membership, inbox,
+queue-scan and webhook modules.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from snerd.io.membership import (
     withdraw_claims,
 )
 from snerd.io.recent import RecentRecords
+from snerd.io.scan import scan_queue
 from snerd.io.webhook import WebhookCaller
 
 __all__ = ["Clock", "Peer", "Runtime"]
@@ -547,6 +548,17 @@ class Runtime:
         read = await trio.to_thread.run_sync(read_log_tail, self.directory, effect)
         self.submit(read)
 
+    def _scan_queue(self, effect: fx.ScanQueue) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._scan_queue_task, effect)
+
+    async def _scan_queue_task(self, effect: fx.ScanQueue) -> None:
+        try:
+            scanned = await trio.to_thread.run_sync(scan_queue, self.directory, effect)
+        except OSError as exc:  # (per-file errors are reported in `errors`)
+            scanned = ev.QueueScanned(chunks=(), files=(), errors=((0, _describe(exc)),))
+        self.submit(scanned)
+
     def _inbox_chore(self, effect: fx.MarkInboxRead | fx.RemoveInbox) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self._inbox_chore_task, effect)
@@ -910,6 +922,7 @@ _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.MarkInboxRead: Runtime._inbox_chore,
     fx.RemoveInbox: Runtime._inbox_chore,
     fx.CheckInboxes: Runtime._check_inboxes,
+    fx.ScanQueue: Runtime._scan_queue,
     fx.Compact: Runtime._compact,
     fx.ReadLog: Runtime._read_log,
     fx.ReadMembership: Runtime._read_membership,

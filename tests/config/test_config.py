@@ -22,6 +22,35 @@ def test_a_bad_idle_inbox_poll_is_refused_naming_it(value: str) -> None:
         load_settings({"SNERD_INBOX_IDLE_POLL_MS": value})
 
 
+def test_the_parent_watch_defaults_to_250_ms_and_60_s_and_follows_its_variables() -> None:
+    node = load_settings({}).node
+    assert (node.watch_poll_us, node.unknown_parent_wait_us) == (250_000, 60_000_000)
+    env = {"SNERD_WATCH_POLL_MS": " 40 ", "SNERD_UNKNOWN_PARENT_SECONDS": "1.5"}
+    node = load_settings(env).node
+    assert (node.watch_poll_us, node.unknown_parent_wait_us) == (40_000, 1_500_000)
+    week = load_settings({"SNERD_UNKNOWN_PARENT_SECONDS": "604800"}).node
+    assert week.unknown_parent_wait_us == 7 * 86_400_000_000
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("SNERD_WATCH_POLL_MS", "9", "must be a whole number from 10 to 60,000"),
+        ("SNERD_WATCH_POLL_MS", "0.5", "is not a whole number"),
+        ("SNERD_UNKNOWN_PARENT_SECONDS", "0", "must be a number of seconds from 0.001 to 604,800"),
+        ("SNERD_UNKNOWN_PARENT_SECONDS", "-1", "from 0.001 to 604,800"),
+        ("SNERD_UNKNOWN_PARENT_SECONDS", "604801", "from 0.001 to 604,800"),
+        ("SNERD_UNKNOWN_PARENT_SECONDS", "nan", "from 0.001 to 604,800"),
+        ("SNERD_UNKNOWN_PARENT_SECONDS", "a minute", "is not a number of seconds"),
+    ],
+)
+def test_a_bad_parent_watch_setting_is_refused_naming_it(name: str, value: str, says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings({name: value})
+    text = str(refused.value)
+    assert text.startswith(f"{name}={value!r} ") and says in text, text
+
+
 def test_a_host_name_with_blanks_or_controls_makes_a_node_id_of_one_word() -> None:
     # The id is one whitespace-split field of each shard's lock file (`LockText.parse`).
     node_id = load_settings({"HOSTNAME": "web 1\nrack\x00" + "x" * 5000}).node.node_id

@@ -18,6 +18,9 @@ import trio.testing
 
 from snerd.config import load_settings
 from snerd.core import events as ev
+from snerd.core.node.model import route_shard
+from snerd.core.records import encode_record
+from snerd.core.watch import COMPLETED, LIVE
 from snerd.io.log import GroupCommitLog
 from snerd.io.runtime import EVENT_BURST, Runtime
 
@@ -227,4 +230,45 @@ async def test_a_renewal_touches_the_locks_the_node_names_and_a_lost_one_is_noti
         await peer.wait_for(lambda: any("its lock failed" in m for _, m in peer.logs))
         lost = [m for _, m in peer.logs if "its lock failed" in m]
         assert lost[0].startswith("shard-0: ") and "EBADF" in lost[0], lost
+        runtime.submit(ev.DrainRequested(reason="test"))
+
+
+def _record(task_id: str, **more: Any) -> bytes:
+    return encode_record({"taskId": task_id, "taskType": "noop", "taskData": "{}", **more})
+
+
+async def test_a_child_waits_for_a_parent_it_reads_of_in_a_shard_another_daemon_owns(
+    tmp_path: Path,
+) -> None:
+    # The node owns one of two shards; the parent's records are in the other's log, as its
+    # owner would write them (here: by hand, on real files). The runtime carries out the
+    # node's `ScanQueue` and feeds the answer back: the child waits while the parent is live
+    # and runs once its tombstone is there.
+    peer = _Peer()
+    env = {"SNERD_SHARDS": "2", "SNERD_MAX_SHARDS": "1", "SNERD_LEASE_TTL": "600"}
+    runtime = Runtime(tmp_path, load_settings(env), peer)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run)
+        with trio.fail_after(10):
+            await runtime.ready.wait()
+            (mine,) = runtime.node.owned_shards
+            child = next(f"c{i}" for i in range(100) if route_shard(f"c{i}", 2) == mine)
+            other = tmp_path / f"shard-{1 - mine}" / "tasks" / "tasks.log"
+            other.parent.mkdir(parents=True, exist_ok=True)
+            other.write_bytes(_record("p"))
+            register = orjson.dumps({"action": "register", "task_type": "noop"})
+            enqueue = _enqueue(child, trigger_after_ids=["p"])
+            runtime.feed([ev.LinesReceived(lines=[register, enqueue])])
+            watch = runtime.node.parents.watch
+            await peer.wait_for(lambda: any(m.get("task_id") == child for m in peer.out))
+            while watch.reported.get("p") != LIVE:  # a whole scan read the parent as live
+                await trio.sleep(0.01)
+            assert not [m for m in peer.out if m["action"] == "execute"]
+            with other.open("ab") as f:
+                f.write(_record("p", deletedAt="2027-01-01T00:00:00Z", snerdOutcome="completed"))
+            await peer.wait_for(lambda: any(m["action"] == "execute" for m in peer.out))
+        (run,) = [m for m in peer.out if m["action"] == "execute"]
+        assert run["task_id"] == child and watch.reported["p"] == COMPLETED
+        done = orjson.dumps({"action": "result", "task_id": child, "status": "success"})
+        runtime.feed([ev.LinesReceived(lines=[done])])
         runtime.submit(ev.DrainRequested(reason="test"))

@@ -1,0 +1,169 @@
+"""The read behind a `ScanQueue`: what every shard's files say about the watched task ids.
+
+A node whose children wait on parents it does not hold reads the queue's files for them,
+whoever owns each shard (the task watch, `snerd.core.watch`). This module owns that read on
+real files: for shard 0 to `shards - 1`, its log `shard-N/tasks/tasks.log` (segment "") and
+every inbox file (`snerd.io.inbox.inbox_files`), each from the offset the core gave for it
+when the file is still the one it read (same `st_ino`), else from 0, complete lines only, at
+most about `max_bytes` of them but at least one, kept or dropped by `snerd.core.watch.pick`.
+
+Why this shape:
+
+- The identity is the fstat(2) of the descriptor read, never a stat of the path beside the
+  open: compaction renames a new log over the old one (rename(2)), so a path stat and the read
+  could see two different files, and the core would resume the new file at the old offset.
+- A line without its newline is left for a later read, never cut or judged: its writer is
+  still writing it, or crashed mid-write (never acknowledged; the owner repairs a log's tail).
+- Nothing is reached through a symbolic link (`snerd.io.files`): a linked log or folder is an
+  error the core is told about (it names the path), and no file behind the link is read.
+- A shard with no folder, no log or no inbox yet is no error: those files are absent.
+
+It decides nothing about tasks: what the records mean is `snerd.core.watch`'s. Blocking: run
+it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from snerd.core import effects as fx
+from snerd.core import events as ev
+from snerd.core.records import LINE_LIMIT
+from snerd.core.watch import pick
+from snerd.io.files import PathError, open_file
+from snerd.io.inbox import INBOX, inbox_files
+
+__all__ = ["scan_queue"]
+
+#: Bytes read at once while looking for the end of a line longer than `max_bytes`.
+_STEP = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class _Lines:
+    """Complete lines read from `start` (`data`), the file's identity and size when opened,
+    and a line skipped for its length (its offset), if one was."""
+
+    identity: int
+    size: int
+    start: int
+    data: bytes
+    overlong: int | None = None
+
+
+def scan_queue(directory: str | os.PathLike[str], effect: fx.ScanQueue) -> ev.QueueScanned:
+    """Carry out `effect` on the queue in `directory` (see the module docstring)."""
+    chunks: list[ev.ScanChunk] = []
+    files: list[tuple[int, str, int, int]] = []
+    errors: list[tuple[int, str]] = []
+    for shard in range(effect.shards):
+        for segment, path in _shard_files(directory, shard, errors):
+            try:
+                lines = _read_lines(directory, path, effect.known.get((shard, segment)),
+                                    effect.max_bytes)
+            except FileNotFoundError:
+                continue  # not written yet, or an inbox removed since it was listed
+            except OSError as exc:
+                errors.append((shard, _text(path, exc)))
+                continue
+            files.append((shard, segment, lines.identity, lines.size))
+            chunk = _chunk(shard, segment, lines, effect.ids)
+            if chunk is not None:
+                chunks.append(chunk)
+    return ev.QueueScanned(chunks=tuple(chunks), files=tuple(files), errors=tuple(errors))
+
+
+def _shard_files(
+    directory: str | os.PathLike[str], shard: int, errors: list[tuple[int, str]]
+) -> list[tuple[str, str]]:
+    """(segment, path) of a shard's log and inbox files; a folder that cannot be listed is
+    reported in `errors` (a missing one holds no file)."""
+    found = [("", os.path.join(directory, f"shard-{shard}", "tasks", "tasks.log"))]
+    try:
+        found += [(name, path) for name, path, _size in inbox_files(directory, shard)]
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        errors.append((shard, _text(os.path.join(directory, f"shard-{shard}", INBOX), exc)))
+    return found
+
+
+def _read_lines(
+    directory: str | os.PathLike[str],
+    path: str,
+    known: tuple[int, int] | None,
+    max_bytes: int,
+) -> _Lines:
+    """The complete lines of `path` from the offset `known` gives (when its identity is the
+    file's, and the file still reaches it), else from 0."""
+    fd = open_file(path, os.O_RDONLY, root=directory)
+    try:
+        st = os.fstat(fd)
+        start = 0
+        if known is not None and known[0] == st.st_ino and known[1] <= st.st_size:
+            start = known[1]
+        data = os.pread(fd, max(max_bytes, 1), start)
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) >= max_bytes:
+            return _first_line(fd, st.st_ino, st.st_size, start, data)
+        return _Lines(st.st_ino, st.st_size, start, data[:end])
+    finally:
+        os.close(fd)
+
+
+def _first_line(fd: int, identity: int, size: int, start: int, head: bytes) -> _Lines:
+    """No newline within `max_bytes`: read on to the end of the first line (a read returns at
+    least one line when there is one). A line longer than `LINE_LIMIT` is no record any writer
+    makes: it is skipped, unread, and reported."""
+    parts = [head]
+    pos = start + len(head)
+    while True:
+        more = os.pread(fd, _STEP, pos)
+        if not more:
+            return _Lines(identity, size, start, b"")  # not complete yet
+        nl = more.find(b"\n")
+        if nl >= 0:
+            pos += nl + 1
+            if pos - start > LINE_LIMIT:
+                return _Lines(identity, size, start, b"", overlong=pos)
+            parts.append(more[: nl + 1])
+            return _Lines(identity, size, start, b"".join(parts))
+        pos += len(more)
+        if pos - start <= LINE_LIMIT:
+            parts.append(more)
+        else:
+            parts.clear()  # kept no longer: only where the line ends matters now
+
+
+def _chunk(shard: int, segment: str, lines: _Lines, ids: frozenset[str]) -> ev.ScanChunk | None:
+    """The chunk of what `pick` keeps of `lines` (None: no complete line was new)."""
+    if lines.overlong is not None:
+        return ev.ScanChunk(
+            shard=shard,
+            segment=segment,
+            identity=lines.identity,
+            start=lines.start,
+            end=lines.overlong,
+            records=(),
+            corrupt=((lines.start, f"line longer than {LINE_LIMIT} bytes"),),
+        )
+    if not lines.data:
+        return None
+    records, corrupt, consumed = pick(lines.data, lines.start, ids)
+    return ev.ScanChunk(
+        shard=shard,
+        segment=segment,
+        identity=lines.identity,
+        start=lines.start,
+        end=lines.start + consumed,
+        records=tuple(records),
+        corrupt=tuple(corrupt),
+    )
+
+
+def _text(path: str, exc: OSError) -> str:
+    """An error as one line that names the path once."""
+    if isinstance(exc, PathError):
+        return str(exc)  # the sentence names the path already
+    return f"{path}: {exc.strerror or exc}"
