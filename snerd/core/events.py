@@ -261,8 +261,10 @@ class ScanChunk:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueScanned(Event):
     """The answer to a `ScanQueue`: a chunk for each file with anything new; every file found,
-    as (shard, segment, identity, size when read); the errors met (a folder or a file that
-    could not be read), as (shard, text)."""
+    as (shard, segment, identity, rest), where `rest` is 0 when the read went to the file's
+    end (what follows its last newline is a line still being written, or torn) and otherwise
+    how many bytes it left unread (the read stopped at `max_bytes`); the errors met (a folder
+    or a file that could not be read), as (shard, text)."""
 
     chunks: tuple[ScanChunk, ...]
     files: tuple[tuple[int, str, int, int], ...]

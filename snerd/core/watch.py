@@ -185,6 +185,8 @@ class TaskWatch:
         self.covering: frozenset[str] | None = None
         #: The state last returned for each id.
         self.reported: dict[str, str] = {}
+        #: The last read left complete lines unread (it stopped at `max_bytes`).
+        self.more = False
         #: The parents (`trigger_after_ids`) of each watched id some file holds live, as its
         #: latest live record names them: the node follows dependency cycles through them.
         self.parents_of: dict[str, tuple[str, ...]] = {}
@@ -218,33 +220,36 @@ class TaskWatch:
     def scanned(self, event: ev.QueueScanned) -> dict[str, str]:
         """Fold an answer; return {id: state} for each watched id whose state changed."""
         files = self.files
-        present = {
-            (shard, segment): (identity, size) for shard, segment, identity, size in event.files
-        }
+        present = {(shard, segment): identity for shard, segment, identity, _rest in event.files}
         for key in list(files):
-            if key not in present or files[key].identity != present[key][0]:
+            if present.get(key) != files[key].identity:
                 del files[key]  # removed (an ingested inbox), or replaced (compacted)
+        # More to read at once: a file the read left lines of (it stopped at `max_bytes`).
+        # A file that could not be read does not hold the pass up: the node says so, and an
+        # id only it might hold is unknown until it can be read (an operator has to mend it).
+        more = any(rest > 0 for _shard, _segment, _identity, rest in event.files)
         for chunk in event.chunks:
             key = (chunk.shard, chunk.segment)
             f = files.get(key)
             if f is None or f.identity != chunk.identity or chunk.start != f.offset:
                 if chunk.start != 0:
-                    continue  # not the read this state asked for: the next pass catches up
+                    # Not the read this state asked for: read that file again from its start.
+                    files.pop(key, None)
+                    more = True
+                    continue
                 f = files[key] = _File(chunk.identity)
             self._fold(f, chunk.segment == "", chunk.records)
             f.offset = chunk.end
-        behind = any(
-            key not in files or files[key].offset < size
-            for key, (_identity, size) in present.items()
-        )
-        if not behind and not event.errors and self.covering is not None:
+        self.more = more
+        if not more and self.covering is not None:
             self.settled |= self.covering & self.ids
             self.covering = None
         return self._changes()
 
     def caught_up(self) -> bool:
-        """No pass is in progress and nothing asked for waits for one."""
-        return self.covering is None and not self.fresh
+        """Nothing is left to read at once: the last read left no file with lines unread,
+        and no id named waits for a pass to begin."""
+        return not self.more and not self.fresh
 
     def state(self, task_id: str) -> str | None:
         """The combined state of a watched id (None: nothing known yet)."""

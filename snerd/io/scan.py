@@ -50,6 +50,8 @@ class _Lines:
     start: int
     data: bytes
     overlong: int | None = None
+    #: The read went to the file's end (it did not stop at `max_bytes`).
+    reached_end: bool = True
 
 
 def scan_queue(directory: str | os.PathLike[str], effect: fx.ScanQueue) -> ev.QueueScanned:
@@ -67,10 +69,10 @@ def scan_queue(directory: str | os.PathLike[str], effect: fx.ScanQueue) -> ev.Qu
             except OSError as exc:
                 errors.append((shard, _text(path, exc)))
                 continue
-            files.append((shard, segment, lines.identity, lines.size))
             chunk = _chunk(shard, segment, lines, effect.ids)
             if chunk is not None:
                 chunks.append(chunk)
+            files.append((shard, segment, lines.identity, _rest(lines, chunk)))
     return ev.QueueScanned(chunks=tuple(chunks), files=tuple(files), errors=tuple(errors))
 
 
@@ -107,7 +109,8 @@ def _read_lines(
         end = data.rfind(b"\n") + 1
         if end == 0 and len(data) >= max_bytes:
             return _first_line(fd, st.st_ino, st.st_size, start, data)
-        return _Lines(st.st_ino, st.st_size, start, data[:end])
+        reached = start + len(data) >= st.st_size
+        return _Lines(st.st_ino, st.st_size, start, data[:end], reached_end=reached)
     finally:
         os.close(fd)
 
@@ -126,9 +129,9 @@ def _first_line(fd: int, identity: int, size: int, start: int, head: bytes) -> _
         if nl >= 0:
             pos += nl + 1
             if pos - start > LINE_LIMIT:
-                return _Lines(identity, size, start, b"", overlong=pos)
+                return _Lines(identity, size, start, b"", overlong=pos, reached_end=pos >= size)
             parts.append(more[: nl + 1])
-            return _Lines(identity, size, start, b"".join(parts))
+            return _Lines(identity, size, start, b"".join(parts), reached_end=pos >= size)
         pos += len(more)
         if pos - start <= LINE_LIMIT:
             parts.append(more)
@@ -160,6 +163,15 @@ def _chunk(shard: int, segment: str, lines: _Lines, ids: frozenset[str]) -> ev.S
         records=tuple(records),
         corrupt=tuple(corrupt),
     )
+
+
+def _rest(lines: _Lines, chunk: ev.ScanChunk | None) -> int:
+    """The bytes a read left unread when it stopped short of the file's end, else 0 (what
+    follows the last newline is a line being written, or a torn one: not for this read)."""
+    end = lines.start if chunk is None else chunk.end
+    if lines.reached_end:
+        return 0
+    return max(lines.size - end, 0)
 
 
 def _text(path: str, exc: OSError) -> str:

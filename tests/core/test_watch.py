@@ -131,7 +131,11 @@ class Files:
             records, _corrupt, _ = pick(bytes(data[start:end]), start, effect.ids)
             chunks.append(ev.ScanChunk(shard=shard, segment=segment, identity=identity,
                                        start=start, end=end, records=tuple(records)))
-        listed = tuple((s, g, i, len(d)) for (s, g), (i, d) in sorted(self.files.items()))
+        ends = {(c.shard, c.segment): c.end for c in chunks}
+        listed = tuple(
+            (s, g, i, 0 if ends.get((s, g), 0) >= bytes(d).rfind(b"\n") + 1 else 1)
+            for (s, g), (i, d) in sorted(self.files.items())
+        )
         return watch.scanned(ev.QueueScanned(chunks=tuple(chunks), files=listed))
 
 

@@ -55,7 +55,7 @@ def test_a_growing_log_is_read_from_where_the_last_read_ended(tmp_path: Path) ->
     log.write_bytes(first)
     ino = os.stat(log).st_ino
     got = _scan(tmp_path, {"p"})
-    assert got.errors == () and got.files == ((0, "", ino, len(first)),)
+    assert got.errors == () and got.files == ((0, "", ino, 0),)  # read to its end
     (chunk,) = got.chunks
     assert (chunk.segment, chunk.identity, chunk.start, chunk.end) == ("", ino, 0, len(first))
     assert [r.fields["taskId"] for r in chunk.records] == ["p"]  # another id's record is dropped
@@ -68,7 +68,7 @@ def test_a_growing_log_is_read_from_where_the_last_read_ended(tmp_path: Path) ->
     ]
     # Nothing new: no chunk, the file still listed.
     idle = _scan(tmp_path, {"p"}, {(0, ""): (ino, chunk.end)})
-    assert idle.chunks == () and idle.files == ((0, "", ino, chunk.end),)
+    assert idle.chunks == () and idle.files == ((0, "", ino, 0),)
 
 
 def test_a_torn_last_line_is_left_for_the_read_that_finds_it_whole(tmp_path: Path) -> None:
@@ -209,13 +209,11 @@ def test_the_core_s_watch_follows_a_parent_through_real_files(tmp_path: Path) ->
     assert step() == {}
 
 
-# Known gaps of the core's watch, shown on real files: a pass never settles while some file
-# holds bytes no read can take (an empty file has no chunk to enter `TaskWatch.files` by; a
-# dead writer's torn last line never completes), so a parent no file holds is never judged
-# `UNKNOWN` and `TaskWatch.caught_up()` stays False (the node then scans back to back).
+# A pass settles whatever bytes no read can take: an empty file (a writer that crashed as it
+# created it), a dead writer's torn last line; so a parent no file holds is judged `UNKNOWN`
+# and the node does not scan back to back.
 
 
-@pytest.mark.xfail(strict=True, reason="core: an empty file keeps every pass 'behind'")
 def test_an_empty_inbox_file_does_not_keep_a_pass_from_settling(tmp_path: Path) -> None:
     _log(tmp_path, 0).write_bytes(_task("x"))
     (tmp_path / "shard-0" / "inbox").mkdir()
@@ -225,9 +223,6 @@ def test_an_empty_inbox_file_does_not_keep_a_pass_from_settling(tmp_path: Path) 
     assert watch.scanned(scan_queue(tmp_path, watch.request(1, 1 << 20))) == {"p": UNKNOWN}
 
 
-@pytest.mark.xfail(
-    strict=True, reason="core: a torn tail that never completes keeps every pass 'behind'"
-)
 def test_a_dead_writer_s_torn_inbox_tail_does_not_keep_a_pass_from_settling(
     tmp_path: Path,
 ) -> None:
@@ -237,3 +232,32 @@ def test_a_dead_writer_s_torn_inbox_tail_does_not_keep_a_pass_from_settling(
     watch = TaskWatch()
     watch.want({"p"})
     assert watch.scanned(scan_queue(tmp_path, watch.request(1, 1 << 20))) == {"p": UNKNOWN}
+
+
+def test_a_read_stopped_at_max_bytes_says_how_much_it_left_and_the_pass_goes_on(
+    tmp_path: Path,
+) -> None:
+    _log(tmp_path, 0).write_bytes(b"".join(_task(f"t{i}") for i in range(20)) + _task("p"))
+    watch = TaskWatch()
+    watch.want({"p"})
+    changes = watch.scanned(scan_queue(tmp_path, watch.request(1, 300)))
+    assert changes == {} and not watch.caught_up()
+    reads = 1
+    while not watch.caught_up():
+        changes.update(watch.scanned(scan_queue(tmp_path, watch.request(1, 300))))
+        reads += 1
+    assert changes == {"p": LIVE} and reads > 3
+
+
+def test_a_folder_that_cannot_be_read_is_reported_and_does_not_hold_the_pass(
+    tmp_path: Path,
+) -> None:
+    _log(tmp_path, 0).write_bytes(_task("x"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "shard-0" / "inbox").symlink_to(elsewhere)
+    watch = TaskWatch()
+    watch.want({"p"})
+    got = scan_queue(tmp_path, watch.request(1, 1 << 20))
+    assert [shard for shard, _ in got.errors] == [0] and "inbox" in got.errors[0][1]
+    assert watch.scanned(got) == {"p": UNKNOWN}

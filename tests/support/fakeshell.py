@@ -25,6 +25,13 @@ SECOND = 1_000_000
 T0 = 1_800_000_000 * SECOND  # a wall-clock origin in 2027
 
 
+def _rest(data: bytes, end: int | None) -> int:
+    """What a scan whose chunk of `data` ended at `end` (None: no chunk) left unread, of the
+    complete lines (0: it read to the end)."""
+    last = data.rfind(b"\n") + 1
+    return 0 if end is None or end >= last else len(data) - end
+
+
 class FakeShell:
     def __init__(self, config: NodeConfig | None = None, *, disk: dict[str, Any] | None = None):
         self.config = config or NodeConfig(node_id="test-node@pid-1-aa")
@@ -407,9 +414,13 @@ class FakeShell:
                     corrupt=tuple(corrupt),
                 )
             )
+        ends = {(c.shard, c.segment): c.end for c in chunks}
         return ev.QueueScanned(
             chunks=tuple(chunks),
-            files=tuple((shard, seg, ident, len(data)) for shard, seg, ident, data in files),
+            files=tuple(
+                (shard, seg, ident, _rest(data, ends.get((shard, seg))))
+                for shard, seg, ident, data in files
+            ),
         )
 
     def _build(self, record: fx.NewRecord) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from snerd.core import events as ev
 from snerd.core.node.model import BLOCKED, FINISHING, NODE_RUNNING, SECOND, Task, require
+from snerd.core.ownership import shard_name
 from snerd.core.schema import OUTCOME_COMPLETED, OUTCOME_DEAD
 from snerd.core.watch import COMPLETED, DEAD, LIVE, UNKNOWN, TaskWatch
 
@@ -58,6 +59,8 @@ class Parents:
         self.scan_at_mono = 0
         #: Watched parents the files hold no record of: since when (mono).
         self.unknown_since: dict[str, int] = {}
+        #: The errors the last scan met, each said once while it lasts.
+        self.errors: set[tuple[int, str]] = set()
 
     # -- timers (`Node.timers`)
 
@@ -171,8 +174,14 @@ class Parents:
     def on_scanned(self, event: ev.QueueScanned) -> None:
         self.scanning = False
         self.scan_at_mono = self.node.now.mono + self.config.watch_poll_us
-        for shard, text in event.errors:
-            self.out.log("warning", f"watching parents: shard {shard}: {text}")
+        errors = set(event.errors)
+        for shard, text in sorted(errors - self.errors):
+            self.out.log(
+                "warning",
+                f"watching parents: {shard_name(shard)}: {text} (said once while it lasts; a "
+                "parent only there is unknown meanwhile)",
+            )
+        self.errors = errors
         tasks = self.node.book.tasks
         for parent, state in sorted(self.watch.scanned(event).items()):
             if parent not in self.children or parent in tasks:
@@ -190,13 +199,18 @@ class Parents:
     # -- the parts
 
     def _known(self, parent: str) -> str | None:
-        """What this node knows of `parent`: LIVE, COMPLETED, DEAD, or None (nothing)."""
+        """What this node knows of `parent`: LIVE, COMPLETED, DEAD, or None (nothing): from
+        its tasks, its shards' histories, or the watch (a parent other children wait on)."""
         if parent in self.node.book.tasks:
             return LIVE
         for info in self.node.shards.values():
             entry = info.history.get(parent)
             if entry is not None:
                 return COMPLETED if entry[1] == OUTCOME_COMPLETED else DEAD
+        if parent in self.watch.ids:
+            state = self.watch.state(parent)
+            if state == COMPLETED or state == DEAD:
+                return state
         return None
 
     def _watched(self) -> list[str]:

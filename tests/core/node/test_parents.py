@@ -157,3 +157,20 @@ def test_a_cycle_across_two_nodes_is_broken_and_each_part_dead_lettered() -> Non
     assert a.executed_ids() == [] and b.executed_ids() == []
     errors = {tombstone(a, "c1", 0)["LastErrorObj"], tombstone(b, "k1", 1)["LastErrorObj"]}
     assert errors & {"dependency_cycle_through: k1", "dependency_cycle_through: c1"}
+
+
+def test_a_child_of_a_parent_the_watch_saw_end_is_judged_at_once() -> None:
+    a, b = split()
+    a.register("t")
+    b.register("slow")
+    b.enqueue("p2", task_type="slow")
+    a.enqueue("c1", trigger_after_ids=["p2"])
+    both(a, b, 1)
+    b.result("p2", ok=False, error="boom")
+    both(a, b, 1)
+    assert "c1" not in a.node.tasks
+    # p2 is still what the watch last read; a child that comes now is failed through too.
+    b.enqueue("c3", trigger_after_ids=["p2"])  # through b's inbox for a's shard
+    both(a, b, 1)
+    assert "c3" not in a.node.tasks
+    assert tombstone(a, "c3", 0)["LastErrorObj"] == "blocked_by_failed_parent: p2"
