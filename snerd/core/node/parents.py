@@ -209,7 +209,7 @@ class Parents:
                 return COMPLETED if entry[1] == OUTCOME_COMPLETED else DEAD
         if parent in self.watch.ids:
             state = self.watch.state(parent)
-            if state == COMPLETED or state == DEAD:
+            if state in (COMPLETED, DEAD):
                 return state
         return None
 
