@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-__all__ = ["next_fire", "normalize_cron"]
+__all__ = ["check_timezone", "last_fires", "next_fire", "normalize_cron"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
@@ -113,8 +114,54 @@ def normalize_cron(expr: str) -> str:
     return normalized
 
 
-def next_fire(expr_normalized: str, after_us: int) -> int:
-    """The first fire time strictly after `after_us`.
+def check_timezone(name: str) -> ZoneInfo:
+    """The IANA time zone `name` (`Europe/Paris`, `UTC`), or a `ValueError` saying why not.
+    (The zone's rules are read once, from the system's or the `tzdata` package's database.)"""
+    if not name or len(name) > 255 or name.startswith(("/", ".")) or ".." in name:
+        raise ValueError(f"timezone {name!r} is not an IANA time zone name")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(f"unknown timezone {name!r} (an IANA name, like Europe/Paris)") from None
+
+
+def _start(after_us: int, timezone: str | None) -> datetime:
+    start = _EPOCH + timedelta(seconds=after_us // 1_000_000)
+    return start if timezone is None else start.astimezone(check_timezone(timezone))
+
+
+def last_fires(
+    expr_normalized: str, after_us: int, until_us: int, limit: int, timezone: str | None = None
+) -> tuple[list[int], bool]:
+    """The fire times in (`after_us`, `until_us`], at most the `limit` latest of them, oldest
+    first, and whether there were more (older ones left out)."""
+    if until_us <= after_us or limit <= 0:
+        return [], until_us > after_us and next_fire(expr_normalized, after_us, timezone) <= until_us
+    try:
+        # A fire at exactly `until_us` counts: search back from just after it.
+        it = croniter(
+            expr_normalized, _start(until_us + 1_000_000, timezone), second_at_beginning=True
+        )
+        found: list[int] = []
+        while len(found) <= limit:
+            fire = it.get_prev(datetime)
+            at = (fire - _EPOCH) // _ONE_US
+            if at <= after_us:
+                break
+            if at <= until_us:
+                found.append(at)
+    except (OverflowError, ValueError) as exc:
+        raise ValueError(f"cron {expr_normalized!r}: {exc}") from exc
+    more = len(found) > limit
+    return sorted(found[:limit]), more
+
+
+def next_fire(expr_normalized: str, after_us: int, timezone: str | None = None) -> int:
+    """The first fire time strictly after `after_us`, read in `timezone` (an IANA name; None:
+    UTC). In a zone with daylight saving, a wall time the clocks skip fires at the end of the
+    gap (`30 2 * * *` at 03:00 the night clocks go forward), and a wall time they repeat
+    fires once, at its first occurrence, unless the hour field is `*` or a step (an hourly or
+    more frequent schedule fires in both hours), as in Vixie cron.
 
     Missed runs are not replayed: whatever fired before `after_us` is skipped, and the answer is
     the next one after it.
@@ -133,11 +180,11 @@ def next_fire(expr_normalized: str, after_us: int) -> int:
     # Fire times are whole seconds, so "strictly after after_us" is "strictly after the whole
     # second containing it": for after_us = S + f (0 <= f < 1 s), a fire t > S + f iff t > S.
     # Searching from S also keeps croniter's handling of sub-second starts out of the question.
-    start_s = after_us // 1_000_000
     try:
-        start = _EPOCH + timedelta(seconds=start_s)
-        it = croniter(expr_normalized, start, second_at_beginning=True)
+        it = croniter(expr_normalized, _start(after_us, timezone), second_at_beginning=True)
         fire = it.get_next(datetime)
+        if timezone is not None and _repeated(fire) and _fixed_hours(expr_normalized):
+            fire = it.get_next(datetime)  # the wall time's second occurrence: fired already
     except (OverflowError, ValueError) as exc:
         # croniter's errors are ValueErrors; OverflowError is a search that ran past year 9999.
         raise ValueError(f"cron {expr_normalized!r} has no next fire time: {exc}") from exc
@@ -146,6 +193,17 @@ def next_fire(expr_normalized: str, after_us: int) -> int:
     result = (fire - _EPOCH) // _ONE_US
     assert result > after_us, (expr_normalized, after_us, result)
     return result
+
+
+def _repeated(fire: datetime) -> bool:
+    """`fire` is the second occurrence of a wall time the clocks repeat (they went back)."""
+    return fire.fold == 1 and fire.replace(fold=0).utcoffset() != fire.utcoffset()
+
+
+def _fixed_hours(expr_normalized: str) -> bool:
+    """The hour field names hours (`2`, `1,13`, `9-17`), no `*` or step."""
+    hours = expr_normalized.split()[2]
+    return "*" not in hours and "/" not in hours
 
 
 def _from_shorthand(n: int, unit: str, text: str) -> str:

@@ -69,6 +69,8 @@ import orjson
 
 from snerd.core import dedupe
 from snerd.core import fields as rule
+from snerd.core import schedule as schedule_rules
+from snerd.core.cron import check_timezone
 from snerd.core.events import Event
 from snerd.core.fields import I32_MAX as _I32_MAX
 from snerd.core.fields import (
@@ -85,7 +87,7 @@ from snerd.core.fields import nests_deeper as _nests_deeper
 from snerd.core.fields import show as _show
 from snerd.core.fields import utf8_size as _utf8_size
 from snerd.core.slots import slot_constructor
-from snerd.core.timefmt import parse_rfc3339
+from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
@@ -225,7 +227,33 @@ class StatsRequested(Event):
     """The SDK asked for a `stats` message."""
 
 
-Command: TypeAlias = Register | Enqueue | Result | Progress | StatsRequested
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule(Event):
+    """Declare the schedule `name` (create it, or replace it where anything differs):
+    `snerd.core.schedule`."""
+
+    name: str
+    #: What each run is enqueued with: `task_id` is the name, `cron` the normalized expression.
+    template: Enqueue
+    #: The same as the line gave it: its enqueue fields (nulls left out, `cron` normalized),
+    #: which the schedule's record keeps.
+    task: dict[str, Any]
+    timezone: str | None = None
+    misfire: str = "once"
+    catch_up: int = 1
+    overlap: str = "allow"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unschedule(Event):
+    """Remove the schedule `name` (its runs already enqueued go on)."""
+
+    name: str
+
+
+Command: TypeAlias = (
+    Register | Enqueue | Result | Progress | StatsRequested | Schedule | Unschedule
+)
 
 
 class ProtocolError(Exception):
@@ -243,6 +271,15 @@ class ProtocolError(Exception):
 
     def __repr__(self) -> str:
         return f"ProtocolError({self.message!r}, task_id={self.task_id!r})"
+
+
+class ScheduleError(ProtocolError):
+    """A `schedule` or `unschedule` line was refused: `Failed to schedule: <detail>`, answered
+    with an `error` naming the schedule (`name`)."""
+
+    def __init__(self, detail: str, *, name: str | None) -> None:
+        super().__init__(f"Failed to schedule: {detail}")
+        self.name = name
 
 
 # --- known texts -------------------------------------------------------------------------------
@@ -345,7 +382,88 @@ def parse_document(doc: Any) -> Command:
         return Register(task_type=task_type)
     if action == "stats":
         return StatsRequested()
+    if action == "schedule":
+        return _parse_schedule(doc)
+    if action == "unschedule":
+        return Unschedule(name=_schedule_name(doc))
     raise fields.invalid(f"unknown action '{_show(action)}'")
+
+
+#: The fields of a `schedule` line that are not an enqueue's.
+_SCHEDULE_ONLY = ("name", "timezone", "misfire", "catch_up", "overlap")
+
+
+def _schedule_name(doc: dict[str, Any]) -> str:
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise ScheduleError("missing field `name` (a non-empty string)", name=None)
+    if _utf8_size(name) > schedule_rules.MAX_NAME_BYTES:
+        raise ScheduleError(
+            f"name is {_utf8_size(name)} bytes; the limit is {schedule_rules.MAX_NAME_BYTES}",
+            name=name,
+        )
+    return name
+
+
+def _parse_schedule(doc: dict[str, Any]) -> Schedule:
+    """A `schedule` line: a name, the schedule's own fields, and the fields of an enqueue
+    (without `task_id`, `execute_at` or `trigger_after_ids`; `cron` required), checked by the
+    enqueue's rules."""
+    name = _schedule_name(doc)
+    for key in ("task_id", "execute_at", "trigger_after_ids"):
+        if doc.get(key) is not None:
+            raise ScheduleError(f"a schedule has no `{key}`", name=name)
+    if not isinstance(doc.get("cron"), str) or not doc["cron"].strip():
+        raise ScheduleError("missing field `cron`", name=name)
+    enqueue = {k: v for k, v in doc.items() if k not in _SCHEDULE_ONLY}
+    enqueue.update(action="enqueue", task_id=name)
+    try:
+        template = _parse_enqueue(_Fields(enqueue, name))
+    except ProtocolError as exc:
+        detail = exc.message.removeprefix(failed_to_enqueue("")).removeprefix("Invalid JSON: ")
+        raise ScheduleError(detail, name=name) from None
+    timezone = doc.get("timezone")
+    if timezone is not None:
+        if not isinstance(timezone, str):
+            raise ScheduleError(f"timezone must be a string, got {_type_name(timezone)}", name=name)
+        try:
+            check_timezone(timezone)
+        except ValueError as exc:
+            raise ScheduleError(str(exc), name=name) from None
+    misfire = doc.get("misfire", "once")
+    if misfire not in schedule_rules.MISFIRES:
+        raise ScheduleError(
+            f"misfire must be one of {', '.join(schedule_rules.MISFIRES)}, got "
+            f"{_show(str(misfire))!r}",
+            name=name,
+        )
+    catch_up = doc.get("catch_up", 1)
+    if type(catch_up) is not int or not 1 <= catch_up <= schedule_rules.CATCH_UP_MAX:
+        raise ScheduleError(
+            f"catch_up must be a whole number from 1 to {schedule_rules.CATCH_UP_MAX}", name=name
+        )
+    overlap = doc.get("overlap", "allow")
+    if overlap not in schedule_rules.OVERLAPS:
+        raise ScheduleError(
+            f"overlap must be one of {', '.join(schedule_rules.OVERLAPS)}, got "
+            f"{_show(str(overlap))!r}",
+            name=name,
+        )
+    task = {
+        k: v
+        for k, v in enqueue.items()
+        if v is not None and k not in ("action", "task_id") and v != ""
+    }
+    task["cron"] = template.cron
+    return Schedule(
+        name=name,
+        template=template,
+        task=task,
+        timezone=timezone or None,
+        misfire=misfire,
+        catch_up=catch_up,
+        overlap=overlap,
+    )
 
 
 def validate_enqueue(cmd: Enqueue) -> None:
@@ -823,6 +941,24 @@ def ack_lines(task_ids: list[str], shard: int) -> bytes:
     head = b'{"action":"ack","task_id":'
     tail = b',"message":"Enqueued successfully","shard":"shard-%d"}\n' % shard
     return head + (tail + head).join(map(orjson.dumps, task_ids)) + tail
+
+
+def scheduled(name: str, result: str, next_fire_us: int | None = None) -> dict[str, Any]:
+    """The answer to a `schedule` or `unschedule`: `result` is `created`, `updated`,
+    `unchanged` (with the next fire time), `removed`, `absent`, or `forwarded` (written to the
+    inbox of the shard holding it, whose owner applies it)."""
+    msg: dict[str, Any] = {"action": "scheduled", "name": name, "result": result}
+    if next_fire_us is not None:
+        msg["next_fire"] = format_rfc3339(next_fire_us)
+    return msg
+
+
+def schedule_error(name: str | None, message: str) -> dict[str, Any]:
+    """`{"action":"error","name":NAME,"message":TEXT}` (`name` omitted when None)."""
+    msg: dict[str, Any] = {"action": "error", "message": message}
+    if name is not None:
+        msg["name"] = name
+    return msg
 
 
 def error(task_id: str | None, message: str) -> dict[str, Any]:

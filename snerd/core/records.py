@@ -95,6 +95,7 @@ from snerd.core.schema import (
     KIND_CLAIM,
     KIND_DISPATCH,
     KIND_INBOX,
+    KIND_SCHEDULE,
     LAST_ERROR_OBJ,
     LAST_JOB_ERROR,
     MAX_EXECUTION_SECONDS,
@@ -107,6 +108,14 @@ from snerd.core.schema import (
     RETRY_AFTER_HOURS,
     RETRY_AFTER_TIME,
     RETRY_COUNT,
+    SCHEDULE_CATCH_UP,
+    SCHEDULE_FIRED,
+    SCHEDULE_MISFIRE,
+    SCHEDULE_NAME,
+    SCHEDULE_OVERLAP,
+    SCHEDULE_REMOVED,
+    SCHEDULE_TASK,
+    SCHEDULE_TIMEZONE,
     SNERD_CRC,
     SNERD_EPOCH,
     SNERD_KIND,
@@ -556,6 +565,11 @@ def _parents(key: str, value: Any) -> None:
         raise _WrongType(value, "an array of strings")
 
 
+def _object(key: str, value: Any) -> None:
+    if type(value) is not dict:
+        raise _WrongType(value, "an object")
+
+
 def _unique_until(key: str, value: Any) -> None:
     if type(value) is not str and type(value) is not int:
         raise _WrongType(value, "a string or an integer")
@@ -655,6 +669,21 @@ _KINDS: dict[str, tuple[dict[str, _Check], tuple[str, ...]]] = {
     KIND_CLAIM: (
         {**_COMMON, CLAIM_EPOCH: _count, CLAIM_NODE: _node_id, RECORD_AT: _time},
         (CLAIM_EPOCH, CLAIM_NODE),
+    ),
+    KIND_SCHEDULE: (
+        {
+            **_COMMON,
+            SCHEDULE_NAME: _task_id,
+            SCHEDULE_TASK: _object,
+            SCHEDULE_TIMEZONE: _str,
+            SCHEDULE_MISFIRE: _str,
+            SCHEDULE_CATCH_UP: _count,
+            SCHEDULE_OVERLAP: _str,
+            SCHEDULE_FIRED: _time,
+            SCHEDULE_REMOVED: _bool,
+            RECORD_AT: _time,
+        },
+        (SCHEDULE_NAME,),
     ),
     KIND_INBOX: (
         {

@@ -45,6 +45,7 @@ __all__ = [
     "KIND_CLAIM",
     "KIND_DISPATCH",
     "KIND_INBOX",
+    "KIND_SCHEDULE",
     "LAST_ERROR_OBJ",
     "LAST_JOB_ERROR",
     "MAX_EXECUTION_SECONDS",
@@ -59,12 +60,22 @@ __all__ = [
     "RETRY_AFTER_HOURS",
     "RETRY_AFTER_TIME",
     "RETRY_COUNT",
+    "SCHEDULE_CATCH_UP",
+    "SCHEDULE_CRON",
+    "SCHEDULE_FIRED",
+    "SCHEDULE_MISFIRE",
+    "SCHEDULE_NAME",
+    "SCHEDULE_OVERLAP",
+    "SCHEDULE_REMOVED",
+    "SCHEDULE_TASK",
+    "SCHEDULE_TIMEZONE",
     "SNERD_CRC",
     "SNERD_EPOCH",
     "SNERD_KIND",
     "SNERD_NODE",
     "SNERD_OUTCOME",
     "SNERD_REPLAYED_AT",
+    "SNERD_SCHEDULE",
     "SNERD_SEQ",
     "SNERD_UNIQUE_UNTIL",
     "SNERD_VIA",
@@ -117,6 +128,7 @@ SNERD_CRC: Final = "snerdCrc"  # always last: xxh3_64 hex of the line's bytes be
 KIND_DISPATCH: Final = "dispatch"  # an attempt started (its task, number, time, group)
 KIND_CLAIM: Final = "claim"  # a node took the shard at an epoch; it fences older writers
 KIND_INBOX: Final = "inbox"  # the owner copied another node's inbox up to an offset
+KIND_SCHEDULE: Final = "schedule"  # a named schedule's declaration and last tick fired
 OUTCOME_COMPLETED: Final = "completed"  # the tombstone of a task that succeeded
 OUTCOME_DEAD: Final = "dead_letter"  # the tombstone of a task that used every attempt
 
@@ -131,6 +143,16 @@ INBOX_NODE: Final = "node"  # an inbox mark: the node whose inbox was copied
 INBOX_OFFSET: Final = "offset"  # an inbox mark: the inbox's byte offset copied up to
 INBOX_FROM: Final = "from"  # an inbox mark: the inbox's byte offset this copy began at
 INBOX_DROPPED: Final = "dropped"  # an inbox mark: the records not taken in, [{task, at, why, of?}]
+SCHEDULE_NAME: Final = "name"  # a schedule: its name
+SCHEDULE_TASK: Final = "task"  # ... what each run is enqueued with (the enqueue's wire fields)
+SCHEDULE_CRON: Final = "cron"  # ... its cron expression, normalized
+SCHEDULE_TIMEZONE: Final = "timezone"  # ... the IANA zone it is read in (absent: UTC)
+SCHEDULE_MISFIRE: Final = "misfire"  # ... skip | once | catch_up
+SCHEDULE_CATCH_UP: Final = "catchUp"  # ... how many missed ticks catch_up runs
+SCHEDULE_OVERLAP: Final = "overlap"  # ... allow | skip | wait
+SCHEDULE_FIRED: Final = "fired"  # ... RFC 3339: its last tick fired (or when it was declared)
+SCHEDULE_REMOVED: Final = "removed"  # ... true: unscheduled
+SNERD_SCHEDULE: Final = "snerdSchedule"  # a task record: the schedule it is a run of
 DROP_TASK: Final = "task"  # a record not taken in: its task id
 DROP_AT: Final = "at"  # ... its byte offset in the inbox file
 DROP_OF: Final = "of"  # ... dropped as a duplicate of this task

@@ -72,6 +72,7 @@ from snerd.core.schema import (
     KIND_CLAIM,
     KIND_DISPATCH,
     KIND_INBOX,
+    KIND_SCHEDULE,
     LAST_ERROR_OBJ,
     LAST_JOB_ERROR,
     MAX_RETRIES,
@@ -81,6 +82,8 @@ from snerd.core.schema import (
     RECORD_AT,
     RETRY_AFTER_TIME,
     RETRY_COUNT,
+    SCHEDULE_NAME,
+    SCHEDULE_REMOVED,
     SNERD_EPOCH,
     SNERD_KIND,
     SNERD_NODE,
@@ -241,6 +244,8 @@ class ShardFold:
     #: says so (kept by compaction).
     inbox: dict[str, int] = field(default_factory=dict)
     inbox_records: dict[str, LogRecord] = field(default_factory=dict)
+    #: The latest record of each named schedule (a removal included), by name.
+    schedules: dict[str, LogRecord] = field(default_factory=dict)
     #: Records ignored by fencing.
     stale: list[StaleRecord] = field(default_factory=list)
     #: Records of a kind this snerd does not know, and task records without a string
@@ -290,6 +295,12 @@ class ShardFold:
                     self.inbox_records[node] = record
             else:
                 self.ignored += 1
+            return
+        if kind == KIND_SCHEDULE:
+            name = f.get(SCHEDULE_NAME)
+            if isinstance(name, str):
+                self.schedules.pop(name, None)  # re-insert: in the order of their latest
+                self.schedules[name] = record
             return
         if kind is not None:
             self.ignored += 1
@@ -403,7 +414,8 @@ class ShardFold:
     ) -> list[KeepRange]:
         """The records a compaction must carry over, in file order: the latest record of each
         live task and its in-flight dispatch record, the latest claim record and the one that
-        set the fence, the latest inbox record of each writer, dispatch records of rate-limited groups younger than `window_us`, and
+        set the fence, the latest inbox record of each writer, the latest record of each
+        schedule not removed, dispatch records of rate-limited groups younger than `window_us`, and
         the latest `history_limit` finished tasks. Folding the kept records gives the same
         live tasks, in-flight attempts, fence and (younger) rate windows."""
         if history_limit < 0:
@@ -418,6 +430,9 @@ class ShardFold:
         add(self.fence_claim)
         for record in self.inbox_records.values():
             add(record)
+        for record in self.schedules.values():
+            if record.fields.get(SCHEDULE_REMOVED) is not True:
+                add(record)
         for record in self.live.values():
             add(record)
         for task_id in self.in_flight():

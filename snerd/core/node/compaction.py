@@ -94,6 +94,8 @@ class Compaction:
                     offsets[loc.offset] = loc.length
         for loc, _ in info.history.values():
             offsets[loc.offset] = loc.length
+        for loc in self.node.schedules.locs(shard):
+            offsets[loc.offset] = loc.length
         horizon = self.node.now.wall - RateWindows.WINDOW_US
         while info.window_records and info.window_records[0][0] < horizon:
             info.window_records.popleft()
@@ -165,6 +167,7 @@ class Compaction:
         info.history = {
             t: (moved.get(loc.offset, loc), outcome) for t, (loc, outcome) in info.history.items()
         }
+        self.node.schedules.moved(shard, moved)
         info.window_records = deque(
             (t, moved.get(loc.offset, loc)) for t, loc in info.window_records
         )

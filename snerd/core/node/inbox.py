@@ -47,6 +47,7 @@ from snerd.core.schema import (
     INBOX_NODE,
     INBOX_OFFSET,
     KIND_INBOX,
+    KIND_SCHEDULE,
     PAYLOAD_HASH,
     SNERD_EPOCH,
     SNERD_KIND,
@@ -332,6 +333,13 @@ class InboxIngest:
         waiting to answer the enqueue: `snerd.core.node.verdicts`)."""
         f = record.fields
         task_id = f.get(TASK_ID)
+        if f.get(SNERD_KIND) == KIND_SCHEDULE:
+            # A declaration another daemon took for a schedule of this shard: its record, if
+            # anything changed, joins this ingest's append (one write: both land or neither).
+            why = self.node.schedules.ingest(f, chunk.shard)
+            if why is not None:
+                self.out.log("warning", f"{where}: byte {record.offset}: {why}; skipped")
+            return None
         if f.get(SNERD_KIND) is not None or not isinstance(task_id, str):
             self.out.log("warning", f"{where}: byte {record.offset} is not a task record; skipped")
             return None

@@ -154,6 +154,9 @@ class Intake:
                 command = proto.parse_line(line)  # (it words the error)
             else:
                 command = proto.parse_document(doc)
+        except proto.ScheduleError as err:
+            self.out.send(proto.schedule_error(err.name, err.message))
+            return
         except proto.ProtocolError as err:
             self.out.send(proto.error(err.task_id, err.message))
             return
@@ -193,10 +196,7 @@ class Intake:
             return
         payload_hash = None
         if cmd.dedupes:
-            if cmd.unique_key is not None:
-                payload_hash = dedupe.unique_fingerprint(cmd.task_type, cmd.unique_key)
-            else:
-                payload_hash = dedupe.fingerprint(cmd.task_type, cmd.task_data)
+            payload_hash = self.fingerprint(cmd)
             original = book.twin(payload_hash, cmd.unique_until)
             if original is not None:
                 self.node.stats["total_enqueued"] += 1
@@ -228,6 +228,27 @@ class Intake:
         """Take an enqueue into a shard this node owns: its record, and its task in the index
         (ENQUEUING until the record is durable, or dispatched with it, `_runs_at_once`)."""
         book = self.node.book
+        task, fields = self.take(cmd, shard, info, payload_hash)
+        records = [new_record(fields)]
+        if self._runs_at_once(task):
+            # Its first attempt starts now: the dispatch record shares the enqueue record's
+            # append (one commit, one fsync instead of two in a row); the ack and the
+            # `execute` both follow that commit (`Outcomes.on_commit`).
+            records.append(new_record(book.begin_attempt(task, task.pool)))
+        self.out.append(shard, records, EnqueuePart(shard, task_id=cmd.task_id))
+
+    def take(
+        self,
+        cmd: proto.Enqueue,
+        shard: int,
+        info: ShardInfo,
+        payload_hash: str | None = None,
+    ) -> tuple[Task, dict[str, Any]]:
+        """A new task of an owned shard, ENQUEUING in the index, and its record's fields
+        (an enqueue's; a schedule's run, `snerd.core.node.schedules`)."""
+        book = self.node.book
+        if payload_hash is None and cmd.dedupes:
+            payload_hash = self.fingerprint(cmd)
         fields, ready_at = self._enqueue_fields(cmd, payload_hash)
         fields[SNERD_NODE] = self.config.node_id
         fields[SNERD_EPOCH] = info.epoch
@@ -260,13 +281,14 @@ class Intake:
         book.tasks[cmd.task_id] = task
         book.add_fingerprint(task)
         self.node.stats["total_enqueued"] += 1
-        records = [new_record(fields)]
-        if self._runs_at_once(task):
-            # Its first attempt starts now: the dispatch record shares the enqueue record's
-            # append (one commit, one fsync instead of two in a row); the ack and the
-            # `execute` both follow that commit (`Outcomes.on_commit`).
-            records.append(new_record(book.begin_attempt(task, task.pool)))
-        self.out.append(shard, records, EnqueuePart(shard, task_id=cmd.task_id))
+        return task, fields
+
+    @staticmethod
+    def fingerprint(cmd: proto.Enqueue) -> str:
+        """The dedupe fingerprint of an enqueue with dedupe (`snerd.core.dedupe`)."""
+        if cmd.unique_key is not None:
+            return dedupe.unique_fingerprint(cmd.task_type, cmd.unique_key)
+        return dedupe.fingerprint(cmd.task_type, cmd.task_data)
 
     def _enqueue_fields(
         self, cmd: proto.Enqueue, payload_hash: str | None

@@ -95,6 +95,7 @@ from snerd.core.node.outbox import DispatchRun, Outbox
 from snerd.core.node.outcomes import Outcomes
 from snerd.core.node.parents import Parents
 from snerd.core.node.replay import Replay
+from snerd.core.node.schedules import Schedules
 from snerd.core.node.tasks import TaskBook
 from snerd.core.node.tenure import Tenure
 from snerd.core.node.verdicts import Verdicts
@@ -141,6 +142,8 @@ class Node:
         self.parents = Parents(self)
         #: Enqueues with dedupe through inboxes, waiting for their owner's decision.
         self.verdicts = Verdicts(self)
+        #: The named schedules of the shards this node owns.
+        self.schedules = Schedules(self)
         self.replay = Replay(self)
         self.intake = Intake(self)
         self.outcomes = Outcomes(self)
@@ -249,6 +252,7 @@ class Node:
         self.book.invariants()
         self.parents.invariants()
         self.verdicts.invariants()
+        self.schedules.invariants()
         self.tenure.invariants()
         self.inbox.invariants()
         if self.phase is STOPPED:
@@ -338,6 +342,8 @@ class Node:
             proto.Result: self.intake.on_result,
             proto.Progress: self.intake.on_progress,
             proto.StatsRequested: self.intake.on_stats,
+            proto.Schedule: self.schedules.on_schedule,
+            proto.Unschedule: self.schedules.on_schedule,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -395,7 +401,7 @@ class Node:
         """Every deadline the node keeps, once: `wake_in` reads each one's `due`, and the tick
         (`_on_time`) calls each one's `fire`, in this order."""
         inbox, book, tenure, outbox = self.inbox, self.book, self.tenure, self.outbox
-        parents, verdicts = self.parents, self.verdicts
+        parents, verdicts, schedules = self.parents, self.verdicts, self.schedules
         return (
             Timer("inbox poll", False, inbox.poll_due, inbox.poll_fire),
             Timer("inbox check", False, inbox.check_due, inbox.check_fire),
@@ -406,6 +412,7 @@ class Node:
             Timer("hard timeout", False, book.timeouts_due, book.timeouts_fire),
             Timer("due task", True, book.due_at, book.due_fire),
             Timer("rate window", True, book.group_wake_at, book.group_wake_fire),
+            Timer("schedule tick", True, schedules.tick_due, schedules.tick_fire),
             Timer("parent scan", False, parents.scan_due, parents.scan_fire),
             Timer("unknown parent", False, parents.unknown_due, parents.unknown_fire),
             Timer("verdict poll", False, verdicts.poll_due, verdicts.poll_fire),

@@ -177,6 +177,26 @@ class IngestPart(PendingAppend):
 
 
 @dataclass(slots=True)
+class SchedulePart(PendingAppend):
+    """A schedule's record: declared (or removed) here, answered once it lands."""
+
+    KIND: ClassVar[str] = "schedule"
+    name: str = ""
+    #: The answer once it lands (`created`, `updated`, `removed`); "" for none.
+    result: str = ""
+
+
+@dataclass(slots=True)
+class FirePart(PendingAppend):
+    """A schedule's runs for the ticks due, then its record saying the last one is fired."""
+
+    KIND: ClassVar[str] = "fire"
+    name: str = ""
+    tasks: list[str] = field(default_factory=list)
+    fired: int = 0
+
+
+@dataclass(slots=True)
 class CompactPart(PendingAppend):
     """A compaction in flight, keeping `keep`."""
 

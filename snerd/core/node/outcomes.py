@@ -43,12 +43,14 @@ from snerd.core.node.outbox import (
     EnqueueRun,
     FinishPart,
     FinishRun,
+    FirePart,
     GroupPart,
     InboxPart,
     IngestPart,
     PendingAppend,
     RearmPart,
     RetryPart,
+    SchedulePart,
 )
 from snerd.core.ownership import shard_name
 from snerd.core.ready_queue import ReadyQueue
@@ -98,6 +100,8 @@ class Outcomes:
             RearmPart: self._retry_committed,
             ClaimPart: tenure.claim_committed,
             IngestPart: inbox.ingest_committed,
+            FirePart: node.schedules.fire_committed,
+            SchedulePart: node.schedules.schedule_committed,
         }
         self.failed: dict[type[PendingAppend], Failed] = {
             EnqueuePart: self._enqueue_failed,
@@ -109,6 +113,8 @@ class Outcomes:
             RearmPart: self._outcome_failed,
             ClaimPart: self._retry_later,
             IngestPart: inbox.ingest_failed,
+            FirePart: node.schedules.fire_failed,
+            SchedulePart: node.schedules.schedule_failed,
         }
         self.book = book
 

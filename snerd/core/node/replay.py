@@ -83,6 +83,7 @@ class Replay:
         info.fold = None
         self._restore_shard(shard, info, fold)
         self._restore_tasks(shard, info, fold)
+        self.node.schedules.load(shard, fold.schedules)
         self._fence(shard, info, fold)
 
     def _restore_shard(self, shard: int, info: ShardInfo, fold: ShardFold) -> None:

@@ -296,6 +296,7 @@ class TaskBook:
             self.pool_busy[flight.pool] -= 1
         self.drop_fingerprint(task)
         self.node.parents.forget(task_id)
+        self.node.schedules.run_finished(task_id)
 
     def add_fingerprint(self, task: Task) -> None:
         if task.payload_hash is not None:
@@ -749,6 +750,7 @@ class TaskBook:
                     )
                 )
         self.node.parents.parent_finished(task.task_id, outcome)
+        self.node.schedules.run_finished(task.task_id)
 
 
 def _parse_time(value: Any, default: int) -> int:

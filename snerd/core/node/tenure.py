@@ -702,6 +702,7 @@ class Tenure:
                     self.out.send(proto.error(task_id, message))
         for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
             self.node.book.forget(task_id)
+        self.node.schedules.forget_shard(shard)
         # Appends held back by a compaction still running are never made: they belong to this
         # tenure (a compaction ends with them otherwise, `Compaction._over`).
         for effect in info.backlog:
@@ -760,6 +761,7 @@ class Tenure:
         )
         for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
             self.node.book.forget(task_id)
+        self.node.schedules.forget_shard(shard)
         self.node.book.parked_by_shard.pop(shard, None)
         info.history.clear()
         info.window_records.clear()
