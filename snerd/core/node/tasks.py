@@ -599,33 +599,40 @@ class TaskBook:
         self.move(task, FINISHING)
 
     def succeeded(self, task: Task) -> None:
-        now = self.node.now
         self._end_flight(task)
         assert task.loc is not None
-        nxt = None
-        if task.cron is not None:
-            try:
-                nxt = next_fire(task.cron, now.wall)
-            except ValueError as exc:  # no fire time before year 9999 (a wall clock that far)
-                self.out.log("warning", f"task {task.task_id}: not re-armed: {exc}; it is done")
-        if nxt is not None:
-            # Re-arm: same id, errors cleared, next tick strictly after now (missed ticks skipped).
-            fields = {
-                RETRY_COUNT: 0,
-                RETRY_AFTER_TIME: format_rfc3339(now.wall),
-                EXECUTE_AT: format_rfc3339(nxt),
-                **self.node.tenure.meta(task.shard),
-            }
-            record = fx.NewRecord(
-                fields=fields, base=task.loc, remove=(LAST_ERROR_OBJ, LAST_JOB_ERROR, DELETED_AT)
-            )
-            self.out.append(
-                task.shard,
-                [record],
-                RearmPart(task.shard, task_id=task.task_id, ready_at=nxt),
-            )
+        if task.cron is not None and self._rearm(task, None):
             return
         self._complete(task)
+
+    def _rearm(self, task: Task, error: str | None) -> bool:
+        """A cron task's run ended: due again at its next tick, same id, retry count reset
+        (missed ticks skipped); the run's error kept when it used every attempt (`error`),
+        else cleared. False: it has no next tick (a wall clock near year 9999): it ends."""
+        now = self.node.now
+        assert task.cron is not None and task.loc is not None
+        try:
+            nxt = next_fire(task.cron, now.wall)
+        except ValueError as exc:
+            self.out.log("warning", f"task {task.task_id}: not re-armed: {exc}; it is done")
+            return False
+        fields: dict[str, Any] = {
+            RETRY_COUNT: 0,
+            RETRY_AFTER_TIME: format_rfc3339(now.wall),
+            EXECUTE_AT: format_rfc3339(nxt),
+            **self.node.tenure.meta(task.shard),
+        }
+        remove: tuple[str, ...] = (DELETED_AT,)
+        if error is None:
+            remove = (LAST_ERROR_OBJ, LAST_JOB_ERROR, DELETED_AT)
+        else:
+            fields[LAST_ERROR_OBJ] = error
+            fields[LAST_JOB_ERROR] = {"error": error, "retry_worthy": False}
+        record = fx.NewRecord(fields=fields, base=task.loc, remove=remove)
+        self.out.append(
+            task.shard, [record], RearmPart(task.shard, task_id=task.task_id, ready_at=nxt)
+        )
+        return True
 
     def failed(self, task: Task, error: str) -> None:
         now = self.node.now
@@ -651,6 +658,12 @@ class TaskBook:
                 [fx.NewRecord(fields=fields, base=task.loc)],
                 RetryPart(task.shard, task_id=task.task_id, ready_at=now.wall + delay),
             )
+            return
+        if task.cron is not None and self._rearm(task, error):
+            # A run of a cron task that used every attempt: reported as a dead letter, and
+            # the schedule goes on at its next tick (upstream ended it for good).
+            self.node.stats["total_dlq"] += 1
+            self._deliver_dead(task, task.loc, error)
             return
         self.finish(task, OUTCOME_DEAD, error)
 
@@ -701,6 +714,23 @@ class TaskBook:
         record = new_based_record(fields, task.loc, CLEARED_ON_SUCCESS)
         self.out.append_run(shard, info, record, task.task_id, FinishRun)
 
+    def _deliver_dead(self, task: Task, loc: fx.Location | None, error: str | None) -> None:
+        """Tell whoever takes `task`'s dead letters: its webhook, or the SDK with its handler."""
+        assert loc is not None
+        if task.webhook_url is not None:
+            self.call_webhook(
+                task, task.webhook_url, loc, "MaxRetriesReached", self.config.webhook_timeout_s
+            )
+        elif task.task_type in self.registered:
+            self.out.emit(
+                fx.DeliverDeadLetter(
+                    task_id=task.task_id,
+                    task_type=task.task_type,
+                    location=loc,
+                    error=error or "",
+                )
+            )
+
     def _tombstone_fields(self, task: Task, retry_count: int, outcome: str) -> dict[str, Any]:
         return {
             RETRY_COUNT: retry_count,
@@ -736,19 +766,7 @@ class TaskBook:
             del history[next(iter(history))]
         if outcome == OUTCOME_DEAD:
             self.node.stats["total_dlq"] += 1
-            if task.webhook_url is not None:
-                self.call_webhook(
-                    task, task.webhook_url, loc, "MaxRetriesReached", self.config.webhook_timeout_s
-                )
-            elif task.task_type in self.registered:
-                self.out.emit(
-                    fx.DeliverDeadLetter(
-                        task_id=task.task_id,
-                        task_type=task.task_type,
-                        location=loc,
-                        error=error or "",
-                    )
-                )
+            self._deliver_dead(task, loc, error)
         self.node.parents.parent_finished(task.task_id, outcome)
         self.node.schedules.run_finished(task.task_id)
 

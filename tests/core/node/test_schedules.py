@@ -203,3 +203,23 @@ def test_bad_declarations_are_refused_with_the_schedule_named() -> None:
         assert message.get("name") == "bad" and text in message["message"], (extra, message)
         assert message["message"].startswith("Failed to schedule: ")
     assert sh.node.schedules.by_name == {}
+
+
+def test_a_cron_task_whose_run_fails_for_good_is_reported_and_runs_at_its_next_tick() -> None:
+    # The `cron` option of an enqueue (upstream's recurring task, one id): a run that uses
+    # every attempt is a dead letter for the SDK, and the task goes on (upstream ended it).
+    sh = started()
+    sh.register("t")
+    sh.enqueue("beat", cron="10s", max_retries=0)
+    to_next_tick(sh)
+    assert sh.executed_ids() == ["beat"]
+    sh.result("beat", ok=False, error="boom")
+    assert [(d.task_id, d.error) for d in sh.dead_letters] == [("beat", "boom")]
+    assert "beat" in sh.node.tasks
+    record = [r for r in sh.log_records() if r.get("taskId") == "beat"][-1]
+    assert record["LastErrorObj"] == "boom" and record.get("deletedAt") is None
+    to_next_tick(sh)
+    assert sh.executed_ids() == ["beat", "beat"]
+    sh.result("beat")
+    record = [r for r in sh.log_records() if r.get("taskId") == "beat"][-1]
+    assert "LastErrorObj" not in record
