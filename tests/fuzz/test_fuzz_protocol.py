@@ -119,6 +119,7 @@ def wrong_for(kind: str) -> st.SearchStrategy[Any]:
         "number": ("str", "bool", "array", "object"),
         "bool": ("str", "int", "number", "array", "object"),
         "str_list": ("str", "int", "bool", "object"),
+        "str_or_int": ("bool", "array", "object"),
     }[kind]
     values = st.one_of(*(KINDS[k] for k in refused))
     if kind == "int":
@@ -149,6 +150,8 @@ FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "max_execution_seconds": ("int", False),
         "pool": ("str", False),
         "trigger_after_ids": ("str_list", False),
+        "unique_key": ("str", False),
+        "unique_until": ("str_or_int", False),
     },
     # `success` is read only without `status`, `error_msg` takes any value: no type to break.
     "result": {"task_id": ("str", True), "status": ("str", True), "attempt": ("int", False)},
@@ -219,9 +222,13 @@ def valid_docs(
             "max_execution_seconds": st.integers(1, proto.MAX_EXECUTION_SECONDS),
             "pool": names,
             "trigger_after_ids": st.lists(ids.filter(lambda i: i != task_id), max_size=4),
+            "unique_key": names,
+            "unique_until": st.sampled_from(["started", "finished"]) | st.integers(1, 604_800),
         }
         for name in draw(st.sets(st.sampled_from(sorted(options)))):
             doc[name] = draw(options[name] | st.none())
+        if doc.get("unique_until") not in (None, "finished") and not doc.get("unique_key"):
+            doc["auto_dedupe"] = True  # (a scope needs dedupe)
         if doc.get("rate_limit_group") is not None and draw(st.booleans()):
             doc["max_per_minute"] = draw(st.integers(1, I32_MAX))
         for name in draw(st.sets(st.sampled_from(["rate_limit_group", "pool", "cron"]))):
