@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from snerd.core.cron import normalize_cron
 from snerd.core.node import NodeConfig
 from snerd.core.schedule import due, run_id
-from snerd.core.cron import normalize_cron
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 from tests.core.node.test_inbox import pair
 from tests.support.fakeshell import SECOND, FakeShell
