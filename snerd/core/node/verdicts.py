@@ -21,7 +21,8 @@ and, for each waiting enqueue at byte `at` of its file, finds the record whose r
 No record holds it yet: it waits, at most `dedupe_wait_us` after its write was durable;
 then it is acked with `"deduplicated": null` (enqueued; whether as a duplicate, the owner
 decides when it takes the file in). A log replaced meanwhile (compacted) is read from its
-start; where only a later record of the file is left there, the enqueue is undecided too.
+start; where only a later ingest's record of the file is left there (compaction keeps the
+latest of each file), the enqueue is undecided too, at once.
 """
 
 from __future__ import annotations
@@ -148,7 +149,6 @@ class Verdicts:
                          f"{event.error}")
             self._drop_answered(event.shard, s, [])
             return
-        replaced = event.identity != s.identity
         s.identity, s.offset = event.identity, event.end
         marks: dict[str, list[dict[str, Any]]] = {}
         for record in event.records:
@@ -158,10 +158,9 @@ class Verdicts:
         answered: list[_Waiting] = []
         for w in s.waiting:
             verdict = _find(marks.get(w.segment, ()), w.at)
-            if verdict is _LATER and not (replaced and event.end >= event.size):
+            if verdict is _LATER:
                 continue
-            # (A replaced log read to its end without a record that says: none is left.)
-            self._answer(event.shard, w, None if verdict is _LATER else verdict)
+            self._answer(event.shard, w, None if verdict is _GONE else verdict)
             answered.append(w)
         if event.end < event.size:
             self.poll_at_mono = self.node.now.mono  # more to read: at once
@@ -208,12 +207,17 @@ class Verdicts:
 
 _TAKEN = "taken"
 _LATER = "later"
+_GONE = "gone"
 
 
 def _find(marks: Iterable[dict[str, Any]], at: int) -> dict[str, Any] | str:
     """What the `inbox` records of one writer's file (in log order) say of its record at byte
-    `at`: the `dropped` entry naming it, `_TAKEN`, or `_LATER` (none says yet)."""
+    `at`: the `dropped` entry naming it, `_TAKEN`, `_LATER` (none says yet), or `_GONE` (a
+    later ingest of the file is there but not the one that took it in: compacted away)."""
+    later = False
     for mark in marks:
+        if mark[INBOX_FROM] > at:
+            later = True
         start, end = mark[INBOX_FROM], mark.get(INBOX_OFFSET)
         if not isinstance(end, int) or not start <= at < end:
             continue
@@ -221,4 +225,4 @@ def _find(marks: Iterable[dict[str, Any]], at: int) -> dict[str, Any] | str:
             if isinstance(entry, dict) and entry.get(DROP_AT) == at:
                 return entry
         return _TAKEN
-    return _LATER
+    return _GONE if later else _LATER
