@@ -217,6 +217,10 @@ class NodeConfig:
     #: dependency rule replaced). Only the simulator's negative control
     #: `--unsafe-absent-parents-done` turns it on.
     unsafe_absent_parents_done: bool = False
+    #: A schedule's runs are written without its record saying which tick is fired, so a
+    #: new owner fires those ticks again. Only the simulator's negative control
+    #: `--unsafe-fire-unmarked` turns it on.
+    unsafe_fire_unmarked: bool = False
     #: This node's own inbox files: a new segment is started once one holds this much, and
     #: closed segments are removed once their owner has ingested them (checked this often).
     inbox_segment_bytes: int = 16 * 1024 * 1024

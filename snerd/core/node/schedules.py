@@ -309,8 +309,11 @@ class Schedules:
         if not ids and fired <= s.fired_us:
             return
         s.writing = True
+        marked = max(fired, s.fired_us)
+        if self.config.unsafe_fire_unmarked:
+            marked = s.fired_us  # the negative control: the log keeps the tick before
         record = {
-            **schedule_fields(s.spec, max(fired, s.fired_us)),
+            **schedule_fields(s.spec, marked),
             RECORD_AT: format_rfc3339(self.node.now.wall),
             **self.node.tenure.meta(s.shard),
         }

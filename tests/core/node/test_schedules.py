@@ -223,3 +223,22 @@ def test_a_cron_task_whose_run_fails_for_good_is_reported_and_runs_at_its_next_t
     sh.result("beat")
     record = [r for r in sh.log_records() if r.get("taskId") == "beat"][-1]
     assert "LastErrorObj" not in record
+
+
+def test_the_negative_control_leaves_the_fired_tick_out_of_the_log() -> None:
+    for unsafe, refired in ((False, False), (True, True)):
+        sh = started(unsafe_fire_unmarked=unsafe)
+        sh.register("t")
+        schedule(sh, misfire="catch_up", catch_up=5)
+        to_next_tick(sh)
+        (first,) = runs(sh)
+        sh.result(first)
+        sh.disk["locks"].clear()
+        again = FakeShell(
+            NodeConfig(node_id="n@pid-2-y", unsafe_fire_unmarked=unsafe), disk=sh.disk
+        )
+        again.wall, again.mono = sh.wall, sh.mono
+        again.start()
+        again.register("t")
+        again.advance(40)  # the lease runs out; the new owner catches up what it missed
+        assert (first in runs(again)) is refired
