@@ -50,7 +50,9 @@ open: their pending appends, and any append they make later through the same fd,
 unlinked old inode. Their fsync still succeeds, so such an append is acknowledged yet never in
 `tasks.log` (`status` says "replaced"). That is the real hazard of a compaction racing another
 writer; the core is meant to prevent it (one writer per file, Compact only with no append in
-flight), and the simulator must be able to catch it when it does not.
+flight), and the simulator must be able to catch it when it does not. Each inode has a number
+(`identity`, st_ino), new for each file a compaction puts in place: a reader that keeps an
+offset into a file (the task watch's scan) knows from it when to start over.
 
 ENOSPC refuses an append whole: the shell truncates a failed write back off the file
 (`snerd.io.log`), so nothing of it stays. Set per call (`enospc=True`) or for a period
@@ -547,6 +549,13 @@ class SimFS:
             else:
                 parts.append(bytes(len(seg.data)))
         return b"".join(parts[:keep])
+
+    def identity(self, key: LogKey) -> int | None:
+        """fstat(2) st_ino of the log (None if it does not exist): a compaction's rename(2)
+        puts a new inode in place, so a reader that kept an offset into the old file can tell
+        it must read the new one from its start."""
+        inode = self._logs.get(key)
+        return inode.ino if inode is not None else None
 
     def log_size(self, key: LogKey) -> int:
         """fstat(2) st_size of the log: visible bytes (0 if it does not exist)."""

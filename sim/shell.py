@@ -17,7 +17,7 @@ copies what its compactor read).
 It drives the node only through its public API (`on_commit`) and reads what else it needs to
 record through `sim.node_view`. Where the daemon's rule for a record lives in the core
 (`records.merge_base`, `records.scan_tail`), the shell calls it rather than keeping a copy.
-It is one module because it is one vocabulary: nineteen effect types, the writer thread's
+It is one module because it is one vocabulary: twenty effect types, the writer thread's
 batching, and the file-order bookkeeping the append, compaction and crash paths share.
 """
 
@@ -48,6 +48,7 @@ from snerd.core.records import (
 )
 from snerd.core.schema import SNERD_EPOCH, TASK_DATA, TASK_ID
 from snerd.core.slots import slot_constructor
+from snerd.core.watch import pick
 
 if TYPE_CHECKING:
     from sim.world import World
@@ -541,6 +542,63 @@ class Shell:
         read = _inbox_read(tuple(chunks), present)
         self.answer(proc, read, 500, 5_000)
 
+    def _scan_queue(self, proc: Proc, effect: fx.ScanQueue) -> None:
+        """What the daemon's shell does for a `ScanQueue` (the task watch): each shard's log
+        and inbox files, each from the offset `known` gives when the file's identity (its
+        inode) is the one given there, else from 0, to its last complete line and at most
+        about `max_bytes` (but at least one line), through `snerd.core.watch.pick`. Readers
+        see pending bytes as well as durable ones. One `QueueScanned` answers it, after an I/O
+        latency on the "meta" lane."""
+        fs = self.fs
+        chunks: list[ev.ScanChunk] = []
+        files: list[tuple[int, str, int, int]] = []
+        for shard in range(effect.shards):
+            keys: list[tuple[str, InboxKey | int]] = [("", shard)]
+            keys += [(key.node, key) for key in fs.inboxes(shard)]
+            for segment, key in keys:
+                identity = fs.identity(key)
+                if identity is None:
+                    continue  # no log yet
+                size = fs.log_size(key)
+                files.append((shard, segment, identity, size))
+                known = effect.known.get((shard, segment))
+                start = known[1] if known is not None and known[0] == identity else 0
+                chunk = self._scan_file(key, (shard, segment, identity), start, size, effect)
+                if chunk is not None:
+                    chunks.append(chunk)
+        self.world.counters["queue_scans"] += 1
+        self.answer(proc, ev.QueueScanned(chunks=tuple(chunks), files=tuple(files)), 500, 5_000)
+
+    def _scan_file(
+        self,
+        key: InboxKey | int,
+        name: tuple[int, str, int],
+        start: int,
+        size: int,
+        effect: fx.ScanQueue,
+    ) -> ev.ScanChunk | None:
+        """The complete lines of one file (`name`: its shard, segment and identity) from
+        `start`, picked; None when there is no complete line past `start`."""
+        if start >= size:
+            return None
+        data = self.fs.read_range(key, start, size - start)
+        end = data.rfind(b"\n", 0, effect.max_bytes) + 1
+        if not end:
+            end = data.find(b"\n") + 1  # one line longer than max_bytes
+            if not end:
+                return None
+        records, corrupt, _ = pick(data[:end], start, effect.ids)
+        shard, segment, identity = name
+        return ev.ScanChunk(
+            shard=shard,
+            segment=segment,
+            identity=identity,
+            start=start,
+            end=start + end,
+            records=tuple(records),
+            corrupt=tuple(corrupt),
+        )
+
     def _mark_inbox_read(self, proc: Proc, effect: fx.MarkInboxRead) -> None:
         # A hint for the writer's clean-up; a failure (ENOSPC) is only logged by the shell.
         self.fs.write_hint(InboxKey(effect.shard, effect.segment), effect.offset)
@@ -704,6 +762,7 @@ _EFFECTS: dict[type[Any], Callable[[Shell, Proc, Any], None]] = {
     fx.Append: Shell._append,
     fx.AppendInbox: Shell._append,
     fx.ReadInbox: Shell._read_inbox,
+    fx.ScanQueue: Shell._scan_queue,
     fx.MarkInboxRead: Shell._mark_inbox_read,
     fx.CheckInboxes: Shell._check_inboxes,
     fx.RemoveInbox: Shell._remove_inbox,

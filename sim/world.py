@@ -168,6 +168,8 @@ class World:
             "executions": 0,
             "node_errors": 0,
             "inbox_reads": 0,
+            #: Reads of the queue's files for watched parents (`fx.ScanQueue`).
+            "queue_scans": 0,
             #: Lines delivered two or more at once (`Settings.line_burst_us`), and how many
             #: of them were results.
             "burst_lines": 0,
