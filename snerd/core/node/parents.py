@@ -105,7 +105,8 @@ class Parents:
         wait = self.config.unknown_parent_wait_us
         late = [p for p, since in self.unknown_since.items() if now.mono >= since + wait]
         for parent in sorted(late):
-            del self.unknown_since[parent]
+            if parent not in self.unknown_since:
+                continue  # its last child failed through another parent just now
             self._fail_children(
                 parent,
                 f"{UNKNOWN_PARENT}{parent} (no shard holds it after {wait // SECOND} s)",
@@ -172,9 +173,13 @@ class Parents:
         self.scan_at_mono = self.node.now.mono + self.config.watch_poll_us
         for shard, text in event.errors:
             self.out.log("warning", f"watching parents: shard {shard}: {text}")
+        self.watch.scanned(event)
         tasks = self.node.book.tasks
-        for parent, state in sorted(self.watch.scanned(event).items()):
-            if parent not in self.children or parent in tasks:
+        # Every parent waited on, not only those whose state changed: a child blocked on a
+        # parent the watch had already found completed (and kept watching) hears no change.
+        for parent in sorted(self.children):
+            state = self.watch.state(parent) if parent in self.watch.ids else None
+            if state is None or parent not in self.children or parent in tasks:
                 continue
             if state == COMPLETED:
                 self._release(parent)
