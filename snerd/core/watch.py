@@ -188,8 +188,12 @@ class TaskWatch:
                 f = files[key] = _File(chunk.identity)
             self._fold(f, chunk.segment == "", chunk.records)
             f.offset = chunk.end
+        # A file is read to its end when it is, or when this answer brought nothing of it:
+        # the shell reads to the last complete line, and a torn last line no writer ever
+        # follows (a crashed writer's inbox file) keeps a file's size past it for good.
+        chunked = {(chunk.shard, chunk.segment) for chunk in event.chunks}
         behind = any(
-            key not in files or files[key].offset < size
+            key in chunked and (key not in files or files[key].offset < size)
             for key, (_identity, size) in present.items()
         )
         if not behind and not event.errors and self.covering is not None:
