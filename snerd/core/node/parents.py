@@ -107,6 +107,10 @@ class Parents:
         for parent in sorted(late):
             if parent not in self.unknown_since:
                 continue  # its last child failed through another parent just now
+            if self._known(parent) is not None:
+                # It came to this node meanwhile: its end here releases or fails the children.
+                del self.unknown_since[parent]
+                continue
             self._fail_children(
                 parent,
                 f"{UNKNOWN_PARENT}{parent} (no shard holds it after {wait // SECOND} s)",
@@ -179,7 +183,10 @@ class Parents:
         # parent the watch had already found completed (and kept watching) hears no change.
         for parent in sorted(self.children):
             state = self.watch.state(parent) if parent in self.watch.ids else None
-            if state is None or parent not in self.children or parent in tasks:
+            if parent in tasks:
+                self.unknown_since.pop(parent, None)
+                continue
+            if state is None or parent not in self.children:
                 continue
             if state == COMPLETED:
                 self._release(parent)

@@ -61,3 +61,20 @@ def test_a_child_of_two_parents_nobody_holds_is_dead_lettered_once_after_the_wai
     [tomb] = [r for r in sh.log_records() if r.get("taskId") == "c" and r.get("deletedAt")]
     assert tomb["snerdOutcome"] == "dead_letter"
     assert tomb["LastErrorObj"].startswith("unknown_parent: ghost1 ")
+
+
+def test_a_parent_that_comes_to_this_node_during_the_wait_stops_the_wait() -> None:
+    # Simulator seed 157: a child enqueued before its parent; the parent was not found at
+    # first (its wait began), then enqueued on this very node. The watch skips parents this
+    # node holds, so the wait was never called off, and the child was dead-lettered as
+    # `unknown_parent` while its parent sat in this node's own shard.
+    sh = _started()
+    sh.enqueue("c", trigger_after_ids=["p"])
+    sh.advance(1)
+    assert sh.node.parents.unknown_since  # no file holds "p": its wait began
+    sh.enqueue("p", task_type="slow")  # no handler yet: it stays pending here
+    sh.advance(61)
+    assert "c" in sh.node.tasks and "c" not in sh.executed_ids()
+    sh.register("slow")
+    sh.result("p")
+    assert "c" in sh.executed_ids()
