@@ -25,7 +25,8 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
 - `{"kind": "enqueue", "phase": "invoke", "task", "node", "attrs": {...}}` — a client sent an
   enqueue to `node`. `attrs`: `type` (str), `max_retries` (int, retries after the first
   attempt), `urgency` (int), `group` (str|None), `max_per_minute` (int|None), `fingerprint`
-  (str|None, set when auto_dedupe), `delay_us` (int), `parents` (list of ids); optional:
+  (str|None, set when auto_dedupe), `delay_us` (int), `parents` (list of ids: the enqueue's
+  `trigger_after_ids`, judged by `sim.check.deps`); optional:
   `cron` (str|None), `pool` (str|None). Missing optional attrs read as None / 0 / [].
 - `{"kind": "enqueue", "phase": "ok"|"fail"|"info", "task", "node"}` — its outcome. "ok" may
   carry `"deduplicated": true` and `"shard": int`. "fail": an error reply; "info": unknown
