@@ -830,6 +830,17 @@ def test_belief_ends_at_a_crash_and_a_hand_over_at_one_instant_is_no_overlap() -
     assert check(h.history).metrics.belief_overlap_us == 0
 
 
+def test_a_belief_on_and_off_at_one_instant_is_no_belief() -> None:
+    # Simulator seed 119: a node's belief in a shard began and ended at one instant; the
+    # sweep took its end before its start and kept it believing to the end of the run.
+    h = H().claim(1, "n0")
+    h.add("belief", node="n0", shard=0, on=True)
+    h.t -= MS  # the "off" at the same instant
+    h.add("belief", node="n0", shard=0, on=False)
+    h.at(40 * SECOND).claim(2, "n1").belief(True, "n1").end()
+    assert check_belief(h.history) == []
+
+
 def test_belief_left_on_lasts_to_the_end() -> None:
     h = H(assumptions_hold=False).at(SECOND).start().at(2 * SECOND).belief(True, "n2")
     h.belief(True, "n2").at(10 * SECOND).end()  # a repeated "on" changes nothing
