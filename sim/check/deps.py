@@ -1,11 +1,14 @@
 """Invariant 9: dependencies. A child (`parents`, the enqueue's `trigger_after_ids`) runs only
 after every parent completed, whichever shard or node holds each.
 
-- **Ran early** (`CHILD_RAN_EARLY`): no execute of a child comes before an accepted tombstone
-  of each parent that says it completed (`snerdOutcome`, read as `snerd.core.shardlog` reads
-  it) is durable (`t_durable`, not the entry's place in the history: records are listed in
-  file order, which may be after the execute). A parent that only ever dead-lettered, or that
-  no one enqueued, never lets a child run.
+- **Ran early**: no execute of a child comes before an accepted tombstone of each parent that
+  says it completed (`snerdOutcome`, read as `snerd.core.shardlog` reads it) is durable
+  (`t_durable`, not the entry's place in the history: records are listed in file order, which
+  may be after the execute). A parent that only ever dead-lettered, or that no one enqueued,
+  never lets a child run. Reported as `CHILD_RAN_EARLY` when nothing had completed the parent
+  by then, and as `CHILD_RAN_ON_PENDING` when its handler had succeeded (a `handler_done`
+  with `ok`) but its tombstone was not durable yet, or never (pending when read, then lost in
+  a crash: the history lists durable records only).
 - **Failed through** (`CHILD_NOT_FAILED`): a child of a parent that was dead-lettered and never
   completed, or that nobody ever enqueued (no invoke of that id in the whole history), ends
   dead-lettered: its last accepted tombstone does not say it completed (that it never runs is
@@ -24,7 +27,14 @@ has nothing to judge.
 from __future__ import annotations
 
 from sim.check.history import Analysis, Execute, Invoke, Record
-from sim.check.report import CHILD_NOT_FAILED, CHILD_NOT_RUN, CHILD_RAN_EARLY, Violation, at
+from sim.check.report import (
+    CHILD_NOT_FAILED,
+    CHILD_NOT_RUN,
+    CHILD_RAN_EARLY,
+    CHILD_RAN_ON_PENDING,
+    Violation,
+    at,
+)
 from snerd.core.schema import OUTCOME_COMPLETED
 from snerd.core.shardlog import tombstone_outcome
 
@@ -44,7 +54,7 @@ def judge_dependencies(a: Analysis) -> list[Violation]:
     for child in children:
         run = first.get(child.task)
         if run is not None:
-            out += _ran_early(child, run, done)
+            out += _ran_early(a, child, run, done)
         out += _ended(a, child, done, ran=run is not None)
     return out
 
@@ -65,28 +75,40 @@ def _durable(record: Record) -> int:
     return record.t_durable
 
 
-def _ran_early(child: Invoke, run: Execute, done: dict[str, Record | None]) -> list[Violation]:
+def _ran_early(
+    a: Analysis, child: Invoke, run: Execute, done: dict[str, Record | None]
+) -> list[Violation]:
     """The child's first execute against when each parent's completion was durable."""
     for parent in child.parents:
         record = done[parent]
         if record is not None and record.t_durable <= run.t:
             continue
-        if record is None:
-            status = "had not completed"
-        elif record.t_issue <= run.t:
+        handled = a.succeeded.get(parent)
+        kind = CHILD_RAN_EARLY
+        if record is not None and record.t_issue <= run.t:
             # Readers see a write before its fsync returns: a child let go on it runs on a
             # completion a crash may still lose.
+            kind = CHILD_RAN_ON_PENDING
             status = (
                 f"was completed by a tombstone written at {at(record.t_issue)} but durable "
                 f"only at {at(record.t_durable)}"
             )
+        elif handled is not None and handled <= run.t:
+            kind = CHILD_RAN_ON_PENDING
+            status = (
+                f"succeeded at {at(handled)} but no tombstone saying so was durable"
+                + ("" if record is None else f" before {at(record.t_durable)}")
+                + " (one written meanwhile was pending, or lost)"
+            )
+        elif record is None:
+            status = "had not completed"
         else:
             status = f"completed only at {at(record.t_durable)}"
         message = (
             f"child {child.task} executed (attempt {run.attempt}) on {run.node} while its "
             f"parent {parent} {status}"
         )
-        return [Violation(kind=CHILD_RAN_EARLY, index=run.index, t=run.t, message=message)]
+        return [Violation(kind=kind, index=run.index, t=run.t, message=message)]
     return []
 
 

@@ -248,6 +248,8 @@ class Analysis:
     #: Per node ("" for the whole world): (t, index) of entries that end a priority judgement.
     disturbances: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     dead_letters: int = 0
+    #: Per task: when a handler first returned success for it (`handler_done` with `ok`).
+    succeeded: dict[str, int] = field(default_factory=dict)
     #: Task records (accepted or fenced) by task id, in file order.
     task_records: dict[str, list[Record]] = field(default_factory=dict)
     #: Dispatch records (accepted or fenced) by task id, in file order.
@@ -372,6 +374,9 @@ class Analysis:
                     _need(e, "on", bool, i),
                 )
             )
+        elif kind == "handler_done":
+            if e.get("ok") is True:
+                self.succeeded.setdefault(_need(e, "task", str, i), t)
         elif kind == "dead_letter":
             self.dead_letters += 1
         elif kind in _DISTURBANCES:

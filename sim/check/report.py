@@ -17,6 +17,7 @@ __all__ = [
     "CHILD_NOT_FAILED",
     "CHILD_NOT_RUN",
     "CHILD_RAN_EARLY",
+    "CHILD_RAN_ON_PENDING",
     "DOUBLE_OWNERSHIP",
     "DUPLICATE_PENDING",
     "INVENTED_TASK",
@@ -51,8 +52,11 @@ PRIORITY_INVERSION = "priority_inversion"
 DUPLICATE_PENDING = "duplicate_pending"
 #: Two nodes believed they owned one shard at once, though the assumptions held (check 8).
 BELIEF_OVERLAP = "belief_overlap"
-#: A child executed before every parent's completion was durable (check 9).
+#: A child executed before some parent had completed at all (check 9).
 CHILD_RAN_EARLY = "child_ran_early"
+#: A child executed after a parent's handler succeeded but before its completion was
+#: durable: on a tombstone still pending, or one a crash then lost (check 9).
+CHILD_RAN_ON_PENDING = "child_ran_on_pending"
 #: A child of a dead-lettered or never-enqueued parent that completed (check 9).
 CHILD_NOT_FAILED = "child_not_failed"
 #: A child whose parents all completed, known before it was sent, that ended unrun (check 9).

@@ -23,6 +23,7 @@ from sim.check import (
     CHILD_NOT_FAILED,
     CHILD_NOT_RUN,
     CHILD_RAN_EARLY,
+    CHILD_RAN_ON_PENDING,
     DOUBLE_OWNERSHIP,
     DUPLICATE_PENDING,
     INVENTED_TASK,
@@ -897,8 +898,12 @@ def test_a_parent_s_completion_counts_from_when_it_was_durable_not_where_it_is_l
     h.dispatch("p", shard=1).execute("p", shard=1).done("p")
     durable = h.t + MS
     h.run("c").tomb("p", shard=1)
-    assert kinds(check_dependencies(h.history)) == [CHILD_RAN_EARLY]
-    h.entries[-1]["t_durable"] = durable - MS // 2  # it was durable before the child ran
+    # Its handler had returned: the child ran on a completion not durable yet (or lost).
+    assert kinds(check_dependencies(h.history)) == [CHILD_RAN_ON_PENDING]
+    h.entries[-1]["t_issue"] = durable - MS // 2  # written before the child ran ...
+    [pending] = check_dependencies(h.history)
+    assert pending.kind == CHILD_RAN_ON_PENDING and "durable only at" in pending.message
+    h.entries[-1]["t_durable"] = durable - MS // 4  # ... and durable before it, too
     assert check_dependencies(h.history) == []
 
 

@@ -25,6 +25,7 @@ CONTROLS = {
     "--unsafe-no-fence": "no-fence",
     "--unsafe-wall-clock-only": "wall-clock-only",
     "--unsafe-no-cap": "no-cap",
+    "--unsafe-absent-parents-done": "absent-parents-done",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -129,6 +130,10 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
     for flag, (code, text) in zip(CONTROLS, in_pairs(runs), strict=True):
         assert code == 1, f"{flag}: the checkers never failed in 200 seeds:\n{text[-2000:]}"
         assert "first violation:" in text and "reproduce: python -m sim --seed" in text
+        if flag == "--unsafe-absent-parents-done":
+            # Caught by a child run before its parent completed at all, not by one run on a
+            # completion read while still pending.
+            assert "first violation: [child_ran_early]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:
