@@ -8,7 +8,8 @@ after every parent completed, whichever shard or node holds each.
   never lets a child run. Reported as `CHILD_RAN_EARLY` when nothing had completed the parent
   by then, and as `CHILD_RAN_ON_PENDING` when its handler had succeeded (a `handler_done`
   with `ok`) but its tombstone was not durable yet, or never (pending when read, then lost in
-  a crash: the history lists durable records only).
+  a crash: the history lists durable records only; or a result past its hard timeout, which
+  the daemon refuses, when the parent never completed: either way the child ran early).
 - **Failed through** (`CHILD_NOT_FAILED`): a child of a parent that was dead-lettered and never
   completed, or that nobody ever enqueued (no invoke of that id in the whole history), ends
   dead-lettered: its last accepted tombstone does not say it completed (that it never runs is
@@ -98,7 +99,7 @@ def _ran_early(
             status = (
                 f"succeeded at {at(handled)} but no tombstone saying so was durable"
                 + ("" if record is None else f" before {at(record.t_durable)}")
-                + " (one written meanwhile was pending, or lost)"
+                + " (one written meanwhile was pending or lost, or the result came too late)"
             )
         elif record is None:
             status = "had not completed"
