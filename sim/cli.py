@@ -30,8 +30,8 @@ _PROBS = (
     "lock-loss-silent-prob",
 )
 #: Settings the command line can set, with their flags (float ones and int ones).
-_FLOAT_FLAGS = (*_RATES, *_PROBS, "enqueue-rate", "fail-prob")
-_INT_FLAGS = ("steps", "nodes", "shards", "drift-max-ppm")
+_FLOAT_FLAGS = (*_RATES, *_PROBS, "enqueue-rate", "fail-prob", "deps-prob")
+_INT_FLAGS = ("steps", "nodes", "shards", "drift-max-ppm", "history-limit")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,7 +53,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=float, help="a fault's probability per operation")
     p.add_argument("--enqueue-rate", type=float, help="enqueues per second (the workload)")
     p.add_argument("--fail-prob", type=float, help="probability that a handler fails")
+    p.add_argument("--deps-prob", type=float, help="probability that a task waits for parents")
     p.add_argument("--drift-max-ppm", type=int)
+    p.add_argument(
+        "--history-limit", type=int, help="finished tasks compaction keeps per log (0: drawn)"
+    )
     p.add_argument("--offset-max-s", type=float)
     p.add_argument("--pause-max-s", type=float)
     p.add_argument("--fs", choices=("posix", "nfsv3"), default="posix")
@@ -66,8 +70,15 @@ def _parser() -> argparse.ArgumentParser:
         help="nodes run without SNERD_MAX_SHARDS while the world checks it (a control)",
     )
     p.add_argument(
+        "--unsafe-absent-parents-done",
+        action="store_true",
+        help="a parent that is not a live task of the child's node counts as done (a control)",
+    )
+    p.add_argument(
         "--faults-of",
-        choices=("no-margin", "no-fence", "wall-clock-only", "no-cap", "nfsv3"),
+        choices=(
+            "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done", "nfsv3"
+        ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
     )
     p.add_argument("--quiet", action="store_true", help="batch: print failures and the summary")
@@ -105,6 +116,7 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_no_fence"] = args.unsafe_no_fence
     given["unsafe_wall_clock_only"] = args.unsafe_wall_clock_only
     given["unsafe_no_cap"] = args.unsafe_no_cap
+    given["unsafe_absent_parents_done"] = args.unsafe_absent_parents_done
     return given
 
 
@@ -137,6 +149,7 @@ def repro_command(settings: Settings) -> str:
         unsafe_no_fence=settings.unsafe_no_fence,
         unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
         unsafe_no_cap=settings.unsafe_no_cap,
+        unsafe_absent_parents_done=settings.unsafe_absent_parents_done,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

@@ -50,7 +50,9 @@ open: their pending appends, and any append they make later through the same fd,
 unlinked old inode. Their fsync still succeeds, so such an append is acknowledged yet never in
 `tasks.log` (`status` says "replaced"). That is the real hazard of a compaction racing another
 writer; the core is meant to prevent it (one writer per file, Compact only with no append in
-flight), and the simulator must be able to catch it when it does not.
+flight), and the simulator must be able to catch it when it does not. Each inode has a number
+(`identity`, st_ino), new for each file a compaction puts in place: a reader that keeps an
+offset into a file (the task watch's scan) knows from it when to start over.
 
 ENOSPC refuses an append whole: the shell truncates a failed write back off the file
 (`snerd.io.log`), so nothing of it stays. Set per call (`enospc=True`) or for a period
@@ -547,6 +549,28 @@ class SimFS:
             else:
                 parts.append(bytes(len(seg.data)))
         return b"".join(parts[:keep])
+
+    def identity(self, key: LogKey) -> int | None:
+        """fstat(2) st_ino of the log (None if it does not exist): a compaction's rename(2)
+        puts a new inode in place, so a reader that kept an offset into the old file can tell
+        it must read the new one from its start."""
+        inode = self._logs.get(key)
+        return inode.ino if inode is not None else None
+
+    def sync_file(self, key: LogKey) -> tuple[AppendHandle, ...]:
+        """fsync(2) of the file through a reader's own descriptor: every pending append of
+        every writer to it is durable now (their own fsyncs, when they return, find nothing
+        left to do). Returns the appends made durable."""
+        inode = self._logs.get(key)
+        if inode is None:
+            return ()
+        done: list[AppendHandle] = []
+        for wkey in [w for w in self._pending_by_writer if w[1] == inode.ino]:
+            queue = self._pending_by_writer[wkey]
+            last = queue[-1].handle
+            assert last is not None
+            done.extend(self.complete_append(last))
+        return tuple(done)
 
     def log_size(self, key: LogKey) -> int:
         """fstat(2) st_size of the log: visible bytes (0 if it does not exist)."""

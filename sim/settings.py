@@ -121,14 +121,29 @@ class Settings:
     #: ceil(shards / nodes), so that the nodes can hold every shard once all of them run
     #: (liveness); the world checks that no node ever holds more (`_check_cap`).
     max_shards: int | None = None
+    #: The chance a task waits for parents (`trigger_after_ids`, `sim.workload`); 0: no task
+    #: does, and the workload makes no draw for them.
+    deps_prob: float = 0.0
+    #: How long a node waits for a parent no file holds before it dead-letters the child
+    #: (`NodeConfig.unknown_parent_wait_us`): shorter than the daemon's minute, so that runs
+    #: see it end.
+    unknown_parent_wait_us: int = 10 * SECOND
+    #: Finished tasks each compaction keeps per log (`NodeConfig.history_limit`): few, so
+    #: that compaction often drops some, but the daemon's 10,000 in worlds with dependencies
+    #: (0: by `deps_prob`). Retention is by count: once a finished parent's tombstone is
+    #: compacted away, a child enqueued later is judged without it (docs/simulation.md).
+    history_limit: int = 0
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
     unsafe_wall_clock_only: bool = False
     #: The nodes run without their cap, which the world still checks: it must catch them.
     unsafe_no_cap: bool = False
+    #: A parent that is not a live task of the child's node counts as done
+    #: (`NodeConfig.unsafe_absent_parents_done`, the rule the task watch replaced).
+    unsafe_absent_parents_done: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
-    #: "no-margin", "no-fence", "wall-clock-only", "no-cap" or "nfsv3".
+    #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -198,6 +213,9 @@ class Settings:
         # The cap: its room above the share (0 or 1) is drawn here, the share once the
         # cluster's size is known (it may be given).
         cap_room = int(rng.random() * 2) if on(0.3) else None
+        # (Added later: drawn after the others, which stay as they were for each seed.)
+        drawn["deps_prob"] = pick(0.2, 0.6) if on(0.4) else 0.0
+        drawn["unknown_parent_wait_us"] = int(pick(2, 20) * SECOND)
         drawn.update(given)
         if "max_shards" not in given and cap_room is not None:
             drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
@@ -247,6 +265,13 @@ class Settings:
                 "shards": shards,
                 "max_shards": max(self.max_shards or 0, -(-shards // self.nodes)),
                 "crash_rate": max(self.crash_rate, 0.05),
+            }
+        if self.unsafe_absent_parents_done or twin == "absent-parents-done":
+            # Children whose parents live on other nodes' shards, or come after them: only
+            # the watch keeps them waiting.
+            changes |= {
+                "deps_prob": max(self.deps_prob, 0.4),
+                "shards": max(self.shards, 2),
             }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
@@ -298,6 +323,8 @@ class Settings:
             out.append("--unsafe-wall-clock-only")
         if self.unsafe_no_cap:
             out.append("--unsafe-no-cap")
+        if self.unsafe_absent_parents_done:
+            out.append("--unsafe-absent-parents-done")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

@@ -17,7 +17,7 @@ copies what its compactor read).
 It drives the node only through its public API (`on_commit`) and reads what else it needs to
 record through `sim.node_view`. Where the daemon's rule for a record lives in the core
 (`records.merge_base`, `records.scan_tail`), the shell calls it rather than keeping a copy.
-It is one module because it is one vocabulary: nineteen effect types, the writer thread's
+It is one module because it is one vocabulary: twenty effect types, the writer thread's
 batching, and the file-order bookkeeping the append, compaction and crash paths share.
 """
 
@@ -48,6 +48,7 @@ from snerd.core.records import (
 )
 from snerd.core.schema import SNERD_EPOCH, TASK_DATA, TASK_ID
 from snerd.core.slots import slot_constructor
+from snerd.core.watch import ends_a_task, pick, pick_marks
 
 if TYPE_CHECKING:
     from sim.world import World
@@ -79,6 +80,8 @@ class _Append:
     inbox: bool = False
     #: When the node handed it to its writer thread (at or before `t_issue`).
     t_queued: int = 0
+    #: An inbox append that notes the shard's log (`note_log`): its identity and size before.
+    log_before: tuple[int, int] | None = None
 
 
 class Shell:
@@ -405,9 +408,12 @@ class Shell:
         shard = effect.shard
         key: InboxKey | int = shard
         short = skip = 0
+        log_before = None
         if inbox:
             assert isinstance(effect, fx.AppendInbox)
             key = InboxKey(effect.shard, effect.segment)
+            if effect.note_log:
+                log_before = (fs.identity(shard) or 0, fs.log_size(shard))
         # A write never glues a record onto a line its writer did not finish: the shell starts
         # it with a newline when the file does not end with one (`GroupCommitLog._write_share`
         # looks whenever the file is not the size it left it). For an inbox that is a short
@@ -443,6 +449,7 @@ class Shell:
             handle,
             inbox,
             queued,  # t_queued
+            log_before,
         )
         if error is None:
             if inbox:
@@ -491,9 +498,18 @@ class Shell:
                 )
                 if effects:
                     self.carry_out(proc, effects)
-            self.world.deliver(
-                proc, _append_committed(pending.token, pending.offsets, pending.lengths)
-            )
+            if pending.log_before is not None:
+                identity, size = pending.log_before
+                committed = ev.AppendCommitted(
+                    token=pending.token,
+                    offsets=pending.offsets,
+                    lengths=pending.lengths,
+                    log_identity=identity,
+                    log_size=size,
+                )
+            else:
+                committed = _append_committed(pending.token, pending.offsets, pending.lengths)
+            self.world.deliver(proc, committed)
 
     def _record_inbox(self, pending: _Append, name: str) -> None:
         """Record the records of a durable inbox append (their writer is the inbox's node)."""
@@ -539,6 +555,115 @@ class Shell:
             )
         self.world.counters["inbox_reads"] += 1
         read = _inbox_read(tuple(chunks), present)
+        self.answer(proc, read, 500, 5_000)
+
+    def _scan_queue(self, proc: Proc, effect: fx.ScanQueue) -> None:
+        """What the daemon's shell does for a `ScanQueue` (the task watch): each shard's log
+        and inbox files, each from the offset `known` gives when the file's identity (its
+        inode) is the one given there, else from 0, to its last complete line and at most
+        about `max_bytes` (but at least one line), through `snerd.core.watch.pick`. Readers
+        see pending bytes as well as durable ones. One `QueueScanned` answers it, after an I/O
+        latency on the "meta" lane."""
+        fs = self.fs
+        chunks: list[ev.ScanChunk] = []
+        files: list[tuple[int, str, int, int]] = []
+        for shard in range(effect.shards):
+            keys: list[tuple[str, InboxKey | int]] = [("", shard)]
+            keys += [(key.node, key) for key in fs.inboxes(shard)]
+            for segment, key in keys:
+                identity = fs.identity(key)
+                if identity is None:
+                    continue  # no log yet
+                size = fs.log_size(key)
+                known = effect.known.get((shard, segment))
+                start = known[1] if known is not None and known[0] == identity else 0
+                chunk = self._scan_file(key, (shard, segment, identity), start, size, effect)
+                rest = 0
+                if chunk is not None:
+                    chunks.append(chunk)
+                    if ends_a_task(list(chunk.records)):
+                        self.reader_fsync(key)
+                    tail = fs.read_range(key, chunk.end, size - chunk.end)
+                    if b"\n" in tail:
+                        rest = size - chunk.end  # the read stopped at `max_bytes`
+                files.append((shard, segment, identity, rest))
+        self.world.counters["queue_scans"] += 1
+        self.answer(proc, ev.QueueScanned(chunks=tuple(chunks), files=tuple(files)), 500, 5_000)
+
+    def _scan_file(
+        self,
+        key: InboxKey | int,
+        name: tuple[int, str, int],
+        start: int,
+        size: int,
+        effect: fx.ScanQueue,
+    ) -> ev.ScanChunk | None:
+        """The complete lines of one file (`name`: its shard, segment and identity) from
+        `start`, picked; None when there is no complete line past `start`."""
+        if start >= size:
+            return None
+        data = self.fs.read_range(key, start, size - start)
+        end = data.rfind(b"\n", 0, effect.max_bytes) + 1
+        if not end:
+            end = data.find(b"\n") + 1  # one line longer than max_bytes
+            if not end:
+                return None
+        records, corrupt, _ = pick(data[:end], start, effect.ids)
+        shard, segment, identity = name
+        return ev.ScanChunk(
+            shard=shard,
+            segment=segment,
+            identity=identity,
+            start=start,
+            end=start + end,
+            records=tuple(records),
+            corrupt=tuple(corrupt),
+        )
+
+    def reader_fsync(self, key: InboxKey | int) -> None:
+        """A reader's fsync(2) of a file makes every writer's pending appends to it durable:
+        recorded as durable now, as their writers' fsyncs would have when they returned."""
+        fs = self.fs
+        done = fs.sync_file(key)
+        if not done:
+            return
+        self.world.counters["reader_fsyncs"] += 1
+        if isinstance(key, InboxKey):
+            for handle in done:
+                entry = self._inbox_handles.pop(handle.seq, None)
+                if entry is not None:
+                    self._record_inbox(entry[1], entry[2])
+            return
+        handles, resolved, t = self._handles, self._resolved, self.world.t
+        for handle in done:
+            if handle.seq in handles and handle.seq not in resolved:
+                resolved[handle.seq] = t if fs.status(handle) == "durable" else None
+        self._flush_records(key)
+
+    def _read_log_tail(self, proc: Proc, effect: fx.ReadLogTail) -> None:
+        """What `snerd.io.inbox.read_log_tail` does: the shard's log from the offset given
+        (from 0 when its identity, the inode, is another now), to its last complete line, at
+        most about `max_bytes` (but at least one line), through `pick_marks`. Readers see
+        pending bytes as well as durable ones. After an I/O latency on the "meta" lane."""
+        fs = self.fs
+        key = effect.shard
+        identity = fs.identity(key)
+        if identity is None:
+            self.answer(proc, ev.LogTailRead(shard=effect.shard), 500, 5_000)
+            return
+        size = fs.log_size(key)
+        start = min(effect.offset if identity == effect.identity else 0, size)
+        data = fs.read_range(key, start, size - start)
+        end = data.rfind(b"\n", 0, effect.max_bytes) + 1 or data.find(b"\n") + 1
+        marks = pick_marks(data[:end], start, effect.writers)
+        read = ev.LogTailRead(
+            shard=effect.shard,
+            identity=identity,
+            start=start,
+            end=start + end,
+            size=size,
+            records=tuple(marks),
+        )
         self.answer(proc, read, 500, 5_000)
 
     def _mark_inbox_read(self, proc: Proc, effect: fx.MarkInboxRead) -> None:
@@ -704,6 +829,8 @@ _EFFECTS: dict[type[Any], Callable[[Shell, Proc, Any], None]] = {
     fx.Append: Shell._append,
     fx.AppendInbox: Shell._append,
     fx.ReadInbox: Shell._read_inbox,
+    fx.ScanQueue: Shell._scan_queue,
+    fx.ReadLogTail: Shell._read_log_tail,
     fx.MarkInboxRead: Shell._mark_inbox_read,
     fx.CheckInboxes: Shell._check_inboxes,
     fx.RemoveInbox: Shell._remove_inbox,

@@ -8,6 +8,16 @@ any live process otherwise (`Settings.route_any_prob`): a process that does not 
 takes it into its inbox. Every enqueue is recorded as an `invoke`; the shell records its
 outcome when the reply comes (`Shell._send`, `Shell._ack_enqueued`).
 
+In some worlds (`Settings.deps_prob`) a task waits for others (`trigger_after_ids`): one to
+three parents, each a recent task (chains, fan-out: several children of one parent, fan-in: a
+child of several), a task a few enqueues from now (a child enqueued before its parent), or,
+rarely, an id nobody ever enqueues (the child must end dead-lettered, `unknown_parent`). Ids
+route by their own hash (but for a task with a group or a fingerprint), so with several shards
+and nodes a child and its parents are mostly owned by different nodes; a task with a
+fingerprint is never named as a recent parent (a duplicate has no record of its own). A task named before it is
+enqueued names no parents itself, so the graph has no cycle; parents fail and dead-letter as
+any task does (`fail_prob`, `max_retries`). Worlds without dependencies make no draw for them.
+
 The SDK client writes lines to its process's stdin at once, or holds them for
 `Settings.line_burst_us` and writes them together. Its handlers take a drawn time to run an
 attempt, fail with a drawn probability, and some hang past their hard timeout; a result goes
@@ -55,6 +65,11 @@ class Workload:
         #: Recent auto_dedupe payloads, for duplicates.
         self.dedupe_payloads: deque[str] = deque(maxlen=8)
         self._owners_cache: tuple[int, dict[int, str]] = (-1, {})
+        #: Recent tasks a child may name (no fingerprint: never deduplicated away).
+        self.recent_parents: deque[str] = deque(maxlen=8)
+        #: Task ids named as parents before they were enqueued (they name none themselves).
+        self.named_early: set[str] = set()
+        self.next_ghost = 0
 
     def start(self) -> None:
         """Schedule the first enqueue."""
@@ -72,6 +87,8 @@ class Workload:
         self.next_task += 1
         task = f"t{self.next_task}"
         msg, attrs = self._draw_task(task)
+        if s.deps_prob:
+            self._draw_dependencies(task, msg, attrs)
         delay = 0
         if rng.random() < s.delay_prob:
             delay = uniform(rng, SECOND, 20 * SECOND)
@@ -93,6 +110,43 @@ class Workload:
         )
         target.outstanding[task] = None
         self.write_line(target, orjson.dumps(msg))
+
+    def _draw_dependencies(self, task: str, msg: dict[str, Any], attrs: dict[str, Any]) -> None:
+        """Whether `task` waits for parents, and which (into `msg` and `attrs`); and whether
+        later tasks may name it (not with a fingerprint: a duplicate has no record of its
+        own)."""
+        if task in self.named_early:
+            # Named by a child already: it keeps no fingerprint. An owner that drops an inbox
+            # task as a duplicate at ingestion leaves its inbox record the only word on its
+            # id, which the watch reads as live for ever (docs/simulation.md).
+            self.named_early.discard(task)
+            msg.pop("auto_dedupe", None)
+            attrs["fingerprint"] = None
+        elif self.rng.random() < self.s.deps_prob:
+            msg["trigger_after_ids"] = attrs["parents"] = self._draw_parents()
+        if attrs["fingerprint"] is None:
+            self.recent_parents.append(task)
+
+    def _draw_parents(self) -> list[str]:
+        """The parents of the next task, drawn: one to three, each recent, to come, or an id
+        nobody enqueues."""
+        rng = self.rng
+        count = 1 + (int(rng.random() * 3) if rng.random() < 0.4 else 0)
+        parents: list[str] = []
+        for _ in range(count):
+            r = rng.random()
+            if r < 0.08:
+                self.next_ghost += 1
+                parent = f"ghost{self.next_ghost}"
+            elif r < 0.3 or not self.recent_parents:
+                parent = f"t{self.next_task + 1 + int(rng.random() * 3)}"
+                self.named_early.add(parent)
+            else:
+                recent = self.recent_parents
+                parent = recent[int(rng.random() * len(recent))]
+            if parent not in parents:
+                parents.append(parent)
+        return parents
 
     def _draw_task(self, task: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The enqueue message of `task` and its attributes for the history (all but its

@@ -168,6 +168,9 @@ class World:
             "executions": 0,
             "node_errors": 0,
             "inbox_reads": 0,
+            #: Reads of the queue's files for watched parents (`fx.ScanQueue`).
+            "queue_scans": 0,
+            "reader_fsyncs": 0,
             #: Lines delivered two or more at once (`Settings.line_burst_us`), and how many
             #: of them were results.
             "burst_lines": 0,
@@ -227,13 +230,15 @@ class World:
             retry_io_us=max(100_000, self.s.ttl_us // 10),
             compact_min_bytes=64 * 1024,
             compact_dead_ratio=1,  # (often: compaction meets more of the faults)
-            history_limit=50,
+            history_limit=self.s.history_limit or (10_000 if self.s.deps_prob else 50),
             fence=not self.s.unsafe_no_fence,
             inbox_poll_us=self.s.inbox_poll_us,
             inbox_idle_poll_us=self.s.inbox_idle_poll_us,
             inbox_read_bytes=self.s.inbox_read_bytes,
             inbox_segment_bytes=self.s.inbox_segment_bytes,
             lock_proves_liveness=self.s.probes_locks,
+            unknown_parent_wait_us=self.s.unknown_parent_wait_us,
+            unsafe_absent_parents_done=self.s.unsafe_absent_parents_done,
         )
 
     def _start(self, index: int, inc: int) -> None:

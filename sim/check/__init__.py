@@ -16,6 +16,7 @@ One module per invariant or close family, each judging the parsed history alone,
 | `ownership` | 2 one owner per shard epoch; 3 nothing told before it is accepted; 8 no belief overlap |
 | `attempts` | 4 attempts within `1 + max_retries`; 5 rate windows |
 | `order` | 6 priority; 7 dedupe |
+| `deps` | 9 dependencies: no child before its parents completed; failed through; not left waiting |
 
 `report` names the violation kinds and the verdict's types, `history` parses, `liveness`
 follows a growing history.
@@ -36,6 +37,10 @@ from sim.check.report import (
     ACK_NOT_DURABLE,
     ATTEMPTS_EXCEEDED,
     BELIEF_OVERLAP,
+    CHILD_NOT_FAILED,
+    CHILD_NOT_RUN,
+    CHILD_RAN_EARLY,
+    CHILD_RAN_ON_PENDING,
     DOUBLE_OWNERSHIP,
     DUPLICATE_PENDING,
     INVENTED_TASK,
@@ -54,6 +59,7 @@ from sim.check.verdict import (
     check_attempts,
     check_belief,
     check_dedupe,
+    check_dependencies,
     check_fenced_acts,
     check_ownership,
     check_priority,
@@ -64,6 +70,10 @@ __all__ = [
     "ACK_NOT_DURABLE",
     "ATTEMPTS_EXCEEDED",
     "BELIEF_OVERLAP",
+    "CHILD_NOT_FAILED",
+    "CHILD_NOT_RUN",
+    "CHILD_RAN_EARLY",
+    "CHILD_RAN_ON_PENDING",
     "DOUBLE_OWNERSHIP",
     "DUPLICATE_PENDING",
     "INVENTED_TASK",
@@ -83,6 +93,7 @@ __all__ = [
     "check_attempts",
     "check_belief",
     "check_dedupe",
+    "check_dependencies",
     "check_fenced_acts",
     "check_ownership",
     "check_priority",

@@ -25,7 +25,8 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
 - `{"kind": "enqueue", "phase": "invoke", "task", "node", "attrs": {...}}` — a client sent an
   enqueue to `node`. `attrs`: `type` (str), `max_retries` (int, retries after the first
   attempt), `urgency` (int), `group` (str|None), `max_per_minute` (int|None), `fingerprint`
-  (str|None, set when auto_dedupe), `delay_us` (int), `parents` (list of ids); optional:
+  (str|None, set when auto_dedupe), `delay_us` (int), `parents` (list of ids: the enqueue's
+  `trigger_after_ids`, judged by `sim.check.deps`); optional:
   `cron` (str|None), `pool` (str|None). Missing optional attrs read as None / 0 / [].
 - `{"kind": "enqueue", "phase": "ok"|"fail"|"info", "task", "node"}` — its outcome. "ok" may
   carry `"deduplicated": true` and `"shard": int`. "fail": an error reply; "info": unknown
@@ -247,6 +248,8 @@ class Analysis:
     #: Per node ("" for the whole world): (t, index) of entries that end a priority judgement.
     disturbances: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     dead_letters: int = 0
+    #: Per task: when a handler first returned success for it (`handler_done` with `ok`).
+    succeeded: dict[str, int] = field(default_factory=dict)
     #: Task records (accepted or fenced) by task id, in file order.
     task_records: dict[str, list[Record]] = field(default_factory=dict)
     #: Dispatch records (accepted or fenced) by task id, in file order.
@@ -371,6 +374,9 @@ class Analysis:
                     _need(e, "on", bool, i),
                 )
             )
+        elif kind == "handler_done":
+            if e.get("ok") is True:
+                self.succeeded.setdefault(_need(e, "task", str, i), t)
         elif kind == "dead_letter":
             self.dead_letters += 1
         elif kind in _DISTURBANCES:

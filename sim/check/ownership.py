@@ -197,6 +197,8 @@ def judge_belief(a: Analysis) -> tuple[list[Violation], dict[int, int]]:
     by_shard: dict[int, int] = {}
     for shard, spans in sorted(intervals.items()):
         # Sweep: at one instant, ends before starts, so a hand-over at one time is no overlap.
+        # A belief begun and ended at one instant is none (its end would sort before its start).
+        spans = [span for span in spans if span[1] > span[0]]
         points = sorted(
             [(s, 1, node, idx) for s, _e, node, idx in spans]
             + [(e, 0, node, idx) for _s, e, node, idx in spans]

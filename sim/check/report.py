@@ -1,6 +1,6 @@
 """The verdict's vocabulary: violation kinds, `Violation`, `Params`, `Metrics` and `Report`.
 
-Every invariant module (`sim.check.delivery`, `.ownership`, `.attempts`, `.order`) reports what
+Every invariant module (`sim.check.delivery`, `.ownership`, `.attempts`, `.order`, `.deps`) reports what
 it finds as `Violation`s of the kinds named here, and `sim.check.verdict` gathers them into one
 `Report` with the run's `Metrics`. Data only: nothing here reads a history.
 """
@@ -14,6 +14,10 @@ __all__ = [
     "ACK_NOT_DURABLE",
     "ATTEMPTS_EXCEEDED",
     "BELIEF_OVERLAP",
+    "CHILD_NOT_FAILED",
+    "CHILD_NOT_RUN",
+    "CHILD_RAN_EARLY",
+    "CHILD_RAN_ON_PENDING",
     "DOUBLE_OWNERSHIP",
     "DUPLICATE_PENDING",
     "INVENTED_TASK",
@@ -48,6 +52,15 @@ PRIORITY_INVERSION = "priority_inversion"
 DUPLICATE_PENDING = "duplicate_pending"
 #: Two nodes believed they owned one shard at once, though the assumptions held (check 8).
 BELIEF_OVERLAP = "belief_overlap"
+#: A child executed before some parent had completed at all (check 9).
+CHILD_RAN_EARLY = "child_ran_early"
+#: A child executed after a parent's handler succeeded but before its completion was
+#: durable: on a tombstone still pending, or one a crash then lost (check 9).
+CHILD_RAN_ON_PENDING = "child_ran_on_pending"
+#: A child of a dead-lettered or never-enqueued parent that completed (check 9).
+CHILD_NOT_FAILED = "child_not_failed"
+#: A child whose parents all completed, known before it was sent, that ended unrun (check 9).
+CHILD_NOT_RUN = "child_not_run"
 
 
 def at(t: int) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from sim.check.attempts import judge_attempts, judge_rate_windows, task_runs
 from sim.check.delivery import is_satisfied, judge_at_least_once
+from sim.check.deps import judge_dependencies
 from sim.check.history import Analysis, History, analyse
 from sim.check.order import judge_dedupe, judge_priority
 from sim.check.ownership import judge_belief, judge_fenced_acts
@@ -23,6 +24,7 @@ __all__ = [
     "check_attempts",
     "check_belief",
     "check_dedupe",
+    "check_dependencies",
     "check_fenced_acts",
     "check_ownership",
     "check_priority",
@@ -52,6 +54,7 @@ def judge(a: Analysis) -> Report:
         *judge_rate_windows(a.params, runs),
         *judge_priority(a, via_inbox),
         *judge_dedupe(a),
+        *judge_dependencies(a),
         *belief,
     ]
     violations.sort(key=lambda v: v.index)
@@ -134,3 +137,11 @@ def check_belief(history: History) -> list[Violation]:
     (a node's belief ends at its "off", its crash, or the end of the history). Always measured
     (`Metrics.belief_overlap_us`); a violation only when `params.assumptions_hold`."""
     return judge_belief(analyse(history))[0]
+
+
+def check_dependencies(history: History) -> list[Violation]:
+    """No child (an enqueue with `parents`) executes before an accepted tombstone saying each
+    parent completed is durable; a child of a dead-lettered (never completed) or never-enqueued
+    parent ends dead-lettered; a child whose parents all completed, each durable before it was
+    sent, ran before it ended (the rules are stated once, in `sim.check.deps`'s header)."""
+    return judge_dependencies(analyse(history))

@@ -159,7 +159,9 @@ class ScanQueue(Effect):
     Each file is read from the offset `known` gives for it when its identity (`st_ino`) is the
     one given there, else from 0 (a new file, or one that compaction replaced), up to its last
     complete line and at most about `max_bytes` (but at least one line). The lines read pass
-    through `snerd.core.watch.pick` with `ids`. Answered by one `QueueScanned`."""
+    through `snerd.core.watch.pick` with `ids`; when what it keeps of a file ends a task
+    (`snerd.core.watch.ends_a_task`), the file is fsynced before the answer (a failed fsync
+    is an error for that file, and its chunk is left out). Answered by one `QueueScanned`."""
 
     shards: int
     #: (shard, segment) -> (identity, offset already read).

@@ -12,7 +12,9 @@ those ids and the claim records that fence a log; `TaskWatch` folds them into on
 - `LIVE`: some file holds it as a task that has not ended (a shard log, or an inbox);
 - `UNKNOWN`: a whole pass over every file, begun after the id was named, found no record of it.
 
-A shard log is read as its owner's replay reads it (`snerd.core.shardlog.ShardFold`): a
+A tombstone a reader sees may not be durable yet (its writer's fsync still out): before it
+answers with one, the shell fsyncs the file (`ends_a_task`), so what the watch acts on is
+durable. A shard log is read as its owner's replay reads it (`snerd.core.shardlog.ShardFold`): a
 record written under an epoch older than a claim read before it is ignored. A file whose
 identity changed (compaction renames a new log into place) is read again from its start.
 When ids are added the next pass reads every file from its start, so an id's state never
@@ -44,7 +46,7 @@ from snerd.core.schema import (
 )
 from snerd.core.shardlog import tombstone_outcome
 
-__all__ = ["COMPLETED", "DEAD", "LIVE", "UNKNOWN", "TaskWatch", "pick", "pick_marks"]
+__all__ = ["COMPLETED", "DEAD", "LIVE", "UNKNOWN", "TaskWatch", "ends_a_task", "pick", "pick_marks"]
 
 LIVE = "live"
 COMPLETED = "completed"
@@ -117,6 +119,16 @@ def pick(
     for offset, reason in result.corrupt:
         corrupt.append((starts.get(offset, base_offset), reason))
     return records, corrupt, pos
+
+
+def ends_a_task(records: list[ev.LogRecord]) -> bool:
+    """Records `pick` kept hold the end (a tombstone) of a watched task: the shell makes the
+    file durable (fsync(2) through its own descriptor, which flushes every writer's data of
+    the file) before it answers, so a child never goes on on an end a crash could still take
+    back (its writer's fsync may not have returned yet)."""
+    return any(
+        r.fields.get(DELETED_AT) is not None and r.fields.get(SNERD_KIND) is None for r in records
+    )
 
 
 _INBOX_MARK = b'{"' + SNERD_KIND.encode() + b'":"' + KIND_INBOX.encode() + b'"'

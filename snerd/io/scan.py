@@ -14,6 +14,10 @@ Why this shape:
   could see two different files, and the core would resume the new file at the old offset.
 - A line without its newline is left for a later read, never cut or judged: its writer is
   still writing it, or crashed mid-write (never acknowledged; the owner repairs a log's tail).
+- A read that finds a watched task's end fsyncs the file through its own descriptor before
+  answering: the writer's fsync may not have returned, and fsync(2) of any descriptor of a
+  file flushes every writer's data of it (on a network filesystem, what the server holds:
+  what this reader could see), so the core never acts on an end a crash could take back.
 - Nothing is reached through a symbolic link (`snerd.io.files`): a linked log or folder is an
   error the core is told about (it names the path), and no file behind the link is read.
 - A shard with no folder, no log or no inbox yet is no error: those files are absent.
@@ -30,7 +34,7 @@ from dataclasses import dataclass
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.records import LINE_LIMIT
-from snerd.core.watch import pick
+from snerd.core.watch import ends_a_task, pick
 from snerd.io.files import PathError, open_file
 from snerd.io.inbox import INBOX, inbox_files
 
@@ -62,14 +66,12 @@ def scan_queue(directory: str | os.PathLike[str], effect: fx.ScanQueue) -> ev.Qu
     for shard in range(effect.shards):
         for segment, path in _shard_files(directory, shard, errors):
             try:
-                lines = _read_lines(directory, path, effect.known.get((shard, segment)),
-                                    effect.max_bytes)
+                lines, chunk = _read_file(directory, path, shard, segment, effect)
             except FileNotFoundError:
                 continue  # not written yet, or an inbox removed since it was listed
             except OSError as exc:
                 errors.append((shard, _text(path, exc)))
                 continue
-            chunk = _chunk(shard, segment, lines, effect.ids)
             if chunk is not None:
                 chunks.append(chunk)
             files.append((shard, segment, lines.identity, _rest(lines, chunk)))
@@ -91,28 +93,36 @@ def _shard_files(
     return found
 
 
-def _read_lines(
-    directory: str | os.PathLike[str],
-    path: str,
-    known: tuple[int, int] | None,
-    max_bytes: int,
-) -> _Lines:
-    """The complete lines of `path` from the offset `known` gives (when its identity is the
-    file's, and the file still reaches it), else from 0."""
+def _read_file(
+    directory: str | os.PathLike[str], path: str, shard: int, segment: str, effect: fx.ScanQueue
+) -> tuple[_Lines, ev.ScanChunk | None]:
+    """One file's new complete lines and what `pick` keeps of them; the file fsynced first
+    when they end a watched task (`snerd.core.watch.ends_a_task`: a tombstone seen before its
+    writer's fsync returned is made durable by ours before the core acts on it)."""
     fd = open_file(path, os.O_RDONLY, root=directory)
     try:
-        st = os.fstat(fd)
-        start = 0
-        if known is not None and known[0] == st.st_ino and known[1] <= st.st_size:
-            start = known[1]
-        data = os.pread(fd, max(max_bytes, 1), start)
-        end = data.rfind(b"\n") + 1
-        if end == 0 and len(data) >= max_bytes:
-            return _first_line(fd, st.st_ino, st.st_size, start, data)
-        reached = start + len(data) >= st.st_size
-        return _Lines(st.st_ino, st.st_size, start, data[:end], reached_end=reached)
+        lines = _read_lines(fd, effect.known.get((shard, segment)), effect.max_bytes)
+        chunk = _chunk(shard, segment, lines, effect.ids)
+        if chunk is not None and ends_a_task(list(chunk.records)):
+            os.fsync(fd)
+        return lines, chunk
     finally:
         os.close(fd)
+
+
+def _read_lines(fd: int, known: tuple[int, int] | None, max_bytes: int) -> _Lines:
+    """The complete lines of the open file from the offset `known` gives (when its identity
+    is the file's, and the file still reaches it), else from 0."""
+    st = os.fstat(fd)
+    start = 0
+    if known is not None and known[0] == st.st_ino and known[1] <= st.st_size:
+        start = known[1]
+    data = os.pread(fd, max(max_bytes, 1), start)
+    end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) >= max_bytes:
+        return _first_line(fd, st.st_ino, st.st_size, start, data)
+    reached = start + len(data) >= st.st_size
+    return _Lines(st.st_ino, st.st_size, start, data[:end], reached_end=reached)
 
 
 def _first_line(fd: int, identity: int, size: int, start: int, head: bytes) -> _Lines:

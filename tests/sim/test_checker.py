@@ -20,6 +20,10 @@ from sim.check import (
     ACK_NOT_DURABLE,
     ATTEMPTS_EXCEEDED,
     BELIEF_OVERLAP,
+    CHILD_NOT_FAILED,
+    CHILD_NOT_RUN,
+    CHILD_RAN_EARLY,
+    CHILD_RAN_ON_PENDING,
     DOUBLE_OWNERSHIP,
     DUPLICATE_PENDING,
     INVENTED_TASK,
@@ -34,6 +38,7 @@ from sim.check import (
     check_attempts,
     check_belief,
     check_dedupe,
+    check_dependencies,
     check_fenced_acts,
     check_ownership,
     check_priority,
@@ -826,6 +831,17 @@ def test_belief_ends_at_a_crash_and_a_hand_over_at_one_instant_is_no_overlap() -
     assert check(h.history).metrics.belief_overlap_us == 0
 
 
+def test_a_belief_on_and_off_at_one_instant_is_no_belief() -> None:
+    # Simulator seed 119: a node's belief in a shard began and ended at one instant; the
+    # sweep took its end before its start and kept it believing to the end of the run.
+    h = H().claim(1, "n0")
+    h.add("belief", node="n0", shard=0, on=True)
+    h.t -= MS  # the "off" at the same instant
+    h.add("belief", node="n0", shard=0, on=False)
+    h.at(40 * SECOND).claim(2, "n1").belief(True, "n1").end()
+    assert check_belief(h.history) == []
+
+
 def test_belief_left_on_lasts_to_the_end() -> None:
     h = H(assumptions_hold=False).at(SECOND).start().at(2 * SECOND).belief(True, "n2")
     h.belief(True, "n2").at(10 * SECOND).end()  # a repeated "on" changes nothing
@@ -850,3 +866,77 @@ def test_priority_judges_a_dispatch_at_the_time_the_node_queued_it() -> None:
     h.history[-1]["t_queued"] = h.history[-1]["t_issue"]
     h.execute("A").done("A").tomb("A").run("B").end()
     assert kinds(check_priority(h.history)) == [PRIORITY_INVERSION]
+
+
+# ---------------------------------------------------------------------------- dependencies
+
+
+def dead(h: H, task: str, shard: int = 0) -> H:
+    """`task`'s tombstone says it was dead-lettered."""
+    return h.tomb(task, shard=shard, outcome="dead_letter")
+
+
+def test_a_child_that_runs_once_its_parent_completed_passes() -> None:
+    h = H().start().start(shard=1).acked("c", parents=["p"]).life("p", shard=1)
+    h.run("c")
+    assert check_dependencies(h.history) == []
+    assert check(h.history).ok
+
+
+def test_a_child_that_runs_before_its_parent_completed_is_caught() -> None:
+    h = H().start().start(shard=1).acked("c", parents=["p"]).acked("p", shard=1)
+    h.run("c").run("p", shard=1)
+    assert kinds(check_dependencies(h.history)) == [CHILD_RAN_EARLY]
+    # A parent nobody enqueued never lets a child run either.
+    g = H().start().acked("c", parents=["ghost"]).run("c")
+    assert CHILD_RAN_EARLY in kinds(check_dependencies(g.history))
+
+
+def test_a_parent_s_completion_counts_from_when_it_was_durable_not_where_it_is_listed() -> None:
+    # Records are listed in file order, which may come after the execute they made possible.
+    h = H().start().start(shard=1).acked("p", shard=1).acked("c", parents=["p"])
+    h.dispatch("p", shard=1).execute("p", shard=1).done("p")
+    durable = h.t + MS
+    h.run("c").tomb("p", shard=1)
+    # Its handler had returned: the child ran on a completion not durable yet (or lost).
+    assert kinds(check_dependencies(h.history)) == [CHILD_RAN_ON_PENDING]
+    h.entries[-1]["t_issue"] = durable - MS // 2  # written before the child ran ...
+    [pending] = check_dependencies(h.history)
+    assert pending.kind == CHILD_RAN_ON_PENDING and "durable only at" in pending.message
+    h.entries[-1]["t_durable"] = durable - MS // 4  # ... and durable before it, too
+    assert check_dependencies(h.history) == []
+
+
+def test_children_of_a_dead_or_never_enqueued_parent_end_dead_lettered() -> None:
+    h = H().start().acked("p").acked("c1", parents=["p"]).acked("c2", parents=["ghost"])
+    h.dispatch("p").execute("p").done("p", ok=False)
+    dead(dead(dead(h, "p"), "c1"), "c2")
+    assert check_dependencies(h.history) == []
+    assert check(h.history).ok
+    # A child that completed without running (its tombstone is all the history shows).
+    bad = H().start().acked("p").acked("c1", parents=["p"]).acked("c2", parents=["ghost"])
+    dead(bad, "p").tomb("c1").tomb("c2")
+    assert kinds(check_dependencies(bad.history)) == [CHILD_NOT_FAILED, CHILD_NOT_FAILED]
+
+
+def test_a_child_of_parents_known_and_completed_must_not_end_unrun() -> None:
+    h = H().start().start(shard=1).life("p", shard=1).acked("c", parents=["p"])
+    dead(h, "c")
+    assert kinds(check_dependencies(h.history)) == [CHILD_NOT_RUN]
+    # Near miss: the child was sent before any record of its parent was durable (the node
+    # may judge it unknown and dead-letter it after its bounded wait).
+    early = H().start().start(shard=1).acked("c", parents=["p"]).life("p", shard=1)
+    dead(early, "c")
+    assert check_dependencies(early.history) == []
+    # And a parent durable in an inbox file before the child was sent is known as well.
+    inbox = H().start().start(shard=1).via_inbox("p", shard=1).acked("c", parents=["p"])
+    inbox.ingest("p", shard=1).run("p", shard=1)
+    dead(inbox, "c")
+    assert kinds(check_dependencies(inbox.history)) == [CHILD_NOT_RUN]
+
+
+def test_a_history_without_parents_has_no_dependency_to_judge() -> None:
+    h = H().start().life("a").acked("b").run("b")
+    for entry in h.history:
+        entry.get("attrs", {}).pop("parents", None)  # an older recorder's invoke
+    assert check_dependencies(h.history) == []

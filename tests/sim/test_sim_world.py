@@ -141,3 +141,38 @@ def test_a_node_whose_invariants_break_fails_the_run(monkeypatch: Any) -> None:
         in (outcome.world_violations[0])
     )
     assert len(outcome.world_violations) <= 10
+
+
+def _scanned(world: World, effect: fx.ScanQueue) -> Any:
+    """The `QueueScanned` the shell answers `effect` with (queued for the process)."""
+    world.shell.carry_out(world.procs[0], [effect])
+    entry = max(world.queue, key=lambda e: e[1])
+    return entry[-1]
+
+
+def test_the_queue_scan_reads_pending_lines_from_the_known_offset_and_a_replaced_log_anew() -> None:
+    world = _world()
+    parent = {"taskId": "p1", "taskType": "t"}
+    other = {"taskId": "x9", "taskType": "t"}
+    _append(world, 1, other, parent)  # pending: readers see it
+    size = world.fs.log_size(0)
+    world.fs.append("writer#1", 0, b'{"taskId":"p1","tor', enospc=False, short=0)  # no newline
+    ids = frozenset({"p1"})
+    first = _scanned(world, fx.ScanQueue(shards=1, known={}, ids=ids, max_bytes=1 << 20))
+    [chunk] = first.chunks
+    assert (chunk.start, chunk.end) == (0, size)  # up to the last complete line
+    assert [r.fields["taskId"] for r in chunk.records] == ["p1"]  # `pick` kept only p1
+    [(shard, segment, identity, seen)] = first.files
+    assert (shard, segment, seen) == (0, "", world.fs.log_size(0))
+    # From the known offset, with the identity unchanged: nothing new is complete.
+    known = {(0, ""): (identity, size)}
+    again = _scanned(world, fx.ScanQueue(shards=1, known=known, ids=ids, max_bytes=1 << 20))
+    assert again.chunks == ()
+    # A compaction renames a new log into place: another identity, read from its start, and
+    # at least one line even when it is longer than `max_bytes`.
+    assert world.fs.replace_log("other#1", 0, encode_record(parent)) is None
+    fresh = _scanned(world, fx.ScanQueue(shards=1, known=known, ids=ids, max_bytes=3))
+    [chunk] = fresh.chunks
+    assert fresh.files[0][2] != identity
+    assert chunk.start == 0 and chunk.end == len(encode_record(parent))
+    assert [r.fields["taskId"] for r in chunk.records] == ["p1"]

@@ -109,7 +109,12 @@ class Parents:
         wait = self.config.unknown_parent_wait_us
         late = [p for p, since in self.unknown_since.items() if now.mono >= since + wait]
         for parent in sorted(late):
-            del self.unknown_since[parent]
+            if parent not in self.unknown_since:
+                continue  # its last child failed through another parent just now
+            if self._known(parent) is not None:
+                # It came to this node meanwhile: its end here releases or fails the children.
+                del self.unknown_since[parent]
+                continue
             self._fail_children(
                 parent,
                 f"{UNKNOWN_PARENT}{parent} (no shard holds it after {wait // SECOND} s)",
@@ -182,9 +187,16 @@ class Parents:
                 "parent only there is unknown meanwhile)",
             )
         self.errors = errors
+        self.watch.scanned(event)
         tasks = self.node.book.tasks
-        for parent, state in sorted(self.watch.scanned(event).items()):
-            if parent not in self.children or parent in tasks:
+        # Every parent waited on, not only those whose state changed: a child blocked on a
+        # parent the watch had already found completed (and kept watching) hears no change.
+        for parent in sorted(self.children):
+            state = self.watch.state(parent) if parent in self.watch.ids else None
+            if parent in tasks:
+                self.unknown_since.pop(parent, None)
+                continue
+            if state is None or parent not in self.children:
                 continue
             if state == COMPLETED:
                 self._release(parent)
