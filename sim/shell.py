@@ -168,7 +168,8 @@ class Shell:
             number = (
                 int(shard[6:]) if isinstance(shard, str) and shard.startswith("shard-") else None
             )
-            self._acked(proc, task, number, bool(msg.get("deduplicated")))
+            undecided = "deduplicated" in msg and msg["deduplicated"] is None
+            self._acked(proc, task, number, bool(msg.get("deduplicated")), undecided)
         elif action == "error":
             del proc.outstanding[task]
             self.world.record({"kind": "enqueue", "phase": "fail", "task": task, "node": proc.name})
@@ -179,7 +180,14 @@ class Shell:
             if task in outstanding:
                 self._acked(proc, task, effect.shard, False)
 
-    def _acked(self, proc: Proc, task: str, shard: int | None, deduplicated: bool) -> None:
+    def _acked(
+        self,
+        proc: Proc,
+        task: str,
+        shard: int | None,
+        deduplicated: bool,
+        undecided: bool = False,
+    ) -> None:
         del proc.outstanding[task]
         entry: dict[str, Any] = {"kind": "enqueue", "phase": "ok", "task": task}
         entry["node"] = proc.name
@@ -187,6 +195,8 @@ class Shell:
             entry["shard"] = shard
         if deduplicated:
             entry["deduplicated"] = True
+        if undecided:
+            entry["undecided"] = True
         self.world.record(entry)
 
     def _log(self, proc: Proc, effect: fx.Log) -> None:

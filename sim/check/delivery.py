@@ -30,6 +30,8 @@ def is_satisfied(a: Analysis, ack: Ack) -> bool:
     if not ack.deduplicated:
         if a.finished_after(ack.task, ack.invoke.index) is not None:
             return True
+        if ack.undecided and ack.invoke.fingerprint in a.finished_fingerprints:
+            return True  # (it may have been a duplicate: the daemon said it could not tell)
         # The owner drops an inbox task with `autoDedupe` when it ingests it while a task with
         # the same fingerprint is pending (only it can tell): that task finishing covers it.
         fp = ack.invoke.fingerprint

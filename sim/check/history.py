@@ -29,7 +29,8 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   `trigger_after_ids`, judged by `sim.check.deps`); optional:
   `cron` (str|None), `pool` (str|None). Missing optional attrs read as None / 0 / [].
 - `{"kind": "enqueue", "phase": "ok"|"fail"|"info", "task", "node"}` — its outcome. "ok" may
-  carry `"deduplicated": true` and `"shard": int`. "fail": an error reply; "info": unknown
+  carry `"deduplicated": true` (or `"undecided": true`: the ack said the owner had not decided
+  yet whether it was a duplicate) and `"shard": int`. "fail": an error reply; "info": unknown
   (the process crashed before the reply). Neither obliges the task to finish. Every outcome
   follows an invoke of the same task.
 - `{"kind": "execute", "task", "attempt", "node", "shard", "epoch"}` — a handler was handed an
@@ -151,6 +152,9 @@ class Ack:
     deduplicated: bool
     shard: int | None
     invoke: Invoke
+    #: The ack said `"deduplicated": null`: the shard's owner (another daemon) did not
+    #: decide in time whether the enqueue was a duplicate.
+    undecided: bool = False
 
 
 @dataclass(slots=True)
@@ -418,6 +422,7 @@ class Analysis:
                     dedup,  # deduplicated
                     shard,
                     inv_or_none,  # invoke
+                    e.get("undecided") is True,  # undecided
                 )
             )
         elif phase not in ("fail", "info"):

@@ -414,7 +414,6 @@ class Node:
             Timer("rate window", True, book.group_wake_at, book.group_wake_fire),
             Timer("schedule tick", True, schedules.tick_due, schedules.tick_fire),
             Timer("parent scan", False, parents.scan_due, parents.scan_fire),
-            Timer("unknown parent", False, parents.unknown_due, parents.unknown_fire),
             Timer("verdict poll", False, verdicts.poll_due, verdicts.poll_fire),
             Timer("verdict wait", False, verdicts.deadline_due, verdicts.deadline_fire),
             Timer("lock probe", False, tenure.probe_due, tenure.probe_fire),

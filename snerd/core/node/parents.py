@@ -12,9 +12,10 @@ parent is judged where it can be known:
   the parent is **watched** (`snerd.core.watch.TaskWatch`): the node reads every shard's files
   for it, every `watch_poll_us`, and acts on what they say. Completed: the wait ends. Dead:
   the child is dead-lettered with `blocked_by_failed_parent: <id>`. Live: the child waits.
-  Unknown (a whole pass over the queue's files found no record of it): the child waits at
-  most `unknown_parent_wait_us` for it to appear, then is dead-lettered with
-  `unknown_parent: <id>`.
+  Unknown (a whole pass over the queue's files found no record of it): the child waits
+  `unknown_parent_wait_us` for it to appear, and is dead-lettered with
+  `unknown_parent: <id>` only once a look at the files begun after that still finds none (a
+  slow filesystem that delays the looks delays the verdict, never makes it on stale news).
 
 A dead-lettered child fails its own children in turn (`TaskBook.finished`). State is in memory
 only: after a restart or a takeover the replay blocks each child again and the parents are
@@ -57,6 +58,7 @@ class Parents:
         #: A `ScanQueue` is out; when the next one is due (mono).
         self.scanning = False
         self.scan_at_mono = 0
+        self.scan_began_mono = 0
         #: Watched parents the files hold no record of: since when (mono).
         self.unknown_since: dict[str, int] = {}
         #: The errors the last scan met, each said once while it lasts.
@@ -96,29 +98,9 @@ class Parents:
         if at is not None and now.mono >= at:
             self.watch.want(self._watched())
             self.scanning = True
+            self.scan_began_mono = now.mono
             shards = self.node.tenure.shard_count()
             self.out.emit(self.watch.request(shards, self.config.watch_read_bytes))
-
-    def unknown_due(self) -> int | None:
-        """When the first parent nobody holds has been waited on long enough (mono)."""
-        if not self.unknown_since:
-            return None
-        return min(self.unknown_since.values()) + self.config.unknown_parent_wait_us
-
-    def unknown_fire(self, now: ev.Now) -> None:
-        wait = self.config.unknown_parent_wait_us
-        late = [p for p, since in self.unknown_since.items() if now.mono >= since + wait]
-        for parent in sorted(late):
-            if parent not in self.unknown_since:
-                continue  # its last child failed through another parent just now
-            if self._known(parent) is not None:
-                # It came to this node meanwhile: its end here releases or fails the children.
-                del self.unknown_since[parent]
-                continue
-            self._fail_children(
-                parent,
-                f"{UNKNOWN_PARENT}{parent} (no shard holds it after {wait // SECOND} s)",
-            )
 
     # -- the rule
 
@@ -189,6 +171,7 @@ class Parents:
         self.errors = errors
         self.watch.scanned(event)
         tasks = self.node.book.tasks
+        wait = self.config.unknown_parent_wait_us
         # Every parent waited on, not only those whose state changed: a child blocked on a
         # parent the watch had already found completed (and kept watching) hears no change.
         for parent in sorted(self.children):
@@ -203,7 +186,14 @@ class Parents:
             elif state == DEAD:
                 self._fail_children(parent, f"{FAILED_PARENT}{parent}")
             elif state == UNKNOWN:
-                self.unknown_since.setdefault(parent, self.node.now.mono)
+                since = self.unknown_since.setdefault(parent, self.node.now.mono)
+                if since + wait <= self.scan_began_mono and not self.watch.more:
+                    # Still nowhere in a look at the files begun after the wait ran out.
+                    del self.unknown_since[parent]
+                    self._fail_children(
+                        parent,
+                        f"{UNKNOWN_PARENT}{parent} (no shard holds it after {wait // SECOND} s)",
+                    )
             else:
                 self.unknown_since.pop(parent, None)
                 self._break_cycles(parent)
