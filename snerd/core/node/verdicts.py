@@ -163,8 +163,11 @@ class Verdicts:
             # (A replaced log read to its end without a record that says: none is left.)
             self._answer(event.shard, w, None if verdict is _LATER else verdict)
             answered.append(w)
-        if event.end < event.size:
-            self.poll_at_mono = self.node.now.mono  # more to read: at once
+        if event.start < event.end < event.size:
+            # More to read: at once. (A read that took nothing, before a torn last line the
+            # owner is writing or died writing, waits for the next poll: read again at once,
+            # it would spin.)
+            self.poll_at_mono = self.node.now.mono
         self._drop_answered(event.shard, s, answered)
 
     # -- the parts

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from snerd.core.dedupe import fingerprint, unique_fingerprint
 from snerd.core.node import NodeConfig
 from tests.core.node.test_inbox import inbox_records, pair
@@ -137,6 +139,21 @@ def test_the_owner_honours_the_scope_written_in_an_inbox_record() -> None:
     other.advance(0.1)
     assert "deduplicated" not in ack(other, "second")
     assert inbox_records(owner)[-1].get("dropped") is None
+
+
+@pytest.mark.timeout(20)  # the spin it guards against never ends: fail instead
+def test_a_torn_last_line_in_the_owner_s_log_is_read_again_at_the_poll_not_at_once() -> None:
+    # The owner died halfway through a line (or is writing it): each read of its log ends
+    # before that line. Only a read cut short by its size is followed at once by another;
+    # this one waits for the next poll (it once spun, reading again at once for the whole
+    # wait).
+    owner, other = pair()
+    other.enqueue("second", unique_key="k")
+    owner.disk["logs"][0] += b'{"taskId":"torn'
+    other.advance(1)
+    poll = other.node.config.verdict_poll_us / SECOND
+    assert 1 / poll - 2 <= other.log_tail_reads <= 1 / poll + 2, other.log_tail_reads
+    assert other.messages("ack") == []  # still waiting for the owner's decision
 
 
 def _enqueue(task_id: str, task_data: str, **extra: Any) -> dict[str, Any]:
