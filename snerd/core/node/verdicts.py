@@ -148,7 +148,6 @@ class Verdicts:
                          f"{event.error}")
             self._drop_answered(event.shard, s, [])
             return
-        replaced = event.identity != s.identity
         s.identity, s.offset = event.identity, event.end
         marks: dict[str, list[dict[str, Any]]] = {}
         for record in event.records:
@@ -158,10 +157,9 @@ class Verdicts:
         answered: list[_Waiting] = []
         for w in s.waiting:
             verdict = _find(marks.get(w.segment, ()), w.at)
-            if verdict is _LATER and not (replaced and event.end >= event.size):
+            if verdict is _LATER:
                 continue
-            # (A replaced log read to its end without a record that says: none is left.)
-            self._answer(event.shard, w, None if verdict is _LATER else verdict)
+            self._answer(event.shard, w, None if verdict is _GONE else verdict)
             answered.append(w)
         if event.start < event.end < event.size:
             # More to read: at once. (A read that took nothing, before a torn last line the
@@ -211,14 +209,20 @@ class Verdicts:
 
 _TAKEN = "taken"
 _LATER = "later"
+_GONE = "gone"
 
 
 def _find(marks: Iterable[dict[str, Any]], at: int) -> dict[str, Any] | str:
     """What the `inbox` records of one writer's file (in log order) say of its record at byte
-    `at`: the `dropped` entry naming it, `_TAKEN`, or `_LATER` (none says yet)."""
+    `at`: the `dropped` entry naming it, `_TAKEN`, `_GONE` (only a record of a later range is
+    there: the one that held it was compacted away) or `_LATER` (none says yet)."""
     for mark in marks:
         start, end = mark[INBOX_FROM], mark.get(INBOX_OFFSET)
-        if not isinstance(end, int) or not start <= at < end:
+        if not isinstance(end, int):
+            continue
+        if start > at:
+            return _GONE
+        if at >= end:
             continue
         for entry in mark.get(INBOX_DROPPED) or ():
             if isinstance(entry, dict) and entry.get(DROP_AT) == at:
