@@ -98,6 +98,8 @@ _LIMITS: dict[str, tuple[float, float]] = {
     # Above 0 (a wait of none would fail a child whose parent is a moment from its inbox), at
     # most a week.
     "SNERD_UNKNOWN_PARENT_SECONDS": (0.001, 7 * 86_400.0),
+    # 0: acked at the inbox write (upstream's ack); at most a minute, since a caller waits.
+    "SNERD_DEDUPE_WAIT_MS": (0, 60_000),
     "SNERD_TEST_RECENT_BYTES": (1024, 1 << 32),
     "SNERD_TEST_COMPACT_MIN_BYTES": (4096, 1 << 40),
 }
@@ -293,6 +295,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     inbox_idle_poll_ms = _int(env, "SNERD_INBOX_IDLE_POLL_MS", 1000)
     watch_poll_ms = _int(env, "SNERD_WATCH_POLL_MS", 250)
     unknown_parent = seconds_setting(env, "SNERD_UNKNOWN_PARENT_SECONDS", 60.0)
+    dedupe_wait_ms = _int(env, "SNERD_DEDUPE_WAIT_MS", 5000)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = shared.mountinfo_path
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
@@ -316,6 +319,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         inbox_idle_poll_us=inbox_idle_poll_ms * 1000,
         watch_poll_us=watch_poll_ms * 1000,
         unknown_parent_wait_us=int(unknown_parent * SECOND),
+        dedupe_wait_us=dedupe_wait_ms * 1000,
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,
     )

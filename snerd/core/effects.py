@@ -174,9 +174,9 @@ class ScanQueue(Effect):
 class ReadLogTail(Effect):
     """Read a shard's log, whoever owns it, for the verdicts on enqueues this node wrote into
     that shard's inbox (`snerd.core.node.verdicts`): from byte `offset` when the file's
-    identity (`st_ino`) is `identity`, else from 0, to its last complete line, at most about
-    `max_bytes` (but at least one line), through `snerd.core.watch.pick_marks` with
-    `writers`. Answered by one `LogTailRead`."""
+    identity (`st_ino`) is `identity` and it still reaches `offset`, else from 0, to its last
+    complete line, at most about `max_bytes` (but at least one line), through
+    `snerd.core.watch.pick_marks` with `writers`. Answered by one `LogTailRead`."""
 
     shard: int
     identity: int

@@ -217,7 +217,8 @@ def log_identity_and_size(path: str) -> tuple[int, int]:
 
 def read_log_tail(directory: str | os.PathLike[str], effect: fx.ReadLogTail) -> ev.LogTailRead:
     """What a `ReadLogTail` asks: the `inbox` records of the writers named, in the shard's log
-    from the offset given (from 0 when the file is another one now), complete lines only."""
+    from the offset given (from 0 when the file is another one now, or shorter than that),
+    complete lines only."""
     path = os.path.join(directory, f"shard-{effect.shard}", "tasks", "tasks.log")
     try:
         fd = open_file(path, os.O_RDONLY, root=directory)
@@ -227,8 +228,11 @@ def read_log_tail(directory: str | os.PathLike[str], effect: fx.ReadLogTail) -> 
         return ev.LogTailRead(shard=effect.shard, error=f"{path}: {exc.strerror or exc}")
     try:
         st = os.fstat(fd)
-        start = effect.offset if st.st_ino == effect.identity else 0
-        start = min(start, st.st_size)
+        # The same file shorter than the offset read is read from 0 too (as the queue scan
+        # does): cut back (a failed append is cut off the owner's log, perhaps read first),
+        # or a new file that got the old inode number.
+        same = st.st_ino == effect.identity and effect.offset <= st.st_size
+        start = effect.offset if same else 0
         data = os.pread(fd, min(effect.max_bytes, st.st_size - start), start)
         end = data.rfind(b"\n") + 1
         if not end and len(data) < st.st_size - start:

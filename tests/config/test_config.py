@@ -51,6 +51,31 @@ def test_a_bad_parent_watch_setting_is_refused_naming_it(name: str, value: str, 
     assert text.startswith(f"{name}={value!r} ") and says in text, text
 
 
+def test_the_dedupe_wait_defaults_to_5_s_and_follows_its_variable() -> None:
+    assert load_settings({}).node.dedupe_wait_us == 5_000_000
+    assert load_settings({"SNERD_DEDUPE_WAIT_MS": " 250 "}).node.dedupe_wait_us == 250_000
+    assert load_settings({"SNERD_DEDUPE_WAIT_MS": "60000"}).node.dedupe_wait_us == 60_000_000
+    # 0: the ack goes at the inbox write, as upstream's did.
+    assert load_settings({"SNERD_DEDUPE_WAIT_MS": "0"}).node.dedupe_wait_us == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("-1", "must be a whole number from 0 to 60,000"),
+        ("60001", "must be a whole number from 0 to 60,000"),
+        ("9" * 400, "must be a whole number from 0 to 60,000"),
+        ("0.5", "is not a whole number"),
+        ("5s", "is not a whole number"),
+    ],
+)
+def test_a_bad_dedupe_wait_is_refused_naming_it(value: str, says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings({"SNERD_DEDUPE_WAIT_MS": value})
+    text = str(refused.value)
+    assert text.startswith("SNERD_DEDUPE_WAIT_MS=") and says in text, text
+
+
 def test_a_host_name_with_blanks_or_controls_makes_a_node_id_of_one_word() -> None:
     # The id is one whitespace-split field of each shard's lock file (`LockText.parse`).
     node_id = load_settings({"HOSTNAME": "web 1\nrack\x00" + "x" * 5000}).node.node_id

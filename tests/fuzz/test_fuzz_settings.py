@@ -34,6 +34,7 @@ WHOLE = [
     "SNERD_INBOX_POLL_MS",
     "SNERD_INBOX_IDLE_POLL_MS",
     "SNERD_WATCH_POLL_MS",
+    "SNERD_DEDUPE_WAIT_MS",
     "SNERD_TEST_RECENT_BYTES",
     "SNERD_TEST_COMPACT_MIN_BYTES",
 ]
@@ -107,6 +108,7 @@ def check_in_range(settings: Settings) -> None:
     assert 1_000 <= node.inbox_idle_poll_us <= 600_000_000
     assert 10_000 <= node.watch_poll_us <= 60_000_000
     assert 1_000 <= node.unknown_parent_wait_us <= 7 * 86_400 * SECOND
+    assert 0 <= node.dedupe_wait_us <= 60_000_000
     assert 1024 <= settings.max_line_bytes <= 1 << 30
     assert settings.fsync in ("always", "interval", "never")
     assert node.backoff in ("constant", "exponential")
@@ -162,6 +164,7 @@ def test_a_whole_number_in_range_loads_as_itself(name: str, fraction: float, pad
         "SNERD_INBOX_POLL_MS": settings.node.inbox_poll_us // 1000,
         "SNERD_INBOX_IDLE_POLL_MS": settings.node.inbox_idle_poll_us // 1000,
         "SNERD_WATCH_POLL_MS": settings.node.watch_poll_us // 1000,
+        "SNERD_DEDUPE_WAIT_MS": settings.node.dedupe_wait_us // 1000,
         "SNERD_TEST_RECENT_BYTES": settings.recent_bytes,
         "SNERD_TEST_COMPACT_MIN_BYTES": settings.node.compact_min_bytes,
     }[name]

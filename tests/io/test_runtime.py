@@ -18,9 +18,12 @@ import trio.testing
 
 from snerd.config import load_settings
 from snerd.core import events as ev
+from snerd.core.dedupe import unique_fingerprint
 from snerd.core.node.model import route_shard
 from snerd.core.records import encode_record
 from snerd.core.watch import COMPLETED, LIVE
+from snerd.io import runtime as runtime_module
+from snerd.io.inbox import read_log_tail
 from snerd.io.log import GroupCommitLog
 from snerd.io.runtime import EVENT_BURST, Runtime
 
@@ -271,4 +274,84 @@ async def test_a_child_waits_for_a_parent_it_reads_of_in_a_shard_another_daemon_
         assert run["task_id"] == child and watch.reported["p"] == COMPLETED
         done = orjson.dumps({"action": "result", "task_id": child, "status": "success"})
         runtime.feed([ev.LinesReceived(lines=[done])])
+        runtime.submit(ev.DrainRequested(reason="test"))
+
+
+def _mark(node: str, start: int, end: int, **more: Any) -> bytes:
+    """The `inbox` record an owner writes as it takes `node`'s inbox file from `start` to `end`."""
+    return encode_record({"snerdKind": "inbox", "node": node, "offset": end, "from": start, **more})
+
+
+async def test_an_inbox_write_with_dedupe_notes_the_log_before_it_and_reads_the_answer_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The node owns one of two shards; the other's log is written by hand, as its owner would
+    # write it. An enqueue with a unique_key whose fingerprint routes there goes into this
+    # node's inbox; its commit says what the other log was before the write (its inode and
+    # size), and the ack waits until the runtime, reading that log on from there
+    # (`ReadLogTail`), finds the owner's decision: dropped as a duplicate, or taken in.
+    peer = _Peer()
+    env = {"SNERD_SHARDS": "2", "SNERD_MAX_SHARDS": "1", "SNERD_LEASE_TTL": "600"}
+    runtime = Runtime(tmp_path, load_settings(env), peer)
+    noted: list[tuple[int, int, int]] = []
+    reads: list[ev.LogTailRead] = []
+
+    def reading(directory: Any, effect: Any) -> ev.LogTailRead:
+        reads.append(read_log_tail(directory, effect))
+        return reads[-1]
+
+    monkeypatch.setattr(runtime_module, "read_log_tail", reading)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run)
+        with trio.fail_after(10):
+            await runtime.ready.wait()
+            (mine,) = runtime.node.owned_shards
+            theirs = 1 - mine
+            keys = (
+                k
+                for k in map(str, range(1000))
+                if route_shard(unique_fingerprint("noop", k), 2) == theirs
+            )
+            dup_key, fresh_key = next(keys), next(keys)
+            log = tmp_path / f"shard-{theirs}" / "tasks" / "tasks.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_bytes(_record("twin"))
+            verdicts = runtime.node.verdicts
+            hold = verdicts.hold
+
+            def noting(p: Any, at: int, identity: int, size: int) -> None:
+                noted.append((at, identity, size))
+                hold(p, at, identity, size)
+
+            verdicts.hold = noting  # type: ignore[method-assign]
+
+            def acked(task_id: str) -> list[dict[str, Any]]:
+                return [m for m in peer.out if m.get("task_id") == task_id]
+
+            runtime.feed([ev.LinesReceived(lines=[_enqueue("dup", unique_key=dup_key)])])
+            while not noted:
+                await trio.sleep(0.01)
+            st = os.stat(log)
+            assert noted == [(0, st.st_ino, st.st_size)]
+            (inbox,) = (tmp_path / f"shard-{theirs}" / "inbox").glob("*.log")
+            segment, size = inbox.stem, inbox.stat().st_size
+            while len(reads) < 2:  # read twice, nothing there yet: no answer
+                await trio.sleep(0.01)
+            assert reads[-1].records == () and acked("dup") == []
+            dropped = [{"task": "dup", "at": 0, "of": "twin"}]
+            with log.open("ab") as f:
+                f.write(_mark(segment, 0, size, dropped=dropped))
+            await peer.wait_for(lambda: bool(acked("dup")))
+            assert acked("dup")[0]["deduplicated"] is True
+            assert acked("dup")[0]["duplicate_of"] == "twin"
+            # The next one is noted with the log as it is now, and read on from there.
+            runtime.feed([ev.LinesReceived(lines=[_enqueue("fresh", unique_key=fresh_key)])])
+            while len(noted) < 2:
+                await trio.sleep(0.01)
+            assert noted[1] == (size, st.st_ino, log.stat().st_size)
+            with log.open("ab") as f:
+                f.write(_mark(segment, size, inbox.stat().st_size))
+            await peer.wait_for(lambda: bool(acked("fresh")))
+        (ack,) = acked("fresh")
+        assert ack["action"] == "ack" and "deduplicated" not in ack
         runtime.submit(ev.DrainRequested(reason="test"))

@@ -81,6 +81,8 @@ class FakeShell:
         self.inbox_reads = 0
         #: `ScanQueue` effects carried out (looks at the queue's files for watched parents).
         self.scans = 0
+        #: `ReadLogTail` effects carried out (looks at a shard's log for verdicts).
+        self.log_tail_reads = 0
 
     # -------------------------------------------------------------- driving
 
@@ -335,6 +337,7 @@ class FakeShell:
                 )
             self.queue.append(ev.InboxRead(chunks=tuple(chunks), present=present))
         elif isinstance(effect, fx.ReadLogTail):
+            self.log_tail_reads += 1
             self.queue.append(self._read_log_tail(effect))
         elif isinstance(effect, fx.ScanQueue):
             self.scans += 1
@@ -369,8 +372,8 @@ class FakeShell:
         its compaction generation) from the offset given, through `pick_marks`."""
         identity = self.disk.get("generations", {}).get(effect.shard, 1)
         data = bytes(self.disk["logs"].get(effect.shard, b""))
-        start = effect.offset if effect.identity == identity else 0
-        start = min(start, len(data))
+        same = effect.identity == identity and effect.offset <= len(data)
+        start = effect.offset if same else 0
         end = data.rfind(b"\n", start, start + effect.max_bytes) + 1 or start
         marks = pick_marks(data[start:end], start, effect.writers)
         return ev.LogTailRead(

@@ -162,8 +162,11 @@ class Verdicts:
                 continue
             self._answer(event.shard, w, None if verdict is _GONE else verdict)
             answered.append(w)
-        if event.end < event.size:
-            self.poll_at_mono = self.node.now.mono  # more to read: at once
+        if event.start < event.end < event.size:
+            # More to read: at once. (A read that took nothing, before a torn last line the
+            # owner is writing or died writing, waits for the next poll: read again at once,
+            # it would spin.)
+            self.poll_at_mono = self.node.now.mono
         self._drop_answered(event.shard, s, answered)
 
     # -- the parts
@@ -212,17 +215,18 @@ _GONE = "gone"
 
 def _find(marks: Iterable[dict[str, Any]], at: int) -> dict[str, Any] | str:
     """What the `inbox` records of one writer's file (in log order) say of its record at byte
-    `at`: the `dropped` entry naming it, `_TAKEN`, `_LATER` (none says yet), or `_GONE` (a
-    later ingest of the file is there but not the one that took it in: compacted away)."""
-    later = False
+    `at`: the `dropped` entry naming it, `_TAKEN`, `_GONE` (only a record of a later range is
+    there: the one that held it was compacted away) or `_LATER` (none says yet)."""
     for mark in marks:
-        if mark[INBOX_FROM] > at:
-            later = True
         start, end = mark[INBOX_FROM], mark.get(INBOX_OFFSET)
-        if not isinstance(end, int) or not start <= at < end:
+        if not isinstance(end, int):
+            continue
+        if start > at:
+            return _GONE
+        if at >= end:
             continue
         for entry in mark.get(INBOX_DROPPED) or ():
             if isinstance(entry, dict) and entry.get(DROP_AT) == at:
                 return entry
         return _TAKEN
-    return _GONE if later else _LATER
+    return _LATER

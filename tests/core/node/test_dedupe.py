@@ -4,7 +4,10 @@ one that went into another daemon's inbox."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from snerd.core.dedupe import fingerprint, unique_fingerprint
 from snerd.core.node import NodeConfig
@@ -137,6 +140,60 @@ def test_the_owner_honours_the_scope_written_in_an_inbox_record() -> None:
     other.advance(0.1)
     assert "deduplicated" not in ack(other, "second")
     assert inbox_records(owner)[-1].get("dropped") is None
+
+
+@pytest.mark.timeout(20)  # the spin it guards against never ends: fail instead
+def test_a_torn_last_line_in_the_owner_s_log_is_read_again_at_the_poll_not_at_once() -> None:
+    # The owner died halfway through a line (or is writing it): each read of its log ends
+    # before that line. Only a read cut short by its size is followed at once by another;
+    # this one waits for the next poll (it once spun, reading again at once for the whole
+    # wait).
+    owner, other = pair()
+    other.enqueue("second", unique_key="k")
+    owner.disk["logs"][0] += b'{"taskId":"torn'
+    other.advance(1)
+    poll = other.node.config.verdict_poll_us / SECOND
+    assert 1 / poll - 2 <= other.log_tail_reads <= 1 / poll + 2, other.log_tail_reads
+    assert other.messages("ack") == []  # still waiting for the owner's decision
+
+
+def _replace_log(sh: FakeShell, keep: Callable[[bytes], bool] = lambda line: True) -> None:
+    """What a compaction of shard 0's log does to a reader: a new file (its generation) holding
+    the lines `keep` takes."""
+    log = sh.disk["logs"][0]
+    lines = [line for line in bytes(log).splitlines(keepends=True) if keep(line)]
+    log[:] = b"".join(lines)
+    generations = sh.disk.setdefault("generations", {})
+    generations[0] = generations.get(0, 1) + 1
+
+
+def test_a_log_compacted_before_the_owner_decided_is_read_on_for_its_decision() -> None:
+    # The owner's log is replaced (compacted) after the write, before the owner took the
+    # inbox in: the answer is still to come, in the new file. (It was acked undecided at once.)
+    owner, other = pair()
+    owner.enqueue("first", unique_key="k")
+    other.enqueue("second", unique_key="k")
+    other.advance(0.06)  # read once: nothing yet
+    _replace_log(owner)
+    other.advance(0.06)
+    assert other.messages("ack") == []
+    owner.advance(0.15)
+    other.advance(0.1)
+    assert ack(other, "second")["duplicate_of"] == "first"
+
+
+def test_where_compaction_left_only_a_later_record_of_the_file_the_ack_is_undecided() -> None:
+    owner, other = pair()
+    other.enqueue("second", unique_key="k")
+    owner.advance(0.15)  # taken in; other has not looked yet (its clock stands still)
+    other.enqueue("third", unique_key="j")
+    owner.advance(0.15)
+    first_mark = bytes(owner.disk["logs"][0]).splitlines(keepends=True)
+    (older,) = [line for line in first_mark if b'"from":0,' in line]
+    _replace_log(owner, lambda line: line != older)  # only the latest is kept
+    other.advance(0.1)
+    assert ack(other, "second")["deduplicated"] is None
+    assert "deduplicated" not in ack(other, "third")
 
 
 def _enqueue(task_id: str, task_data: str, **extra: Any) -> dict[str, Any]:
