@@ -162,7 +162,10 @@ class Schedules:
 
     def on_schedule(self, cmd: proto.Schedule | proto.Unschedule) -> None:
         """A `schedule` or `unschedule` line: applied here when this node owns the name's
-        shard, else written to its inbox for the owner."""
+        shard, else written to its inbox for the owner (held while the node starts, as an
+        enqueue is: every boot declares its schedules at once)."""
+        if self.node.intake.hold_or(cmd):
+            return
         if self.node.phase is not NODE_RUNNING:
             self.out.send(proto.schedule_error(cmd.name, proto.SHUTTING_DOWN))
             return

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from snerd.core.cron import normalize_cron
 from snerd.core.node import NodeConfig
 from snerd.core.schedule import due, run_id
-from snerd.core.cron import normalize_cron
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 from tests.core.node.test_inbox import pair
 from tests.support.fakeshell import SECOND, FakeShell
@@ -203,3 +203,14 @@ def test_bad_declarations_are_refused_with_the_schedule_named() -> None:
         assert message.get("name") == "bad" and text in message["message"], (extra, message)
         assert message["message"].startswith("Failed to schedule: ")
     assert sh.node.schedules.by_name == {}
+
+
+def test_a_declaration_sent_while_the_daemon_starts_is_answered_once_it_runs() -> None:
+    """Every boot declares its schedules as soon as it can write a line, before the node
+    runs: the line is held like an enqueue, not refused as a drain would be."""
+    sh = FakeShell(NodeConfig(node_id="n@pid-1-x"))
+    schedule(sh)
+    assert sh.messages("error") == []
+    sh.start()
+    assert answers(sh) == ["created"]
+    assert sh.messages("error") == []
