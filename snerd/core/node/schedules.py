@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 #: A schedule that does not fire by itself (held, or with no next tick).
 NEVER = 2**62
 
-__all__ = ["Schedules", "declaration_of", "schedule_fields"]
+__all__ = ["Schedules", "declaration_of", "schedule_fields", "stored_schedule"]
 
 
 def schedule_fields(cmd: proto.Schedule, fired_us: int) -> dict[str, Any]:
@@ -96,6 +96,26 @@ def declaration_of(fields: dict[str, Any]) -> proto.Schedule:
     cmd = proto.parse_document(doc)
     assert isinstance(cmd, proto.Schedule)
     return cmd
+
+
+def stored_schedule(fields: dict[str, Any]) -> tuple[proto.Schedule, int] | None:
+    """What a schedule's latest record holds: its declaration and its last tick fired (or
+    when it was declared), as the owner loads it; None when the record says it was removed.
+    (`snerdmq schedules` lists them by this rule too.)
+
+    Raises:
+        ValueError: the record cannot be read; the message says why.
+    """
+    if fields.get(SCHEDULE_REMOVED) is True:
+        return None
+    try:
+        spec = declaration_of(fields)
+    except proto.ProtocolError as exc:
+        raise ValueError(exc.message.removeprefix("Failed to schedule: ")) from None
+    fired = fields.get(SCHEDULE_FIRED)
+    if not isinstance(fired, str):
+        raise ValueError(f"its record has no `{SCHEDULE_FIRED}` time")
+    return spec, parse_rfc3339(fired)
 
 
 def _same(a: proto.Schedule, b: proto.Schedule) -> bool:
@@ -387,20 +407,18 @@ class Schedules:
         evaluated at once, so ticks missed meanwhile meet their misfire policy."""
         now = self.node.now.wall
         for name, record in records.items():
-            f = record.fields
-            if f.get(SCHEDULE_REMOVED) is True:
-                continue
             try:
-                spec = declaration_of(f)
-                fired = parse_rfc3339(f[SCHEDULE_FIRED])
-            except (proto.ProtocolError, KeyError, TypeError, ValueError) as exc:
-                why = exc.message if isinstance(exc, proto.ProtocolError) else str(exc)
+                stored = stored_schedule(record.fields)
+            except ValueError as exc:
                 self.out.log(
                     "error",
-                    f"{shard_name(shard)}: schedule {name} cannot be read ({why}); it does not "
+                    f"{shard_name(shard)}: schedule {name} cannot be read ({exc}); it does not "
                     "fire until it is declared again",
                 )
                 continue
+            if stored is None:
+                continue
+            spec, fired = stored
             live = {
                 t.task_id
                 for t in self.node.book.tasks.values()
