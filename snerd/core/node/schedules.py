@@ -233,15 +233,13 @@ class Schedules:
         segment = self.node.inbox.segment(shard)
         segment.in_flight += 1
         token = self.out.next_token()
-        part = InboxPart(shard, task_id="", segment=segment)
-        part.answered = True  # answered here, as it lands: "forwarded"
-        self.out.pending[token] = part
+        # Answered `forwarded` once the write is durable (`Outcomes`), or refused by name.
+        self.out.pending[token] = InboxPart(shard, segment=segment, schedule=cmd.name)
         self.out.emit(
             fx.AppendInbox(
                 token=token, shard=shard, segment=segment.name, records=(new_record(fields),)
             )
         )
-        self.out.send(proto.scheduled(cmd.name, "forwarded"))
 
     def ingest(self, fields: dict[str, Any], shard: int) -> str | None:
         """A schedule record from an inbox of an owned shard: applied (None), or why not."""

@@ -214,3 +214,18 @@ def test_a_declaration_sent_while_the_daemon_starts_is_answered_once_it_runs() -
     sh.start()
     assert answers(sh) == ["created"]
     assert sh.messages("error") == []
+
+
+def test_a_declaration_whose_inbox_write_fails_is_refused_by_name() -> None:
+    """The non-owner's inbox cannot be written: the SDK learns that the declaration failed,
+    by the schedule's name (it cannot match an error without one), and no enqueue is counted
+    off the stats."""
+    _, other = pair()
+    before = other.node.stats["total_enqueued"]
+    other.disk_full = True
+    schedule(other, name="nightly")
+    errors = other.messages("error")
+    assert [e.get("name") for e in errors] == ["nightly"], errors
+    assert errors[0]["message"].startswith("Failed to schedule: No space left"), errors
+    assert "forwarded" not in answers(other)
+    assert other.node.stats["total_enqueued"] == before
