@@ -7,9 +7,10 @@ append), answers `schedule` and `unschedule` (here, or through the inbox of the 
 holds the name), applies the ones other daemons put in its inboxes, and follows each
 schedule's live runs for its overlap policy.
 
-One append of a schedule's records at a time: a declaration or a fire waits while another
-of the same schedule is in flight (`writing`), so the log's latest record of a schedule is
-always the state this node acts on.
+A fire waits while an append of the same schedule's records is in flight (`writing`). A
+declaration does not: it is written at once, saying as the last tick fired the one a fire in
+flight writes (`firing`), so the log's latest record of a schedule never says an earlier tick
+than a run written before it (the next owner goes on from that record).
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ class Sched:
     held: int | None = None
     #: An append of its records is in flight.
     writing: bool = False
+    #: The tick a fire in flight writes as the last fired (None: no fire in flight).
+    firing: int | None = None
 
 
 class Schedules:
@@ -214,7 +217,7 @@ class Schedules:
                 self.out.send(proto.scheduled(cmd.name, "unchanged", s.next_us))
             return
         result = "created" if s is None else "updated"
-        fired = now if s is None else s.fired_us
+        fired = now if s is None else max(s.fired_us, s.firing or 0)
         spec_next = self._next(cmd, now)
         live = set() if s is None else s.live_runs
         self.by_name[cmd.name] = Sched(cmd, shard, fired, spec_next, live_runs=live, writing=True)
@@ -330,8 +333,9 @@ class Schedules:
         if not ids and fired <= s.fired_us:
             return
         s.writing = True
+        s.firing = max(fired, s.fired_us)
         record = {
-            **schedule_fields(s.spec, max(fired, s.fired_us)),
+            **schedule_fields(s.spec, s.firing),
             RECORD_AT: format_rfc3339(self.node.now.wall),
             **self.node.tenure.meta(s.shard),
         }
@@ -357,6 +361,7 @@ class Schedules:
                 s.live_runs.add(task_id)
         if s is not None:
             s.writing = False
+            s.firing = None
             s.fired_us = max(s.fired_us, p.fired)
             s.loc = new_location(p.shard, offsets[len(p.tasks)], lengths[len(p.tasks)])
 
@@ -370,6 +375,7 @@ class Schedules:
         s = self.by_name.get(p.name)
         if s is not None:
             s.writing = False
+            s.firing = None
             s.next_us = self.node.now.wall + self.config.retry_io_us  # its ticks again, then
         self.out.log("error", f"schedule {p.name}: its runs could not be written ({error})")
 

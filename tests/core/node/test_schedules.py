@@ -229,3 +229,22 @@ def test_a_declaration_whose_inbox_write_fails_is_refused_by_name() -> None:
     assert errors[0]["message"].startswith("Failed to schedule: No space left"), errors
     assert "forwarded" not in answers(other)
     assert other.node.stats["total_enqueued"] == before
+
+
+def test_a_declaration_while_a_fire_is_in_flight_keeps_the_tick_fired_in_the_log() -> None:
+    """A changed declaration lands while the append of a tick's run is in flight: the log's
+    latest record of the schedule, which the next owner goes on from, must not say an
+    earlier tick than the run in the log before it (the next owner would run that tick
+    again)."""
+    sh = started()
+    sh.register("t")
+    schedule(sh)
+    sh.hold_appends = True
+    to_next_tick(sh)  # the run of this tick and the schedule's record: held, in flight
+    tick = sh.wall - sh.wall % (10 * SECOND)
+    schedule(sh, task_data='{"v":2}')  # every boot of an updated app declares it anew
+    sh.hold_appends = False
+    sh.release_held()
+    assert run_id("tick", tick) in {r.get("taskId") for r in sh.log_records()}
+    latest = [r for r in sh.log_records() if r.get("snerdKind") == "schedule"][-1]
+    assert parse_rfc3339(latest["fired"]) >= tick, latest
