@@ -127,8 +127,12 @@ async def test_three_daemons_declare_one_schedule_and_each_tick_runs_once(
     q = Schedules(nursery, queue_dir, shards=3)
     await q.start_declaring("abc", declaration("beat"))
     await q.until(lambda: len(q.answers) == 3)
-    results = sorted(result for _, _, result in q.answers)
-    assert results[0] == "created" and set(results[1:]) <= {"unchanged", "forwarded"}, q.answers
+    results = [result for _, _, result in q.answers]
+    # One daemon creates it; the others find it (unchanged) or hand it to the owner's inbox
+    # (forwarded: a daemon whose shards are still loading as it starts forwards its own
+    # declaration, and the owner creates it from there, unanswered).
+    assert set(results) <= {"created", "unchanged", "forwarded"}, q.answers
+    assert results.count("created") <= 1, q.answers
     assert q.refusals == []
     start = q.runs("beat")[-1][1] if q.runs("beat") else 0
     await q.until(lambda: q.ticks_after("beat", start) >= 5, timeout=15)
@@ -160,8 +164,11 @@ async def test_a_kill_of_the_owner_hands_the_ticks_to_a_survivor(
         timeout=20,
     )
     runs = q.runs("beat")
-    after = {who for who, _, _ in runs[killed:]}
-    assert victim not in after and len(after) == 1, q.report(f"ran after the kill on {after}")
+    after = {who for who, _, _ in runs[killed:] if who != victim}
+    assert len(after) == 1, q.report(f"ran after the kill on {after}")
+    # (An `execute` the victim wrote just before it died may be read after the kill.)
+    late = [run for who, _, run in runs[killed:] if who == victim]
+    assert len(late) <= 1, q.report(f"the victim ran {late} after the kill")
     ids = [run for _, _, run in runs]
     twice = sorted({run for run in ids if ids.count(run) > 1})
     # A run executed twice is one in flight at the kill: executed by the victim, its result
