@@ -20,9 +20,10 @@ if TYPE_CHECKING:
         DuplicateTaskId,
         EnqueueError,
         QueueNotRunning,
+        ScheduleError,
         SnerdError,
     )
-    from snerd.sdk.messages import Enqueued
+    from snerd.sdk.messages import Enqueued, Scheduled
 
 __all__ = [
     "ConfigError",
@@ -33,6 +34,8 @@ __all__ = [
     "EnqueueError",
     "Enqueued",
     "QueueNotRunning",
+    "ScheduleError",
+    "Scheduled",
     "SnerdError",
     "SnerdQueue",
     "TaskInfo",
@@ -51,6 +54,8 @@ _LAZY = {
     "EnqueueError": "snerd.sdk.errors",
     "Enqueued": "snerd.sdk.messages",
     "QueueNotRunning": "snerd.sdk.errors",
+    "ScheduleError": "snerd.sdk.errors",
+    "Scheduled": "snerd.sdk.messages",
     "SnerdError": "snerd.sdk.errors",
     "TaskInfo": "snerd.sdk.context",
     "current_task": "snerd.sdk.context",

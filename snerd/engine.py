@@ -5,10 +5,11 @@ locks as a daemon: an engine and daemons can share a directory), the in-process 
 turns the runtime's protocol messages into handler calls, and the bridge between the runtime's
 trio world and the caller's event loop.
 
-Every request goes through the daemon's own parser: `enqueue`, `register` and `stats` are the
-JSON lines the SDK would write, submitted as `LineReceived`, so validation and error texts are
-the daemon's to the letter. Only a handler's outcome is handed over as a `Result` event (and
-progress as a `Progress` event), since they need no parsing.
+Every request goes through the daemon's own parser: `enqueue`, `register`, `stats`,
+`schedule` and `unschedule` are the JSON lines the SDK would write, submitted as
+`LineReceived`, so validation and error texts are the daemon's to the letter. Only a handler's
+outcome is handed over as a `Result` event (and progress as a `Progress` event), since they
+need no parsing.
 
 Two hosts:
 

@@ -12,6 +12,7 @@ stderr, never a traceback.
     snerdmq validate DIR [--json]                  health check of the cluster; exit 1: degraded
     snerdmq add-shards N DIR                       grow the queue by N shards
     snerdmq dlq DIR [--type T] [--id ID] [--json]  list dead letters
+    snerdmq schedules DIR [--json]                 list the named schedules, with their next fire
     snerdmq replay [--type T] [--id ID] [DIR]      put dead letters back into the queue
     snerdmq fsck DIR [--repair] [--json]           check every shard log, byte by byte
     snerdmq compact DIR [--history N]              offline compaction of idle shards
@@ -21,7 +22,7 @@ stderr, never a traceback.
 The subcommands read a queue directory the way a daemon would (`snerd.queuedir`: folded by
 `snerd.core.shardlog`, the same rules as the daemon's replay) and leave every rule about
 tasks, leases and health to the core (`snerd.core.status`, `health`, `ownership`). Read-only
-commands (stats, validate, dlq, fsck without --repair) never write and never take
+commands (stats, validate, dlq, schedules, fsck without --repair) never write and never take
 `.membership.lock`; the lock probe is a non-blocking flock released at once. A command that
 writes a shard log (replay, compact, fsck --repair) first takes that shard's lock as a daemon
 does, and refuses a shard a daemon holds, naming it; membership.json is only changed
@@ -69,6 +70,12 @@ def _dlq(argv: Sequence[str]) -> int:
     return dlq.main(argv)
 
 
+def _schedules(argv: Sequence[str]) -> int:
+    from snerd.cli import schedules
+
+    return schedules.main(argv)
+
+
 def _replay(argv: Sequence[str]) -> int:
     from snerd.cli import dlq
 
@@ -110,6 +117,7 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "validate": _validate,
     "add-shards": _add_shards,
     "dlq": _dlq,
+    "schedules": _schedules,
     "replay": _replay,
     "fsck": _fsck,
     "compact": _compact,

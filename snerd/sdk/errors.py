@@ -1,9 +1,9 @@
-"""The exceptions snerd's SDK and engine raise: `SnerdError` and its four kinds.
+"""The exceptions snerd's SDK and engine raise: `SnerdError` and its five kinds.
 
 Owns: the public error types of both faces (`SnerdQueue`, `Engine`) and what each one means:
-the daemon refused a call (`EnqueueError`, carrying the daemon's own text), the daemon or
-runtime is gone (`DaemonExited`), the queue is not running (`QueueNotRunning`), or this process
-asked twice at once (`DuplicateTaskId`).
+the daemon refused a call (`EnqueueError`, `ScheduleError`, carrying the daemon's own text),
+the daemon or runtime is gone (`DaemonExited`), the queue is not running (`QueueNotRunning`),
+or this process asked twice at once (`DuplicateTaskId`).
 
 It must never: import anything else of the SDK's (every other module of it raises these).
 """
@@ -15,6 +15,7 @@ __all__ = [
     "DuplicateTaskId",
     "EnqueueError",
     "QueueNotRunning",
+    "ScheduleError",
     "SnerdError",
 ]
 
@@ -53,3 +54,17 @@ class DuplicateTaskId(SnerdError):
     """An enqueue with this task id is already waiting for its ack in this process. (Upstream
     SDKs silently dropped one of the two answers; the daemon itself refuses an id that is still
     pending once the first one is stored.)"""
+
+
+class ScheduleError(SnerdError):
+    """The daemon refused a `schedule` or `unschedule` (a bad expression or time zone, bad
+    enqueue fields, shutting down, the log could not be written); `message` is the daemon's
+    `error` text, e.g. `Failed to schedule: unknown timezone 'Mars/Olympus' (...)`.
+
+    Attributes:
+        name: the schedule's name.
+    """
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name

@@ -2,9 +2,9 @@
 daemon) and `Engine` (the same queue in-process).
 
 Owns: the lifecycle both faces share (`start_listening` / `start` ... `shutdown`, or `async
-with`), the handler registry (handlers, dead-letter handlers, progress callbacks), `enqueue`
-and `stats` and the waiting calls behind them, the dispatch of each message from the daemon
-(`ack` / `error` / `stats` replies matched to their calls, `execute` handed to the workers,
+with`), the handler registry (handlers, dead-letter handlers, progress callbacks), `enqueue`,
+`schedule` / `unschedule` and `stats` and the waiting calls behind them, the dispatch of each
+message from the daemon (`ack` / `scheduled` / `error` / `stats` replies matched to their calls, `execute` handed to the workers,
 dead letters, progress handed to the observers in order), the embedded dashboard, and the
 `SNERD_*` variables the faces' constructor arguments stand for.
 
@@ -40,12 +40,23 @@ import sniffio
 
 from snerd.core.protocol import ENQUEUE_OPTIONS, unknown_result
 from snerd.sdk.context import yield_progress
-from snerd.sdk.errors import DuplicateTaskId, EnqueueError, QueueNotRunning, SnerdError
+from snerd.sdk.errors import (
+    DuplicateTaskId,
+    EnqueueError,
+    QueueNotRunning,
+    ScheduleError,
+    SnerdError,
+)
 from snerd.sdk.messages import (
+    SCHEDULE_OPTIONS,
     Enqueued,
+    Scheduled,
     build_enqueue_message,
+    build_schedule_message,
+    build_unschedule_message,
     describe_error,
     enqueued_from_ack,
+    scheduled_from_reply,
 )
 from snerd.sdk.signals import Signal, Waiter, signal_factory
 from snerd.sdk.workers import DeadLetterHandler, Handler, HandlerWorkers
@@ -117,6 +128,8 @@ class QueueFace:
         """
         self._registry = _Registry()
         self._pending: dict[str, Waiter] = {}
+        #: `schedule` / `unschedule` calls waiting for their answer, by schedule name.
+        self._schedule_waiters: dict[str, Waiter] = {}
         self._stats_waiters: deque[Waiter] = deque()
         self._progress_backlog: deque[tuple[Any, Any]] = deque()
         self._progress_draining = False
@@ -197,6 +210,9 @@ class QueueFace:
         pending, self._pending = self._pending, {}
         for task_id, waiter in pending.items():
             waiter.fail(type(error)(error.message, task_id=task_id))
+        waiting, self._schedule_waiters = self._schedule_waiters, {}
+        for waiter in waiting.values():
+            waiter.fail(error)
         while self._stats_waiters:
             self._stats_waiters.popleft().fail(error)
 
@@ -504,6 +520,108 @@ class QueueFace:
         result: Enqueued = waiter.value
         return result
 
+    async def schedule(
+        self,
+        name: str,
+        cron: str,
+        task_type: str,
+        data: Any = None,
+        *,
+        timezone: str | None = None,
+        misfire: str = "once",
+        catch_up: int = 1,
+        overlap: str = "allow",
+        max_retries: int = 3,
+        retry_after_hours: float = 0.0,
+        **options: Any,
+    ) -> Scheduled:
+        """Declare the named schedule: create it, or replace it where anything differs (so
+        every boot of every process may declare it). Each tick of `cron` runs one task of
+        `task_type` with `data`, whose id is `<name>@<tick>` (the tick in RFC 3339, UTC), once
+        across all the daemons of the directory (docs/protocol.md, "Schedules").
+
+        Args:
+            name: the schedule's name (a non-empty string; it picks the shard that holds it).
+            cron: 5 fields, or 6 with seconds first, an `@` alias, or `30s`, `5m`, `1h`, `1d`.
+            task_type: the handler each run goes to.
+            data: any JSON-serializable value, written as `enqueue` writes it.
+            timezone: an IANA name (`Europe/Paris`) the expression is read in; default UTC.
+            misfire: ticks missed while nobody ran it: `skip`, `once` (the latest runs) or
+                `catch_up` (the latest `catch_up` run).
+            catch_up: how many missed ticks `catch_up` runs (1 to 1000).
+            overlap: a tick while a run is live: `allow` (it runs too), `skip`, or `wait` (it
+                runs once the live run ends).
+            max_retries, retry_after_hours: each run's, as `enqueue`'s.
+            **options: the other `enqueue` options each run carries (`urgency_score`, `pool`,
+                `max_execution_seconds`, `webhook_url`, `rate_limit_group`, `max_per_minute`,
+                `auto_dedupe`, `unique_key`, `unique_until`).
+
+        Returns:
+            `Scheduled(name, result, next_fire)`: `result` is `created`, `updated`,
+            `unchanged`, or `forwarded` (another daemon owns the name's shard and applies it
+            from its inbox); `next_fire` is the next tick (UTC) when the daemon said.
+
+        Raises:
+            ScheduleError: the daemon refused it; `message` is its text.
+            TypeError: an option `enqueue` does not have, or one a schedule decides
+                (`execute_at`, `cron`, `trigger_after_ids`).
+            DaemonExited, QueueNotRunning: no daemon to ask.
+        """
+        unknown = sorted(set(options) - set(SCHEDULE_OPTIONS))
+        if unknown:
+            raise TypeError(f"schedule() got an unexpected keyword argument {unknown[0]!r}")
+        given = {key: options[key] for key in SCHEDULE_OPTIONS if options.get(key) is not None}
+        policy = {
+            "timezone": timezone,
+            "misfire": misfire,
+            "catch_up": catch_up,
+            "overlap": overlap,
+        }
+        message = build_schedule_message(
+            name, cron, task_type, data, max_retries, retry_after_hours, policy, given
+        )
+        return await self._ask_schedule(name, message)
+
+    async def unschedule(self, name: str) -> Scheduled:
+        """Remove the named schedule (runs already enqueued go on).
+
+        Returns:
+            `Scheduled(name, result, None)`: `result` is `removed`, `absent` (there was none),
+            or `forwarded` (another daemon owns the name's shard and removes it).
+
+        Raises:
+            ScheduleError, DaemonExited, QueueNotRunning: as `schedule`.
+        """
+        return await self._ask_schedule(name, build_unschedule_message(name))
+
+    async def _ask_schedule(self, name: str, message: dict[str, Any]) -> Scheduled:
+        """Send a `schedule` or `unschedule` and wait for the answer naming `name`."""
+        if not isinstance(name, str) or not name:
+            # (The daemon's refusal could name no schedule, so no call would get it.)
+            raise ScheduleError(
+                "Failed to schedule: missing field `name` (a non-empty string)", name=str(name)
+            )
+        if not self._accepting:
+            raise self._not_running_error()
+        if name in self._schedule_waiters:
+            raise ScheduleError(
+                f"[Snerd] A schedule or unschedule of '{name}' is already waiting for its "
+                "answer",
+                name=name,
+            )
+        waiter = Waiter(self._new_signal())
+        self._schedule_waiters[name] = waiter
+        try:
+            self._post(message)
+            await waiter.event.wait()
+        finally:
+            if self._schedule_waiters.get(name) is waiter:
+                del self._schedule_waiters[name]
+        if waiter.error is not None:
+            raise waiter.error
+        answer: Scheduled = waiter.value
+        return answer
+
     async def stats(self, timeout: float | None = 10.0) -> dict[str, Any]:
         """Ask the daemon for its counters (`{"action":"stats"}`) and return the reply.
 
@@ -540,6 +658,11 @@ class QueueFace:
                 waiter = self._pending.pop(task_id, None)
                 if waiter is not None:
                     waiter.resolve(enqueued_from_ack(task_id, message))
+        elif action == "scheduled":
+            name = message.get("name")
+            waiting = self._schedule_waiters.pop(name, None) if isinstance(name, str) else None
+            if waiting is not None:
+                waiting.resolve(scheduled_from_reply(message))
         elif action == "error":
             self._on_error(message)
         elif action == "max_retries_reached":
@@ -570,11 +693,18 @@ class QueueFace:
             self.membership = message
 
     def _on_error(self, message: dict[str, Any]) -> None:
-        """An `error`: the refusal of the enqueue waiting with its task id, if there is one;
-        else (no such enqueue, or a late `result`) logged."""
+        """An `error`: the refusal of the enqueue waiting with its task id, or of the
+        `schedule` waiting with its name, if there is one; else (no such call, or a late
+        `result`) logged."""
         task_id = message.get("task_id")
         text = message.get("message")
         text = text if isinstance(text, str) else json.dumps(text)
+        name = message.get("name")
+        if task_id is None and isinstance(name, str):
+            waiting = self._schedule_waiters.pop(name, None)
+            if waiting is not None:
+                waiting.fail(ScheduleError(text, name=name))
+                return
         if isinstance(task_id, str) and not text.startswith(_UNKNOWN_RESULT):
             waiter = self._pending.pop(task_id, None)
             if waiter is not None:

@@ -3,7 +3,8 @@ and "Daemon → SDK"), as plain dicts.
 
 Owns: the `enqueue` message both faces send (`build_enqueue_message`, with task data written
 byte for byte as `json.dumps` writes it, which `auto_dedupe` fingerprints depend on), the
-`result` message of one attempt, task data as handlers get it (`parse_task_data`), the value an
+`schedule` and `unschedule` messages and the value a `scheduled` reply stands for
+(`build_schedule_message`, `Scheduled`), the `result` message of one attempt, task data as handlers get it (`parse_task_data`), the value an
 `ack` stands for (`Enqueued`), and the text an exception is reported as (`describe_error`).
 
 It must never: check option values (the daemon does, so its error texts reach the caller
@@ -27,18 +28,24 @@ from typing import Any
 
 import orjson
 
-from snerd.core.protocol import failed_to_enqueue
+from snerd.core.protocol import ENQUEUE_OPTIONS, failed_to_enqueue
 from snerd.core.slots import slot_constructor
-from snerd.sdk.errors import EnqueueError
+from snerd.core.timefmt import parse_rfc3339_or_none
+from snerd.sdk.errors import EnqueueError, ScheduleError
 
 __all__ = [
+    "SCHEDULE_OPTIONS",
     "Enqueued",
+    "Scheduled",
     "build_enqueue_message",
+    "build_schedule_message",
+    "build_unschedule_message",
     "describe_error",
     "enqueued_from_ack",
     "json_text",
     "parse_task_data",
     "result_message",
+    "scheduled_from_reply",
 ]
 
 
@@ -180,6 +187,72 @@ def build_enqueue_message(
             value = list(value)
         message[key] = value
     return message
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+#: The enqueue options a schedule's runs may carry (`QueueFace.schedule`'s keywords): all but
+#: those that say when a task runs, which the schedule does.
+SCHEDULE_OPTIONS = tuple(
+    key for key in ENQUEUE_OPTIONS if key not in ("execute_at", "cron", "trigger_after_ids")
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """What the daemon answered a `schedule` or `unschedule`."""
+
+    name: str
+    #: `created`, `updated`, `unchanged`, `removed`, `absent`, or `forwarded` (another daemon
+    #: owns the name's shard; it applies the declaration from its inbox).
+    result: str
+    #: The schedule's next tick (UTC), when the daemon said (not after `forwarded`,
+    #: `removed` or `absent`).
+    next_fire: dt.datetime | None = None
+
+
+def scheduled_from_reply(message: dict[str, Any]) -> Scheduled:
+    """What the daemon's `scheduled` reply says (a `next_fire` that is not RFC 3339 is read
+    as absent)."""
+    result = message.get("result")
+    us = parse_rfc3339_or_none(message.get("next_fire"))
+    at = None if us is None else _EPOCH + dt.timedelta(microseconds=us)
+    return Scheduled(str(message.get("name")), result if isinstance(result, str) else "", at)
+
+
+def build_schedule_message(
+    name: str,
+    cron: str,
+    task_type: str,
+    data: Any,
+    max_retries: int,
+    retry_after_hours: float,
+    policy: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The `schedule` message: the enqueue message of its runs (`build_enqueue_message`, so
+    `data` is written as an enqueue's), without a task id, with the schedule's `name`, `cron`
+    and `policy` (`timezone`, `misfire`, `catch_up`, `overlap`; None left out).
+
+    Raises:
+        ScheduleError: `retry_after_hours` or `urgency_score` is not finite.
+    """
+    try:
+        message = build_enqueue_message(
+            name, task_type, data, max_retries, retry_after_hours, options
+        )
+    except EnqueueError as exc:
+        detail = exc.message.removeprefix(failed_to_enqueue(""))
+        raise ScheduleError(f"Failed to schedule: {detail}", name=name) from None
+    del message["task_id"]
+    message.update(action="schedule", name=name, cron=cron)
+    message.update((key, value) for key, value in policy.items() if value is not None)
+    return message
+
+
+def build_unschedule_message(name: str) -> dict[str, Any]:
+    """The `unschedule` message."""
+    return {"action": "unschedule", "name": name}
 
 
 def result_message(task_id: str, error: str | None, attempt: int | None) -> dict[str, Any]:

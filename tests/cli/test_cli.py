@@ -272,7 +272,9 @@ def test_every_subcommand_has_help(cli: Cli, command: str) -> None:
     assert f"usage: snerdmq {command}" in out
 
 
-@pytest.mark.parametrize("command", ["stats", "validate", "dlq", "replay", "fsck", "compact"])
+@pytest.mark.parametrize(
+    "command", ["stats", "validate", "dlq", "schedules", "replay", "fsck", "compact"]
+)
 def test_a_missing_dir_is_a_usage_error_naming_it(cli: Cli, tmp_path: Path, command: str) -> None:
     missing = tmp_path / "nope"
     code, out, err = cli(command, missing)
@@ -281,7 +283,9 @@ def test_a_missing_dir_is_a_usage_error_naming_it(cli: Cli, tmp_path: Path, comm
     assert "usage: snerdmq" in err and out == ""
 
 
-@pytest.mark.parametrize("command", ["stats", "validate", "dlq", "replay", "fsck", "compact"])
+@pytest.mark.parametrize(
+    "command", ["stats", "validate", "dlq", "schedules", "replay", "fsck", "compact"]
+)
 def test_a_dir_that_is_not_a_queue_is_a_usage_error(cli: Cli, tmp_path: Path, command: str) -> None:
     code, _, err = cli(command, tmp_path)
     assert code == 2
@@ -294,6 +298,7 @@ def test_a_dir_that_is_not_a_queue_is_a_usage_error(cli: Cli, tmp_path: Path, co
         ["stats", "q", "--bogus"],
         ["validate", "q", "--bogus"],
         ["dlq", "q", "--bogus"],
+        ["schedules", "q", "--bogus"],
         ["replay", "--bogus"],
         ["fsck", "q", "--bogus"],
         ["compact", "q", "--bogus"],

@@ -440,11 +440,13 @@ class InboxIngest:
         assert segment is not None
         segment.in_flight -= 1
         segment.failed = True
+        where = f"writing this daemon's inbox for {shard_name(p.shard)}"
+        if p.schedule:
+            message = f"Failed to schedule: {error} ({where}; it may or may not be applied)"
+            self.out.send(proto.schedule_error(p.schedule, message))
+            return
         self.node.stats["total_enqueued"] -= 1
-        message = proto.failed_to_enqueue(
-            f"{error} (writing this daemon's inbox for {shard_name(p.shard)}; "
-            "it may or may not be enqueued)"
-        )
+        message = proto.failed_to_enqueue(f"{error} ({where}; it may or may not be enqueued)")
         self.out.send(proto.error(p.task_id, message))
 
     def ingest_committed(

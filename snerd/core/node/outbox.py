@@ -156,11 +156,15 @@ class ClaimPart(PendingAppend):
 
 @dataclass(slots=True)
 class InboxPart(PendingAppend):
-    """An enqueue written to this node's own inbox `segment` for a shard it does not own."""
+    """An enqueue, or a schedule's declaration, written to this node's own inbox `segment`
+    for a shard it does not own."""
 
     KIND: ClassVar[str] = "inbox"
     task_id: str = ""
     segment: InboxSegment | None = None
+    #: A declaration (or removal) of this schedule, not an enqueue: answered `forwarded` once
+    #: durable, or refused by the schedule's name.
+    schedule: str = ""
     #: An enqueue with dedupe: answered with the owner's decision (`Verdicts`), not at its write.
     verdict: bool = False
 

@@ -155,8 +155,8 @@ class Outcomes:
         if p is None or p.answered:
             return []
         if type(p) is InboxPart:
-            if self.node.verdicts.awaits(p):
-                return []  # answered with the owner's decision
+            if self.node.verdicts.awaits(p) or p.schedule:
+                return []  # answered with the owner's decision; a schedule's, as it lands
             p.answered = True
             return [new_ack_enqueued([p.task_id], p.shard)]
         if self.node.tenure.lease_over(now):
@@ -210,6 +210,8 @@ class Outcomes:
             self.node.inbox.segment_committed(p, event.offsets[-1] + event.lengths[-1])
             if self.node.verdicts.awaits(p):
                 self.node.verdicts.hold(p, event.offsets[0], event.log_identity, event.log_size)
+            elif p.schedule:
+                self.out.send(proto.scheduled(p.schedule, "forwarded"))
             elif not p.answered:
                 self.out.send(proto.ack_enqueued(p.task_id, p.shard))
             return

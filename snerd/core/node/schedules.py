@@ -7,9 +7,10 @@ append), answers `schedule` and `unschedule` (here, or through the inbox of the 
 holds the name), applies the ones other daemons put in its inboxes, and follows each
 schedule's live runs for its overlap policy.
 
-One append of a schedule's records at a time: a declaration or a fire waits while another
-of the same schedule is in flight (`writing`), so the log's latest record of a schedule is
-always the state this node acts on.
+A fire waits while an append of the same schedule's records is in flight (`writing`). A
+declaration does not: it is written at once, saying as the last tick fired the one a fire in
+flight writes (`firing`), so the log's latest record of a schedule never says an earlier tick
+than a run written before it (the next owner goes on from that record).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 #: A schedule that does not fire by itself (held, or with no next tick).
 NEVER = 2**62
 
-__all__ = ["Schedules", "declaration_of", "schedule_fields"]
+__all__ = ["Schedules", "declaration_of", "schedule_fields", "stored_schedule"]
 
 
 def schedule_fields(cmd: proto.Schedule, fired_us: int) -> dict[str, Any]:
@@ -98,6 +99,26 @@ def declaration_of(fields: dict[str, Any]) -> proto.Schedule:
     return cmd
 
 
+def stored_schedule(fields: dict[str, Any]) -> tuple[proto.Schedule, int] | None:
+    """What a schedule's latest record holds: its declaration and its last tick fired (or
+    when it was declared), as the owner loads it; None when the record says it was removed.
+    (`snerdmq schedules` lists them by this rule too.)
+
+    Raises:
+        ValueError: the record cannot be read; the message says why.
+    """
+    if fields.get(SCHEDULE_REMOVED) is True:
+        return None
+    try:
+        spec = declaration_of(fields)
+    except proto.ProtocolError as exc:
+        raise ValueError(exc.message.removeprefix("Failed to schedule: ")) from None
+    fired = fields.get(SCHEDULE_FIRED)
+    if not isinstance(fired, str):
+        raise ValueError(f"its record has no `{SCHEDULE_FIRED}` time")
+    return spec, parse_rfc3339(fired)
+
+
 def _same(a: proto.Schedule, b: proto.Schedule) -> bool:
     return (a.task, a.timezone, a.misfire, a.catch_up, a.overlap) == (
         b.task,
@@ -125,6 +146,8 @@ class Sched:
     held: int | None = None
     #: An append of its records is in flight.
     writing: bool = False
+    #: The tick a fire in flight writes as the last fired (None: no fire in flight).
+    firing: int | None = None
 
 
 class Schedules:
@@ -162,7 +185,10 @@ class Schedules:
 
     def on_schedule(self, cmd: proto.Schedule | proto.Unschedule) -> None:
         """A `schedule` or `unschedule` line: applied here when this node owns the name's
-        shard, else written to its inbox for the owner."""
+        shard, else written to its inbox for the owner (held while the node starts, as an
+        enqueue is: every boot declares its schedules at once)."""
+        if self.node.intake.hold_or(cmd):
+            return
         if self.node.phase is not NODE_RUNNING:
             self.out.send(proto.schedule_error(cmd.name, proto.SHUTTING_DOWN))
             return
@@ -191,7 +217,7 @@ class Schedules:
                 self.out.send(proto.scheduled(cmd.name, "unchanged", s.next_us))
             return
         result = "created" if s is None else "updated"
-        fired = now if s is None else s.fired_us
+        fired = now if s is None else max(s.fired_us, s.firing or 0)
         spec_next = self._next(cmd, now)
         live = set() if s is None else s.live_runs
         self.by_name[cmd.name] = Sched(cmd, shard, fired, spec_next, live_runs=live, writing=True)
@@ -210,15 +236,13 @@ class Schedules:
         segment = self.node.inbox.segment(shard)
         segment.in_flight += 1
         token = self.out.next_token()
-        part = InboxPart(shard, task_id="", segment=segment)
-        part.answered = True  # answered here, as it lands: "forwarded"
-        self.out.pending[token] = part
+        # Answered `forwarded` once the write is durable (`Outcomes`), or refused by name.
+        self.out.pending[token] = InboxPart(shard, segment=segment, schedule=cmd.name)
         self.out.emit(
             fx.AppendInbox(
                 token=token, shard=shard, segment=segment.name, records=(new_record(fields),)
             )
         )
-        self.out.send(proto.scheduled(cmd.name, "forwarded"))
 
     def ingest(self, fields: dict[str, Any], shard: int) -> str | None:
         """A schedule record from an inbox of an owned shard: applied (None), or why not."""
@@ -309,7 +333,8 @@ class Schedules:
         if not ids and fired <= s.fired_us:
             return
         s.writing = True
-        marked = max(fired, s.fired_us)
+        s.firing = max(fired, s.fired_us)
+        marked = s.firing
         if self.config.unsafe_fire_unmarked:
             marked = s.fired_us  # the negative control: the log keeps the tick before
         record = {
@@ -339,6 +364,7 @@ class Schedules:
                 s.live_runs.add(task_id)
         if s is not None:
             s.writing = False
+            s.firing = None
             s.fired_us = max(s.fired_us, p.fired)
             s.loc = new_location(p.shard, offsets[len(p.tasks)], lengths[len(p.tasks)])
 
@@ -352,6 +378,7 @@ class Schedules:
         s = self.by_name.get(p.name)
         if s is not None:
             s.writing = False
+            s.firing = None
             s.next_us = self.node.now.wall + self.config.retry_io_us  # its ticks again, then
         self.out.log("error", f"schedule {p.name}: its runs could not be written ({error})")
 
@@ -387,20 +414,18 @@ class Schedules:
         evaluated at once, so ticks missed meanwhile meet their misfire policy."""
         now = self.node.now.wall
         for name, record in records.items():
-            f = record.fields
-            if f.get(SCHEDULE_REMOVED) is True:
-                continue
             try:
-                spec = declaration_of(f)
-                fired = parse_rfc3339(f[SCHEDULE_FIRED])
-            except (proto.ProtocolError, KeyError, TypeError, ValueError) as exc:
-                why = exc.message if isinstance(exc, proto.ProtocolError) else str(exc)
+                stored = stored_schedule(record.fields)
+            except ValueError as exc:
                 self.out.log(
                     "error",
-                    f"{shard_name(shard)}: schedule {name} cannot be read ({why}); it does not "
+                    f"{shard_name(shard)}: schedule {name} cannot be read ({exc}); it does not "
                     "fire until it is declared again",
                 )
                 continue
+            if stored is None:
+                continue
+            spec, fired = stored
             live = {
                 t.task_id
                 for t in self.node.book.tasks.values()

@@ -242,3 +242,48 @@ def test_the_negative_control_leaves_the_fired_tick_out_of_the_log() -> None:
         again.register("t")
         again.advance(40)  # the lease runs out; the new owner catches up what it missed
         assert (first in runs(again)) is refired
+
+
+def test_a_declaration_sent_while_the_daemon_starts_is_answered_once_it_runs() -> None:
+    """Every boot declares its schedules as soon as it can write a line, before the node
+    runs: the line is held like an enqueue, not refused as a drain would be."""
+    sh = FakeShell(NodeConfig(node_id="n@pid-1-x"))
+    schedule(sh)
+    assert sh.messages("error") == []
+    sh.start()
+    assert answers(sh) == ["created"]
+    assert sh.messages("error") == []
+
+
+def test_a_declaration_whose_inbox_write_fails_is_refused_by_name() -> None:
+    """The non-owner's inbox cannot be written: the SDK learns that the declaration failed,
+    by the schedule's name (it cannot match an error without one), and no enqueue is counted
+    off the stats."""
+    _, other = pair()
+    before = other.node.stats["total_enqueued"]
+    other.disk_full = True
+    schedule(other, name="nightly")
+    errors = other.messages("error")
+    assert [e.get("name") for e in errors] == ["nightly"], errors
+    assert errors[0]["message"].startswith("Failed to schedule: No space left"), errors
+    assert "forwarded" not in answers(other)
+    assert other.node.stats["total_enqueued"] == before
+
+
+def test_a_declaration_while_a_fire_is_in_flight_keeps_the_tick_fired_in_the_log() -> None:
+    """A changed declaration lands while the append of a tick's run is in flight: the log's
+    latest record of the schedule, which the next owner goes on from, must not say an
+    earlier tick than the run in the log before it (the next owner would run that tick
+    again)."""
+    sh = started()
+    sh.register("t")
+    schedule(sh)
+    sh.hold_appends = True
+    to_next_tick(sh)  # the run of this tick and the schedule's record: held, in flight
+    tick = sh.wall - sh.wall % (10 * SECOND)
+    schedule(sh, task_data='{"v":2}')  # every boot of an updated app declares it anew
+    sh.hold_appends = False
+    sh.release_held()
+    assert run_id("tick", tick) in {r.get("taskId") for r in sh.log_records()}
+    latest = [r for r in sh.log_records() if r.get("snerdKind") == "schedule"][-1]
+    assert parse_rfc3339(latest["fired"]) >= tick, latest
