@@ -93,6 +93,12 @@ def config_problem(config: RunConfig) -> str | None:
             return f"{name} {share:g} is not a share: give one from 0 to 1"
     if config.unknown_parent_s <= 0:
         return f"unknown_parent_s {config.unknown_parent_s:g}: give a number of seconds above 0"
+    if config.deps_share > 0 and config.drain_timeout <= config.unknown_parent_s:
+        return (
+            f"a drain of {config.drain_timeout:g} s is too short for the children of parents "
+            f"nobody enqueues, dead-lettered only after {config.unknown_parent_s:g} s: give a "
+            "longer drain, a shorter unknown-parent wait, or no dependencies"
+        )
     unknown_faults = [n for n in nemesis if n not in FAULTS]
     if unknown_faults:
         return f"unknown nemesis {', '.join(unknown_faults)} (known: {', '.join(FAULTS)})"

@@ -54,6 +54,8 @@ class Load:
         #: The task a child named before it was sent (it names no parent itself).
         self.promised: str | None = None
         self.ghosts = 0
+        #: The parents each child named (children only).
+        self.parents_of: dict[str, list[str]] = {}
 
     async def run(self) -> None:
         """Enqueue, as a Poisson stream at `rate`, to random running nodes until `stop` is set."""
@@ -75,6 +77,8 @@ class Load:
             group = RL_GROUP if self.rng.random() < self.c.rl_share else None
             parents = [] if task == self.promised else self.parents(node)
             self.recent.append((task, node.host))
+            if parents:
+                self.parents_of[task] = parents
             op = asyncio.create_task(self.enqueue(node, task, data, max_retries, group, parents))
             self.ops.add(op)
             op.add_done_callback(self.ops.discard)
