@@ -195,6 +195,18 @@ def test_local_dependency_chains(deps_run: tuple[Outcome, dict[str, object]]) ->
             assert told.get(child, "").startswith(PARENT_REASONS), (child, told.get(child))
 
 
+def test_dependency_settings_refused_before_anything_starts() -> None:
+    """A share outside 0-1, an unknown-parent wait of 0, or a drain no longer than that wait
+    (the children of never-enqueued parents could not end within it) is refused."""
+    assert "deps_share 1.5 is not a share" in (config_problem(RunConfig(deps_share=1.5)) or "")
+    assert "ghost_share -0.1" in (config_problem(RunConfig(ghost_share=-0.1)) or "")
+    assert "unknown_parent_s 0" in (config_problem(RunConfig(unknown_parent_s=0)) or "")
+    short = RunConfig(drain_timeout=10.0, unknown_parent_s=10.0)
+    assert "too short for the children" in (config_problem(short) or "")
+    assert config_problem(RunConfig(drain_timeout=10.0, unknown_parent_s=9.0)) is None
+    assert config_problem(RunConfig(drain_timeout=10.0, deps_share=0.0)) is None
+
+
 def _plant(history: list[dict[str, object]], entry: dict[str, object]) -> list[dict[str, object]]:
     """`history` with `entry` inserted where its time puts it."""
     times = [int(e["t"]) for e in history[1:]]  # type: ignore[call-overload]
