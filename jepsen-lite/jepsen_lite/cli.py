@@ -49,6 +49,20 @@ def _parser() -> argparse.ArgumentParser:
         help=f"comma-separated, from {','.join(FAULTS)}; empty for none",
     )
     p.add_argument("--rate", type=float, default=20.0, help="client enqueues per second")
+    p.add_argument(
+        "--deps-share",
+        type=float,
+        default=0.05,
+        help="share of enqueues that are children (trigger_after_ids) of recent tasks sent "
+        "through other nodes (0: none)",
+    )
+    p.add_argument(
+        "--unknown-parent",
+        type=float,
+        default=10.0,
+        help="SNERD_UNKNOWN_PARENT_SECONDS of the daemons: a child of a parent no file holds "
+        "is dead-lettered after this long",
+    )
     p.add_argument("--ttl", type=float, default=3.0, help="SNERD_LEASE_TTL, seconds")
     p.add_argument("--margin", type=float, default=0.5, help="SNERD_CLOCK_SKEW_MARGIN, seconds")
     p.add_argument("--gap", type=float, default=3.0, help="seconds between faults (mean)")
@@ -126,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         nemesis=nemesis,
         out=out,
         rate=args.rate,
+        deps_share=args.deps_share,
+        unknown_parent_s=args.unknown_parent,
         ttl_s=args.ttl,
         margin_s=args.margin,
         gap_s=args.gap,

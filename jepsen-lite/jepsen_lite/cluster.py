@@ -92,6 +92,7 @@ class Cluster:
             "SNERD_CLOCK_SKEW_MARGIN": str(config.margin_s),
             "SNERD_DRAIN_TIMEOUT": "2",
             "SNERD_MAX_WORKERS": "32",
+            "SNERD_UNKNOWN_PARENT_SECONDS": str(config.unknown_parent_s),
         }
         if config.unsafe_no_fence:
             self.daemon_env["SNERD_TEST_UNSAFE_NO_FENCE"] = "1"
@@ -235,7 +236,7 @@ class Cluster:
                 "handler_done", t, task=e["task"], attempt=e["attempt"], node=name, ok=e["ok"]
             )
         elif ev == "dead_letter":
-            self.record("dead_letter", t, task=e["task"], node=name)
+            self.record("dead_letter", t, task=e["task"], node=name, error=e.get("error"))
         elif ev == "log":
             node.logs.append(str(e.get("line")))
             self.record("daemon_log", t, node=name, line=e.get("line"))

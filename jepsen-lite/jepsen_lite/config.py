@@ -49,6 +49,19 @@ class RunConfig:
     drain_timeout: float = 120.0
     #: Share of tasks in the rate-limited group.
     rl_share: float = 0.04
+    #: Share of enqueues that are children (`trigger_after_ids`) of 1-3 recent tasks enqueued
+    #: through other nodes (`load.Load.parents`; 0: none). At the default rate a minute's run
+    #: has some sixty children.
+    deps_share: float = 0.05
+    #: Of the children: the share that also names the task the load enqueues next (a child
+    #: sent before its parent), and the share that names a parent nobody ever enqueues.
+    child_first_share: float = 0.2
+    ghost_share: float = 0.05
+    #: SNERD_UNKNOWN_PARENT_SECONDS of the daemons: how long a child waits for a parent no
+    #: file holds before it is dead-lettered (`unknown_parent`). Longer than a pause of the
+    #: nemesis (a parent stamped by a frozen daemon and written after it wakes is waited for),
+    #: short enough that the children of never-enqueued parents end within the drain.
+    unknown_parent_s: float = 10.0
     tmpfs_size: str = "48m"
     #: Size of the ext4 image of `fs="loop"`, MiB.
     loop_size_mib: int = 64
@@ -70,6 +83,22 @@ class RunConfig:
 def config_problem(config: RunConfig) -> str | None:
     """Why `config` cannot run (the command line exits 2 with it), or None."""
     nemesis = config.nemesis
+    shares = {
+        "deps_share": config.deps_share,
+        "child_first_share": config.child_first_share,
+        "ghost_share": config.ghost_share,
+    }
+    for name, share in shares.items():
+        if not 0.0 <= share <= 1.0:
+            return f"{name} {share:g} is not a share: give one from 0 to 1"
+    if config.unknown_parent_s <= 0:
+        return f"unknown_parent_s {config.unknown_parent_s:g}: give a number of seconds above 0"
+    if config.deps_share > 0 and config.drain_timeout <= config.unknown_parent_s:
+        return (
+            f"a drain of {config.drain_timeout:g} s is too short for the children of parents "
+            f"nobody enqueues, dead-lettered only after {config.unknown_parent_s:g} s: give a "
+            "longer drain, a shorter unknown-parent wait, or no dependencies"
+        )
     unknown_faults = [n for n in nemesis if n not in FAULTS]
     if unknown_faults:
         return f"unknown nemesis {', '.join(unknown_faults)} (known: {', '.join(FAULTS)})"

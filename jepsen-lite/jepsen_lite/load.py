@@ -5,12 +5,21 @@ waits for.
 
 A task's handler sleeps a little and fails some attempts on purpose (the worker does what its
 `data` says); a share of the tasks (`rl_share`) is in a rate-limited group.
+
+A share of the enqueues (`deps_share`) are children (`trigger_after_ids`, recorded as the
+invoke's `parents`) of 1-3 tasks among the last ones enqueued through other nodes, so parent
+and child often sit in shards of different daemons; some of them name the task the load sends
+next as well (a child sent before its parent), a few a task nobody ever enqueues (`never-N`:
+the child must end dead-lettered, `unknown_parent`). The task a child named before it was sent
+names no parent itself, so no chain ever closes into a cycle: every other parent was sent
+earlier than its child.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from jepsen_lite.cluster import Cluster, Node, now_us
@@ -18,11 +27,15 @@ from jepsen_lite.cluster import Cluster, Node, now_us
 if TYPE_CHECKING:
     from jepsen_lite.config import RunConfig
 
-__all__ = ["RL_GROUP", "RL_LIMIT", "Load"]
+__all__ = ["GHOST_PREFIX", "RL_GROUP", "RL_LIMIT", "Load"]
 
 #: The rate-limited group and its limit (a share of the tasks carries it).
 RL_GROUP = "rl"
 RL_LIMIT = 60
+#: How the ids of parents nobody enqueues start.
+GHOST_PREFIX = "never-"
+#: How many of the latest enqueues a child's parents are drawn from.
+RECENT = 30
 
 
 class Load:
@@ -36,6 +49,13 @@ class Load:
         self.ops: set[asyncio.Task[None]] = set()
         self.stop = asyncio.Event()
         self.acked: set[str] = set()
+        #: The latest invokes: (task, the label of the node it was sent through).
+        self.recent: deque[tuple[str, str]] = deque(maxlen=RECENT)
+        #: The task a child named before it was sent (it names no parent itself).
+        self.promised: str | None = None
+        self.ghosts = 0
+        #: The parents each child named (children only).
+        self.parents_of: dict[str, list[str]] = {}
 
     async def run(self) -> None:
         """Enqueue, as a Poisson stream at `rate`, to random running nodes until `stop` is set."""
@@ -55,12 +75,40 @@ class Load:
                 "fail": fail,
             }
             group = RL_GROUP if self.rng.random() < self.c.rl_share else None
-            op = asyncio.create_task(self.enqueue(node, task, data, max_retries, group))
+            parents = [] if task == self.promised else self.parents(node)
+            self.recent.append((task, node.host))
+            if parents:
+                self.parents_of[task] = parents
+            op = asyncio.create_task(self.enqueue(node, task, data, max_retries, group, parents))
             self.ops.add(op)
             op.add_done_callback(self.ops.discard)
 
+    def parents(self, node: Node) -> list[str]:
+        """The parents of the task about to be sent through `node` (`seq`): none, or 1-3 of
+        the recent tasks sent through other nodes, the next task (`seq + 1`) and a ghost."""
+        rng, c = self.rng, self.c
+        if c.deps_share <= 0 or rng.random() >= c.deps_share:
+            return []
+        want = rng.randint(1, 3)
+        picked: list[str] = []
+        if rng.random() < c.child_first_share:
+            picked.append(f"t{self.seq + 1}")  # the id the load gives the next enqueue
+            self.promised = picked[-1]
+        if rng.random() < c.ghost_share:
+            self.ghosts += 1
+            picked.append(f"{GHOST_PREFIX}{self.ghosts}")
+        others = list(dict.fromkeys(t for t, via in self.recent if via != node.host))
+        picked += rng.sample(others, min(len(others), max(0, want - len(picked))))
+        return picked
+
     async def enqueue(
-        self, node: Node, task: str, data: dict[str, Any], max_retries: int, group: str | None
+        self,
+        node: Node,
+        task: str,
+        data: dict[str, Any],
+        max_retries: int,
+        group: str | None,
+        parents: list[str],
     ) -> None:
         name = node.name
         attrs = {
@@ -71,7 +119,7 @@ class Load:
             "max_per_minute": RL_LIMIT if group else None,
             "fingerprint": None,
             "delay_us": 0,
-            "parents": [],
+            "parents": parents,
         }
         t0 = now_us()
         self.cluster.record("enqueue", t0, phase="invoke", task=task, node=name, attrs=attrs)
@@ -84,6 +132,7 @@ class Load:
             "max_retries": max_retries,
             "group": group,
             "max_per_minute": RL_LIMIT if group else None,
+            "parents": parents,
         }
 
         def unknown(why: str) -> None:

@@ -15,7 +15,9 @@ Phases (all bounded in time):
 3. **heal**: every fault undone (SIGCONT, clock files back to 0, filler deleted, killed nodes
    restarted); the load stops.
 4. **drain**: wait (bounded) until every acked task has a tombstone, then stop every worker
-   (its SDK drains its daemon).
+   (its SDK drains its daemon). A child (`trigger_after_ids`) is an acked task like any other:
+   it ends when it has run, or dead-lettered through a failed parent or one no file holds
+   (after `unknown_parent_s`, which the drain must outlast); a dead letter is an end.
 5. **judge**: the shard logs and inboxes are read back into the history
    (`jepsen_lite.history`), written to `history.jsonl`, and judged by `sim.check.check`.
 
@@ -205,8 +207,8 @@ class Run:
                 await self.cluster.start_node(node)
 
     async def drain(self) -> tuple[bool, list[str]]:
-        """Wait (bounded) until every acked task has a tombstone: whether all did, and those
-        that did not."""
+        """Wait (bounded) until every acked task has a tombstone (completed or dead-lettered,
+        children too): whether all did, and those that did not."""
         end = time.monotonic() + self.c.drain_timeout
         left = sorted(self.load.acked)
         while time.monotonic() < end:
@@ -216,6 +218,17 @@ class Run:
                 return True, []
             await asyncio.sleep(1.0)
         return False, left
+
+    def waiting_children(self, unfinished: list[str]) -> str:
+        """What the unfinished children among `unfinished` wait on ("" if none): a child is
+        waited for like any acked task, and ends when its parents do (run, or dead-lettered
+        through a failed or unknown parent)."""
+        parents_of = self.load.parents_of
+        children = [t for t in unfinished if t in parents_of]
+        if not children:
+            return ""
+        shown = "; ".join(f"{t} on {', '.join(parents_of[t])}" for t in children[:5])
+        return f", {len(children)} of them children ({shown})"
 
     def take_down(self) -> None:
         """Synchronous, at the end of every run however it ended: every worker and daemon
@@ -256,7 +269,7 @@ class Run:
         if not drained:
             problems.append(
                 f"the drain did not finish within {config.drain_timeout:g} s: "
-                f"{len(unfinished)} acked task(s) unfinished"
+                f"{len(unfinished)} acked task(s) unfinished" + self.waiting_children(unfinished)
             )
         faults = self.nemesis.faults
         by_kind: dict[str, int] = defaultdict(int)

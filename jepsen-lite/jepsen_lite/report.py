@@ -6,7 +6,18 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["percentile", "summary", "summary_table", "takeovers"]
+__all__ = [
+    "PARENT_REASONS",
+    "dead_letter_reasons",
+    "dependencies",
+    "percentile",
+    "summary",
+    "summary_table",
+    "takeovers",
+]
+
+#: The reasons a daemon dead-letters a child without running it (its error's first word).
+PARENT_REASONS = ("blocked_by_failed_parent", "unknown_parent", "dependency_cycle_through")
 
 
 def percentile(values: Sequence[int], q: float) -> int | None:
@@ -56,6 +67,54 @@ def takeovers(history: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, int]
     return out
 
 
+def dead_letter_reasons(history: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Dead-lettered tasks by reason: one of `PARENT_REASONS`, or `attempts` (its attempts all
+    failed); each task once, under the last reason it was told."""
+    last: dict[str, str] = {}
+    for e in history:
+        if e.get("kind") == "dead_letter":
+            reason = str(e.get("error") or "").partition(":")[0]
+            last[str(e["task"])] = reason if reason in PARENT_REASONS else "attempts"
+    return dict(sorted(Counter(last.values()).items()))
+
+
+def dependencies(history: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The dependency workload's figures: children (invokes with `parents`), how many ran,
+    how many ended (their last tombstone) on another node than one of their parents did,
+    how many were sent before one of their parents, and the parents nobody enqueued."""
+    sent: dict[str, int] = {}
+    children: dict[str, list[str]] = {}
+    ran: set[str] = set()
+    ended_on: dict[str, str] = {}
+    for e in history:
+        kind = e.get("kind")
+        if kind == "enqueue" and e.get("phase") == "invoke":
+            sent.setdefault(e["task"], e["t"])
+            parents = (e.get("attrs") or {}).get("parents") or []
+            if parents:
+                children.setdefault(e["task"], list(parents))
+        elif kind == "execute":
+            ran.add(e["task"])
+        elif kind == "record" and e["fields"].get("deletedAt") is not None:
+            task = e["fields"].get("taskId")
+            if isinstance(task, str):
+                ended_on[task] = str(e["node"]).partition("@")[0]
+    across = sum(
+        1
+        for c, ps in children.items()
+        if c in ended_on and any(ended_on.get(p, ended_on[c]) != ended_on[c] for p in ps)
+    )
+    return {
+        "children": len(children),
+        "children_ran": sum(1 for c in children if c in ran),
+        "children_across_nodes": across,
+        "children_sent_first": sum(
+            1 for c, ps in children.items() if any(sent.get(p, -1) > sent[c] for p in ps)
+        ),
+        "parents_never_enqueued": len({p for ps in children.values() for p in ps} - set(sent)),
+    }
+
+
 def summary(outcome: Any) -> dict[str, Any]:
     """The figures of a run (`outcome`: a `jepsen_lite.phases.Outcome`)."""
     h = outcome.history
@@ -82,6 +141,8 @@ def summary(outcome: Any) -> dict[str, Any]:
         "inbox_acked": getattr(m, "inbox_acked", None),
         "finished": m.finished,
         "dead_letters": m.dead_letters,
+        "dead_letters_by_reason": dead_letter_reasons(h),
+        **dependencies(h),
         "executions": m.executions,
         "re_executions": m.re_executions,
         "tasks_run_more_than_once": sum(1 for n in per_task.values() if n > 1),
@@ -122,6 +183,17 @@ def summary_table(s: Mapping[str, Any]) -> str:
             + (f" ({s['inbox_acked']} acked via an inbox)" if s["inbox_acked"] is not None else ""),
         ),
         ("finished", f"{s['finished']} acked tasks finished, {s['dead_letters']} dead letters"),
+        (
+            "dead letters",
+            ", ".join(f"{n} {why}" for why, n in s["dead_letters_by_reason"].items()) or "none",
+        ),
+        (
+            "dependencies",
+            f"{s['children']} children: {s['children_ran']} ran, "
+            f"{s['children_across_nodes']} ended on another node than a parent, "
+            f"{s['children_sent_first']} sent before a parent; "
+            f"{s['parents_never_enqueued']} parents never enqueued",
+        ),
         (
             "executions",
             f"{s['executions']} ({s['re_executions']} re-executions of an attempt; "

@@ -5,8 +5,9 @@
 
 Commands arrive on stdin, one JSON object a line:
 
-- `{"op": "enqueue", "task", "data", "max_retries", "group", "max_per_minute"}`: enqueue through
-  the SDK; the outcome comes back as a `reply` event (`status` ok / fail / info).
+- `{"op": "enqueue", "task", "data", "max_retries", "group", "max_per_minute", "parents"}`:
+  enqueue through the SDK (`parents` as `trigger_after_ids`); the outcome comes back as a
+  `reply` event (`status` ok / fail / info).
 - `{"op": "owned"}`: ask the daemon (`stats`) which shards it owns now; an `owned` event.
 
 Events go to stdout, one JSON object a line, each with `t` (this host's wall clock, µs: the
@@ -17,7 +18,8 @@ clock synchronisation) and `ev`:
   once the daemon is spawned;
 - `membership` (`owned`: shard numbers) for each `membership` message of the daemon;
 - `execute` / `handler_done` (`task`, `attempt`, `ok`) around each handler call;
-- `dead_letter` (`task`); `reply`; `owned`; `log` (daemon stderr lines of interest);
+- `dead_letter` (`task`, `error`: the reason of the daemon's `max_retries_reached`, such as
+  `blocked_by_failed_parent: <id>`); `reply`; `owned`; `log` (daemon stderr lines of interest);
 - `daemon_exit` (`code`), after which this process exits.
 
 stdin closing drains the daemon (`shutdown`) and exits. Each line is written with one
@@ -99,10 +101,11 @@ async def _handle(data: Any) -> None:
         raise RuntimeError(f"planned failure of attempt {attempt}")
 
 
-async def _dead_letter(data: Any) -> None:
-    # Called with the task's data only: the controller puts the task id in it.
+async def _dead_letter(data: Any, error: str | None) -> None:
+    # Called with the task's data and the final error: the controller puts the task id in
+    # the data.
     task = data.get("id") if isinstance(data, dict) else None
-    emit({"ev": "dead_letter", "task": str(task)})
+    emit({"ev": "dead_letter", "task": str(task), "error": error})
 
 
 async def _enqueue(q: SnerdQueue, cmd: dict[str, Any]) -> None:
@@ -116,6 +119,7 @@ async def _enqueue(q: SnerdQueue, cmd: dict[str, Any]) -> None:
             max_retries=int(cmd.get("max_retries", 0)),
             rate_limit_group=cmd.get("group"),
             max_per_minute=cmd.get("max_per_minute"),
+            trigger_after_ids=cmd.get("parents") or None,
         )
     except EnqueueError as exc:
         text = str(exc)

@@ -53,7 +53,10 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   optional, default `t`); an inbox file has one writer, so that is its file order too. An ack
   by `node` of a task with such a record (in the acked shard, durable between the invoke and
   the ack) is an *inbox ack*: its durability is that record's, not a log record's.
-- `{"kind": "dead_letter", "task", "node"}` — the SDK was told a task used every attempt.
+- `{"kind": "dead_letter", "task", "node"}` — the SDK was told a task used every attempt;
+  optional: `error` (str|None), the reason it was told (the last attempt's error, or
+  `blocked_by_failed_parent: <id>` / `unknown_parent: <id> ...` for a child that never ran).
+  Informative: the ends are judged on the tombstones.
 - `{"kind": "belief", "node", "shard", "on": bool}` — `node` started / stopped believing it
   owns `shard` (dispatching from it).
 - Context: `{"kind": "crash", "node"}` (ends the node's beliefs); `restart`, `pause`,

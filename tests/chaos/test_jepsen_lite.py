@@ -17,6 +17,11 @@ process) under a nemesis, judged by the simulator's checker (docs/chaos.md).
   with `SNERD_GLUSTER_NETNS=1 tests/support/glusterfs/up.sh` and takes it down; skipped where
   it cannot, a failure under SNERD_REQUIRE_ALL=1): mount A's client cut off beyond the volume's
   network.ping-timeout and healed, and features.locks-monkey-unlocking switched on and off;
+- local filesystem, kill, the dependency workload at a high share: the checker passes (children
+  ran only after their parents completed, wherever those sat; those of a dead-lettered or
+  never-enqueued parent ended dead-lettered) on a history holding children across nodes, sent
+  before their parents, and dead-lettered through a parent; that history doctored with a
+  child run before its parent, or a child of a never-enqueued parent completed, fails;
 - the negative control: daemons without fencing (SNERD_TEST_UNSAFE_NO_FENCE=1) and lock files
   replaced under their owners: the checker must report the double ownership.
 """
@@ -24,6 +29,8 @@ process) under a nemesis, judged by the simulator's checker (docs/chaos.md).
 from __future__ import annotations
 
 import asyncio
+import bisect
+import copy
 import inspect
 import os
 import queue
@@ -38,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.check import DOUBLE_OWNERSHIP
+from sim.check import CHILD_NOT_FAILED, CHILD_RAN_EARLY, DOUBLE_OWNERSHIP, check_dependencies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "jepsen-lite"))
 
@@ -47,9 +54,10 @@ from jepsen_lite import nemesis as nem
 from jepsen_lite.cluster import Cluster
 from jepsen_lite.config import RunConfig, config_problem
 from jepsen_lite.faults import FAULTS, FULL_SLACK, GLUSTER_FAULTS, Nemesis
+from jepsen_lite.load import GHOST_PREFIX
 from jepsen_lite.phases import Outcome, gluster_control, run
 from jepsen_lite.plot import plot
-from jepsen_lite.report import summary, summary_table
+from jepsen_lite.report import PARENT_REASONS, summary, summary_table
 
 from tests.conftest import missing_tool
 from tests.support import glusterfs as gl
@@ -76,7 +84,9 @@ def _assert_clean(outcome: Outcome, s: dict[str, object], nemeses: tuple[str, ..
     # The run did work, through faults: acks outside the faults at the rate asked for, and
     # every acked task executed.
     _assert_progress(outcome)
-    assert int(s["executions"]) >= int(s["ok"]), s  # type: ignore[call-overload]
+    reasons: dict[str, int] = s["dead_letters_by_reason"]  # type: ignore[assignment]
+    never_ran = sum(n for why, n in reasons.items() if why in PARENT_REASONS)
+    assert int(s["executions"]) >= int(s["ok"]) - never_ran, s  # type: ignore[call-overload]
     assert (config_out := outcome.out / "history.jsonl").stat().st_size > 0, config_out
     assert (outcome.out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -131,6 +141,123 @@ def test_local_kill_pause_clock(tmp_path: Path) -> None:
         e.get("kind") == "daemon_log" and "test clock" in str(e.get("line"))
         for e in outcome.history
     )
+
+
+@pytest.fixture(scope="module")
+def deps_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Outcome, dict[str, object]]:
+    """One short run of the dependency workload (a quarter of the enqueues are children, one
+    in seven of those names a parent nobody enqueues), under kills, on the local filesystem;
+    a 4 s unknown-parent wait, so its children end within the drain."""
+    config = RunConfig(
+        fs="local",
+        nodes=3,
+        shards=4,
+        duration=15,
+        seed=19,
+        nemesis=("kill",),
+        out=tmp_path_factory.mktemp("deps") / "out",
+        deps_share=0.25,
+        ghost_share=0.15,
+        unknown_parent_s=4.0,
+        drain_timeout=60.0,
+    )
+    return _run(config)
+
+
+def test_local_dependency_chains(deps_run: tuple[Outcome, dict[str, object]]) -> None:
+    """Children across nodes, some sent before their parents, some of parents nobody enqueued:
+    the checker passes (invariant 9 and liveness, a dead-lettered child counting as ended),
+    the drain finished, and the daemons dead-lettered children through their parents."""
+    outcome, s = deps_run
+    _assert_clean(outcome, s, ("kill",))
+    print({k: s[k] for k in s if k.startswith(("children", "parents", "dead_letters"))})
+    assert int(s["children"]) >= 30, s  # type: ignore[call-overload]
+    assert int(s["children_ran"]) >= 10, s  # type: ignore[call-overload]
+    assert int(s["children_across_nodes"]) >= 5, s  # type: ignore[call-overload]
+    assert int(s["children_sent_first"]) >= 1, s  # type: ignore[call-overload]
+    assert int(s["parents_never_enqueued"]) >= 1, s  # type: ignore[call-overload]
+    reasons: dict[str, int] = s["dead_letters_by_reason"]  # type: ignore[assignment]
+    assert reasons.get("blocked_by_failed_parent", 0) + reasons.get("unknown_parent", 0), s
+    # Every child of a parent nobody enqueued ended dead-lettered, told why.
+    h = outcome.history
+    told = {e["task"]: str(e.get("error")) for e in h if e.get("kind") == "dead_letter"}
+    ghost_children = [
+        e["task"]
+        for e in h
+        if e.get("kind") == "enqueue"
+        and e["phase"] == "invoke"
+        and any(p.startswith(GHOST_PREFIX) for p in e["attrs"]["parents"])
+    ]
+    acked = {e["task"] for e in h if e.get("kind") == "enqueue" and e["phase"] == "ok"}
+    assert ghost_children, s
+    for child in ghost_children:
+        if child in acked:
+            assert told.get(child, "").startswith(PARENT_REASONS), (child, told.get(child))
+
+
+def test_dependency_settings_refused_before_anything_starts() -> None:
+    """A share outside 0-1, an unknown-parent wait of 0, or a drain no longer than that wait
+    (the children of never-enqueued parents could not end within it) is refused."""
+    assert "deps_share 1.5 is not a share" in (config_problem(RunConfig(deps_share=1.5)) or "")
+    assert "ghost_share -0.1" in (config_problem(RunConfig(ghost_share=-0.1)) or "")
+    assert "unknown_parent_s 0" in (config_problem(RunConfig(unknown_parent_s=0)) or "")
+    short = RunConfig(drain_timeout=10.0, unknown_parent_s=10.0)
+    assert "too short for the children" in (config_problem(short) or "")
+    assert config_problem(RunConfig(drain_timeout=10.0, unknown_parent_s=9.0)) is None
+    assert config_problem(RunConfig(drain_timeout=10.0, deps_share=0.0)) is None
+
+
+def _plant(history: list[dict[str, object]], entry: dict[str, object]) -> list[dict[str, object]]:
+    """`history` with `entry` inserted where its time puts it."""
+    times = [int(e["t"]) for e in history[1:]]  # type: ignore[call-overload]
+    i = 1 + bisect.bisect_right(times, int(entry["t"]))  # type: ignore[call-overload]
+    return [*history[:i], entry, *history[i:]]
+
+
+def test_a_child_run_before_its_parent_is_caught(
+    deps_run: tuple[Outcome, dict[str, object]],
+) -> None:
+    """The run's own history, doctored: an execute of a child planted before its parent's
+    handler first succeeded (`child_ran_early`), or a child of a parent nobody enqueued made
+    to complete (`child_not_failed`). The history as recorded has neither."""
+    outcome, _s = deps_run
+    h = copy.deepcopy(outcome.history)
+    assert check_dependencies(h) == []
+    invoked = {e["task"]: e for e in h if e.get("kind") == "enqueue" and e["phase"] == "invoke"}
+    succeeded: dict[str, int] = {}
+    for e in h:
+        if e.get("kind") == "handler_done" and e["ok"]:
+            succeeded.setdefault(e["task"], e["t"])
+    ran = {e["task"]: e for e in reversed(h) if e.get("kind") == "execute"}
+    # A child that ran, every parent of which first succeeded after the child was sent: its
+    # execute planted just before the first of those successes is early for every parent,
+    # and the first one it names is reported.
+    child, first = next(
+        (c, min(succeeded[p] for p in inv["attrs"]["parents"]))
+        for c, inv in invoked.items()
+        if c in ran
+        and inv["attrs"]["parents"]
+        and all(succeeded.get(p, 0) > inv["t"] + 1 for p in inv["attrs"]["parents"])
+    )
+    found = check_dependencies(_plant(h, {**ran[child], "t": first - 1}))
+    assert [v.kind for v in found] == [CHILD_RAN_EARLY], found
+    parent = invoked[child]["attrs"]["parents"][0]
+    assert f"child {child} " in found[0].message and f"parent {parent} " in found[0].message, found
+    # A child of a parent nobody enqueued, its dead-letter tombstone turned into a completion.
+    tombstone = next(
+        e
+        for e in h
+        if e.get("kind") == "record"
+        and e["fields"].get("snerdOutcome") == "dead_letter"
+        and any(
+            p.startswith(GHOST_PREFIX)
+            for p in invoked.get(e["fields"].get("taskId"), {}).get("attrs", {}).get("parents", ())
+        )
+    )
+    tombstone["fields"]["snerdOutcome"] = "completed"
+    found = check_dependencies(h)
+    assert [v.kind for v in found] == [CHILD_NOT_FAILED], found
+    assert tombstone["fields"]["taskId"] in found[0].message, found
 
 
 def test_tmpfs_disk_full(tmp_path: Path) -> None:
