@@ -159,6 +159,8 @@ class Load:
                 extra["shard"] = reply["shard"]
             if reply.get("deduplicated"):
                 extra["deduplicated"] = True
+            elif "deduplicated" in reply and reply["deduplicated"] is None:
+                extra["undecided"] = True  # the owner had not decided in time
             self.cluster.record(
                 "enqueue", t, phase="ok", task=task, node=name, latency_us=t - t0, **extra
             )
