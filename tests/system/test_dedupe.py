@@ -14,9 +14,7 @@ shard logs (it has no record there; the owner's `inbox` record lists it as dropp
 
 from __future__ import annotations
 
-import itertools
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,81 +26,18 @@ from snerd import Enqueued, SnerdQueue
 from snerd.core.dedupe import fingerprint, unique_fingerprint
 from snerd.core.node.model import route_shard
 from snerd.core.records import scan
-from tests.support.daemon import Daemon
+from tests.support.cluster import Daemons
 
 SHARDS = 2
-#: A short lease (rounds every 0.5 s) so that the shards are shared out quickly.
-ENV = {
-    "SNERD_SHARDS": str(SHARDS),
-    "SNERD_LEASE_TTL": "1.5",
-    "SNERD_CLOCK_SKEW_MARGIN": "0.25",
-    "SNERD_DRAIN_TIMEOUT": "2",
-}
 
 
-class Pair:
-    """Daemons on one directory and the SDK of each: every message they send, in order."""
+class Pair(Daemons):
+    """Two daemons on one directory, one shard each, and the SDK of each: every message they
+    send, in order, as (daemon, message)."""
 
     def __init__(self, nursery: trio.Nursery, directory: Path, **env: str) -> None:
-        self.nursery = nursery
-        self.directory = directory
-        self.env = {**ENV, **env}
-        self.daemons: dict[str, Daemon] = {}
-        self.owned: dict[str, set[int]] = {}
-        #: (daemon, message), in the order seen.
+        super().__init__(nursery, directory, SHARDS, **env)
         self.seen: list[tuple[str, dict[str, Any]]] = []
-        #: Tasks whose `execute` is not answered.
-        self.hold: set[str] = set()
-        self._changed = trio.Event()
-        self._ids = itertools.count()
-
-    async def start(self, *names: str, share: int = 1) -> None:
-        """Start a daemon per name, each registering type `t`, and wait until each owns
-        `share` shards."""
-        for name in names:
-            d = await Daemon.start(self.nursery, self.directory, env=self.env)
-            self.daemons[name] = d
-            self.owned[name] = set()
-            await d.send({"action": "register", "task_type": "t"})
-            self.nursery.start_soon(self._serve, name, d)
-        await self.until(lambda: all(len(o) == share for o in self.owned.values()), timeout=20)
-
-    async def _serve(self, name: str, d: Daemon) -> None:
-        try:
-            while True:
-                m = await d.recv(timeout=120)
-                self.seen.append((name, m))
-                if m.get("action") == "membership":
-                    self.owned[name] = {int(s.split("-")[1]) for s in m["owned"]}
-                elif m.get("action") == "execute" and m["task_id"] not in self.hold:
-                    reply = {"action": "result", "task_id": m["task_id"], "status": "success"}
-                    await d.send({**reply, "attempt": m["attempt"]})
-                    self.seen.append((name, {"action": "done", "task_id": m["task_id"]}))
-                self._changed.set()
-                self._changed = trio.Event()
-        except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
-            self.owned[name] = set()
-
-    async def until(self, done: Callable[[], bool], timeout: float = 10) -> None:
-        """Wait until `done()` holds, looked at after each message."""
-        try:
-            with trio.fail_after(timeout):
-                while not done():
-                    await self._changed.wait()
-        except trio.TooSlowError:
-            raise AssertionError(self.report("timed out")) from None
-
-    def report(self, what: str) -> str:
-        tails = " || ".join(f"{n}: {d.stderr.decode()[-1200:]}" for n, d in self.daemons.items())
-        return f"{what}; owned {self.owned}; seen {self.seen[-20:]}; stderr: {tails}"
-
-    async def stop(self) -> None:
-        """Drain every daemon still running; each must exit 0."""
-        alive = [d for d in self.daemons.values() if d.alive]
-        for d in alive:
-            await d.close_stdin()
-        for d in alive:
-            assert await d.wait() == 0, self.report("a daemon failed its drain")
 
     # -- routing: what lands on the shard of `owner`
 
@@ -303,8 +238,8 @@ async def test_the_sdk_returns_the_owner_s_decision_through_another_daemon(
     # The owner is a bare daemon; the other daemon is the one `SnerdQueue` runs. Its
     # `Enqueued` says what the owner decided: deduplicated, and of which twin, or not.
     q = Pair(nursery, queue_dir)
-    await q.start("a", share=SHARDS)
-    async with SnerdQueue(storage_path=queue_dir, env=ENV) as sdk:
+    await q.start("a")  # (both shards, until the SDK's daemon joins)
+    async with SnerdQueue(storage_path=queue_dir, env=q.env) as sdk:
         await q.until(lambda: len(q.owned["a"]) == 1, timeout=20)
         key = q.key_on("a", "later")
         await q.enqueue("a", "orig", task_type="later", data={"v": 1}, unique_key=key)

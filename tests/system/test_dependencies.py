@@ -19,7 +19,7 @@ that parent's completion record), not for a stretch of time.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,76 +27,30 @@ import pytest
 import trio
 
 from snerd.core.node.model import route_shard
-from snerd.core.records import scan
 from snerd.core.timefmt import parse_rfc3339
+from tests.support.cluster import Daemons
 from tests.support.daemon import Daemon
 
-#: A short lease (rounds every 0.5 s) so that shares settle quickly; the queue's files are
-#: read for watched parents every 50 ms.
-ENV = {
-    "SNERD_LEASE_TTL": "1.5",
-    "SNERD_CLOCK_SKEW_MARGIN": "0.25",
-    "SNERD_DRAIN_TIMEOUT": "2",
-    "SNERD_WATCH_POLL_MS": "50",
-}
+#: The queue's files are read for watched parents every 50 ms.
+ENV = {"SNERD_WATCH_POLL_MS": "50"}
 
 
-class Queue:
+class Queue(Daemons):
     """Daemons on one directory and the SDK of each: every message they send, in order."""
 
     def __init__(self, nursery: trio.Nursery, directory: Path, shards: int, **env: str) -> None:
-        self.nursery = nursery
-        self.directory = directory
-        self.shards = shards
-        self.env = {**ENV, "SNERD_SHARDS": str(shards), **env}
-        self.daemons: dict[str, Daemon] = {}
-        self.owned: dict[str, set[int]] = {}
+        super().__init__(nursery, directory, shards, **{**ENV, **env})
         #: (what, daemon, task id, detail), in the order seen: "ack", "execute" (detail: the
         #: attempt), "done" (a result sent; detail: its status), "dead" (a dead letter;
         #: detail: its error), "refused" (an `error` about the task).
         self.seen: list[tuple[str, str, str, Any]] = []
-        #: Tasks whose next `execute` is not answered, and those answered with a failure.
-        self.hold: set[str] = set()
+        #: Tasks answered with a failure (and, in `hold`, those whose next `execute` is not
+        #: answered).
         self.fail: set[str] = set()
-        self._changed = trio.Event()
-        self._ids = itertools.count()
-
-    # -- running
-
-    async def start(self, *names: str, types: Sequence[str] = ("t",)) -> None:
-        """Start a daemon per name, each registering `types`, and wait until they share the
-        shards evenly (each owns shards / daemons of them)."""
-        for name in names:
-            d = await Daemon.start(self.nursery, self.directory, env=self.env)
-            self.daemons[name] = d
-            self.owned[name] = set()
-            for task_type in types:
-                await d.send({"action": "register", "task_type": task_type})
-            self.nursery.start_soon(self._serve, name, d)
-        share = self.shards // len(self.daemons)
-        await self.until(
-            lambda: all(len(o) == share for o in self.owned.values())
-            and set().union(*self.owned.values()) == set(range(self.shards)),
-            timeout=20,
-        )
-
-    async def _serve(self, name: str, d: Daemon) -> None:
-        try:
-            while True:
-                m = await d.recv(timeout=120)
-                self._take(name, m)
-                if m.get("action") == "execute":
-                    await self._answer(name, d, m)
-                self._changed.set()
-                self._changed = trio.Event()
-        except (EOFError, trio.BrokenResourceError, trio.ClosedResourceError):
-            self.owned[name] = set()
 
     def _take(self, name: str, m: dict[str, Any]) -> None:
         action, task = m.get("action"), m.get("task_id", "")
-        if action == "membership":
-            self.owned[name] = {int(s.split("-")[1]) for s in m["owned"]}
-        elif action == "execute":
+        if action == "execute":
             self.seen.append(("execute", name, task, m["attempt"]))
         elif action == "ack" and task:
             self.seen.append(("ack", name, task, None))
@@ -116,28 +70,6 @@ class Queue:
         if status == "failure":
             reply["error_msg"] = "it failed"
         await d.send(reply)
-
-    async def until(self, done: Callable[[], bool], timeout: float = 10) -> None:
-        """Wait until `done()` holds, looked at after each message; fail with the daemons'
-        stderr when it does not within `timeout` seconds."""
-        try:
-            with trio.fail_after(timeout):
-                while not done():
-                    await self._changed.wait()
-        except trio.TooSlowError:
-            raise AssertionError(self.report("timed out")) from None
-
-    def report(self, what: str) -> str:
-        tails = " || ".join(f"{n}: {d.stderr.decode()[-1200:]}" for n, d in self.daemons.items())
-        return f"{what}; owned {self.owned}; seen {self.seen[-30:]}; stderr: {tails}"
-
-    async def stop(self) -> None:
-        """Drain every daemon still running; each must exit 0."""
-        alive = [d for d in self.daemons.values() if d.alive]
-        for d in alive:
-            await d.close_stdin()
-        for d in alive:
-            assert await d.wait() == 0, self.report("a daemon failed its drain")
 
     # -- tasks
 
@@ -171,13 +103,6 @@ class Queue:
         with trio.fail_after(timeout):
             while not set(tasks) <= {r.fields.get("taskId") for r in self.records()}:
                 await trio.sleep(0.02)
-
-    def records(self) -> list[Any]:
-        return [
-            record
-            for log in sorted(self.directory.glob("shard-*/tasks/tasks.log"))
-            for record in scan(log.read_bytes()).records
-        ]
 
     async def scanned_on(self, owner: str, other: str) -> None:
         """Until `owner` has read the whole queue for the parents its children wait on: a
