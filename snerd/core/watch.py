@@ -36,6 +36,7 @@ from snerd.core.schema import (
     CLAIM_EPOCH,
     DELETED_AT,
     INBOX_NODE,
+    INBOX_OFFSET,
     KIND_CLAIM,
     KIND_INBOX,
     OUTCOME_COMPLETED,
@@ -62,7 +63,8 @@ def pick(
     data: bytes | bytearray, base_offset: int, ids: frozenset[str]
 ) -> tuple[list[ev.LogRecord], list[tuple[int, str]], int]:
     """The records of `data` (complete lines of a queue file, `data[0]` at `base_offset`) that
-    the watch needs: task records whose `taskId` is in `ids`, and claim records. Returns them,
+    the watch needs: task records whose `taskId` is in `ids`, claim records, and `inbox`
+    records (how far an ingest took an inbox file). Returns them,
     the lines among those that could not be decoded as (offset, reason), and how many bytes
     were consumed (up to the last newline).
 
@@ -90,6 +92,8 @@ def pick(
                 task_id = bytes(data[start:end])
                 if task_id not in wanted and b"\\" not in task_id:
                     continue
+        elif data.startswith(_INBOX_MARK, line_start):
+            pass  # an ingest's record: how far it took an inbox file (`TaskWatch.state`)
         elif (
             find(_CLAIM_MARK, line_start, nl) < 0
             and data.startswith(b"{", line_start)
@@ -177,6 +181,10 @@ class _File:
     epoch: int = 0
     #: The latest word of this file on each watched id.
     states: dict[str, str] = field(default_factory=dict)
+    #: An inbox file: where the record that says a watched id is live starts.
+    live_at: dict[str, int] = field(default_factory=dict)
+    #: A shard log: how far its owner took each inbox file of the shard (`inbox` records).
+    ingested: dict[str, int] = field(default_factory=dict)
 
 
 class TaskWatch:
@@ -264,18 +272,36 @@ class TaskWatch:
         return not self.more and not self.fresh
 
     def state(self, task_id: str) -> str | None:
-        """The combined state of a watched id (None: nothing known yet)."""
-        seen = {f.states[task_id] for f in self.files.values() if task_id in f.states}
+        """The combined state of a watched id (None: nothing known yet). An inbox file's copy
+        of a task counts only until the shard's owner took it in (then the shard's log says
+        what became of it: a task, or nothing, when it was dropped at ingest)."""
+        seen = {
+            f.states[task_id]
+            for key, f in self.files.items()
+            if task_id in f.states and not self._taken_in(key, f, task_id)
+        }
         for state in (COMPLETED, DEAD, LIVE):
             if state in seen:
                 return state
         return UNKNOWN if task_id in self.settled else None
+
+    def _taken_in(self, key: tuple[int, str], f: _File, task_id: str) -> bool:
+        at = f.live_at.get(task_id)
+        if at is None:
+            return False
+        log = self.files.get((key[0], ""))
+        return log is not None and log.ingested.get(key[1], -1) > at
 
     def _fold(self, f: _File, is_log: bool, records: Iterable[ev.LogRecord]) -> None:
         ids = self.ids
         for record in records:
             fields = record.fields
             kind = fields.get(SNERD_KIND)
+            if kind == KIND_INBOX:
+                writer, upto = fields.get(INBOX_NODE), fields.get(INBOX_OFFSET)
+                if is_log and isinstance(writer, str) and type(upto) is int:
+                    f.ingested[writer] = max(f.ingested.get(writer, 0), upto)
+                continue
             if kind == KIND_CLAIM:
                 epoch = fields.get(CLAIM_EPOCH)
                 if is_log and type(epoch) is int and epoch > f.epoch:
@@ -291,6 +317,8 @@ class TaskWatch:
                 continue  # fenced: the replay of the shard ignores it too
             if fields.get(DELETED_AT) is None:
                 f.states[task_id] = LIVE
+                if not is_log:
+                    f.live_at[task_id] = record.offset
                 parents = fields.get(TRIGGER_AFTER_IDS)
                 if isinstance(parents, list) and all(type(p) is str for p in parents):
                     self.parents_of[task_id] = tuple(parents)

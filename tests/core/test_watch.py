@@ -205,3 +205,18 @@ def test_a_removed_inbox_drops_what_it_said() -> None:
     del files.files[(1, "w@pid-3-c")]
     files.put(1, "", done("p"))
     assert files.answer(watch) == {"p": COMPLETED}
+
+
+def test_an_inbox_copy_counts_only_until_the_owner_took_the_file_in() -> None:
+    # A parent dropped at ingest (a duplicate) is in no shard log: its inbox copy, which its
+    # writer alone removes, must not keep it "live" for ever once the owner's log says the
+    # file was taken in past it.
+    files, watch = Files(), TaskWatch()
+    files.put(1, "w@pid-3-c", task("p"), task("q"))
+    watch.want({"p", "q"})
+    assert files.answer(watch) == {"p": LIVE, "q": LIVE}
+    inbox_len = len(files.files[(1, "w@pid-3-c")][1])
+    mark = {"snerdKind": "inbox", "node": "w@pid-3-c", "offset": inbox_len, "from": 0}
+    files.put(1, "", claim(1), task("q", snerdEpoch=1), mark)  # p dropped, q taken in
+    assert files.answer(watch) == {"p": UNKNOWN}
+    assert watch.state("q") == LIVE
