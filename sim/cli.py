@@ -75,9 +75,20 @@ def _parser() -> argparse.ArgumentParser:
         help="a parent that is not a live task of the child's node counts as done (a control)",
     )
     p.add_argument(
+        "--unsafe-dedupe-ack-at-write",
+        action="store_true",
+        help="an enqueue with dedupe through an inbox is acked at its write (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
-            "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done", "nfsv3"
+            "no-margin",
+            "no-fence",
+            "wall-clock-only",
+            "no-cap",
+            "absent-parents-done",
+            "dedupe-ack-at-write",
+            "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
     )
@@ -117,6 +128,7 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_wall_clock_only"] = args.unsafe_wall_clock_only
     given["unsafe_no_cap"] = args.unsafe_no_cap
     given["unsafe_absent_parents_done"] = args.unsafe_absent_parents_done
+    given["unsafe_dedupe_ack_at_write"] = args.unsafe_dedupe_ack_at_write
     return given
 
 
@@ -150,6 +162,7 @@ def repro_command(settings: Settings) -> str:
         unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
         unsafe_no_cap=settings.unsafe_no_cap,
         unsafe_absent_parents_done=settings.unsafe_absent_parents_done,
+        unsafe_dedupe_ack_at_write=settings.unsafe_dedupe_ack_at_write,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

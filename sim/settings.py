@@ -142,8 +142,12 @@ class Settings:
     #: A parent that is not a live task of the child's node counts as done
     #: (`NodeConfig.unsafe_absent_parents_done`, the rule the task watch replaced).
     unsafe_absent_parents_done: bool = False
+    #: An enqueue with dedupe through another node's inbox is acked at its write, before the
+    #: owner decided (`NodeConfig.dedupe_wait_us = 0`, upstream's behaviour).
+    unsafe_dedupe_ack_at_write: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
-    #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done" or "nfsv3".
+    #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
+    #: "dedupe-ack-at-write" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -273,6 +277,14 @@ class Settings:
                 "deps_prob": max(self.deps_prob, 0.4),
                 "shards": max(self.shards, 2),
             }
+        if self.unsafe_dedupe_ack_at_write or twin == "dedupe-ack-at-write":
+            # Duplicates sent through inboxes while their twins are live: only the owner can
+            # tell at ingestion, and only the verdict's wait tells the client.
+            changes |= {
+                "dedupe_prob": max(self.dedupe_prob, 0.3),
+                "route_any_prob": max(self.route_any_prob, 0.6),
+                "shards": max(self.shards, 2),
+            }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
             # membership.json): the lock file is what keeps a second owner paused, and NFSv3
@@ -325,6 +337,8 @@ class Settings:
             out.append("--unsafe-no-cap")
         if self.unsafe_absent_parents_done:
             out.append("--unsafe-absent-parents-done")
+        if self.unsafe_dedupe_ack_at_write:
+            out.append("--unsafe-dedupe-ack-at-write")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

@@ -239,6 +239,8 @@ class World:
             lock_proves_liveness=self.s.probes_locks,
             unknown_parent_wait_us=self.s.unknown_parent_wait_us,
             unsafe_absent_parents_done=self.s.unsafe_absent_parents_done,
+            # (The daemon's 5 s; 0, upstream's ack at the inbox write, for the control.)
+            dedupe_wait_us=0 if self.s.unsafe_dedupe_ack_at_write else 5 * SECOND,
         )
 
     def _start(self, index: int, inc: int) -> None:

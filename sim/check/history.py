@@ -29,8 +29,9 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   `trigger_after_ids`, judged by `sim.check.deps`); optional:
   `cron` (str|None), `pool` (str|None). Missing optional attrs read as None / 0 / [].
 - `{"kind": "enqueue", "phase": "ok"|"fail"|"info", "task", "node"}` — its outcome. "ok" may
-  carry `"deduplicated": true` (or `"undecided": true`: the ack said the owner had not decided
-  yet whether it was a duplicate) and `"shard": int`. "fail": an error reply; "info": unknown
+  carry `"deduplicated": true` with, optionally, `"duplicate_of"` (the twin's id, as the ack
+  named it; older histories lack it), or `"undecided": true` (the ack said the owner had not
+  decided yet whether it was a duplicate), and `"shard": int`. "fail": an error reply; "info": unknown
   (the process crashed before the reply). Neither obliges the task to finish. Every outcome
   follows an invoke of the same task.
 - `{"kind": "execute", "task", "attempt", "node", "shard", "epoch"}` — a handler was handed an
@@ -158,6 +159,8 @@ class Ack:
     #: The ack said `"deduplicated": null`: the shard's owner (another daemon) did not
     #: decide in time whether the enqueue was a duplicate.
     undecided: bool = False
+    #: The twin a deduplicated ack named (None: not named, or not recorded).
+    duplicate_of: str | None = None
 
 
 @dataclass(slots=True)
@@ -426,6 +429,7 @@ class Analysis:
                     shard,
                     inv_or_none,  # invoke
                     e.get("undecided") is True,  # undecided
+                    _opt(e, "duplicate_of", str, i) if dedup else None,  # duplicate_of
                 )
             )
         elif phase not in ("fail", "info"):

@@ -20,11 +20,13 @@ __all__ = [
     "CHILD_RAN_ON_PENDING",
     "DOUBLE_OWNERSHIP",
     "DUPLICATE_PENDING",
+    "FALSE_DUPLICATE",
     "INVENTED_TASK",
     "LOST_TASK",
     "PRIORITY_INVERSION",
     "RATE_EXCEEDED",
     "STALE_OWNER_ACTED",
+    "UNTOLD_DUPLICATE",
     "Metrics",
     "Params",
     "Report",
@@ -61,6 +63,12 @@ CHILD_RAN_ON_PENDING = "child_ran_on_pending"
 CHILD_NOT_FAILED = "child_not_failed"
 #: A child whose parents all completed, known before it was sent, that ended unrun (check 9).
 CHILD_NOT_RUN = "child_not_run"
+#: A plain ack (not deduplicated, not undecided) of an enqueue with dedupe that never became a
+#: task of its own: dropped as a duplicate, told it was taken in (check 10).
+UNTOLD_DUPLICATE = "untold_duplicate"
+#: A deduplicated ack of a task that has a task of its own, or naming as its twin a task
+#: without its fingerprint (check 10).
+FALSE_DUPLICATE = "false_duplicate"
 
 
 def at(t: int) -> str:

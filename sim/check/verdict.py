@@ -14,6 +14,7 @@ from sim.check.attempts import judge_attempts, judge_rate_windows, task_runs
 from sim.check.delivery import is_satisfied, judge_at_least_once
 from sim.check.deps import judge_dependencies
 from sim.check.history import Analysis, History, analyse
+from sim.check.honesty import judge_dedupe_honesty
 from sim.check.order import judge_dedupe, judge_priority
 from sim.check.ownership import judge_belief, judge_fenced_acts
 from sim.check.report import Metrics, Report, Violation
@@ -24,6 +25,7 @@ __all__ = [
     "check_attempts",
     "check_belief",
     "check_dedupe",
+    "check_dedupe_honesty",
     "check_dependencies",
     "check_fenced_acts",
     "check_ownership",
@@ -47,6 +49,9 @@ def judge(a: Analysis) -> Report:
     via_inbox = [a.via_inbox(ack) for ack in a.acks]
     satisfied = [is_satisfied(a, ack) for ack in a.acks]
     violations = [
+        # Before at-least-once: an ack sorts first among violations of one entry, and an
+        # untold duplicate is also a task lost, but this says why.
+        *judge_dedupe_honesty(a),
         *judge_at_least_once(a, satisfied),
         *a.epochs.violations,
         *judge_fenced_acts(a, via_inbox),
@@ -145,3 +150,11 @@ def check_dependencies(history: History) -> list[Violation]:
     parent ends dead-lettered; a child whose parents all completed, each durable before it was
     sent, ran before it ended (the rules are stated once, in `sim.check.deps`'s header)."""
     return judge_dependencies(analyse(history))
+
+
+def check_dedupe_honesty(history: History) -> list[Violation]:
+    """A deduplicated enqueue was told so, and a non-deduplicated one has its own task: a plain
+    ack of an enqueue with a fingerprint is of a task with an accepted record or an execute
+    after its invoke; a deduplicated ack's task has neither, and its `duplicate_of` names
+    another task with its fingerprint. Undecided acks are judged by neither rule."""
+    return judge_dedupe_honesty(analyse(history))

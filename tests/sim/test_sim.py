@@ -26,6 +26,7 @@ CONTROLS = {
     "--unsafe-wall-clock-only": "wall-clock-only",
     "--unsafe-no-cap": "no-cap",
     "--unsafe-absent-parents-done": "absent-parents-done",
+    "--unsafe-dedupe-ack-at-write": "dedupe-ack-at-write",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -134,6 +135,9 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
             # Caught by a child run before its parent completed at all, not by one run on a
             # completion read while still pending.
             assert "first violation: [child_ran_early]" in text, text[-2000:]
+        if flag == "--unsafe-dedupe-ack-at-write":
+            # Caught as an ack that said "taken in" of an enqueue dropped as a duplicate.
+            assert "first violation: [untold_duplicate]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:
