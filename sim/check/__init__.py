@@ -18,6 +18,7 @@ One module per invariant or close family, each judging the parsed history alone,
 | `order` | 6 priority; 7 dedupe |
 | `deps` | 9 dependencies: no child before its parents completed; failed through; not left waiting |
 | `honesty` | 10 dedupe honesty: a deduplicated enqueue was told so; a plain ack has its own task |
+| `schedules` | 11 one dispatch per cron tick per schedule (minus crash re-executions, counted) |
 
 `report` names the violation kinds and the verdict's types, `history` parses, `liveness`
 follows a growing history.
@@ -50,6 +51,7 @@ from sim.check.report import (
     PRIORITY_INVERSION,
     RATE_EXCEEDED,
     STALE_OWNER_ACTED,
+    TICK_FIRED_TWICE,
     UNTOLD_DUPLICATE,
     Metrics,
     Params,
@@ -68,6 +70,7 @@ from sim.check.verdict import (
     check_ownership,
     check_priority,
     check_rate_windows,
+    check_schedule_runs,
 )
 
 __all__ = [
@@ -86,6 +89,7 @@ __all__ = [
     "PRIORITY_INVERSION",
     "RATE_EXCEEDED",
     "STALE_OWNER_ACTED",
+    "TICK_FIRED_TWICE",
     "UNTOLD_DUPLICATE",
     "History",
     "HistoryError",
@@ -105,5 +109,6 @@ __all__ = [
     "check_ownership",
     "check_priority",
     "check_rate_windows",
+    "check_schedule_runs",
     "unfinished",
 ]

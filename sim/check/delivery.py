@@ -9,7 +9,8 @@
   taken in, so it must finish itself (`sim.check.honesty` says why when it never became a
   task at all).
 - **Invented** (`INVENTED_TASK`): every task id in an accepted record or an execute was
-  enqueued before.
+  enqueued before, or is a schedule's run (its records carry `snerdSchedule`: no client
+  enqueues it, `sim.check.schedules` judges it).
 
 At-least-once is judged at the end of the history, so a run records its history up to the
 end of its liveness phase, which it may end early once nothing acked is unfinished
@@ -89,7 +90,7 @@ def judge_at_least_once(a: Analysis, satisfied: list[bool] | None = None) -> lis
     for index, seen in sightings:
         task = seen.task if isinstance(seen, Execute) else seen.task_id
         assert task is not None
-        if task in reported:
+        if task in reported or task in a.run_schedule:
             continue
         listed = invokes.get(task)
         if listed and listed[0].index < index:  # `invoke_before(task, index) is not None`

@@ -26,6 +26,7 @@ __all__ = [
     "PRIORITY_INVERSION",
     "RATE_EXCEEDED",
     "STALE_OWNER_ACTED",
+    "TICK_FIRED_TWICE",
     "UNTOLD_DUPLICATE",
     "Metrics",
     "Params",
@@ -69,6 +70,9 @@ UNTOLD_DUPLICATE = "untold_duplicate"
 #: A deduplicated ack of a task that has a task of its own, or naming as its twin a task
 #: without its fingerprint (check 10).
 FALSE_DUPLICATE = "false_duplicate"
+#: A schedule's run id enqueued twice (two accepted records creating it), the schedule not
+#: removed in between: its tick fired twice (check 11).
+TICK_FIRED_TWICE = "tick_fired_twice"
 
 
 def at(t: int) -> str:
@@ -128,6 +132,8 @@ class Metrics:
     max_attempts: int
     #: Records fencing kept out of the state (0 when the system under test does not fence).
     fenced_records: int
+    #: Schedule runs enqueued (run ids with an accepted enqueue record).
+    schedule_runs: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

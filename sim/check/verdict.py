@@ -18,6 +18,7 @@ from sim.check.honesty import judge_dedupe_honesty
 from sim.check.order import judge_dedupe, judge_priority
 from sim.check.ownership import judge_belief, judge_fenced_acts
 from sim.check.report import Metrics, Report, Violation
+from sim.check.schedules import judge_schedule_runs
 
 __all__ = [
     "check",
@@ -31,6 +32,7 @@ __all__ = [
     "check_ownership",
     "check_priority",
     "check_rate_windows",
+    "check_schedule_runs",
     "judge",
 ]
 
@@ -60,6 +62,7 @@ def judge(a: Analysis) -> Report:
         *judge_priority(a, via_inbox),
         *judge_dedupe(a),
         *judge_dependencies(a),
+        *judge_schedule_runs(a),
         *belief,
     ]
     violations.sort(key=lambda v: v.index)
@@ -75,6 +78,9 @@ def judge(a: Analysis) -> Report:
         re_executions=re_executions,
         max_attempts=most,
         fenced_records=sum(1 for r in a.records if not r.accepted),
+        schedule_runs=sum(
+            1 for rs in a.run_creations.values() if any(r.accepted for r in rs)
+        ),
     )
     return Report(violations=tuple(violations), metrics=metrics)
 
@@ -158,3 +164,10 @@ def check_dedupe_honesty(history: History) -> list[Violation]:
     after its invoke; a deduplicated ack's task has neither, and its `duplicate_of` names
     another task with its fingerprint. Undecided acks are judged by neither rule."""
     return judge_dedupe_honesty(analyse(history))
+
+
+def check_schedule_runs(history: History) -> list[Violation]:
+    """One dispatch per cron tick per schedule: each run id (a task with `snerdSchedule`) has
+    one accepted enqueue record, unless the schedule was removed between two (the rule is in
+    `sim.check.schedules`'s header; its executions are invariant 4's)."""
+    return judge_schedule_runs(analyse(history))

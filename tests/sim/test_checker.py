@@ -32,6 +32,7 @@ from sim.check import (
     PRIORITY_INVERSION,
     RATE_EXCEEDED,
     STALE_OWNER_ACTED,
+    TICK_FIRED_TWICE,
     UNTOLD_DUPLICATE,
     HistoryError,
     LivenessWatch,
@@ -46,6 +47,7 @@ from sim.check import (
     check_ownership,
     check_priority,
     check_rate_windows,
+    check_schedule_runs,
     unfinished,
 )
 
@@ -631,6 +633,69 @@ def test_a_deduplicated_ack_has_no_task_of_its_own_and_names_a_twin_with_its_fin
 def test_a_plain_ack_without_a_fingerprint_is_not_judged_for_honesty() -> None:
     h = H().start().via_inbox("t-1").end()
     assert check_dedupe_honesty(h.history) == []
+
+
+# ---------------------------------------------------------------------------- 11. schedule runs
+
+RUN = "s0@2027-01-15T08:00:05.000000Z"
+
+
+def fire(h: H, run: str = RUN, node: str = "n1", epoch: int = 1, retries: int = 0) -> H:
+    """A schedule's fire: its run's enqueue record and the schedule's record, as one append."""
+    h.enq_rec(run, epoch, node, snerdSchedule="s0", maxRetries=retries)
+    return h.rec({"snerdKind": "schedule", "name": "s0", "snerdEpoch": epoch}, 0, node)
+
+
+def removal(h: H, node: str = "n1", epoch: int = 1) -> H:
+    return h.rec(
+        {"snerdKind": "schedule", "name": "s0", "removed": True, "snerdEpoch": epoch}, 0, node
+    )
+
+
+def test_a_schedule_run_has_no_invoke_and_is_neither_invented_nor_owed() -> None:
+    h = fire(H().start()).run(RUN).end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert report.metrics.schedule_runs == 1 and report.metrics.acked == 0
+    # Unfinished, it is owed to nobody: no client was told of it.
+    assert check(fire(H().start()).end().history).ok
+    assert unfinished(fire(H().start()).end().history) == []
+    # A task record without `snerdSchedule` and no invoke is still invented.
+    bare = H().start().enq_rec(RUN).end()
+    assert kinds(check_at_least_once(bare.history)) == [INVENTED_TASK]
+
+
+def test_a_tick_fired_again_after_its_run_finished_or_while_it_is_live() -> None:
+    # A new owner (n2) fires the tick again: after its run finished, or while it is live.
+    for h in (
+        fire(H().start()).run(RUN).claim(2, "n2"),
+        fire(H().start()).claim(2, "n2"),
+    ):
+        fire(h, node="n2", epoch=2).end()
+        v = check_schedule_runs(h.history)
+        assert kinds(v) == [TICK_FIRED_TWICE], h.history
+        assert f"run {RUN} enqueued again by n2" in v[0].message
+        assert "its tick fired twice" in v[0].message
+    # A removal of the schedule between the two: a schedule declared anew may fire it again.
+    h = fire(H().start()).run(RUN)
+    removal(h)
+    assert check(fire(h).run(RUN).end().history).ok
+    # A creation fenced by a newer claim is not part of the state.
+    h = fire(H().start()).run(RUN).claim(2, "n2")
+    assert check_schedule_runs(fire(h, node="n1", epoch=1).end().history) == []
+
+
+def test_a_schedule_run_keeps_to_its_budget_and_counts_crash_re_executions() -> None:
+    h = fire(H().start(), retries=0).dispatch(RUN).execute(RUN)
+    h.add("crash", node="n1").claim(2, "n2").dispatch(RUN, epoch=2, node="n2")
+    h.execute(RUN, node="n2", epoch=2).tomb(RUN, epoch=2, node="n2").end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert report.metrics.re_executions == 1
+    over = fire(H().start(), retries=0).run(RUN, finish=False).retry_rec(RUN, 1)
+    over.run(RUN, attempt=2).end()
+    v = check_attempts(over.history)
+    assert kinds(v) == [ATTEMPTS_EXCEEDED] and "max_retries=0 allows 1" in v[0].message
 
 
 # ---------------------------------------------------------------------------- 4. attempts
