@@ -75,9 +75,26 @@ def _parser() -> argparse.ArgumentParser:
         help="a parent that is not a live task of the child's node counts as done (a control)",
     )
     p.add_argument(
+        "--unsafe-dedupe-ack-at-write",
+        action="store_true",
+        help="an enqueue with dedupe through an inbox is acked at its write (a control)",
+    )
+    p.add_argument(
+        "--unsafe-fire-unmarked",
+        action="store_true",
+        help="a schedule's fire leaves its record at the tick before (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
-            "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done", "nfsv3"
+            "no-margin",
+            "no-fence",
+            "wall-clock-only",
+            "no-cap",
+            "absent-parents-done",
+            "dedupe-ack-at-write",
+            "fire-unmarked",
+            "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
     )
@@ -117,6 +134,8 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_wall_clock_only"] = args.unsafe_wall_clock_only
     given["unsafe_no_cap"] = args.unsafe_no_cap
     given["unsafe_absent_parents_done"] = args.unsafe_absent_parents_done
+    given["unsafe_dedupe_ack_at_write"] = args.unsafe_dedupe_ack_at_write
+    given["unsafe_fire_unmarked"] = args.unsafe_fire_unmarked
     return given
 
 
@@ -150,6 +169,8 @@ def repro_command(settings: Settings) -> str:
         unsafe_wall_clock_only=settings.unsafe_wall_clock_only,
         unsafe_no_cap=settings.unsafe_no_cap,
         unsafe_absent_parents_done=settings.unsafe_absent_parents_done,
+        unsafe_dedupe_ack_at_write=settings.unsafe_dedupe_ack_at_write,
+        unsafe_fire_unmarked=settings.unsafe_fire_unmarked,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")
@@ -175,7 +196,9 @@ def _summary(outcome: Outcome, elapsed: float) -> str:
         f"{outcome.true_us / SECOND:.0f} s simulated; acked {m.acked} ({m.inbox_acked} via an "
         f"inbox), finished {m.finished}, "
         f"dead letters {m.dead_letters}, executions {m.executions} "
-        f"(re-executions {m.re_executions}), belief overlap {m.belief_overlap_us} µs; "
+        f"(re-executions {m.re_executions}), "
+        f"{f'schedule runs {m.schedule_runs}, ' if m.schedule_runs else ''}"
+        f"belief overlap {m.belief_overlap_us} µs; "
         f"crashes {outcome.counters['crashes']}, pauses {outcome.counters['pauses']}, "
         f"locks lost {outcome.counters['locks_lost']}, disk full {outcome.counters['disk_full']}, clock steps "
         f"{outcome.counters['clock_steps']}; digest {outcome.digest[:16]}"

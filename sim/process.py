@@ -36,6 +36,7 @@ __all__ = [
     "PRODUCE",
     "RESTART",
     "RESUME",
+    "SCHEDULES",
     "WAKE",
     "Proc",
 ]
@@ -55,6 +56,7 @@ CHECK = 11  # the liveness phase looks at its progress
 APPEND_ISSUE = 12  # (proc index, incarnation, (effect, built, lines, done_at, queued)): the writer thread writes
 FLUSH_LINES = 13  # (proc index, incarnation, None): the SDK client writes its held lines
 MEMBERSHIP_DONE = 14  # (proc index, incarnation, (effect, fail_before, fail_after)): a write lands
+SCHEDULES = 15  # (what, None, None): the app unschedules ("late": one schedule; "end": every one)
 
 
 class Proc:

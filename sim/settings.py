@@ -133,6 +133,9 @@ class Settings:
     #: (0: by `deps_prob`). Retention is by count: once a finished parent's tombstone is
     #: compacted away, a child enqueued later is judged without it (docs/simulation.md).
     history_limit: int = 0
+    #: Named schedules in the workload (0-2, `sim.workload`): each declared at boot by several
+    #: nodes, with a cron of a few seconds; 0: none, and the workload draws nothing for them.
+    schedules: int = 0
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -142,8 +145,15 @@ class Settings:
     #: A parent that is not a live task of the child's node counts as done
     #: (`NodeConfig.unsafe_absent_parents_done`, the rule the task watch replaced).
     unsafe_absent_parents_done: bool = False
+    #: An enqueue with dedupe through another node's inbox is acked at its write, before the
+    #: owner decided (`NodeConfig.dedupe_wait_us = 0`, upstream's behaviour).
+    unsafe_dedupe_ack_at_write: bool = False
+    #: A schedule's runs are written with its record still naming the tick before, so a new
+    #: owner fires those ticks again (`NodeConfig.unsafe_fire_unmarked`).
+    unsafe_fire_unmarked: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
-    #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done" or "nfsv3".
+    #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
+    #: "dedupe-ack-at-write", "fire-unmarked" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -216,6 +226,7 @@ class Settings:
         # (Added later: drawn after the others, which stay as they were for each seed.)
         drawn["deps_prob"] = pick(0.2, 0.6) if on(0.4) else 0.0
         drawn["unknown_parent_wait_us"] = int(pick(2, 20) * SECOND)
+        drawn["schedules"] = 1 + int(rng.random() * 2) if on(0.3) else 0
         drawn.update(given)
         if "max_shards" not in given and cap_room is not None:
             drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
@@ -273,6 +284,21 @@ class Settings:
                 "deps_prob": max(self.deps_prob, 0.4),
                 "shards": max(self.shards, 2),
             }
+        if self.unsafe_dedupe_ack_at_write or twin == "dedupe-ack-at-write":
+            # Duplicates sent through inboxes while their twins are live: only the owner can
+            # tell at ingestion, and only the verdict's wait tells the client.
+            changes |= {
+                "dedupe_prob": max(self.dedupe_prob, 0.3),
+                "route_any_prob": max(self.route_any_prob, 0.6),
+                "shards": max(self.shards, 2),
+            }
+        if self.unsafe_fire_unmarked or twin == "fire-unmarked":
+            # Schedules whose shards change hands while their runs finish: a new owner goes on
+            # from the tick the log's record names.
+            changes |= {
+                "schedules": 2,
+                "crash_rate": max(self.crash_rate, 0.05),
+            }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
             # membership.json): the lock file is what keeps a second owner paused, and NFSv3
@@ -325,6 +351,10 @@ class Settings:
             out.append("--unsafe-no-cap")
         if self.unsafe_absent_parents_done:
             out.append("--unsafe-absent-parents-done")
+        if self.unsafe_dedupe_ack_at_write:
+            out.append("--unsafe-dedupe-ack-at-write")
+        if self.unsafe_fire_unmarked:
+            out.append("--unsafe-fire-unmarked")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

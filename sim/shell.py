@@ -169,7 +169,15 @@ class Shell:
                 int(shard[6:]) if isinstance(shard, str) and shard.startswith("shard-") else None
             )
             undecided = "deduplicated" in msg and msg["deduplicated"] is None
-            self._acked(proc, task, number, bool(msg.get("deduplicated")), undecided)
+            twin = msg.get("duplicate_of")
+            self._acked(
+                proc,
+                task,
+                number,
+                bool(msg.get("deduplicated")),
+                undecided,
+                twin if isinstance(twin, str) else None,
+            )
         elif action == "error":
             del proc.outstanding[task]
             self.world.record({"kind": "enqueue", "phase": "fail", "task": task, "node": proc.name})
@@ -187,6 +195,7 @@ class Shell:
         shard: int | None,
         deduplicated: bool,
         undecided: bool = False,
+        duplicate_of: str | None = None,
     ) -> None:
         del proc.outstanding[task]
         entry: dict[str, Any] = {"kind": "enqueue", "phase": "ok", "task": task}
@@ -195,6 +204,8 @@ class Shell:
             entry["shard"] = shard
         if deduplicated:
             entry["deduplicated"] = True
+            if duplicate_of is not None:
+                entry["duplicate_of"] = duplicate_of
         if undecided:
             entry["undecided"] = True
         self.world.record(entry)

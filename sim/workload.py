@@ -18,6 +18,18 @@ fingerprint is never named as a recent parent (a duplicate has no record of its 
 enqueued names no parents itself, so the graph has no cycle; parents fail and dead-letter as
 any task does (`fail_prob`, `max_retries`). Worlds without dependencies make no draw for them.
 
+In some worlds (`Settings.schedules`) the app also keeps one or two named schedules with a
+cron of a few seconds (`*/5 * * * * *`, `*/7 * * * * *`, misfire `catch_up` of a few ticks,
+so that ticks missed during a takeover still run): every process declares them as it boots
+(most do, as apps do at every boot), so a declaration often reaches a node that does not own
+the name's shard and goes through an inbox. In some of those worlds one schedule is removed
+late in the safety phase (and no longer declared); every one is removed when the liveness
+phase starts (and again a little later, in case a declaration held by a starting process
+came after), so that runs stop and the phase can end. Each tick's run is a task of the
+workload's type, run by the same handlers; it has no client invoke (the checker learns it
+from its record). Schedules draw from a generator of their own: the other draws of a world
+stay as they were.
+
 The SDK client writes lines to its process's stdin at once, or holds them for
 `Settings.line_burst_us` and writes them together. Its handlers take a drawn time to run an
 attempt, fail with a drawn probability, and some hang past their hard timeout; a result goes
@@ -35,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import xxhash
 
-from sim.process import FLUSH_LINES, HANDLER_DONE, PRODUCE, Proc
+from sim.process import FLUSH_LINES, HANDLER_DONE, PRODUCE, SCHEDULES, Proc
 from sim.settings import SECOND, exp, uniform
 from snerd.core import effects as fx
 from snerd.core import events as ev
@@ -52,12 +64,14 @@ __all__ = ["TASK_TYPE", "Workload"]
 TASK_TYPE = "t"
 
 _line_received = slot_constructor(ev.LineReceived, "line")
+#: The crons of the workload's schedules (every 5 s, every 7 s).
+_CRONS = ("*/5 * * * * *", "*/7 * * * * *")
 
 
 class Workload:
     """The producers and SDK clients of one world."""
 
-    def __init__(self, world: World, rng: random.Random) -> None:
+    def __init__(self, world: World, rng: random.Random, rng_sched: random.Random) -> None:
         self.world = world
         self.s = world.s
         self.rng = rng
@@ -70,10 +84,74 @@ class Workload:
         #: Task ids named as parents before they were enqueued (they name none themselves).
         self.named_early: set[str] = set()
         self.next_ghost = 0
+        #: The schedule lines the app declares at boot, by name (removed ones are dropped).
+        self.schedules: dict[str, bytes] = {}
+        self.rng_sched = rng_sched
+        if self.s.schedules:
+            self._draw_schedules()
 
     def start(self) -> None:
-        """Schedule the first enqueue."""
+        """Schedule the first enqueue (and the late removal of a schedule, if any)."""
         self.world.at(exp(self.rng, self.s.enqueue_rate), PRODUCE)
+        if self.s.schedules and self.rng_sched.random() < 0.3:
+            late = uniform(self.rng_sched, self.s.safety_us * 6 // 10, self.s.safety_us * 9 // 10)
+            self.world.at(late, SCHEDULES, "late")
+
+    # ------------------------------------------------------------------ schedules
+
+    def _draw_schedules(self) -> None:
+        rng = self.rng_sched
+        for i, cron in enumerate(_CRONS[: self.s.schedules]):
+            r = rng.random()
+            msg: dict[str, Any] = {
+                "action": "schedule",
+                "name": f"s{i}",
+                "cron": cron,
+                "task_type": TASK_TYPE,
+                "task_data": orjson.dumps({"schedule": i}).decode(),
+                "max_retries": int(rng.random() * (self.s.retries_max + 1)),
+                "retry_after_hours": 0.0,
+                "misfire": "catch_up",
+                "catch_up": 2 + int(rng.random() * 3),
+                "overlap": "allow" if r < 0.6 else "skip" if r < 0.8 else "wait",
+            }
+            self.schedules[msg["name"]] = orjson.dumps(msg)
+
+    def declare_schedules(self, proc: Proc) -> None:
+        """`proc` boots: its app declares its schedules (most boots do; the first process
+        always does), in the safety phase only."""
+        if not self.schedules or self.world.liveness:
+            return
+        for name, line in self.schedules.items():
+            if proc.index == 0 or self.rng_sched.random() < 0.75:
+                self._schedule_line(proc, "schedule", name, line)
+
+    def unschedule(self, what: str) -> None:
+        """The app removes its last schedule ("late") or every one ("end")."""
+        names = list(self.schedules)
+        if what == "late":
+            names = names[-1:]
+        live = [p for p in self.world.procs if p.state != "down"]
+        if not names or not live:
+            return
+        proc = live[int(self.rng_sched.random() * len(live))]
+        for name in names:
+            if what == "late":
+                del self.schedules[name]  # (no longer declared at boot)
+            line = orjson.dumps({"action": "unschedule", "name": name})
+            self._schedule_line(proc, "unschedule", name, line)
+
+    def end_schedules(self) -> None:
+        """The liveness phase starts: every schedule is removed, now and 20 s later."""
+        if not self.schedules:
+            return
+        self.unschedule("end")
+        self.world.at(self.world.t + 20 * SECOND, SCHEDULES, "end")
+
+    def _schedule_line(self, proc: Proc, action: str, name: str, line: bytes) -> None:
+        self.world.counters["schedule_lines"] += 1
+        self.world.record({"kind": "schedule", "action": action, "name": name, "node": proc.name})
+        self.write_line(proc, line)
 
     # ------------------------------------------------------------------ producers
 

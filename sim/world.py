@@ -81,6 +81,7 @@ from sim.process import (
     PRODUCE,
     RESTART,
     RESUME,
+    SCHEDULES,
     WAKE,
     Proc,
 )
@@ -142,6 +143,8 @@ class World:
         rng_work = random.Random(root.getrandbits(64))
         self.rng_clock = random.Random(root.getrandbits(64))
         self.rng_crash = random.Random(root.getrandbits(64))
+        # (Added later: derived after the others, which stay as they were for each seed.)
+        rng_sched = random.Random(root.getrandbits(64))
         self.fs = SimFS(lock_mode="nfsv3" if settings.fs_mode == "nfsv3" else "posix")
         self.t = 0
         self.seq = 0
@@ -178,6 +181,8 @@ class World:
             #: Owners found gone by a shard lock free under their claim (`Settings.lock_probe`),
             #: counted when the claim taking the shard over lands (no lease lapse waited for).
             "owners_found_gone": 0,
+            #: Lines the app sent to declare or remove a schedule (`Settings.schedules`).
+            "schedule_lines": 0,
         }
         self.watch = check.LivenessWatch()
         self._ownership = OwnershipConfig(
@@ -188,7 +193,7 @@ class World:
         )
         self.shell = Shell(self, self.fs, rng_io)
         self.faults = Faults(self, rng_fault)
-        self.workload = Workload(self, rng_work)
+        self.workload = Workload(self, rng_work, rng_sched)
         #: Where a pause may fall between deciding an append and making it: the faults' hook.
         self._stop_between = self.faults.stop_between if settings.pause_rate else None
 
@@ -239,6 +244,9 @@ class World:
             lock_proves_liveness=self.s.probes_locks,
             unknown_parent_wait_us=self.s.unknown_parent_wait_us,
             unsafe_absent_parents_done=self.s.unsafe_absent_parents_done,
+            unsafe_fire_unmarked=self.s.unsafe_fire_unmarked,
+            # (The daemon's 5 s; 0, upstream's ack at the inbox write, for the control.)
+            dedupe_wait_us=0 if self.s.unsafe_dedupe_ack_at_write else 5 * SECOND,
         )
 
     def _start(self, index: int, inc: int) -> None:
@@ -250,6 +258,7 @@ class World:
             self.procs.append(proc)
         self.deliver(proc, ev.Started())
         self.deliver(proc, ev.LineReceived(line=_REGISTER))
+        self.workload.declare_schedules(proc)
 
     def _alive(self, proc: Proc, inc: Any) -> bool:
         return proc.inc == inc and proc.state != "down"
@@ -629,6 +638,9 @@ class World:
         if not self.liveness:
             self._start_liveness()
 
+    def _on_schedules(self, a: Any, b: Any, c: Any) -> None:
+        self.workload.unschedule(a)
+
     def _on_check(self, a: Any, b: Any, c: Any) -> None:
         self._judge_liveness(final=False)
 
@@ -648,6 +660,7 @@ class World:
             if abs(error) > self.s.offset_max_us:
                 clock.step(self.t, -error)
         self.liveness_started = self.t
+        self.workload.end_schedules()
         self._progress: tuple[int, bool, int] = (-1, False, self.t)
         self.at(self.t + SECOND, CHECK)
 
@@ -713,6 +726,7 @@ _STEPS: dict[int, Callable[[World, Any, Any, Any], None]] = {
     APPEND_ISSUE: World._on_append_issue,
     FLUSH_LINES: World._on_flush_lines,
     MEMBERSHIP_DONE: World._on_membership_done,
+    SCHEDULES: World._on_schedules,
 }
 
 

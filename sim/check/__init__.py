@@ -17,6 +17,8 @@ One module per invariant or close family, each judging the parsed history alone,
 | `attempts` | 4 attempts within `1 + max_retries`; 5 rate windows |
 | `order` | 6 priority; 7 dedupe |
 | `deps` | 9 dependencies: no child before its parents completed; failed through; not left waiting |
+| `honesty` | 10 dedupe honesty: a deduplicated enqueue was told so; a plain ack has its own task |
+| `schedules` | 11 one dispatch per cron tick per schedule (minus crash re-executions, counted) |
 
 `report` names the violation kinds and the verdict's types, `history` parses, `liveness`
 follows a growing history.
@@ -43,11 +45,14 @@ from sim.check.report import (
     CHILD_RAN_ON_PENDING,
     DOUBLE_OWNERSHIP,
     DUPLICATE_PENDING,
+    FALSE_DUPLICATE,
     INVENTED_TASK,
     LOST_TASK,
     PRIORITY_INVERSION,
     RATE_EXCEEDED,
     STALE_OWNER_ACTED,
+    TICK_FIRED_TWICE,
+    UNTOLD_DUPLICATE,
     Metrics,
     Params,
     Report,
@@ -59,11 +64,13 @@ from sim.check.verdict import (
     check_attempts,
     check_belief,
     check_dedupe,
+    check_dedupe_honesty,
     check_dependencies,
     check_fenced_acts,
     check_ownership,
     check_priority,
     check_rate_windows,
+    check_schedule_runs,
 )
 
 __all__ = [
@@ -76,11 +83,14 @@ __all__ = [
     "CHILD_RAN_ON_PENDING",
     "DOUBLE_OWNERSHIP",
     "DUPLICATE_PENDING",
+    "FALSE_DUPLICATE",
     "INVENTED_TASK",
     "LOST_TASK",
     "PRIORITY_INVERSION",
     "RATE_EXCEEDED",
     "STALE_OWNER_ACTED",
+    "TICK_FIRED_TWICE",
+    "UNTOLD_DUPLICATE",
     "History",
     "HistoryError",
     "LivenessWatch",
@@ -93,10 +103,12 @@ __all__ = [
     "check_attempts",
     "check_belief",
     "check_dedupe",
+    "check_dedupe_honesty",
     "check_dependencies",
     "check_fenced_acts",
     "check_ownership",
     "check_priority",
     "check_rate_windows",
+    "check_schedule_runs",
     "unfinished",
 ]

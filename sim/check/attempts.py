@@ -4,7 +4,8 @@
    executed stay within `1 + max_retries`, and none is above it. Re-executing an attempt
    number already executed is a crash re-execution, allowed and counted apart
    (`Metrics.re_executions`). Cron tasks (attrs `cron`) re-arm with their attempt count reset,
-   so they are skipped.
+   so they are skipped. A schedule's run has no invoke: its budget is its record's
+   `maxRetries` (`Analysis.run_schedule`).
 5. **Rate windows** (`RATE_EXCEEDED`): per rate-limit group (tasks with `group` and
    `max_per_minute`), the first execute of each (task, attempt) counts at its true time; any
    `m + 1` of them less than 60 s minus `window_slack_us` apart are a violation (`m`: the
@@ -37,6 +38,9 @@ class Runs:
     task: str
     invoke: Invoke | None
     executes: list[Execute]
+    #: Its budget: the invoke's `max_retries`, or a schedule run's `maxRetries`; None: not
+    #: judged (a cron task, or a task never enqueued).
+    max_retries: int | None = None
 
 
 def task_runs(a: Analysis) -> list[Runs]:
@@ -47,7 +51,11 @@ def task_runs(a: Analysis) -> list[Runs]:
         inv = a.invoke_before(x.task, x.index)
         key = (x.task, inv.index if inv is not None else -1)
         if key not in runs:
-            runs[key] = Runs(task=x.task, invoke=inv, executes=[])
+            if inv is not None:
+                budget = inv.max_retries if inv.cron is None else None
+            else:
+                budget = a.run_schedule.get(x.task, (None, None))[1]
+            runs[key] = Runs(task=x.task, invoke=inv, executes=[], max_retries=budget)
         runs[key].executes.append(x)
     return list(runs.values())
 
@@ -59,11 +67,11 @@ def judge_attempts(runs: list[Runs]) -> tuple[list[Violation], int, int]:
     re_executions = 0
     most = 0
     for run in runs:
-        inv = run.invoke
         # Cron tasks re-arm with retryCount 0, so their attempt numbers repeat by design; a task
         # never enqueued is `INVENTED_TASK`'s business.
-        judged = inv is not None and inv.cron is None
-        allowed = attempts_allowed(inv.max_retries) if inv is not None else 0
+        budget = run.max_retries
+        judged = budget is not None
+        allowed = attempts_allowed(budget) if budget is not None else 0
         seen: set[int] = set()
         for x in run.executes:
             if x.attempt in seen:
@@ -72,7 +80,6 @@ def judge_attempts(runs: list[Runs]) -> tuple[list[Violation], int, int]:
             seen.add(x.attempt)
             if judged and (len(seen) > allowed or x.attempt > allowed):
                 judged = False  # one violation per task is enough to read
-                assert inv is not None
                 out.append(
                     Violation(
                         kind=ATTEMPTS_EXCEEDED,
@@ -80,7 +87,7 @@ def judge_attempts(runs: list[Runs]) -> tuple[list[Violation], int, int]:
                         t=x.t,
                         message=(
                             f"task {run.task} ran attempt {x.attempt} on {x.node} at {at(x.t)}: "
-                            f"attempts {sorted(seen)} so far, but max_retries={inv.max_retries} "
+                            f"attempts {sorted(seen)} so far, but max_retries={budget} "
                             f"allows {allowed}"
                         ),
                     )

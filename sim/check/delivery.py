@@ -2,11 +2,15 @@
 
 - **Lost** (`LOST_TASK`): every task acked (not as a duplicate) has an accepted tombstone
   (completed or dead-lettered) durable after its enqueue was sent. A duplicate's ack is
-  covered when some task enqueued with its fingerprint finished, and so is an inbox ack of a
-  task with a fingerprint when a task with it finished after the invoke (the owner drops such
-  a task at ingestion while its twin is pending).
+  covered when some task enqueued with its fingerprint finished, and so is an *undecided* ack
+  (`"deduplicated": null`: the owner had not decided when the ack went out) of a task with a
+  fingerprint when a task with it finished (the owner may drop such a task at ingestion while
+  its twin is pending). A plain ack is not covered by a twin: the daemon said the enqueue was
+  taken in, so it must finish itself (`sim.check.honesty` says why when it never became a
+  task at all).
 - **Invented** (`INVENTED_TASK`): every task id in an accepted record or an execute was
-  enqueued before.
+  enqueued before, or is a schedule's run (its records carry `snerdSchedule`: no client
+  enqueues it, `sim.check.schedules` judges it).
 
 At-least-once is judged at the end of the history, so a run records its history up to the
 end of its liveness phase, which it may end early once nothing acked is unfinished
@@ -26,20 +30,13 @@ __all__ = ["is_satisfied", "judge_at_least_once", "unfinished_tasks"]
 
 def is_satisfied(a: Analysis, ack: Ack) -> bool:
     """Whether `ack` is covered so far: its task finished after the invoke (or, for a
-    duplicate, some task with its fingerprint finished)."""
+    duplicate or an undecided ack, some task with its fingerprint finished)."""
     if not ack.deduplicated:
         if a.finished_after(ack.task, ack.invoke.index) is not None:
             return True
-        if ack.undecided and ack.invoke.fingerprint in a.finished_fingerprints:
-            return True  # (it may have been a duplicate: the daemon said it could not tell)
-        # The owner drops an inbox task with `autoDedupe` when it ingests it while a task with
-        # the same fingerprint is pending (only it can tell): that task finishing covers it.
-        fp = ack.invoke.fingerprint
-        return (
-            fp is not None
-            and a.via_inbox(ack)
-            and a.fingerprint_finished_at.get(fp, -1) > ack.invoke.index
-        )
+        # It may have been a duplicate: the daemon said it could not tell. A decided plain
+        # ack said it was not (the inbox's verdict was waited for): no twin covers it.
+        return ack.undecided and ack.invoke.fingerprint in a.finished_fingerprints
     # The daemon may answer a duplicate while the original's tombstone is being written, and
     # the original may be an enqueue whose client never saw the reply: any finished task with
     # the fingerprint covers it.
@@ -93,7 +90,7 @@ def judge_at_least_once(a: Analysis, satisfied: list[bool] | None = None) -> lis
     for index, seen in sightings:
         task = seen.task if isinstance(seen, Execute) else seen.task_id
         assert task is not None
-        if task in reported:
+        if task in reported or task in a.run_schedule:
             continue
         listed = invokes.get(task)
         if listed and listed[0].index < index:  # `invoke_before(task, index) is not None`

@@ -29,8 +29,9 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   `trigger_after_ids`, judged by `sim.check.deps`); optional:
   `cron` (str|None), `pool` (str|None). Missing optional attrs read as None / 0 / [].
 - `{"kind": "enqueue", "phase": "ok"|"fail"|"info", "task", "node"}` — its outcome. "ok" may
-  carry `"deduplicated": true` (or `"undecided": true`: the ack said the owner had not decided
-  yet whether it was a duplicate) and `"shard": int`. "fail": an error reply; "info": unknown
+  carry `"deduplicated": true` with, optionally, `"duplicate_of"` (the twin's id, as the ack
+  named it; older histories lack it), or `"undecided": true` (the ack said the owner had not
+  decided yet whether it was a duplicate), and `"shard": int`. "fail": an error reply; "info": unknown
   (the process crashed before the reply). Neither obliges the task to finish. Every outcome
   follows an invoke of the same task.
 - `{"kind": "execute", "task", "attempt", "node", "shard", "epoch"}` — a handler was handed an
@@ -43,7 +44,9 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   also used to tell claimers apart); `fields`: the record as written, merged with its base
   record (so a tombstone carries `taskId`): `snerdKind`, `snerdEpoch`, `snerdNode`, `taskId`,
   `retryCount`, `deletedAt`, `snerdOutcome`, `payloadHash`, `autoDedupe`, a claim's `epoch`, a
-  dispatch's `task` and `attempt`, ... The entry's own `epoch` is informative: fencing reads
+  dispatch's `task` and `attempt`, a schedule's run's `snerdSchedule` (the schedule it is a run
+  of: such a task has no invoke; its enqueue record, `retryCount` 0, is what creates it), a
+  schedule's own record (`snerdKind` "schedule", its `name`, `removed` when unscheduled), ... The entry's own `epoch` is informative: fencing reads
   `fields`. `t_issue`: when the writer issued the append (at or before `t`); `t_queued`
   (optional, default `t_issue`): when the node handed it to the writer (at or before `t_issue`).
 - `{"kind": "inbox_record", "shard", "node", "fields": {...}, "t_issue": int, "offset": int}`
@@ -53,6 +56,9 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   optional, default `t`); an inbox file has one writer, so that is its file order too. An ack
   by `node` of a task with such a record (in the acked shard, durable between the invoke and
   the ack) is an *inbox ack*: its durability is that record's, not a log record's.
+- `{"kind": "schedule", "action": "schedule"|"unschedule", "name", "node"}` — the app sent a
+  schedule's declaration or removal to `node` (informative: a schedule is judged on its
+  records and its runs').
 - `{"kind": "dead_letter", "task", "node"}` — the SDK was told a task used every attempt;
   optional: `error` (str|None), the reason it was told (the last attempt's error, or
   `blocked_by_failed_parent: <id>` / `unknown_parent: <id> ...` for a child that never ran).
@@ -92,8 +98,14 @@ from snerd.core.schema import (
     DISPATCH_TASK,
     KIND_CLAIM,
     KIND_DISPATCH,
+    KIND_SCHEDULE,
+    MAX_RETRIES,
+    RETRY_COUNT,
+    SCHEDULE_NAME,
+    SCHEDULE_REMOVED,
     SNERD_EPOCH,
     SNERD_KIND,
+    SNERD_SCHEDULE,
     TASK_ID,
 )
 
@@ -158,6 +170,8 @@ class Ack:
     #: The ack said `"deduplicated": null`: the shard's owner (another daemon) did not
     #: decide in time whether the enqueue was a duplicate.
     undecided: bool = False
+    #: The twin a deduplicated ack named (None: not named, or not recorded).
+    duplicate_of: str | None = None
 
 
 @dataclass(slots=True)
@@ -268,6 +282,13 @@ class Analysis:
     #: Inbox records, and those of each task id, in history order.
     inbox_records: list[InboxRecord] = field(default_factory=list)
     inbox_by_task: dict[str, list[InboxRecord]] = field(default_factory=dict)
+    #: Per schedule run id (a task record with `snerdSchedule`): the enqueue records that
+    #: created it (`retryCount` 0, not a tombstone; accepted or fenced), in file order, and
+    #: the schedule it is a run of and its `maxRetries`.
+    run_creations: dict[str, list[Record]] = field(default_factory=dict)
+    run_schedule: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: Per schedule name: the history indexes of its accepted removal records (`removed`).
+    schedule_removals: dict[str, list[int]] = field(default_factory=dict)
     #: Entries fed so far.
     fed: int = 0
     #: Task ids with a task or inbox record fed, and fingerprints finished, since a
@@ -426,6 +447,7 @@ class Analysis:
                     shard,
                     inv_or_none,  # invoke
                     e.get("undecided") is True,  # undecided
+                    _opt(e, "duplicate_of", str, i) if dedup else None,  # duplicate_of
                 )
             )
         elif phase not in ("fail", "info"):
@@ -476,6 +498,11 @@ class Analysis:
             t_issue if t_queued is None else t_queued,  # t_queued
         )
         self.records.append(rec)
+        if rkind == KIND_SCHEDULE:
+            name = fields.get(SCHEDULE_NAME)
+            if accepted and isinstance(name, str) and fields.get(SCHEDULE_REMOVED) is True:
+                self.schedule_removals.setdefault(name, []).append(i)
+            return
         if task_id is None:
             return
         if rkind == KIND_DISPATCH:
@@ -483,10 +510,21 @@ class Analysis:
             return
         self.task_records.setdefault(task_id, []).append(rec)
         self.touched_tasks.add(task_id)
+        schedule = fields.get(SNERD_SCHEDULE)
+        if isinstance(schedule, str):
+            self._feed_run(rec, task_id, schedule)
         if accepted and tombstone:
             for inv in self.invokes.get(task_id, ()):
                 if inv.fingerprint:
                     self._fingerprint_finished(inv.fingerprint, i)
+
+    def _feed_run(self, rec: Record, task_id: str, schedule: str) -> None:
+        """A task record of a schedule's run."""
+        retries = rec.fields.get(MAX_RETRIES)
+        if task_id not in self.run_schedule:
+            self.run_schedule[task_id] = (schedule, retries if type(retries) is int else 0)
+        if not rec.tombstone and rec.fields.get(RETRY_COUNT) == 0:
+            self.run_creations.setdefault(task_id, []).append(rec)
 
     def _fingerprint_finished(self, fingerprint: str, index: int) -> None:
         self.finished_fingerprints.add(fingerprint)

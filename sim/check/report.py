@@ -20,11 +20,14 @@ __all__ = [
     "CHILD_RAN_ON_PENDING",
     "DOUBLE_OWNERSHIP",
     "DUPLICATE_PENDING",
+    "FALSE_DUPLICATE",
     "INVENTED_TASK",
     "LOST_TASK",
     "PRIORITY_INVERSION",
     "RATE_EXCEEDED",
     "STALE_OWNER_ACTED",
+    "TICK_FIRED_TWICE",
+    "UNTOLD_DUPLICATE",
     "Metrics",
     "Params",
     "Report",
@@ -61,6 +64,15 @@ CHILD_RAN_ON_PENDING = "child_ran_on_pending"
 CHILD_NOT_FAILED = "child_not_failed"
 #: A child whose parents all completed, known before it was sent, that ended unrun (check 9).
 CHILD_NOT_RUN = "child_not_run"
+#: A plain ack (not deduplicated, not undecided) of an enqueue with dedupe that never became a
+#: task of its own: dropped as a duplicate, told it was taken in (check 10).
+UNTOLD_DUPLICATE = "untold_duplicate"
+#: A deduplicated ack of a task that has a task of its own, or naming as its twin a task
+#: without its fingerprint (check 10).
+FALSE_DUPLICATE = "false_duplicate"
+#: A schedule's run id enqueued twice (two accepted records creating it), the schedule not
+#: removed in between: its tick fired twice (check 11).
+TICK_FIRED_TWICE = "tick_fired_twice"
 
 
 def at(t: int) -> str:
@@ -120,6 +132,8 @@ class Metrics:
     max_attempts: int
     #: Records fencing kept out of the state (0 when the system under test does not fence).
     fenced_records: int
+    #: Schedule runs enqueued (run ids with an accepted enqueue record).
+    schedule_runs: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

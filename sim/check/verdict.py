@@ -14,9 +14,11 @@ from sim.check.attempts import judge_attempts, judge_rate_windows, task_runs
 from sim.check.delivery import is_satisfied, judge_at_least_once
 from sim.check.deps import judge_dependencies
 from sim.check.history import Analysis, History, analyse
+from sim.check.honesty import judge_dedupe_honesty
 from sim.check.order import judge_dedupe, judge_priority
 from sim.check.ownership import judge_belief, judge_fenced_acts
 from sim.check.report import Metrics, Report, Violation
+from sim.check.schedules import judge_schedule_runs
 
 __all__ = [
     "check",
@@ -24,11 +26,13 @@ __all__ = [
     "check_attempts",
     "check_belief",
     "check_dedupe",
+    "check_dedupe_honesty",
     "check_dependencies",
     "check_fenced_acts",
     "check_ownership",
     "check_priority",
     "check_rate_windows",
+    "check_schedule_runs",
     "judge",
 ]
 
@@ -47,6 +51,9 @@ def judge(a: Analysis) -> Report:
     via_inbox = [a.via_inbox(ack) for ack in a.acks]
     satisfied = [is_satisfied(a, ack) for ack in a.acks]
     violations = [
+        # Before at-least-once: an ack sorts first among violations of one entry, and an
+        # untold duplicate is also a task lost, but this says why.
+        *judge_dedupe_honesty(a),
         *judge_at_least_once(a, satisfied),
         *a.epochs.violations,
         *judge_fenced_acts(a, via_inbox),
@@ -55,6 +62,7 @@ def judge(a: Analysis) -> Report:
         *judge_priority(a, via_inbox),
         *judge_dedupe(a),
         *judge_dependencies(a),
+        *judge_schedule_runs(a),
         *belief,
     ]
     violations.sort(key=lambda v: v.index)
@@ -70,6 +78,9 @@ def judge(a: Analysis) -> Report:
         re_executions=re_executions,
         max_attempts=most,
         fenced_records=sum(1 for r in a.records if not r.accepted),
+        schedule_runs=sum(
+            1 for rs in a.run_creations.values() if any(r.accepted for r in rs)
+        ),
     )
     return Report(violations=tuple(violations), metrics=metrics)
 
@@ -145,3 +156,18 @@ def check_dependencies(history: History) -> list[Violation]:
     parent ends dead-lettered; a child whose parents all completed, each durable before it was
     sent, ran before it ended (the rules are stated once, in `sim.check.deps`'s header)."""
     return judge_dependencies(analyse(history))
+
+
+def check_dedupe_honesty(history: History) -> list[Violation]:
+    """A deduplicated enqueue was told so, and a non-deduplicated one has its own task: a plain
+    ack of an enqueue with a fingerprint is of a task with an accepted record or an execute
+    after its invoke; a deduplicated ack's task has neither, and its `duplicate_of` names
+    another task with its fingerprint. Undecided acks are judged by neither rule."""
+    return judge_dedupe_honesty(analyse(history))
+
+
+def check_schedule_runs(history: History) -> list[Violation]:
+    """One dispatch per cron tick per schedule: each run id (a task with `snerdSchedule`) has
+    one accepted enqueue record, unless the schedule was removed between two (the rule is in
+    `sim.check.schedules`'s header; its executions are invariant 4's)."""
+    return judge_schedule_runs(analyse(history))

@@ -26,11 +26,14 @@ from sim.check import (
     CHILD_RAN_ON_PENDING,
     DOUBLE_OWNERSHIP,
     DUPLICATE_PENDING,
+    FALSE_DUPLICATE,
     INVENTED_TASK,
     LOST_TASK,
     PRIORITY_INVERSION,
     RATE_EXCEEDED,
     STALE_OWNER_ACTED,
+    TICK_FIRED_TWICE,
+    UNTOLD_DUPLICATE,
     HistoryError,
     LivenessWatch,
     check,
@@ -38,11 +41,13 @@ from sim.check import (
     check_attempts,
     check_belief,
     check_dedupe,
+    check_dedupe_honesty,
     check_dependencies,
     check_fenced_acts,
     check_ownership,
     check_priority,
     check_rate_windows,
+    check_schedule_runs,
     unfinished,
 )
 
@@ -360,10 +365,12 @@ def test_liveness_watch_follows_a_growing_history() -> None:
 
 def test_liveness_watch_sees_an_open_ack_covered_by_its_fingerprint_or_its_inbox_twin() -> None:
     # It re-judges only the open acks whose task or fingerprint changed: a duplicate's ack is
-    # closed by its original finishing, an inbox task dropped at ingestion by its twin.
+    # closed by its original finishing, an undecided inbox ack by its twin.
     h = H().start().acked("t-1", fingerprint="f1")
     h.invoke("t-2", fingerprint="f1").ok("t-2", deduplicated=True)
-    h.acked("t-3", fingerprint="f3").via_inbox("t-4", fingerprint="f3").acked("t-5")
+    h.acked("t-3", fingerprint="f3")
+    h.invoke("t-4", "n2", fingerprint="f3").inbox_rec("t-4").ok("t-4", "n2", undecided=True)
+    h.acked("t-5")
     watch = LivenessWatch()
     assert watch.unfinished(h.history) == ["t-1", "t-2", "t-3", "t-4", "t-5"]
     h.run("t-1")
@@ -563,20 +570,132 @@ def test_an_inbox_ack_needs_its_inbox_record_durable_first_in_that_shard_by_that
     assert report.ok and report.metrics.inbox_acked == 1, report.describe()
 
 
-def test_an_inbox_task_dropped_as_a_duplicate_at_ingestion_is_covered_by_its_twin() -> None:
-    # The owner drops an inbox task with auto_dedupe while its twin is pending: the writer
-    # had acked it plainly (it could not know), and the twin finishing covers it.
-    h = H().start().acked("t-1", fingerprint="f1").via_inbox("t-2", fingerprint="f1")
+def test_an_undecided_inbox_ack_is_covered_by_its_twin_and_a_decided_one_is_not() -> None:
+    # The owner drops an inbox task with auto_dedupe while its twin is pending: an ack sent
+    # before it decided (`"deduplicated": null`) promised nothing, and the twin covers it.
+    def undecided(h: H, task: str, **attrs: Any) -> H:
+        h.invoke(task, "n2", **attrs).inbox_rec(task)
+        return h.ok(task, "n2", undecided=True)
+
+    h = undecided(H().start().acked("t-1", fingerprint="f1"), "t-2", fingerprint="f1")
     report = check(h.copy().run("t-1").end().history)
     assert report.ok, report.describe()
-    # Not by a twin that finished before it was enqueued, and not without a fingerprint.
-    early = H().start().life("t-1", fingerprint="f1").via_inbox("t-2", fingerprint="f1")
-    assert kinds(check_at_least_once(early.end().history)) == [LOST_TASK]
-    plain = H().start().acked("t-1", fingerprint="f1").via_inbox("t-2").run("t-1")
+    # Not without a fingerprint.
+    plain = undecided(H().start().acked("t-1", fingerprint="f1"), "t-2").run("t-1")
     assert kinds(check_at_least_once(plain.end().history)) == [LOST_TASK]
+    # A decided plain ack said it was taken in: its twin does not cover it.
+    decided = H().start().acked("t-1", fingerprint="f1").via_inbox("t-2", fingerprint="f1")
+    assert kinds(check_at_least_once(decided.run("t-1").end().history)) == [LOST_TASK]
     # A task acked through the log itself is not let off by its twin either.
     direct = H().start().acked("t-1", fingerprint="f1").acked("t-2", fingerprint="f1")
     assert kinds(check_at_least_once(direct.run("t-1").end().history)) == [LOST_TASK]
+
+
+# ---------------------------------------------------------------------------- 10. dedupe honesty
+
+
+def test_a_plain_ack_of_an_inbox_enqueue_dropped_as_a_duplicate_is_untold() -> None:
+    # Upstream's ack at the inbox write: the owner then dropped it against its live twin.
+    h = H().start().acked("t-1", fingerprint="f1").via_inbox("t-2", fingerprint="f1")
+    h.run("t-1").end()
+    v = check_dedupe_honesty(h.history)
+    assert kinds(v) == [UNTOLD_DUPLICATE]
+    assert "task t-2 (fingerprint f1) acked by n2" in v[0].message
+    assert [x.kind for x in check(h.history).violations] == [UNTOLD_DUPLICATE, LOST_TASK]
+    # Taken in by the owner, it is a task of its own; undecided, it promised nothing.
+    taken = H().start().acked("t-1", fingerprint="f1").via_inbox("t-2", fingerprint="f1")
+    taken.ingest("t-2").run("t-1").run("t-2").end()
+    assert check(taken.history).ok, check(taken.history).describe()
+    h = H().start().acked("t-1", fingerprint="f1").invoke("t-2", "n2", fingerprint="f1")
+    h.inbox_rec("t-2").ok("t-2", "n2", undecided=True).run("t-1").end()
+    assert check_dedupe_honesty(h.history) == [] and check(h.history).ok
+
+
+def test_a_deduplicated_ack_has_no_task_of_its_own_and_names_a_twin_with_its_fingerprint() -> None:
+    def dup(twin: str | None, *, own: bool = False) -> H:
+        h = H().start().acked("t-1", fingerprint="f1").acked("t-3", fingerprint="f3")
+        h.invoke("t-2", "n2", fingerprint="f1")
+        if own:
+            h.enq_rec("t-2")
+        extra = {} if twin is None else {"duplicate_of": twin}
+        return h.ok("t-2", "n2", deduplicated=True, **extra).run("t-1").run("t-3").end()
+
+    assert check(dup("t-1").history).ok, check(dup("t-1").history).describe()
+    assert check(dup(None).history).ok  # an older history: no twin recorded
+    for wrong in ("t-3", "t-2", "nobody"):
+        v = check_dedupe_honesty(dup(wrong).history)
+        assert kinds(v) == [FALSE_DUPLICATE], wrong
+        assert f"of {wrong}, which is not another task with that fingerprint" in v[0].message
+    v = check_dedupe_honesty(dup("t-1", own=True).history)
+    assert kinds(v) == [FALSE_DUPLICATE] and "has a task of its own" in v[0].message
+
+
+def test_a_plain_ack_without_a_fingerprint_is_not_judged_for_honesty() -> None:
+    h = H().start().via_inbox("t-1").end()
+    assert check_dedupe_honesty(h.history) == []
+
+
+# ---------------------------------------------------------------------------- 11. schedule runs
+
+RUN = "s0@2027-01-15T08:00:05.000000Z"
+
+
+def fire(h: H, run: str = RUN, node: str = "n1", epoch: int = 1, retries: int = 0) -> H:
+    """A schedule's fire: its run's enqueue record and the schedule's record, as one append."""
+    h.enq_rec(run, epoch, node, snerdSchedule="s0", maxRetries=retries)
+    return h.rec({"snerdKind": "schedule", "name": "s0", "snerdEpoch": epoch}, 0, node)
+
+
+def removal(h: H, node: str = "n1", epoch: int = 1) -> H:
+    return h.rec(
+        {"snerdKind": "schedule", "name": "s0", "removed": True, "snerdEpoch": epoch}, 0, node
+    )
+
+
+def test_a_schedule_run_has_no_invoke_and_is_neither_invented_nor_owed() -> None:
+    h = fire(H().start()).run(RUN).end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert report.metrics.schedule_runs == 1 and report.metrics.acked == 0
+    # Unfinished, it is owed to nobody: no client was told of it.
+    assert check(fire(H().start()).end().history).ok
+    assert unfinished(fire(H().start()).end().history) == []
+    # A task record without `snerdSchedule` and no invoke is still invented.
+    bare = H().start().enq_rec(RUN).end()
+    assert kinds(check_at_least_once(bare.history)) == [INVENTED_TASK]
+
+
+def test_a_tick_fired_again_after_its_run_finished_or_while_it_is_live() -> None:
+    # A new owner (n2) fires the tick again: after its run finished, or while it is live.
+    for h in (
+        fire(H().start()).run(RUN).claim(2, "n2"),
+        fire(H().start()).claim(2, "n2"),
+    ):
+        fire(h, node="n2", epoch=2).end()
+        v = check_schedule_runs(h.history)
+        assert kinds(v) == [TICK_FIRED_TWICE], h.history
+        assert f"run {RUN} enqueued again by n2" in v[0].message
+        assert "its tick fired twice" in v[0].message
+    # A removal of the schedule between the two: a schedule declared anew may fire it again.
+    h = fire(H().start()).run(RUN)
+    removal(h)
+    assert check(fire(h).run(RUN).end().history).ok
+    # A creation fenced by a newer claim is not part of the state.
+    h = fire(H().start()).run(RUN).claim(2, "n2")
+    assert check_schedule_runs(fire(h, node="n1", epoch=1).end().history) == []
+
+
+def test_a_schedule_run_keeps_to_its_budget_and_counts_crash_re_executions() -> None:
+    h = fire(H().start(), retries=0).dispatch(RUN).execute(RUN)
+    h.add("crash", node="n1").claim(2, "n2").dispatch(RUN, epoch=2, node="n2")
+    h.execute(RUN, node="n2", epoch=2).tomb(RUN, epoch=2, node="n2").end()
+    report = check(h.history)
+    assert report.ok, report.describe()
+    assert report.metrics.re_executions == 1
+    over = fire(H().start(), retries=0).run(RUN, finish=False).retry_rec(RUN, 1)
+    over.run(RUN, attempt=2).end()
+    v = check_attempts(over.history)
+    assert kinds(v) == [ATTEMPTS_EXCEEDED] and "max_retries=0 allows 1" in v[0].message
 
 
 # ---------------------------------------------------------------------------- 4. attempts

@@ -26,6 +26,8 @@ CONTROLS = {
     "--unsafe-wall-clock-only": "wall-clock-only",
     "--unsafe-no-cap": "no-cap",
     "--unsafe-absent-parents-done": "absent-parents-done",
+    "--unsafe-dedupe-ack-at-write": "dedupe-ack-at-write",
+    "--unsafe-fire-unmarked": "fire-unmarked",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -134,6 +136,12 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
             # Caught by a child run before its parent completed at all, not by one run on a
             # completion read while still pending.
             assert "first violation: [child_ran_early]" in text, text[-2000:]
+        if flag == "--unsafe-dedupe-ack-at-write":
+            # Caught as an ack that said "taken in" of an enqueue dropped as a duplicate.
+            assert "first violation: [untold_duplicate]" in text, text[-2000:]
+        if flag == "--unsafe-fire-unmarked":
+            # Caught as a run id enqueued twice: a new owner fired a tick again.
+            assert "first violation: [tick_fired_twice]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:
@@ -197,3 +205,24 @@ def test_some_seeds_enqueue_children_across_shards_before_and_after_their_parent
                 if shard.get(p) is not None and shard.get(e["task"]) not in (None, shard[p]):
                     seen.add("other shard")
     assert seen == {"fan-in", "fan-out", "never enqueued", "child first", "other shard"}
+
+
+def test_some_seeds_keep_schedules_declared_by_several_nodes_and_run_their_ticks() -> None:
+    seeds = [s for s in range(40) if Settings.draw(s).schedules]
+    assert 3 <= len(seeds) < 30, seeds  # a feature some worlds have and others not
+    declared: set[str] = set()
+    for seed in seeds[:3]:
+        world = World(Settings.draw(seed))
+        outcome = world.run()
+        assert outcome.report.ok and not outcome.world_violations, seed
+        assert outcome.report.metrics.schedule_runs > 0, seed
+        runs = [e for e in world.history if e["kind"] == "execute" and "@" in e["task"]]
+        assert {e["task"].partition("@")[0] for e in runs} <= {"s0", "s1"}
+        assert runs, seed
+        declarers = {
+            e["node"] for e in world.history if e["kind"] == "schedule" and e["name"] == "s0"
+        }
+        declared.add("several" if len(declarers) > 1 else "one")
+        unscheduled = [e for e in world.history if e.get("action") == "unschedule"]
+        assert unscheduled, seed  # removed when the liveness phase starts
+    assert "several" in declared

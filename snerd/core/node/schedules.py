@@ -119,6 +119,12 @@ def stored_schedule(fields: dict[str, Any]) -> tuple[proto.Schedule, int] | None
     return spec, parse_rfc3339(fired)
 
 
+def _shown(next_us: int) -> int | None:
+    """A next fire time an answer can name: none while the schedule does not fire by itself
+    (`NEVER`: a tick held by overlap `wait`, or no tick left)."""
+    return None if next_us >= NEVER else next_us
+
+
 def _same(a: proto.Schedule, b: proto.Schedule) -> bool:
     return (a.task, a.timezone, a.misfire, a.catch_up, a.overlap) == (
         b.task,
@@ -214,7 +220,7 @@ class Schedules:
             return
         if s is not None and _same(s.spec, cmd):
             if answer:
-                self.out.send(proto.scheduled(cmd.name, "unchanged", s.next_us))
+                self.out.send(proto.scheduled(cmd.name, "unchanged", _shown(s.next_us)))
             return
         result = "created" if s is None else "updated"
         fired = now if s is None else max(s.fired_us, s.firing or 0)
@@ -390,7 +396,7 @@ class Schedules:
             s.writing = False
             s.loc = new_location(p.shard, offsets[0], lengths[0])
         if p.result:
-            self.out.send(proto.scheduled(p.name, p.result, None if s is None else s.next_us))
+            self.out.send(proto.scheduled(p.name, p.result, None if s is None else _shown(s.next_us)))
 
     def schedule_failed(
         self, token: int, p: SchedulePart, info: ShardInfo, error: str, permanent: bool

@@ -113,6 +113,23 @@ def test_overlap_skip_and_wait_and_allow() -> None:
             assert len(runs(sh)) == 2
 
 
+def test_declaring_again_a_schedule_holding_a_tick_answers_without_a_next_fire() -> None:
+    # overlap `wait` holds the tick that came while a run was live: the schedule has no next
+    # fire time until that run ends, and a boot's declaration of it must still be answered
+    # (simulator seed 10, --faults-of fire-unmarked: the node raised formatting "never").
+    sh = started()
+    sh.register("t")
+    schedule(sh, overlap="wait")
+    to_next_tick(sh)
+    to_next_tick(sh)  # held: a run is live
+    schedule(sh, overlap="wait")
+    (answer,) = sh.messages("scheduled")[-1:]
+    assert answer["result"] == "unchanged" and "next_fire" not in answer
+    sh.result(runs(sh)[0])  # the held tick runs, and the schedule has a next tick again
+    schedule(sh, overlap="wait")
+    assert "next_fire" in sh.messages("scheduled")[-1]
+
+
 def test_misfire_policies_after_downtime() -> None:
     cron = normalize_cron("0 0 * * *")
     fired = parse_rfc3339("2027-01-01T00:00:00Z")
