@@ -95,6 +95,8 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "SNERD_INBOX_POLL_MS": (1, 60_000),
     "SNERD_INBOX_IDLE_POLL_MS": (1, 600_000),
     "SNERD_WATCH_POLL_MS": (10, 60_000),
+    # Finished tasks each log keeps (a late child's parent, `snerdmq dlq`): up to ten million.
+    "SNERD_HISTORY_LIMIT": (0, 10_000_000),
     # Above 0 (a wait of none would fail a child whose parent is a moment from its inbox), at
     # most a week.
     "SNERD_UNKNOWN_PARENT_SECONDS": (0.001, 7 * 86_400.0),
@@ -296,6 +298,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     watch_poll_ms = _int(env, "SNERD_WATCH_POLL_MS", 250)
     unknown_parent = seconds_setting(env, "SNERD_UNKNOWN_PARENT_SECONDS", 60.0)
     dedupe_wait_ms = _int(env, "SNERD_DEDUPE_WAIT_MS", 5000)
+    history_limit = _int(env, "SNERD_HISTORY_LIMIT", 10_000)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = shared.mountinfo_path
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
@@ -320,6 +323,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         watch_poll_us=watch_poll_ms * 1000,
         unknown_parent_wait_us=int(unknown_parent * SECOND),
         dedupe_wait_us=dedupe_wait_ms * 1000,
+        history_limit=history_limit,
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,
     )

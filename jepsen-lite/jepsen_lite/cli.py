@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
         help="SNERD_UNKNOWN_PARENT_SECONDS of the daemons: a child of a parent no file holds "
         "is dead-lettered after this long",
     )
+    p.add_argument(
+        "--schedule",
+        default="*/2 * * * * *",
+        metavar="CRON",
+        help="a named schedule every node declares at each start, removed as the drain begins "
+        "('' for none); its runs are judged for one run per tick",
+    )
     p.add_argument("--ttl", type=float, default=3.0, help="SNERD_LEASE_TTL, seconds")
     p.add_argument("--margin", type=float, default=0.5, help="SNERD_CLOCK_SKEW_MARGIN, seconds")
     p.add_argument("--gap", type=float, default=3.0, help="seconds between faults (mean)")
@@ -142,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate=args.rate,
         deps_share=args.deps_share,
         unknown_parent_s=args.unknown_parent,
+        schedule_cron=args.schedule,
         ttl_s=args.ttl,
         margin_s=args.margin,
         gap_s=args.gap,

@@ -41,6 +41,10 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+#: The name of the schedule every node declares (`RunConfig.schedule_cron`).
+SCHEDULE_NAME = "jl-beat"
+
+
 @dataclass(slots=True, eq=False)
 class Node:
     """One node: where it runs, its worker and daemon of the current incarnation, and what
@@ -150,6 +154,8 @@ class Cluster:
         }
         py_path = os.pathsep.join([str(REPO), str(HERE.parent), os.environ.get("PYTHONPATH", "")])
         worker = ["-m", "jepsen_lite.worker", "--dir", node.worker_dir, "--env", json.dumps(env)]
+        if self.c.schedule_cron:
+            worker += ["--schedule", f"{SCHEDULE_NAME}={self.c.schedule_cron}"]
         argv = [sys.executable, *worker]
         if node.machine.remote:
             repo = self.c.remote_repo or str(REPO)
@@ -242,6 +248,8 @@ class Cluster:
             self.record("daemon_log", t, node=name, line=e.get("line"))
         elif ev == "daemon_exit":
             self.record("daemon_exit", t, node=name, code=e.get("code"))
+        elif ev == "scheduled" and e.get("error"):
+            node.logs.append(f"schedule {e.get('name')}: {e.get('error')}")
 
     def believe(self, node: Node, name: str, owned: set[int], t: int) -> None:
         for s in sorted(node.believed - owned):

@@ -62,6 +62,9 @@ class RunConfig:
     #: nemesis (a parent stamped by a frozen daemon and written after it wakes is waited for),
     #: short enough that the children of never-enqueued parents end within the drain.
     unknown_parent_s: float = 10.0
+    #: A named schedule every node declares at each start (`schedule_cron`, a cron with
+    #: seconds; "" for none), removed as the drain begins: its runs are judged by invariant 11.
+    schedule_cron: str = "*/2 * * * * *"
     tmpfs_size: str = "48m"
     #: Size of the ext4 image of `fs="loop"`, MiB.
     loop_size_mib: int = 64

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from jepsen_lite import nemesis as nem
-from jepsen_lite.cluster import REPO, SECOND, Cluster, now_us
+from jepsen_lite.cluster import REPO, SCHEDULE_NAME, SECOND, Cluster, now_us
 from jepsen_lite.config import RunConfig, config_problem
 from jepsen_lite.faults import Fault, Nemesis
 from jepsen_lite.history import build_history, finished_tasks
@@ -210,6 +210,13 @@ class Run:
         """Wait (bounded) until every acked task has a tombstone (completed or dead-lettered,
         children too): whether all did, and those that did not."""
         end = time.monotonic() + self.c.drain_timeout
+        if self.c.schedule_cron:
+            # Its runs stop: the drain waits for the acked tasks only (a run is owed to none).
+            for node in self.cluster.nodes:
+                if node.up and await self.cluster.send(
+                    node, {"op": "unschedule", "name": SCHEDULE_NAME}
+                ):
+                    break
         left = sorted(self.load.acked)
         while time.monotonic() < end:
             done = await asyncio.to_thread(finished_tasks, self.cluster.dirs[0])

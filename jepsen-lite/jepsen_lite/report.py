@@ -144,6 +144,7 @@ def summary(outcome: Any) -> dict[str, Any]:
         "dead_letters_by_reason": dead_letter_reasons(h),
         **dependencies(h),
         "executions": m.executions,
+        "schedule_runs": m.schedule_runs,
         "re_executions": m.re_executions,
         "tasks_run_more_than_once": sum(1 for n in per_task.values() if n > 1),
         "attempts_run_more_than_once": sum(1 for n in per_attempt.values() if n > 1),
@@ -194,6 +195,7 @@ def summary_table(s: Mapping[str, Any]) -> str:
             f"{s['children_sent_first']} sent before a parent; "
             f"{s['parents_never_enqueued']} parents never enqueued",
         ),
+        ("schedule runs", f"{s.get('schedule_runs', 0)} (one per tick, judged by invariant 11)"),
         (
             "executions",
             f"{s['executions']} ({s['re_executions']} re-executions of an attempt; "

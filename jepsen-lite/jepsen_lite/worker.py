@@ -9,6 +9,11 @@ Commands arrive on stdin, one JSON object a line:
   enqueue through the SDK (`parents` as `trigger_after_ids`); the outcome comes back as a
   `reply` event (`status` ok / fail / info).
 - `{"op": "owned"}`: ask the daemon (`stats`) which shards it owns now; an `owned` event.
+- `{"op": "unschedule", "name"}`: remove a schedule; a `scheduled` event.
+
+With `--schedule NAME=CRON` the worker declares that schedule (type `t`, runs that succeed)
+as it starts, every start: an app declaring its schedules at boot; a `scheduled` event says
+the daemon's answer.
 
 Events go to stdout, one JSON object a line, each with `t` (this host's wall clock, µs: the
 run's true time when every process runs on one host; with `--hosts`, as good as the hosts'
@@ -171,6 +176,30 @@ async def _commands(q: SnerdQueue, tg: anyio.abc.TaskGroup) -> None:
             tg.start_soon(_enqueue, q, cmd)
         elif op == "owned":
             tg.start_soon(_owned, q)
+        elif op == "unschedule":
+            tg.start_soon(_unschedule, q, str(cmd.get("name")))
+
+
+async def _declare(q: SnerdQueue, spec: str) -> None:
+    """Declare the schedule `NAME=CRON`: its runs succeed at once, and catch up missed ticks
+    (a run per tick, so the checker sees every tick)."""
+    name, _, cron = spec.partition("=")
+    try:
+        done = await q.schedule(
+            name, cron, "t", {"sleep": 0, "fail": []}, misfire="catch_up", catch_up=5,
+            max_retries=2,
+        )
+        emit({"ev": "scheduled", "name": name, "result": done.result})
+    except (SnerdError, TimeoutError) as exc:
+        emit({"ev": "scheduled", "name": name, "error": str(exc)})
+
+
+async def _unschedule(q: SnerdQueue, name: str) -> None:
+    try:
+        done = await q.unschedule(name)
+        emit({"ev": "scheduled", "name": name, "result": done.result})
+    except (SnerdError, TimeoutError) as exc:
+        emit({"ev": "scheduled", "name": name, "error": str(exc)})
 
 
 async def _watch_exit(q: SnerdQueue, stop: anyio.CancelScope) -> None:
@@ -180,7 +209,7 @@ async def _watch_exit(q: SnerdQueue, stop: anyio.CancelScope) -> None:
     stop.cancel()
 
 
-async def run(directory: str, env: dict[str, str]) -> int:
+async def run(directory: str, env: dict[str, str], schedule: str | None = None) -> int:
     q = RecordingQueue(storage_path=directory, env=env, stderr_prefix="")
     q.register_handler("t", _handle)
     q.register_max_retry_handler("t", _dead_letter)
@@ -195,6 +224,8 @@ async def run(directory: str, env: dict[str, str]) -> int:
     drained = False
     async with anyio.create_task_group() as tg:
         tg.start_soon(_watch_exit, q, tg.cancel_scope)
+        if schedule:
+            tg.start_soon(_declare, q, schedule)
         await _commands(q, tg)
         drained = True
         with anyio.move_on_after(60):
@@ -212,9 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m jepsen_lite.worker")
     p.add_argument("--dir", required=True)
     p.add_argument("--env", default="{}", help="extra daemon environment, a JSON object")
+    p.add_argument("--schedule", default=None, metavar="NAME=CRON", help="declare at start")
     args = p.parse_args(argv)
     env = {str(k): str(v) for k, v in orjson.loads(args.env).items()}
-    return anyio.run(run, args.dir, env)
+    return anyio.run(run, args.dir, env, args.schedule)
 
 
 if __name__ == "__main__":

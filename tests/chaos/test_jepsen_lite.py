@@ -199,6 +199,10 @@ def test_local_dependency_chains(deps_run: tuple[Outcome, dict[str, object]]) ->
     for child in ghost_children:
         if child in acked:
             assert told.get(child, "").startswith(PARENT_REASONS), (child, told.get(child))
+    # Every node declared the schedule at each start; its runs, one per tick, ran (each judged
+    # by invariant 11: no tick fired twice).
+    runs = [e["task"] for e in h if e.get("kind") == "execute" and "@" in e["task"]]
+    assert int(s["schedule_runs"]) >= 3 and len(set(runs)) >= 3, s  # type: ignore[call-overload]
 
 
 def test_dependency_settings_refused_before_anything_starts() -> None:

@@ -135,3 +135,12 @@ def test_the_tools_read_the_lease_settings_as_the_daemon_does() -> None:
         for load in (load_tool_settings, load_settings):
             with pytest.raises(ConfigError, match=name):
                 load({name: "soon"})
+
+
+def test_the_history_kept_per_log_defaults_to_10000_and_follows_its_variable() -> None:
+    assert load_settings({}).node.history_limit == 10_000
+    assert load_settings({"SNERD_HISTORY_LIMIT": "250000"}).node.history_limit == 250_000
+    assert load_settings({"SNERD_HISTORY_LIMIT": "0"}).node.history_limit == 0
+    for value, says in (("-1", "from 0 to 10,000,000"), ("lots", "is not a whole number")):
+        with pytest.raises(ConfigError, match=says):
+            load_settings({"SNERD_HISTORY_LIMIT": value})

@@ -35,6 +35,7 @@ WHOLE = [
     "SNERD_INBOX_IDLE_POLL_MS",
     "SNERD_WATCH_POLL_MS",
     "SNERD_DEDUPE_WAIT_MS",
+    "SNERD_HISTORY_LIMIT",
     "SNERD_TEST_RECENT_BYTES",
     "SNERD_TEST_COMPACT_MIN_BYTES",
 ]
@@ -109,6 +110,7 @@ def check_in_range(settings: Settings) -> None:
     assert 10_000 <= node.watch_poll_us <= 60_000_000
     assert 1_000 <= node.unknown_parent_wait_us <= 7 * 86_400 * SECOND
     assert 0 <= node.dedupe_wait_us <= 60_000_000
+    assert 0 <= node.history_limit <= 10_000_000
     assert 1024 <= settings.max_line_bytes <= 1 << 30
     assert settings.fsync in ("always", "interval", "never")
     assert node.backoff in ("constant", "exponential")
@@ -165,6 +167,7 @@ def test_a_whole_number_in_range_loads_as_itself(name: str, fraction: float, pad
         "SNERD_INBOX_IDLE_POLL_MS": settings.node.inbox_idle_poll_us // 1000,
         "SNERD_WATCH_POLL_MS": settings.node.watch_poll_us // 1000,
         "SNERD_DEDUPE_WAIT_MS": settings.node.dedupe_wait_us // 1000,
+        "SNERD_HISTORY_LIMIT": settings.node.history_limit,
         "SNERD_TEST_RECENT_BYTES": settings.recent_bytes,
         "SNERD_TEST_COMPACT_MIN_BYTES": settings.node.compact_min_bytes,
     }[name]
