@@ -11,6 +11,7 @@ from typing import Any
 from snerd.core import effects as fx
 from snerd.core.records import encode_record
 from snerd.io.inbox import log_identity_and_size, read_log_tail
+from tests.support.queuefiles import append, log_path
 
 
 def _task(task_id: str) -> bytes:
@@ -21,16 +22,6 @@ def _mark(node: str, start: int, end: int, **more: Any) -> bytes:
     """An owner's `inbox` record: it took `node`'s file from `start` to `end`."""
     return encode_record({"snerdKind": "inbox", "node": node, "offset": end, "from": start, **more})
 
-
-def _log(q: Path, shard: int = 0) -> Path:
-    path = q / f"shard-{shard}" / "tasks" / "tasks.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _append(path: Path, data: bytes) -> None:
-    with path.open("ab") as f:
-        f.write(data)
 
 
 def _tail(
@@ -53,7 +44,7 @@ def _tail(
 
 
 def test_the_identity_and_size_are_the_log_s_and_none_without_one(tmp_path: Path) -> None:
-    log = _log(tmp_path)
+    log = log_path(tmp_path)
     assert log_identity_and_size(str(log)) == (0, 0)  # no file yet: no error
     log.write_bytes(_task("x"))
     st = os.stat(log)
@@ -65,12 +56,12 @@ def test_a_missing_log_is_read_as_empty_without_an_error(tmp_path: Path) -> None
         got = _tail(q)
         assert got.error is None and got.records == ()
         assert (got.identity, got.start, got.end, got.size) == (0, 0, 0, 0)
-    _log(tmp_path)  # the folders, no file
+    log_path(tmp_path)  # the folders, no file
     assert _tail(tmp_path).error is None
 
 
 def test_a_growing_log_is_read_on_from_the_offset_for_the_writers_asked(tmp_path: Path) -> None:
-    log = _log(tmp_path)
+    log = log_path(tmp_path)
     first = _task("x") + _mark("b", 0, 100) + _mark("a", 0, 50, dropped=[{"task": "d", "at": 0, "of": "t"}])
     log.write_bytes(first)
     ino = os.stat(log).st_ino
@@ -80,7 +71,7 @@ def test_a_growing_log_is_read_on_from_the_offset_for_the_writers_asked(tmp_path
     assert mark.offset == len(_task("x") + _mark("b", 0, 100)) and mark.length == len(first) - mark.offset
     assert mark.fields["dropped"] == [{"task": "d", "at": 0, "of": "t"}]
     later = _mark("a", 50, 80)
-    _append(log, _task("y") + later)
+    append(log, _task("y") + later)
     again = _tail(tmp_path, ino, got.end)
     assert (again.start, again.end, again.size) == (len(first), log.stat().st_size, log.stat().st_size)
     assert [(r.offset, r.fields["from"]) for r in again.records] == [
@@ -92,7 +83,7 @@ def test_a_growing_log_is_read_on_from_the_offset_for_the_writers_asked(tmp_path
 
 
 def test_a_log_replaced_by_a_rename_is_read_from_its_start(tmp_path: Path) -> None:
-    log = _log(tmp_path)
+    log = log_path(tmp_path)
     log.write_bytes(_task("x") * 3 + _mark("a", 0, 10))
     old = _tail(tmp_path)
     # What a compaction does: a new file (a new inode) renamed over the log, longer than the
@@ -111,7 +102,7 @@ def test_the_same_file_shorter_than_the_offset_is_read_from_its_start(tmp_path: 
     # The same inode, yet shorter than the offset read: cut back (an append that failed is cut
     # off the owner's log, and may have been read first), or a new file that got the old inode
     # number. What is there now is read from its start, as the queue scan does.
-    log = _log(tmp_path)
+    log = log_path(tmp_path)
     log.write_bytes(_mark("a", 0, 10))
     ino = os.stat(log).st_ino
     got = _tail(tmp_path, ino, 10_000)
@@ -119,21 +110,21 @@ def test_the_same_file_shorter_than_the_offset_is_read_from_its_start(tmp_path: 
 
 
 def test_a_torn_last_line_is_left_for_the_read_that_finds_it_whole(tmp_path: Path) -> None:
-    log = _log(tmp_path)
+    log = log_path(tmp_path)
     whole, late = _mark("a", 0, 10), _mark("a", 10, 20)
     log.write_bytes(whole + late[:20])
     got = _tail(tmp_path)
     assert (got.end, got.size) == (len(whole), len(whole) + 20) and len(got.records) == 1
     again = _tail(tmp_path, got.identity, got.end)  # still torn: nothing
     assert again.records == () and again.end == len(whole)
-    _append(log, late[20:])
+    append(log, late[20:])
     done = _tail(tmp_path, got.identity, got.end)
     assert (done.start, done.end) == (len(whole), len(whole + late))
     assert [r.fields["from"] for r in done.records] == [10]
 
 
 def test_a_read_stops_at_about_max_bytes_yet_takes_one_line_at_least(tmp_path: Path) -> None:
-    log = _log(tmp_path)
+    log = log_path(tmp_path)
     one, two = _mark("a", 0, 10), _mark("a", 10, 20)
     log.write_bytes(one + two)
     got = _tail(tmp_path, max_bytes=len(one) + 5)
@@ -147,7 +138,7 @@ def test_a_read_stops_at_about_max_bytes_yet_takes_one_line_at_least(tmp_path: P
 def test_a_linked_log_is_refused_with_an_error_not_followed(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere.log"
     elsewhere.write_bytes(_mark("a", 0, 10))
-    log = _log(tmp_path)
+    log = log_path(tmp_path)
     log.symlink_to(elsewhere)
     got = _tail(tmp_path)
     assert got.records == () and got.error is not None and str(log) in got.error, got.error

@@ -17,6 +17,7 @@ from snerd.core.records import encode_record
 from snerd.core.watch import COMPLETED, LIVE, UNKNOWN, TaskWatch
 from snerd.io import scan
 from snerd.io.scan import scan_queue
+from tests.support.queuefiles import append, log_path
 
 
 def _task(task_id: str, outcome: str | None = None, **more: Any) -> bytes:
@@ -25,16 +26,6 @@ def _task(task_id: str, outcome: str | None = None, **more: Any) -> bytes:
         fields |= {"deletedAt": "2027-01-01T00:00:00Z", "snerdOutcome": outcome}
     return encode_record(fields)
 
-
-def _log(q: Path, shard: int) -> Path:
-    path = q / f"shard-{shard}" / "tasks" / "tasks.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _append(path: Path, data: bytes) -> None:
-    with path.open("ab") as f:
-        f.write(data)
 
 
 def _scan(
@@ -50,7 +41,7 @@ def _scan(
 
 
 def test_a_growing_log_is_read_from_where_the_last_read_ended(tmp_path: Path) -> None:
-    log = _log(tmp_path, 0)
+    log = log_path(tmp_path, 0)
     first = _task("p") + _task("other")
     log.write_bytes(first)
     ino = os.stat(log).st_ino
@@ -59,7 +50,7 @@ def test_a_growing_log_is_read_from_where_the_last_read_ended(tmp_path: Path) ->
     (chunk,) = got.chunks
     assert (chunk.segment, chunk.identity, chunk.start, chunk.end) == ("", ino, 0, len(first))
     assert [r.fields["taskId"] for r in chunk.records] == ["p"]  # another id's record is dropped
-    _append(log, _task("other", "completed") + _task("p", "completed"))
+    append(log, _task("other", "completed") + _task("p", "completed"))
     again = _scan(tmp_path, {"p"}, {(0, ""): (ino, len(first))})
     (chunk,) = again.chunks
     assert (chunk.start, chunk.end) == (len(first), log.stat().st_size)
@@ -72,7 +63,7 @@ def test_a_growing_log_is_read_from_where_the_last_read_ended(tmp_path: Path) ->
 
 
 def test_a_torn_last_line_is_left_for_the_read_that_finds_it_whole(tmp_path: Path) -> None:
-    log = _log(tmp_path, 0)
+    log = log_path(tmp_path, 0)
     whole, late = _task("p"), _task("p", "completed")
     log.write_bytes(whole + late[:20])
     got = _scan(tmp_path, {"p"})
@@ -81,14 +72,14 @@ def test_a_torn_last_line_is_left_for_the_read_that_finds_it_whole(tmp_path: Pat
     ino = chunk.identity
     # Still torn: nothing to hand over.
     assert _scan(tmp_path, {"p"}, {(0, ""): (ino, len(whole))}).chunks == ()
-    _append(log, late[20:])
+    append(log, late[20:])
     (chunk,) = _scan(tmp_path, {"p"}, {(0, ""): (ino, len(whole))}).chunks
     assert (chunk.start, chunk.end) == (len(whole), len(whole) + len(late))
     assert chunk.records[0].fields["snerdOutcome"] == "completed"
 
 
 def test_a_log_replaced_by_a_rename_is_read_again_from_its_start(tmp_path: Path) -> None:
-    log = _log(tmp_path, 0)
+    log = log_path(tmp_path, 0)
     log.write_bytes(_task("x") * 3 + _task("p"))
     old = _scan(tmp_path, {"p"}).chunks[0]
     # What a compaction does: a new file, renamed over the log (a new inode); longer than
@@ -104,7 +95,7 @@ def test_a_log_replaced_by_a_rename_is_read_again_from_its_start(tmp_path: Path)
 
 
 def test_a_file_shorter_than_the_offset_known_is_read_from_its_start(tmp_path: Path) -> None:
-    log = _log(tmp_path, 0)
+    log = log_path(tmp_path, 0)
     log.write_bytes(_task("p"))
     ino = os.stat(log).st_ino
     (chunk,) = _scan(tmp_path, {"p"}, {(0, ""): (ino, 10_000)}).chunks
@@ -112,7 +103,7 @@ def test_a_file_shorter_than_the_offset_known_is_read_from_its_start(tmp_path: P
 
 
 def test_inbox_files_of_every_shard_are_read_and_hints_are_not(tmp_path: Path) -> None:
-    _log(tmp_path, 0).write_bytes(_task("x"))
+    log_path(tmp_path, 0).write_bytes(_task("x"))
     inbox = tmp_path / "shard-1" / "inbox"
     inbox.mkdir(parents=True)
     (inbox / "b@pid-1-aa.log").write_bytes(_task("p"))
@@ -130,7 +121,7 @@ def test_a_symlinked_log_is_refused_naming_it_and_not_followed(tmp_path: Path) -
     q = tmp_path / "q"
     elsewhere = tmp_path / "elsewhere.log"
     elsewhere.write_bytes(_task("p", "completed"))
-    log = _log(q, 0)
+    log = log_path(q, 0)
     log.symlink_to(elsewhere)
     got = _scan(q, {"p"})
     assert got.chunks == () and got.files == ()
@@ -141,7 +132,7 @@ def test_a_symlinked_log_is_refused_naming_it_and_not_followed(tmp_path: Path) -
 def test_a_symlinked_inbox_folder_is_an_error_naming_it(tmp_path: Path) -> None:
     q = tmp_path / "q"
     (tmp_path / "other").mkdir()
-    _log(q, 0).write_bytes(_task("x"))
+    log_path(q, 0).write_bytes(_task("x"))
     (q / "shard-0" / "inbox").symlink_to(tmp_path / "other")
     ((shard, text),) = _scan(q, {"p"}).errors
     assert shard == 0 and str(q / "shard-0" / "inbox") in text, text
@@ -149,14 +140,14 @@ def test_a_symlinked_inbox_folder_is_an_error_naming_it(tmp_path: Path) -> None:
 
 def test_missing_shard_folders_logs_and_inboxes_are_no_error(tmp_path: Path) -> None:
     (tmp_path / "shard-1" / "tasks").mkdir(parents=True)  # a folder, no log yet
-    _log(tmp_path, 2).write_bytes(_task("p"))
+    log_path(tmp_path, 2).write_bytes(_task("p"))
     got = _scan(tmp_path, {"p"}, shards=4)
     assert got.errors == ()
     assert [(s, seg) for s, seg, _, _ in got.files] == [(2, "")]
 
 
 def test_a_read_stops_near_max_bytes_yet_takes_at_least_one_line(tmp_path: Path) -> None:
-    log = _log(tmp_path, 0)
+    log = log_path(tmp_path, 0)
     one = _task("p", taskData="x" * 200)
     log.write_bytes(one * 3)
     (chunk,) = _scan(tmp_path, {"p"}, max_bytes=10).chunks
@@ -170,7 +161,7 @@ def test_a_line_longer_than_any_record_is_skipped_and_reported(
 ) -> None:
     monkeypatch.setattr(scan, "LINE_LIMIT", 4096)
     monkeypatch.setattr(scan, "_STEP", 1000)
-    log = _log(tmp_path, 0)
+    log = log_path(tmp_path, 0)
     log.write_bytes(b"x" * 5000 + b"\n" + _task("p"))
     (chunk,) = _scan(tmp_path, {"p"}, max_bytes=100).chunks
     assert (chunk.start, chunk.end, chunk.records) == (0, 5001, ())
@@ -180,7 +171,7 @@ def test_a_line_longer_than_any_record_is_skipped_and_reported(
 
 
 def test_a_damaged_line_about_a_watched_id_is_reported_and_passed(tmp_path: Path) -> None:
-    log = _log(tmp_path, 0)
+    log = log_path(tmp_path, 0)
     bad = _task("p").replace(b'"t"', b'"u"')  # checksum no longer matches
     log.write_bytes(bad + _task("p", "completed"))
     (chunk,) = _scan(tmp_path, {"p"}).chunks
@@ -198,13 +189,13 @@ def test_the_core_s_watch_follows_a_parent_through_real_files(tmp_path: Path) ->
     def step() -> dict[str, str]:
         return watch.scanned(scan_queue(tmp_path, watch.request(2, 1 << 20)))
 
-    _log(tmp_path, 0).write_bytes(_task("x"))
+    log_path(tmp_path, 0).write_bytes(_task("x"))
     assert step() == {"p": UNKNOWN}
     inbox = tmp_path / "shard-1" / "inbox"
     inbox.mkdir(parents=True)
     (inbox / "a@pid-1-aa.log").write_bytes(_task("p"))
     assert step() == {"p": LIVE}
-    _append(_log(tmp_path, 1), _task("p") + _task("p", "completed"))
+    append(log_path(tmp_path, 1), _task("p") + _task("p", "completed"))
     assert step() == {"p": COMPLETED}
     assert step() == {}
 
@@ -215,7 +206,7 @@ def test_the_core_s_watch_follows_a_parent_through_real_files(tmp_path: Path) ->
 
 
 def test_an_empty_inbox_file_does_not_keep_a_pass_from_settling(tmp_path: Path) -> None:
-    _log(tmp_path, 0).write_bytes(_task("x"))
+    log_path(tmp_path, 0).write_bytes(_task("x"))
     (tmp_path / "shard-0" / "inbox").mkdir()
     (tmp_path / "shard-0" / "inbox" / "w@pid-1-aa.log").write_bytes(b"")  # crashed at create
     watch = TaskWatch()
@@ -226,7 +217,7 @@ def test_an_empty_inbox_file_does_not_keep_a_pass_from_settling(tmp_path: Path) 
 def test_a_dead_writer_s_torn_inbox_tail_does_not_keep_a_pass_from_settling(
     tmp_path: Path,
 ) -> None:
-    _log(tmp_path, 0).write_bytes(_task("x"))
+    log_path(tmp_path, 0).write_bytes(_task("x"))
     (tmp_path / "shard-0" / "inbox").mkdir()
     (tmp_path / "shard-0" / "inbox" / "w@pid-1-aa.log").write_bytes(_task("y") + _task("z")[:9])
     watch = TaskWatch()
@@ -237,7 +228,7 @@ def test_a_dead_writer_s_torn_inbox_tail_does_not_keep_a_pass_from_settling(
 def test_a_read_stopped_at_max_bytes_says_how_much_it_left_and_the_pass_goes_on(
     tmp_path: Path,
 ) -> None:
-    _log(tmp_path, 0).write_bytes(b"".join(_task(f"t{i}") for i in range(20)) + _task("p"))
+    log_path(tmp_path, 0).write_bytes(b"".join(_task(f"t{i}") for i in range(20)) + _task("p"))
     watch = TaskWatch()
     watch.want({"p"})
     changes = watch.scanned(scan_queue(tmp_path, watch.request(1, 300)))
@@ -252,7 +243,7 @@ def test_a_read_stopped_at_max_bytes_says_how_much_it_left_and_the_pass_goes_on(
 def test_a_folder_that_cannot_be_read_is_reported_and_does_not_hold_the_pass(
     tmp_path: Path,
 ) -> None:
-    _log(tmp_path, 0).write_bytes(_task("x"))
+    log_path(tmp_path, 0).write_bytes(_task("x"))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "shard-0" / "inbox").symlink_to(elsewhere)
