@@ -48,7 +48,7 @@ from snerd.core.records import (
 )
 from snerd.core.schema import SNERD_EPOCH, TASK_DATA, TASK_ID
 from snerd.core.slots import slot_constructor
-from snerd.core.watch import ends_a_task, pick, pick_marks
+from snerd.core.watch import ends_a_task, pick, pick_marks, resume_at
 
 if TYPE_CHECKING:
     from sim.world import World
@@ -493,20 +493,7 @@ class Shell:
             return
         handle = pending.handle
         fs = self.fs
-        if pending.inbox:
-            # One writer per inbox file, and its appends are durable in issue order: each is
-            # recorded as it becomes durable (`inbox_record`), which is its file order too.
-            for done in fs.complete_append(handle):
-                entry = self._inbox_handles.pop(done.seq, None)
-                if entry is not None:
-                    self._record_inbox(entry[1], entry[2])
-        else:
-            handles, resolved, t = self._handles, self._resolved, self.world.t
-            for done in fs.complete_append(handle):
-                seq = done.seq
-                if seq in handles and seq not in resolved:
-                    resolved[seq] = t if fs.status(done) == "durable" else None
-            self._flush_records(pending.shard)
+        self._made_durable(pending.inbox, pending.shard, fs.complete_append(handle))
         status = fs.status(handle)
         if status == "durable" or status == "replaced":
             # fsync returned: the shell reports success even for a replaced file (it cannot
@@ -597,7 +584,7 @@ class Shell:
                     continue  # no log yet
                 size = fs.log_size(key)
                 known = effect.known.get((shard, segment))
-                start = known[1] if known is not None and known[0] == identity else 0
+                start = resume_at(known, identity, size)
                 chunk = self._scan_file(key, (shard, segment, identity), start, size, effect)
                 rest = 0
                 if chunk is not None:
@@ -644,22 +631,27 @@ class Shell:
     def reader_fsync(self, key: InboxKey | int) -> None:
         """A reader's fsync(2) of a file makes every writer's pending appends to it durable:
         recorded as durable now, as their writers' fsyncs would have when they returned."""
-        fs = self.fs
-        done = fs.sync_file(key)
-        if not done:
-            return
-        self.world.counters["reader_fsyncs"] += 1
-        if isinstance(key, InboxKey):
+        done = self.fs.sync_file(key)
+        if done:
+            self.world.counters["reader_fsyncs"] += 1
+            inbox = isinstance(key, InboxKey)
+            self._made_durable(inbox, key.shard if isinstance(key, InboxKey) else key, done)
+
+    def _made_durable(self, inbox: bool, shard: int, done: tuple[Any, ...]) -> None:
+        """Appends an fsync (their writer's, or a reader's) made durable, recorded now. One
+        writer per inbox file, and its appends are durable in issue order: each is recorded as
+        it becomes durable (`inbox_record`), which is its file order too."""
+        if inbox:
             for handle in done:
                 entry = self._inbox_handles.pop(handle.seq, None)
                 if entry is not None:
                     self._record_inbox(entry[1], entry[2])
             return
-        handles, resolved, t = self._handles, self._resolved, self.world.t
+        fs, handles, resolved, t = self.fs, self._handles, self._resolved, self.world.t
         for handle in done:
             if handle.seq in handles and handle.seq not in resolved:
                 resolved[handle.seq] = t if fs.status(handle) == "durable" else None
-        self._flush_records(key)
+        self._flush_records(shard)
 
     def _read_log_tail(self, proc: Proc, effect: fx.ReadLogTail) -> None:
         """What `snerd.io.inbox.read_log_tail` does: the shard's log from the offset given
@@ -673,7 +665,7 @@ class Shell:
             self.answer(proc, ev.LogTailRead(shard=effect.shard), 500, 5_000)
             return
         size = fs.log_size(key)
-        start = min(effect.offset if identity == effect.identity else 0, size)
+        start = resume_at((effect.identity, effect.offset), identity, size)
         data = fs.read_range(key, start, size - start)
         end = data.rfind(b"\n", 0, effect.max_bytes) + 1 or data.find(b"\n") + 1
         marks = pick_marks(data[:end], start, effect.writers)

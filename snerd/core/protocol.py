@@ -70,7 +70,6 @@ import orjson
 from snerd.core import dedupe
 from snerd.core import fields as rule
 from snerd.core import schedule as schedule_rules
-from snerd.core.cron import check_timezone
 from snerd.core.events import Event
 from snerd.core.fields import I32_MAX as _I32_MAX
 from snerd.core.fields import (
@@ -422,33 +421,10 @@ def _parse_schedule(doc: dict[str, Any]) -> Schedule:
     except ProtocolError as exc:
         detail = exc.message.removeprefix(failed_to_enqueue("")).removeprefix("Invalid JSON: ")
         raise ScheduleError(detail, name=name) from None
-    timezone = doc.get("timezone")
-    if timezone is not None:
-        if not isinstance(timezone, str):
-            raise ScheduleError(f"timezone must be a string, got {_type_name(timezone)}", name=name)
-        try:
-            check_timezone(timezone)
-        except ValueError as exc:
-            raise ScheduleError(str(exc), name=name) from None
-    misfire = doc.get("misfire", "once")
-    if misfire not in schedule_rules.MISFIRES:
-        raise ScheduleError(
-            f"misfire must be one of {', '.join(schedule_rules.MISFIRES)}, got "
-            f"{_show(str(misfire))!r}",
-            name=name,
-        )
-    catch_up = doc.get("catch_up", 1)
-    if type(catch_up) is not int or not 1 <= catch_up <= schedule_rules.CATCH_UP_MAX:
-        raise ScheduleError(
-            f"catch_up must be a whole number from 1 to {schedule_rules.CATCH_UP_MAX}", name=name
-        )
-    overlap = doc.get("overlap", "allow")
-    if overlap not in schedule_rules.OVERLAPS:
-        raise ScheduleError(
-            f"overlap must be one of {', '.join(schedule_rules.OVERLAPS)}, got "
-            f"{_show(str(overlap))!r}",
-            name=name,
-        )
+    try:
+        timezone, misfire, catch_up, overlap = schedule_rules.policies(doc)
+    except ValueError as exc:
+        raise ScheduleError(str(exc), name=name) from None
     task = {
         k: v
         for k, v in enqueue.items()
@@ -459,7 +435,7 @@ def _parse_schedule(doc: dict[str, Any]) -> Schedule:
         name=name,
         template=template,
         task=task,
-        timezone=timezone or None,
+        timezone=timezone,
         misfire=misfire,
         catch_up=catch_up,
         overlap=overlap,

@@ -28,9 +28,10 @@ saving as `snerd.core.cron.next_fire` says. Pure: the caller gives the clock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from snerd.core.cron import last_fires, next_fire
+from snerd.core.cron import check_timezone, last_fires, next_fire
+from snerd.core.fields import show
 from snerd.core.timefmt import format_rfc3339
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "OVERLAPS",
     "Due",
     "due",
+    "policies",
     "routing_key",
     "run_id",
     "schedule_of_run",
@@ -54,6 +56,30 @@ MISFIRE_GRACE_US: Final = 60 * 1_000_000
 CATCH_UP_MAX: Final = 1000
 #: The longest name: its runs' ids (`<name>@<tick>`, 28 bytes more) stay task ids.
 MAX_NAME_BYTES: Final = 900
+
+
+def policies(doc: dict[str, Any]) -> tuple[str | None, str, int, str]:
+    """A declaration's own fields (`timezone`, `misfire`, `catch_up`, `overlap`), checked,
+    with their defaults: (timezone or None, misfire, catch_up, overlap).
+
+    Raises:
+        ValueError: what is wrong, in words for the `Failed to schedule: ` answer.
+    """
+    timezone = doc.get("timezone")
+    if timezone is not None and not isinstance(timezone, str):
+        raise ValueError(f"timezone must be a string, got {type(timezone).__name__}")
+    if timezone:
+        check_timezone(timezone)
+    misfire = doc.get("misfire", "once")
+    if misfire not in MISFIRES:
+        raise ValueError(f"misfire must be one of {', '.join(MISFIRES)}, got {show(str(misfire))!r}")
+    catch_up = doc.get("catch_up", 1)
+    if type(catch_up) is not int or not 1 <= catch_up <= CATCH_UP_MAX:
+        raise ValueError(f"catch_up must be a whole number from 1 to {CATCH_UP_MAX}")
+    overlap = doc.get("overlap", "allow")
+    if overlap not in OVERLAPS:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAPS)}, got {show(str(overlap))!r}")
+    return timezone or None, misfire, catch_up, overlap
 
 
 def routing_key(name: str) -> str:

@@ -47,7 +47,17 @@ from snerd.core.schema import (
 )
 from snerd.core.shardlog import tombstone_outcome
 
-__all__ = ["COMPLETED", "DEAD", "LIVE", "UNKNOWN", "TaskWatch", "ends_a_task", "pick", "pick_marks"]
+__all__ = [
+    "COMPLETED",
+    "DEAD",
+    "LIVE",
+    "UNKNOWN",
+    "TaskWatch",
+    "ends_a_task",
+    "pick",
+    "pick_marks",
+    "resume_at",
+]
 
 LIVE = "live"
 COMPLETED = "completed"
@@ -123,6 +133,16 @@ def pick(
     for offset, reason in result.corrupt:
         corrupt.append((starts.get(offset, base_offset), reason))
     return records, corrupt, pos
+
+
+def resume_at(known: tuple[int, int] | None, identity: int, size: int) -> int:
+    """Where a reader of a queue file goes on: from the offset it `known`ly read to, when the
+    file is the one it read (same identity) and still reaches that far; else from 0 (a new
+    file, one compaction put in place, or one a crash's lost tail shortened). Every shell's
+    `ScanQueue` and `ReadLogTail` asks this."""
+    if known is not None and known[0] == identity and known[1] <= size:
+        return known[1]
+    return 0
 
 
 def ends_a_task(records: list[ev.LogRecord]) -> bool:

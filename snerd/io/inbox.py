@@ -32,7 +32,7 @@ from pathlib import Path
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.records import LINE_LIMIT
-from snerd.core.watch import pick_marks
+from snerd.core.watch import pick_marks, resume_at
 from snerd.io.files import open_dir, open_file, read_small, replace_file, unlink_file
 from snerd.io.log import read_log
 
@@ -231,8 +231,7 @@ def read_log_tail(directory: str | os.PathLike[str], effect: fx.ReadLogTail) -> 
         # The same file shorter than the offset read is read from 0 too (as the queue scan
         # does): cut back (a failed append is cut off the owner's log, perhaps read first),
         # or a new file that got the old inode number.
-        same = st.st_ino == effect.identity and effect.offset <= st.st_size
-        start = effect.offset if same else 0
+        start = resume_at((effect.identity, effect.offset), st.st_ino, st.st_size)
         data = os.pread(fd, min(effect.max_bytes, st.st_size - start), start)
         end = data.rfind(b"\n") + 1
         if not end and len(data) < st.st_size - start:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.records import LINE_LIMIT
-from snerd.core.watch import ends_a_task, pick
+from snerd.core.watch import ends_a_task, pick, resume_at
 from snerd.io.files import PathError, open_file
 from snerd.io.inbox import INBOX, inbox_files
 
@@ -114,9 +114,7 @@ def _read_lines(fd: int, known: tuple[int, int] | None, max_bytes: int) -> _Line
     """The complete lines of the open file from the offset `known` gives (when its identity
     is the file's, and the file still reaches it), else from 0."""
     st = os.fstat(fd)
-    start = 0
-    if known is not None and known[0] == st.st_ino and known[1] <= st.st_size:
-        start = known[1]
+    start = resume_at(known, st.st_ino, st.st_size)
     data = os.pread(fd, max(max_bytes, 1), start)
     end = data.rfind(b"\n") + 1
     if end == 0 and len(data) >= max_bytes:

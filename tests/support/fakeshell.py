@@ -19,7 +19,7 @@ from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import LockText
 from snerd.core.records import decode_line_at, encode_record, merge_base, scan
-from snerd.core.watch import pick, pick_marks
+from snerd.core.watch import pick, pick_marks, resume_at
 
 SECOND = 1_000_000
 T0 = 1_800_000_000 * SECOND  # a wall-clock origin in 2027
@@ -372,8 +372,7 @@ class FakeShell:
         its compaction generation) from the offset given, through `pick_marks`."""
         identity = self.disk.get("generations", {}).get(effect.shard, 1)
         data = bytes(self.disk["logs"].get(effect.shard, b""))
-        same = effect.identity == identity and effect.offset <= len(data)
-        start = effect.offset if same else 0
+        start = resume_at((effect.identity, effect.offset), identity, len(data))
         end = data.rfind(b"\n", start, start + effect.max_bytes) + 1 or start
         marks = pick_marks(data[start:end], start, effect.writers)
         return ev.LogTailRead(
@@ -401,7 +400,7 @@ class FakeShell:
         chunks = []
         for shard, segment, identity, data in files:
             known = effect.known.get((shard, segment))
-            start = known[1] if known is not None and known[0] == identity else 0
+            start = resume_at(known, identity, len(data))
             end = data.rfind(b"\n", start, start + effect.max_bytes) + 1
             if end <= start:
                 continue

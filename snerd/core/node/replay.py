@@ -121,11 +121,7 @@ class Replay:
             finished = parse_rfc3339(at)
         except ValueError:
             return
-        twins = self.node.book.finished_twins
-        known = twins.get(payload_hash)
-        if known is None or known.finished_at_us <= finished:
-            twins.pop(payload_hash, None)
-            twins[payload_hash] = FinishedTwin(task_id, shard, finished)
+        self.node.book.remember_twin(payload_hash, FinishedTwin(task_id, shard, finished))
 
     def _restore_tasks(self, shard: int, info: ShardInfo, fold: ShardFold) -> None:
         """Every live task of the fold, in enqueue order (snerdSeq, which compaction keeps:

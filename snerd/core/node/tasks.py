@@ -398,11 +398,16 @@ class TaskBook:
         """A task with a dedupe fingerprint ended: later enqueues with a `unique_until` of
         seconds are judged against it for that long (at most `FINISHED_TWINS` are kept, the
         latest)."""
-        if task.payload_hash is None:
-            return
+        if task.payload_hash is not None:
+            self.remember_twin(task.payload_hash, FinishedTwin(task.task_id, shard, at_us))
+
+    def remember_twin(self, payload_hash: str, twin: FinishedTwin) -> None:
+        """`twin` is the latest finished task of its fingerprint, unless one that finished
+        later is known (a replay reads shards in any order); the oldest beyond
+        `FINISHED_TWINS` are forgotten."""
         twins = self.finished_twins
-        twins.pop(task.payload_hash, None)
-        twins[task.payload_hash] = FinishedTwin(task.task_id, shard, at_us)
+        known = twins.pop(payload_hash, None)
+        twins[payload_hash] = twin if known is None or known.finished_at_us <= twin.finished_at_us else known
         if len(twins) > FINISHED_TWINS:
             del twins[next(iter(twins))]
 
