@@ -7,6 +7,11 @@ dicts, `action` first, in the exact shapes upstream SDKs parse. It must never pe
 clock or decide queue semantics: it answers "what did the SDK say, and is it well-formed?", and
 nothing about what the queue does with it.
 
+It stays one module (about 1,050 lines) because it is one vocabulary: every inbound command
+and outbound message, and the error texts SDKs match. A `schedule` line is parsed by the
+enqueue's own parser (its template) plus `snerd.core.schedule.policies` for its own fields, so
+the two cannot drift apart.
+
 Errors are the SDK's fault, never the daemon's: anything wrong with a line raises
 `ProtocolError`, whose `message` is the full text for an `error` message and whose `task_id` is
 the line's task id whenever one can be found, even in a line that is otherwise garbage — upstream
