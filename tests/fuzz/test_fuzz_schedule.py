@@ -26,7 +26,7 @@ zones = st.sampled_from(["Europe/Paris", "UTC", "Asia/Tokyo", "Mars/Base", "../e
 scalars = st.none() | st.booleans() | st.integers(-5, 2000) | st.text(max_size=8)
 fields: dict[str, st.SearchStrategy[Any]] = {
     "task_type": st.sampled_from(["t", "", 5]) | st.none(),
-    "task_data": st.sampled_from(["{}", '{"a":1}', "not json"]) | st.integers(),
+    "task_data": st.sampled_from(["{}", '{"a":1}', "not json"]) | st.integers(-(2**63), 2**63 - 1),
     "max_retries": st.integers(-1, 3) | st.none() | st.text(max_size=2),
     "retry_after_hours": st.sampled_from([0, 0.5, -1, "x"]) | st.none(),
     "timezone": zones,
