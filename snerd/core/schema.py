@@ -28,6 +28,10 @@ __all__ = [
     "AUTO_DEDUPE",
     "CLAIM_EPOCH",
     "CLAIM_NODE",
+    "COMMAND_ACTION",
+    "COMMAND_STAMP",
+    "COMMAND_TASK",
+    "COMMAND_TYPE",
     "CRON_EXPRESSION",
     "DELETED_AT",
     "DISPATCH_ATTEMPT",
@@ -38,21 +42,28 @@ __all__ = [
     "DROP_OF",
     "DROP_TASK",
     "EXECUTE_AT",
+    "INBOX_ANSWERS",
     "INBOX_DROPPED",
     "INBOX_FROM",
     "INBOX_NODE",
     "INBOX_OFFSET",
     "KIND_CLAIM",
+    "KIND_COMMAND",
     "KIND_DISPATCH",
     "KIND_INBOX",
+    "KIND_PAUSE",
     "KIND_SCHEDULE",
     "LAST_ERROR_OBJ",
     "LAST_JOB_ERROR",
     "MAX_EXECUTION_SECONDS",
     "MAX_PER_MINUTE",
     "MAX_RETRIES",
+    "OUTCOME_CANCELLED",
     "OUTCOME_COMPLETED",
     "OUTCOME_DEAD",
+    "PAUSE_PAUSED",
+    "PAUSE_STAMP",
+    "PAUSE_TYPE",
     "PAYLOAD_HASH",
     "POOL",
     "RATE_LIMIT_GROUP",
@@ -75,6 +86,7 @@ __all__ = [
     "SNERD_NODE",
     "SNERD_OUTCOME",
     "SNERD_REPLAYED_AT",
+    "SNERD_RESULT",
     "SNERD_SCHEDULE",
     "SNERD_SEQ",
     "SNERD_UNIQUE_UNTIL",
@@ -120,7 +132,8 @@ SNERD_SEQ: Final = "snerdSeq"  # the task's enqueue position in its shard (1, 2,
 SNERD_VIA: Final = "snerdVia"  # a task copied from an inbox: the node that wrote it there
 SNERD_UNIQUE_UNTIL: Final = "snerdUniqueUntil"  # with dedupe: "started", or seconds after the twin finished ("finished", the default, is not written)
 SNERD_OUTCOME: Final = "snerdOutcome"  # on a tombstone: "completed" or "dead_letter"
-SNERD_REPLAYED_AT: Final = "snerdReplayedAt"  # RFC 3339: when `dlq replay` put it back
+SNERD_REPLAYED_AT: Final = "snerdReplayedAt"  # RFC 3339: when `dlq replay` (or `retry`) put it back
+SNERD_RESULT: Final = "snerdResult"  # on a completed tombstone: the handler's return value (any JSON)
 SNERD_CRC: Final = "snerdCrc"  # always last: xxh3_64 hex of the line's bytes before it
 
 # -- The values of snerdKind and snerdOutcome ---------------------------------------------------
@@ -129,8 +142,11 @@ KIND_DISPATCH: Final = "dispatch"  # an attempt started (its task, number, time,
 KIND_CLAIM: Final = "claim"  # a node took the shard at an epoch; it fences older writers
 KIND_INBOX: Final = "inbox"  # the owner copied another node's inbox up to an offset
 KIND_SCHEDULE: Final = "schedule"  # a named schedule's declaration and last tick fired
+KIND_COMMAND: Final = "command"  # (inbox files only) an operator's command for the shard's owner
+KIND_PAUSE: Final = "pause"  # a task type's (or the whole queue's) pause state in the shard
 OUTCOME_COMPLETED: Final = "completed"  # the tombstone of a task that succeeded
 OUTCOME_DEAD: Final = "dead_letter"  # the tombstone of a task that used every attempt
+OUTCOME_CANCELLED: Final = "cancelled"  # the tombstone of a task cancelled before it ended
 
 # -- The keys of snerd's non-task records (snerdKind set) ---------------------------------------
 
@@ -143,6 +159,7 @@ INBOX_NODE: Final = "node"  # an inbox mark: the node whose inbox was copied
 INBOX_OFFSET: Final = "offset"  # an inbox mark: the inbox's byte offset copied up to
 INBOX_FROM: Final = "from"  # an inbox mark: the inbox's byte offset this copy began at
 INBOX_DROPPED: Final = "dropped"  # an inbox mark: the records not taken in, [{task, at, why, of?}]
+INBOX_ANSWERS: Final = "answers"  # an inbox mark: the owner's answers to the commands in it, [{at, ...}]
 SCHEDULE_NAME: Final = "name"  # a schedule: its name
 SCHEDULE_TASK: Final = "task"  # ... what each run is enqueued with (the enqueue's wire fields)
 SCHEDULE_CRON: Final = "cron"  # ... its cron expression, normalized
@@ -157,4 +174,11 @@ DROP_TASK: Final = "task"  # a record not taken in: its task id
 DROP_AT: Final = "at"  # ... its byte offset in the inbox file
 DROP_OF: Final = "of"  # ... dropped as a duplicate of this task
 DROP_ERROR: Final = "error"  # ... or refused with this error, as the enqueue would have been
+COMMAND_ACTION: Final = "action"  # a command: cancel | retry | pause | resume
+COMMAND_TASK: Final = "task"  # ... the task id a cancel or retry acts on
+COMMAND_TYPE: Final = "type"  # ... the task type a pause or resume acts on ("*": the whole queue)
+COMMAND_STAMP: Final = "stamp"  # ... a pause or resume's [wall µs, node]: the latest wins
+PAUSE_TYPE: Final = "type"  # a pause record: the task type ("*": the whole queue)
+PAUSE_PAUSED: Final = "paused"  # ... true while paused
+PAUSE_STAMP: Final = "stamp"  # ... the [wall µs, node] of the command that set it
 RECORD_AT: Final = "at"  # a dispatch or claim: RFC 3339, when it happened
