@@ -214,6 +214,25 @@ class Shell:
         if effect.level == "error":
             self.world.counters["node_errors"] += 1
 
+    def _read_record(self, proc: Proc, effect: fx.ReadRecord) -> None:
+        """What `snerd.io.runtime` does: the record at the location, read back whole."""
+        loc = effect.location
+        raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
+        try:
+            fields_ = decode_line_at(raw, f"shard {loc.shard}:{loc.offset}+{loc.length}")
+        except CorruptRecord as exc:
+            read = ev.RecordRead(token=effect.token, error=str(exc))
+        else:
+            read = ev.RecordRead(token=effect.token, fields=fields_)
+        self.answer(proc, read, 200, 2_000)
+
+    def _stop_attempt(self, proc: Proc, effect: fx.StopAttempt) -> None:
+        """Recorded; the simulated handler runs on and its result, if it comes, is one the
+        node drops (a stopped attempt's)."""
+        self.world.record(
+            {"kind": "stop", "task": effect.task_id, "attempt": effect.attempt, "node": proc.name}
+        )
+
     def _execute(self, proc: Proc, effect: fx.Execute) -> None:
         loc = effect.location
         raw = self.fs.read_range(loc.shard, loc.offset, loc.length)
@@ -848,6 +867,8 @@ _EFFECTS: dict[type[Any], Callable[[Shell, Proc, Any], None]] = {
     fx.CheckInboxes: Shell._check_inboxes,
     fx.RemoveInbox: Shell._remove_inbox,
     fx.Compact: Shell._compact,
+    fx.ReadRecord: Shell._read_record,
+    fx.StopAttempt: Shell._stop_attempt,
 }
 
 

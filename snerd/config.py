@@ -102,6 +102,7 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "SNERD_UNKNOWN_PARENT_SECONDS": (0.001, 7 * 86_400.0),
     # 0: acked at the inbox write (upstream's ack); at most a minute, since a caller waits.
     "SNERD_DEDUPE_WAIT_MS": (0, 60_000),
+    "SNERD_COMMAND_WAIT_MS": (1, 600_000),
     "SNERD_TEST_RECENT_BYTES": (1024, 1 << 32),
     "SNERD_TEST_COMPACT_MIN_BYTES": (4096, 1 << 40),
 }
@@ -298,6 +299,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     watch_poll_ms = _int(env, "SNERD_WATCH_POLL_MS", 250)
     unknown_parent = seconds_setting(env, "SNERD_UNKNOWN_PARENT_SECONDS", 60.0)
     dedupe_wait_ms = _int(env, "SNERD_DEDUPE_WAIT_MS", 5000)
+    command_wait_ms = _int(env, "SNERD_COMMAND_WAIT_MS", 5000)
     history_limit = _int(env, "SNERD_HISTORY_LIMIT", 10_000)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = shared.mountinfo_path
@@ -323,6 +325,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         watch_poll_us=watch_poll_ms * 1000,
         unknown_parent_wait_us=int(unknown_parent * SECOND),
         dedupe_wait_us=dedupe_wait_ms * 1000,
+        command_wait_us=command_wait_ms * 1000,
         history_limit=history_limit,
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,

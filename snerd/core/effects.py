@@ -30,9 +30,12 @@ __all__ = [
     "ReadLog",
     "ReadLogTail",
     "ReadMembership",
+    "ReadRecord",
+    "ReadTask",
     "RemoveInbox",
     "ScanQueue",
     "Send",
+    "StopAttempt",
     "TryLock",
     "Unlock",
     "WriteMembership",
@@ -285,6 +288,34 @@ class Execute(Effect):
     attempt: int
     location: Location
     max_execution_seconds: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopAttempt(Effect):
+    """A running attempt's task was cancelled: the shell tells the SDK to stop its handler
+    (`{"action":"cancel","task_id","attempt"}`; embedded: cancels it). Its result, if one
+    still comes, is ignored."""
+
+    task_id: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadRecord(Effect):
+    """Read the record at `location` back; answered by a `RecordRead` with `token`."""
+
+    token: int
+    location: Location
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadTask(Effect):
+    """Find every record of `task_id` in the queue's files (every shard's log and inbox files,
+    `shards` of them) for a `get`; answered by a `TaskRead` with `token`."""
+
+    token: int
+    task_id: str
+    shards: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

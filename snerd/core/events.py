@@ -45,9 +45,11 @@ __all__ = [
     "Now",
     "PayloadUnreadable",
     "QueueScanned",
+    "RecordRead",
     "ScanChunk",
     "ShardUnusable",
     "Started",
+    "TaskRead",
     "Tick",
     "WebhookFinished",
 ]
@@ -283,6 +285,27 @@ class LogTailRead(Event):
     end: int = 0
     size: int = 0
     records: tuple[LogRecord, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordRead(Event):
+    """The answer to a `ReadRecord`: the record's fields, or why it could not be read."""
+
+    token: int
+    fields: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRead(Event):
+    """The answer to a `ReadTask`: the task's records as found, each `(shard, source, offset,
+    fields)` (`source`: "log", or the writer of the inbox file), in file order per file; or
+    why the files could not be read."""
+
+    token: int
+    task_id: str
+    found: tuple[tuple[int, str, int, dict[str, Any]], ...] = ()
     error: str | None = None
 
 

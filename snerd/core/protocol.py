@@ -107,17 +107,23 @@ __all__ = [
     "NO_SHARDS_OWNED",
     "SHUTTING_DOWN",
     "SNIFF_BYTES",
+    "Cancel",
     "Command",
+    "ControlCommand",
     "Enqueue",
+    "GetTask",
+    "Pause",
     "PlainEnqueue",
     "Progress",
     "ProtocolError",
     "Register",
+    "Requeue",
     "Result",
     "StatsRequested",
     "ack_enqueued",
     "ack_lines",
     "ack_registered",
+    "cancelled",
     "encode_message",
     "enqueue_command",
     "error",
@@ -128,12 +134,15 @@ __all__ = [
     "membership",
     "parse_document",
     "parse_line",
+    "paused",
     "plain_enqueue",
     "plain_result",
     "progress",
     "result_command",
+    "retried",
     "sniff_task_id",
     "stats",
+    "task_details",
     "timed_out",
     "too_many_task_types",
     "unknown_result",
@@ -171,6 +180,9 @@ class Register(Event):
     """The SDK has a handler for `task_type` (and wants its dead letters)."""
 
     task_type: str
+    #: snerd extra: the SDK stops the handler when told `{"action":"cancel"}` (a running
+    #: attempt whose task was cancelled). Upstream SDKs never say so and are never told.
+    cancellable: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -255,8 +267,50 @@ class Unschedule(Event):
     name: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel(Event):
+    """Cancel `task_id`: it never starts again; a running attempt is stopped
+    (`snerd.core.control`)."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requeue(Event):
+    """Put the dead-lettered (or cancelled) task `task_id` back in the queue, attempts reset
+    (the `retry` action)."""
+
+    task_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pause(Event):
+    """Pause (`paused`) or resume the dispatch of `task_type` (None: of the whole queue) on
+    every daemon (the `pause` and `resume` actions)."""
+
+    task_type: str | None
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetTask(Event):
+    """Look `task_id` up wherever it is (the `get` action)."""
+
+    task_id: str
+
+
+#: The job-control commands (`snerd.core.control` holds their rules).
+ControlCommand: TypeAlias = Cancel | Requeue | Pause | GetTask
+
 Command: TypeAlias = (
-    Register | Enqueue | Result | Progress | StatsRequested | Schedule | Unschedule
+    Register
+    | Enqueue
+    | Result
+    | Progress
+    | StatsRequested
+    | Schedule
+    | Unschedule
+    | ControlCommand
 )
 
 
@@ -383,14 +437,39 @@ def parse_document(doc: Any) -> Command:
         if not task_type:
             raise fields.invalid("field `task_type` must not be empty")
         fields.check_size("task_type", task_type, MAX_NAME_BYTES)
-        return Register(task_type=task_type)
+        return Register(task_type=task_type, cancellable=fields.optional_bool("cancellable") or False)
     if action == "stats":
         return StatsRequested()
     if action == "schedule":
         return _parse_schedule(doc)
     if action == "unschedule":
         return Unschedule(name=_schedule_name(doc))
+    if action in ("cancel", "retry", "get"):
+        task_id = fields.required_id()
+        if action == "cancel":
+            return Cancel(task_id=task_id)
+        return Requeue(task_id=task_id) if action == "retry" else GetTask(task_id=task_id)
+    if action in ("pause", "resume"):
+        return Pause(task_type=_paused_type(fields), paused=action == "pause")
     raise fields.invalid(f"unknown action '{_show(action)}'")
+
+
+def _paused_type(fields: _Fields) -> str | None:
+    """The `task_type` of a `pause` or `resume`, or None for `"queue": true` (all of them):
+    exactly one of the two, so that a line missing its type never pauses everything."""
+    whole = fields.optional_bool("queue")
+    task_type = fields.doc.get("task_type")
+    if whole:
+        if task_type is not None:
+            raise fields.invalid("give `task_type` or `\"queue\": true`, not both")
+        return None
+    if task_type is None:
+        raise fields.invalid("missing field `task_type` (or `\"queue\": true` for every type)")
+    task_type = fields.required_str("task_type")
+    if not task_type:
+        raise fields.invalid("field `task_type` must not be empty")
+    fields.check_size("task_type", task_type, MAX_NAME_BYTES)
+    return task_type
 
 
 #: The fields of a `schedule` line that are not an enqueue's.
@@ -940,6 +1019,52 @@ def schedule_error(name: str | None, message: str) -> dict[str, Any]:
     if name is not None:
         msg["name"] = name
     return msg
+
+
+def cancelled(
+    task_id: str, found: str, *, done: bool, shard: int | None, pending: bool = False
+) -> dict[str, Any]:
+    """The answer to a `cancel`: the state the task was `found` in (`snerd.core.control`),
+    whether this cancel ended it (`cancelled`), its shard; `pending` when the command is
+    durable but no owner has decided it yet (it is applied when one does)."""
+    msg: dict[str, Any] = {
+        "action": "cancelled",
+        "task_id": task_id,
+        "found": found,
+        "cancelled": done,
+        "shard": None if shard is None else f"shard-{shard}",
+    }
+    if pending:
+        msg["pending"] = True
+    return msg
+
+
+def retried(
+    task_id: str, found: str, *, done: bool, shard: int | None, pending: bool = False
+) -> dict[str, Any]:
+    """The answer to a `retry`, in the shape of `cancelled`'s (`retried`: it is queued again)."""
+    msg = cancelled(task_id, found, done=done, shard=shard, pending=pending)
+    msg["action"] = "retried"
+    msg["retried"] = msg.pop("cancelled")
+    return msg
+
+
+def paused(task_type: str | None, is_paused: bool, shards: int, pending: list[int]) -> dict[str, Any]:
+    """The answer to a `pause` or `resume`: applied on every shard but those `pending` (written
+    to their inboxes; their owners apply it when they read them)."""
+    return {
+        "action": "paused",
+        "task_type": task_type,
+        "paused": is_paused,
+        "shards": shards,
+        "pending": [f"shard-{n}" for n in sorted(pending)],
+    }
+
+
+def task_details(task_id: str, details: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer to a `get`: `{"action":"task","task_id":ID, ...details}`
+    (`snerd.core.story.details`)."""
+    return {"action": "task", "task_id": task_id, **details}
 
 
 def error(task_id: str | None, message: str) -> dict[str, Any]:

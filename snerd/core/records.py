@@ -78,6 +78,10 @@ from snerd.core.schema import (
     AUTO_DEDUPE,
     CLAIM_EPOCH,
     CLAIM_NODE,
+    COMMAND_ACTION,
+    COMMAND_STAMP,
+    COMMAND_TASK,
+    COMMAND_TYPE,
     CRON_EXPRESSION,
     DELETED_AT,
     DISPATCH_ATTEMPT,
@@ -88,19 +92,25 @@ from snerd.core.schema import (
     DROP_OF,
     DROP_TASK,
     EXECUTE_AT,
+    INBOX_ANSWERS,
     INBOX_DROPPED,
     INBOX_FROM,
     INBOX_NODE,
     INBOX_OFFSET,
     KIND_CLAIM,
+    KIND_COMMAND,
     KIND_DISPATCH,
     KIND_INBOX,
+    KIND_PAUSE,
     KIND_SCHEDULE,
     LAST_ERROR_OBJ,
     LAST_JOB_ERROR,
     MAX_EXECUTION_SECONDS,
     MAX_PER_MINUTE,
     MAX_RETRIES,
+    PAUSE_PAUSED,
+    PAUSE_STAMP,
+    PAUSE_TYPE,
     PAYLOAD_HASH,
     POOL,
     RATE_LIMIT_GROUP,
@@ -591,6 +601,28 @@ def _dropped(key: str, value: Any) -> None:
             raise BadField(f"{key} holds an entry with neither {DROP_OF} nor {DROP_ERROR}")
 
 
+def _answers(key: str, value: Any) -> None:
+    """An ingest's answers to the commands it read: `[{"at": offset, "found": state, "done":
+    bool}]` (`snerd.core.control.answer_entry`)."""
+    if type(value) is not list or any(type(item) is not dict for item in value):
+        raise _WrongType(value, "an array of objects")
+    for item in value:
+        _count(f"{key}[].{DROP_AT}", item.get(DROP_AT))
+        if type(item.get("found")) is not str or type(item.get("done")) is not bool:
+            raise BadField(f"{key} holds an entry without a found state or a done flag")
+
+
+def _stamp(key: str, value: Any) -> None:
+    """A pause's `[wall µs, node id]`."""
+    if (
+        type(value) is not list
+        or len(value) != 2
+        or type(value[0]) is not int
+        or type(value[1]) is not str
+    ):
+        raise _WrongType(value, "an array of an integer and a string")
+
+
 def _last_job_error(key: str, value: Any) -> None:
     if type(value) is not dict:
         raise _WrongType(value, "an object")
@@ -692,8 +724,23 @@ _KINDS: dict[str, tuple[dict[str, _Check], tuple[str, ...]]] = {
             INBOX_OFFSET: _count,
             INBOX_FROM: _count,
             INBOX_DROPPED: _dropped,
+            INBOX_ANSWERS: _answers,
         },
         (INBOX_NODE, INBOX_OFFSET),
+    ),
+    KIND_PAUSE: (
+        {**_COMMON, PAUSE_TYPE: _task_type, PAUSE_PAUSED: _bool, PAUSE_STAMP: _stamp},
+        (PAUSE_PAUSED, PAUSE_STAMP),
+    ),
+    KIND_COMMAND: (
+        {
+            **_COMMON,
+            COMMAND_ACTION: _str,
+            COMMAND_TASK: _task_id,
+            COMMAND_TYPE: _task_type,
+            COMMAND_STAMP: _stamp,
+        },
+        (COMMAND_ACTION,),
     ),
 }
 #: A kind this snerd does not know (a newer one wrote it; it is skipped): only the keys every

@@ -55,6 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from snerd.core.control import PauseMark, newer, pause_of
 from snerd.core.effects import KeepRange
 from snerd.core.events import LogRecord
 from snerd.core.ownership import MAX_COUNT
@@ -72,10 +73,12 @@ from snerd.core.schema import (
     KIND_CLAIM,
     KIND_DISPATCH,
     KIND_INBOX,
+    KIND_PAUSE,
     KIND_SCHEDULE,
     LAST_ERROR_OBJ,
     LAST_JOB_ERROR,
     MAX_RETRIES,
+    OUTCOME_CANCELLED,
     OUTCOME_COMPLETED,
     OUTCOME_DEAD,
     PAYLOAD_HASH,
@@ -163,12 +166,15 @@ class DeadLetter:
 
 
 def tombstone_outcome(fields: dict[str, Any]) -> str:
-    """How a tombstone's task ended: `OUTCOME_COMPLETED`, `OUTCOME_DEAD`, or, for a tombstone
+    """How a tombstone's task ended: `OUTCOME_COMPLETED`, `OUTCOME_DEAD`, `OUTCOME_CANCELLED`,
+    or, for a tombstone
     without `snerdOutcome` (upstream), `OUTCOME_DEAD_INFERRED` when it has upstream's dead-letter
     shape, else `OUTCOME_COMPLETED`."""
     outcome = fields.get(SNERD_OUTCOME)
     if outcome == OUTCOME_DEAD:
         return OUTCOME_DEAD
+    if outcome == OUTCOME_CANCELLED:
+        return OUTCOME_CANCELLED
     if outcome is not None:
         return OUTCOME_COMPLETED
     retry_count = _int_or(fields.get(RETRY_COUNT), 0)
@@ -246,6 +252,9 @@ class ShardFold:
     inbox_records: dict[str, LogRecord] = field(default_factory=dict)
     #: The latest record of each named schedule (a removal included), by name.
     schedules: dict[str, LogRecord] = field(default_factory=dict)
+    #: Per task type (None: the whole queue), the pause record with the latest stamp (a
+    #: resume included: `snerd.core.control`).
+    pauses: dict[str | None, tuple[PauseMark, LogRecord]] = field(default_factory=dict)
     #: Records ignored by fencing.
     stale: list[StaleRecord] = field(default_factory=list)
     #: Records of a kind this snerd does not know, and task records without a string
@@ -301,6 +310,16 @@ class ShardFold:
             if isinstance(name, str):
                 self.schedules.pop(name, None)  # re-insert: in the order of their latest
                 self.schedules[name] = record
+            return
+        if kind == KIND_PAUSE:
+            found = pause_of(f)
+            if found is None:
+                self.ignored += 1
+                return
+            task_type, mark = found
+            held = self.pauses.get(task_type)
+            if newer(None if held is None else held[0], mark.stamp):
+                self.pauses[task_type] = (mark, record)
             return
         if kind is not None:
             self.ignored += 1
@@ -365,7 +384,7 @@ class ShardFold:
             if task_id in self.live:
                 continue
             outcome = tombstone_outcome(record.fields)
-            if outcome == OUTCOME_COMPLETED:
+            if outcome in (OUTCOME_COMPLETED, OUTCOME_CANCELLED):
                 continue
             f = record.fields
             retry_count = _int_or(f.get(RETRY_COUNT), 0)
@@ -415,8 +434,9 @@ class ShardFold:
         """The records a compaction must carry over, in file order: the latest record of each
         live task and its in-flight dispatch record, the latest claim record and the one that
         set the fence, the latest inbox record of each writer, the latest record of each
-        schedule not removed, dispatch records of rate-limited groups younger than `window_us`, and
-        the latest `history_limit` finished tasks. Folding the kept records gives the same
+        schedule not removed, the winning pause record of each type, dispatch records of
+        rate-limited groups younger than `window_us`, and the latest `history_limit` finished
+        tasks. Folding the kept records gives the same
         live tasks, in-flight attempts, fence and (younger) rate windows."""
         if history_limit < 0:
             raise ValueError("history_limit must be 0 or more")
@@ -433,6 +453,8 @@ class ShardFold:
         for record in self.schedules.values():
             if record.fields.get(SCHEDULE_REMOVED) is not True:
                 add(record)
+        for _mark, record in self.pauses.values():
+            add(record)
         for record in self.live.values():
             add(record)
         for task_id in self.in_flight():

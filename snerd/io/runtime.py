@@ -476,6 +476,22 @@ class Runtime:
             )
         )
 
+    def _stop_attempt(self, effect: fx.StopAttempt) -> None:
+        self.peer.deliver(
+            {"action": "cancel", "task_id": effect.task_id, "attempt": effect.attempt}
+        )
+
+    def _read_record(self, effect: fx.ReadRecord) -> None:
+        loc = effect.location
+        try:
+            assert self._recent is not None
+            fields = self._recent.read_record(self.log_path(loc.shard), loc.offset, loc.length)
+        except Exception as exc:  # one task's record: it fails that command, never the daemon
+            why = str(exc) if isinstance(exc, OSError | ValueError) else _unexpected(exc)
+            self.submit(ev.RecordRead(token=effect.token, error=why))
+            return
+        self.submit(ev.RecordRead(token=effect.token, fields=fields))
+
     def _dead_letter(self, effect: fx.DeliverDeadLetter) -> None:
         try:
             data = self._read_payload(effect.location)
@@ -930,4 +946,6 @@ _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.TryLock: Runtime._try_lock,
     fx.Unlock: Runtime._unlock,
     fx.CallWebhook: Runtime._webhook,
+    fx.StopAttempt: Runtime._stop_attempt,
+    fx.ReadRecord: Runtime._read_record,
 }

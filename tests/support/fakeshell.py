@@ -18,7 +18,7 @@ from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import LockText
-from snerd.core.records import decode_line_at, encode_record, merge_base, scan
+from snerd.core.records import CorruptRecord, decode_line_at, encode_record, merge_base, scan
 from snerd.core.watch import pick, pick_marks, resume_at
 
 SECOND = 1_000_000
@@ -49,6 +49,7 @@ class FakeShell:
         self.sent: list[dict[str, Any]] = []
         self.executed: list[fx.Execute] = []
         self.webhooks: list[fx.CallWebhook] = []
+        self.stopped: list[fx.StopAttempt] = []
         #: Every membership read the node asked for (with the locks it asked to touch).
         self.membership_reads: list[fx.ReadMembership] = []
         self.dead_letters: list[fx.DeliverDeadLetter] = []
@@ -342,6 +343,17 @@ class FakeShell:
         elif isinstance(effect, fx.ScanQueue):
             self.scans += 1
             self.queue.append(self._scan_queue(effect))
+        elif isinstance(effect, fx.StopAttempt):
+            self.stopped.append(effect)
+        elif isinstance(effect, fx.ReadRecord):
+            loc = effect.location
+            src = self.disk["logs"][loc.shard][loc.offset : loc.offset + loc.length]
+            try:
+                fields = decode_line_at(bytes(src), f"shard {loc.shard}:{loc.offset}")
+            except CorruptRecord as exc:
+                self.queue.append(ev.RecordRead(token=effect.token, error=str(exc)))
+            else:
+                self.queue.append(ev.RecordRead(token=effect.token, fields=fields))
         elif isinstance(effect, fx.Compact) and self.hold_compaction:
             self.held_compactions.append(effect)
         elif isinstance(effect, fx.Compact):

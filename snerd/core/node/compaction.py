@@ -94,6 +94,8 @@ class Compaction:
                     offsets[loc.offset] = loc.length
         for loc, _ in info.history.values():
             offsets[loc.offset] = loc.length
+        for loc in self.node.control.locs(shard):
+            offsets[loc.offset] = loc.length
         for loc in self.node.schedules.locs(shard):
             offsets[loc.offset] = loc.length
         horizon = self.node.now.wall - RateWindows.WINDOW_US
@@ -168,6 +170,7 @@ class Compaction:
             t: (moved.get(loc.offset, loc), outcome) for t, (loc, outcome) in info.history.items()
         }
         self.node.schedules.moved(shard, moved)
+        self.node.control.moved(shard, moved)
         info.window_records = deque(
             (t, moved.get(loc.offset, loc)) for t, loc in info.window_records
         )

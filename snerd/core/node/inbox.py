@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
+from snerd.core.control import answer_entry
 from snerd.core.dedupe import FINISHED
 from snerd.core.node.model import (
     ACTIVE,
@@ -42,10 +43,12 @@ from snerd.core.schema import (
     DROP_ERROR,
     DROP_OF,
     DROP_TASK,
+    INBOX_ANSWERS,
     INBOX_DROPPED,
     INBOX_FROM,
     INBOX_NODE,
     INBOX_OFFSET,
+    KIND_COMMAND,
     KIND_INBOX,
     KIND_SCHEDULE,
     PAYLOAD_HASH,
@@ -265,14 +268,24 @@ class InboxIngest:
         ids: list[str | None] = []
         taken: set[str] = set()
         dropped: list[dict[str, Any]] = []
+        answers: list[dict[str, Any]] = []
         end = chunk.end
         for record in chunk.records:
-            if self._waits_at_ingest(record.fields, taken):
+            if self._waits_at_ingest(record.fields, taken, chunk.shard):
                 # What it would be dropped against is not in the log yet: dropped now, this
                 # record (acked by its writer) would be lost if that append failed and this
                 # one landed. The file is taken up to it; the rest is read again later.
                 end = record.offset
                 break
+            if record.fields.get(SNERD_KIND) == KIND_COMMAND:
+                # A cancel, retry or pause another daemon took: its records (a tombstone, a
+                # task put back, a pause) join this ingest's append; its answer, the mark.
+                answer = self.node.control.ingest(record.fields, chunk.shard)
+                if isinstance(answer, str):
+                    self.out.log("warning", f"{where}: byte {record.offset}: {answer}; skipped")
+                else:
+                    answers.append(answer_entry(record.offset, answer))
+                continue
             task_id = self._ingest_one(chunk, record, info, where, dropped)
             if task_id is None:
                 continue
@@ -294,6 +307,8 @@ class InboxIngest:
         }
         if dropped:
             mark[INBOX_DROPPED] = [d for d in dropped if d[DROP_AT] < end]
+        if answers:
+            mark[INBOX_ANSWERS] = answers
         records.append(new_record({**mark, **self.node.tenure.meta(chunk.shard)}))
         info.inbox_taken[chunk.node] = end
         self.out.append(
@@ -302,11 +317,13 @@ class InboxIngest:
             IngestPart(chunk.shard, tasks=ids, writer=chunk.node, end=end),
         )
 
-    def _waits_at_ingest(self, fields: dict[str, Any], taken: set[str]) -> bool:
+    def _waits_at_ingest(self, fields: dict[str, Any], taken: set[str], shard: int) -> bool:
         """An inbox record that `_ingest_one` would drop only against live tasks whose records
         are not in the log yet (an enqueue in flight, another ingest): the task with its id,
         or every live task with its dedupe fingerprint. Those taken in by the same ingest do
-        not count: its records land together."""
+        not count: its records land together. Or a command `Control` cannot decide yet."""
+        if fields.get(SNERD_KIND) == KIND_COMMAND:
+            return self.node.control.waits_at_ingest(fields, shard)
         task_id = fields.get(TASK_ID)
         same = self.node.book.tasks.get(task_id) if isinstance(task_id, str) else None
         if same is not None:

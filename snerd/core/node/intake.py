@@ -173,6 +173,8 @@ class Intake:
             self.out.send(proto.error(None, proto.too_many_task_types(cmd.task_type)))
             return
         self.node.book.registered.add(cmd.task_type)
+        if cmd.cancellable:
+            self.node.book.cancellable.add(cmd.task_type)
         self.out.send(proto.ack_registered(cmd.task_type))
         parked = self.node.book.parked_by_type.pop(cmd.task_type, None)
         while parked:
@@ -496,6 +498,7 @@ class Intake:
             and not any(self.node.book.ready.values())
             and not self.shards[task.shard].giving_back
             and self.shards[task.shard].hold_dispatch_until_mono is None
+            and not (self.node.control.paused_shards and self.node.control.holds(task))
         )
 
     def _enqueue_to_inbox(self, cmd: proto.Enqueue, shard: int, payload_hash: str | None) -> None:
@@ -541,6 +544,10 @@ class Intake:
             return
         task = self.node.book.result_task(cmd.task_id, cmd.attempt)
         if task is None:
+            stopped = self.node.control.stopped.get(cmd.task_id)
+            if stopped is not None and cmd.attempt in (stopped, None):
+                del self.node.control.stopped[cmd.task_id]  # an attempt a cancel stopped
+                return
             self.out.send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
             return
         self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
@@ -618,6 +625,7 @@ class Intake:
                 "in_flight": len(self.node.book.inflight),
                 "total_deduplicated": self.node.stats["total_deduplicated"],
                 "waiting_types": self.node.waiting_types(),
+                "paused_types": self.node.control.paused_types(),
                 "node": self.config.node_id,
             },
         )

@@ -107,6 +107,10 @@ TRANSITIONS: frozenset[tuple[TaskState, TaskState]] = frozenset(
         (S.BLOCKED, S.READY),
         (S.BLOCKED, S.WAITING),
         (S.BLOCKED, S.FINISHING),
+        # cancelled while it waits (`snerd.core.control`)
+        (S.WAITING, S.FINISHING),
+        (S.READY, S.FINISHING),
+        (S.PARKED, S.FINISHING),
         (S.ENQUEUING, S.FINISHING),  # replayed, but its record is one it cannot run with
         (S.WAITING, S.READY),
         (S.READY, S.PARKED),
@@ -208,6 +212,15 @@ class NodeConfig:
     #: most, for that daemon's decision (SNERD_DEDUPE_WAIT_MS; 0: acked at its write, as
     #: upstream did), and how often this node looks for it meanwhile.
     dedupe_wait_us: int = 5 * SECOND
+    #: How long a cancel, retry or pause sent through other daemons' inboxes waits, at most,
+    #: for their owners' answers before it is answered `pending` (SNERD_COMMAND_WAIT_MS).
+    command_wait_us: int = 5 * SECOND
+    #: A cancelled task is dispatched all the same while it waits (the rule `snerd.core.control`
+    #: replaced). Only the simulator's negative control `--unsafe-cancel-late` turns it on.
+    unsafe_ignore_cancel: bool = False
+    #: Pause records are written but dispatch does not look at them. Only the simulator's
+    #: negative control `--unsafe-ignore-pause` turns it on.
+    unsafe_ignore_pause: bool = False
     verdict_poll_us: int = 50_000
     #: While children wait on parents this node does not hold, how often it reads the
     #: queue's files for news of them (SNERD_WATCH_POLL_MS), and how much of a file at once.

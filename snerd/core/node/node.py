@@ -70,6 +70,7 @@ from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
 from snerd.core.node.compaction import Compaction
+from snerd.core.node.control import Control
 from snerd.core.node.inbox import InboxIngest
 from snerd.core.node.intake import Intake
 from snerd.core.node.model import (
@@ -144,6 +145,8 @@ class Node:
         self.verdicts = Verdicts(self)
         #: The named schedules of the shards this node owns.
         self.schedules = Schedules(self)
+        #: Cancel, retry and pause, and the pause marks of owned shards.
+        self.control = Control(self)
         self.replay = Replay(self)
         self.intake = Intake(self)
         self.outcomes = Outcomes(self)
@@ -253,6 +256,7 @@ class Node:
         self.parents.invariants()
         self.verdicts.invariants()
         self.schedules.invariants()
+        self.control.invariants()
         self.tenure.invariants()
         self.inbox.invariants()
         if self.phase is STOPPED:
@@ -344,6 +348,10 @@ class Node:
             proto.StatsRequested: self.intake.on_stats,
             proto.Schedule: self.schedules.on_schedule,
             proto.Unschedule: self.schedules.on_schedule,
+            proto.Cancel: self.control.on_command,
+            proto.Requeue: self.control.on_command,
+            proto.Pause: self.control.on_command,
+            ev.RecordRead: self.control.on_record_read,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -416,6 +424,7 @@ class Node:
             Timer("parent scan", False, parents.scan_due, parents.scan_fire),
             Timer("verdict poll", False, verdicts.poll_due, verdicts.poll_fire),
             Timer("verdict wait", False, verdicts.deadline_due, verdicts.deadline_fire),
+            Timer("command wait", False, self.control.deferred_due, self.control.deferred_fire),
             Timer("lock probe", False, tenure.probe_due, tenure.probe_fire),
             # Deadlines acted on elsewhere, which only need the node woken at them: the lease
             # (checked by `_begin` before every event), the drain's timeout and its wait for

@@ -35,8 +35,10 @@ __all__ = [
     "IngestPart",
     "OpenAppend",
     "Outbox",
+    "PausePart",
     "PendingAppend",
     "RearmPart",
+    "RequeuePart",
     "RetryPart",
     "Run",
 ]
@@ -167,6 +169,30 @@ class InboxPart(PendingAppend):
     schedule: str = ""
     #: An enqueue with dedupe: answered with the owner's decision (`Verdicts`), not at its write.
     verdict: bool = False
+    #: A command (cancel, retry, pause): the number of the `Ask` in `Control` waiting for
+    #: the owner's answer; 0 for none.
+    ask: int = 0
+
+
+@dataclass(slots=True)
+class PausePart(PendingAppend):
+    """A shard's `pause` record for one task type (None: the whole queue)."""
+
+    KIND: ClassVar[str] = "pause"
+    task_type: str | None = None
+    #: The `Ask` answered once it lands (0: none, a pause ingested from an inbox).
+    ask: int = 0
+
+
+@dataclass(slots=True)
+class RequeuePart(PendingAppend):
+    """A finished task put back in the queue: its new record (`snerd.core.control`)."""
+
+    KIND: ClassVar[str] = "requeue"
+    task_id: str = ""
+    ask: int = 0
+    #: The state it was found in (`snerd.core.control`), for the answer.
+    found: str = ""
 
 
 @dataclass(slots=True)

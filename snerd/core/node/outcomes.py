@@ -47,8 +47,10 @@ from snerd.core.node.outbox import (
     GroupPart,
     InboxPart,
     IngestPart,
+    PausePart,
     PendingAppend,
     RearmPart,
+    RequeuePart,
     RetryPart,
     SchedulePart,
 )
@@ -102,6 +104,8 @@ class Outcomes:
             IngestPart: inbox.ingest_committed,
             FirePart: node.schedules.fire_committed,
             SchedulePart: node.schedules.schedule_committed,
+            PausePart: node.control.pause_committed,
+            RequeuePart: node.control.requeue_committed,
         }
         self.failed: dict[type[PendingAppend], Failed] = {
             EnqueuePart: self._enqueue_failed,
@@ -115,6 +119,8 @@ class Outcomes:
             IngestPart: inbox.ingest_failed,
             FirePart: node.schedules.fire_failed,
             SchedulePart: node.schedules.schedule_failed,
+            PausePart: self._retry_later,
+            RequeuePart: node.control.requeue_failed,
         }
         self.book = book
 
@@ -208,7 +214,9 @@ class Outcomes:
         p = self.out.pending.pop(event.token)
         if type(p) is InboxPart:
             self.node.inbox.segment_committed(p, event.offsets[-1] + event.lengths[-1])
-            if self.node.verdicts.awaits(p):
+            if p.ask:
+                self.node.control.forwarded(p, event.offsets[0], event.log_identity, event.log_size)
+            elif self.node.verdicts.awaits(p):
                 self.node.verdicts.hold(p, event.offsets[0], event.log_identity, event.log_size)
             elif p.schedule:
                 self.out.send(proto.scheduled(p.schedule, "forwarded"))
@@ -377,6 +385,8 @@ class Outcomes:
         if type(p) is InboxPart:
             del self.out.pending[event.token]
             self.node.inbox.segment_failed(p, event.error)
+            if p.ask:
+                self.node.control.forward_failed(p, event.error)
             return
         info = self.shards[p.shard]
         info.appends_in_flight -= 1

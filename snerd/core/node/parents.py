@@ -131,11 +131,11 @@ class Parents:
         return True
 
     def parent_finished(self, parent: str, outcome: str) -> None:
-        """A task of this node ended (`OUTCOME_COMPLETED` or `OUTCOME_DEAD`): its children go on
+        """A task of this node ended (`OUTCOME_COMPLETED`, `OUTCOME_DEAD`, `OUTCOME_CANCELLED`): its children go on
         or fail through."""
         if parent not in self.children:
             return
-        if outcome == OUTCOME_DEAD:
+        if outcome != OUTCOME_COMPLETED:  # dead-lettered or cancelled
             self._fail_children(parent, f"{FAILED_PARENT}{parent}")
         else:
             self._release(parent)

@@ -30,6 +30,7 @@ from snerd.core.schema import (
     CLAIM_NODE,
     DELETED_AT,
     KIND_CLAIM,
+    OUTCOME_CANCELLED,
     OUTCOME_COMPLETED,
     OUTCOME_DEAD,
     PAYLOAD_HASH,
@@ -84,6 +85,7 @@ class Replay:
         self._restore_shard(shard, info, fold)
         self._restore_tasks(shard, info, fold)
         self.node.schedules.load(shard, fold.schedules)
+        self.node.control.load(shard, fold.pauses)
         self._fence(shard, info, fold)
 
     def _restore_shard(self, shard: int, info: ShardInfo, fold: ShardFold) -> None:
@@ -102,7 +104,7 @@ class Replay:
         info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
             outcome = tombstone_outcome(record.fields)
-            if outcome != OUTCOME_COMPLETED:
+            if outcome not in (OUTCOME_COMPLETED, OUTCOME_CANCELLED):
                 outcome = OUTCOME_DEAD
             info.history[task_id] = (loc(record), outcome)
             self._twin_from(shard, task_id, record.fields)

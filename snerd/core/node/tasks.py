@@ -25,6 +25,7 @@ from snerd.core.dedupe import UniqueUntil
 from snerd.core.fields import adopt_cron
 from snerd.core.node.model import (
     ACTIVE,
+    BLOCKED,
     CLEARED_ON_SUCCESS,
     DISPATCHING,
     ENQUEUING,
@@ -66,6 +67,7 @@ from snerd.core.schema import (
     MAX_EXECUTION_SECONDS,
     MAX_PER_MINUTE,
     MAX_RETRIES,
+    OUTCOME_CANCELLED,
     OUTCOME_COMPLETED,
     OUTCOME_DEAD,
     PAYLOAD_HASH,
@@ -103,6 +105,8 @@ class TaskBook:
         self.out = node.outbox
         self.tasks: dict[str, Task] = {}
         self.registered: set[str] = set()
+        #: Types whose SDK handler can be stopped (`register` with `cancellable`).
+        self.cancellable: set[str] = set()
         self.inflight: dict[str, InFlight] = {}
         #: Some flight may have a deadline (set with it; cleared by `timeouts_fire` when none has).
         self.timed_flights = False
@@ -123,6 +127,8 @@ class TaskBook:
         self.finished_twins: dict[str, FinishedTwin] = {}
         #: Ready tasks of shards being given back (not dispatched here any more), by shard.
         self.parked_by_shard: dict[int, ReadyQueue[str]] = {}
+        #: Ready tasks whose type is paused in their shard (`Control.holds`), by shard.
+        self.parked_by_pause: dict[int, ReadyQueue[str]] = {}
         self.seq = 0
 
     # -- timers (`Node.timers`)
@@ -158,6 +164,9 @@ class TaskBook:
         for shard, queue in self.parked_by_shard.items():
             entries(f"parked_by_shard[{shard}]", queue, PARKED)
             require(all(tasks[t].shard == shard for t in queue.queued()), "parked on another shard")
+        for shard, queue in self.parked_by_pause.items():
+            entries(f"parked_by_pause[{shard}]", queue, PARKED)
+            require(all(tasks[t].shard == shard for t in queue.queued()), "paused on another shard")
         entries("due", self.due, WAITING)
         for task_id, task in tasks.items():
             if task.state in (READY, PARKED, WAITING):
@@ -319,6 +328,7 @@ class TaskBook:
             self.parked_by_type.get(task.task_type),
             self.parked_by_group.get(task.group or ""),
             self.parked_by_shard.get(task.shard),
+            self.parked_by_pause.get(task.shard),
         ):
             if q is not None:
                 q.discard(task.task_id)
@@ -523,6 +533,11 @@ class TaskBook:
         if task.webhook_url is None and task.task_type not in self.registered:
             self.park_by_type(task)
             return
+        control = self.node.control
+        if control.paused_shards and task.shard in control.paused_shards and control.holds(task):
+            self.move(task, PARKED)
+            queue_in(self.parked_by_pause, task.shard).push(task.task_id, task.urgency, task.seq)
+            return
         if task.group is not None and task.max_per_minute is not None:
             now = self.node.now
             if not self.windows.allows(task.group, task.max_per_minute, now.wall):
@@ -597,6 +612,27 @@ class TaskBook:
                 timeout_seconds=timeout,
             )
         )
+
+    def cancel(self, task: Task) -> None:
+        """End a live task as cancelled (`snerd.core.node.control`): out of its queue or its
+        flight (the attempt's result, if one comes, is dropped), then its tombstone."""
+        if task.state is RUNNING:
+            self._end_flight(task)
+        else:
+            self._unqueue(task)
+            if task.state is BLOCKED:
+                self.node.parents.forget(task.task_id)
+            self.move(task, FINISHING)
+        self.finish(task, OUTCOME_CANCELLED, None)
+
+    def unpark_paused(self, shard: int) -> None:
+        """A resume in `shard`: its tasks held by a pause are ready again (`dispatch` parks
+        those still paused once more)."""
+        parked = self.parked_by_pause.pop(shard, None)
+        while parked:
+            task = self.tasks[parked.pop()]
+            self.move(task, READY)
+            self.push_ready(task)
 
     def _end_flight(self, task: Task) -> None:
         flight = self.inflight.pop(task.task_id)
@@ -763,10 +799,7 @@ class TaskBook:
         self.twin_finished(task, task.shard, self.node.now.wall)
         history = info.history
         history.pop(task.task_id, None)  # (a reused id: its latest end goes last)
-        history[task.task_id] = (
-            loc,
-            OUTCOME_DEAD if outcome == OUTCOME_DEAD else OUTCOME_COMPLETED,
-        )
+        history[task.task_id] = (loc, outcome)
         while len(history) > self.config.history_limit:
             del history[next(iter(history))]
         if outcome == OUTCOME_DEAD:
@@ -774,6 +807,7 @@ class TaskBook:
             self._deliver_dead(task, loc, error)
         self.node.parents.parent_finished(task.task_id, outcome)
         self.node.schedules.run_finished(task.task_id)
+        self.node.control.task_finished(task.task_id, outcome)
 
 
 def _parse_time(value: Any, default: int) -> int:

@@ -703,6 +703,7 @@ class Tenure:
         for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
             self.node.book.forget(task_id)
         self.node.schedules.forget_shard(shard)
+        self.node.control.forget_shard(shard)
         # Appends held back by a compaction still running are never made: they belong to this
         # tenure (a compaction ends with them otherwise, `Compaction._over`).
         for effect in info.backlog:
@@ -762,7 +763,9 @@ class Tenure:
         for task_id in [t.task_id for t in self.node.book.tasks.values() if t.shard == shard]:
             self.node.book.forget(task_id)
         self.node.schedules.forget_shard(shard)
+        self.node.control.forget_shard(shard)
         self.node.book.parked_by_shard.pop(shard, None)
+        self.node.book.parked_by_pause.pop(shard, None)
         info.history.clear()
         info.window_records.clear()
         info.claim_loc = None

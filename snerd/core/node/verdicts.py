@@ -27,10 +27,11 @@ latest of each file), the enqueue is undecided too, at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from snerd.core import control
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
@@ -44,7 +45,6 @@ from snerd.core.schema import (
     INBOX_DROPPED,
     INBOX_FROM,
     INBOX_NODE,
-    INBOX_OFFSET,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +60,8 @@ class _Waiting:
     at: int
     #: When it is answered undecided (mono).
     until: int
+    #: A command's `Ask` in `Control` (0: an enqueue), answered from the mark's `answers`.
+    ask: int = 0
 
 
 @dataclass(slots=True)
@@ -111,7 +113,10 @@ class Verdicts:
         for shard, s in list(self.shards.items()):
             late = [w for w in s.waiting if now.mono >= w.until]
             for w in late:
-                self._answer(shard, w, None)
+                if w.ask:
+                    self.node.control.answered(w.ask, shard, None)
+                else:
+                    self._answer(shard, w, None)
             self._drop_answered(shard, s, late)
 
     # -- the rule
@@ -130,7 +135,8 @@ class Verdicts:
         elif s.identity == log_identity and log_size < s.offset:
             s.offset = log_size  # read on from the earliest place an answer may be
         now = self.node.now.mono
-        s.waiting.append(_Waiting(p.task_id, p.segment.name, at, now + self.config.dedupe_wait_us))
+        wait = self.config.command_wait_us if p.ask else self.config.dedupe_wait_us
+        s.waiting.append(_Waiting(p.task_id, p.segment.name, at, now + wait, p.ask))
         if self.poll_at_mono < now:
             # No sooner than the owner may have looked at its inboxes.
             self.poll_at_mono = now + self.config.verdict_poll_us
@@ -157,10 +163,13 @@ class Verdicts:
                 marks.setdefault(f[INBOX_NODE], []).append(f)
         answered: list[_Waiting] = []
         for w in s.waiting:
-            verdict = _find(marks.get(w.segment, ()), w.at)
-            if verdict is _LATER:
+            mark = control.mark_at(marks.get(w.segment, ()), w.at)
+            if mark is control.LATER:
                 continue
-            self._answer(event.shard, w, None if verdict is _GONE else verdict)
+            if w.ask:
+                self.node.control.answered(w.ask, event.shard, control.command_answer(mark, w.at))
+            else:
+                self._answer(event.shard, w, _verdict(mark, w.at))
             answered.append(w)
         if event.start < event.end < event.size:
             # More to read: at once. (A read that took nothing, before a torn last line the
@@ -209,24 +218,17 @@ class Verdicts:
 
 
 _TAKEN = "taken"
-_LATER = "later"
-_GONE = "gone"
 
 
-def _find(marks: Iterable[dict[str, Any]], at: int) -> dict[str, Any] | str:
-    """What the `inbox` records of one writer's file (in log order) say of its record at byte
-    `at`: the `dropped` entry naming it, `_TAKEN`, `_GONE` (only a record of a later range is
-    there: the one that held it was compacted away) or `_LATER` (none says yet)."""
-    for mark in marks:
-        start, end = mark[INBOX_FROM], mark.get(INBOX_OFFSET)
-        if not isinstance(end, int):
-            continue
-        if start > at:
-            return _GONE
-        if at >= end:
-            continue
-        for entry in mark.get(INBOX_DROPPED) or ():
-            if isinstance(entry, dict) and entry.get(DROP_AT) == at:
-                return entry
-        return _TAKEN
-    return _LATER
+def _verdict(mark: Mapping[str, Any] | str, at: int) -> dict[str, Any] | str | None:
+    """What the mark says of the enqueue at byte `at`: the `dropped` entry naming it,
+    `_TAKEN`, or None (`control.GONE`: undecided)."""
+    if not isinstance(mark, dict):
+        return None
+    for entry in mark.get(INBOX_DROPPED) or ():
+        if isinstance(entry, dict) and entry.get(DROP_AT) == at:
+            return entry
+    return _TAKEN
+
+
+
