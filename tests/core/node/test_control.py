@@ -231,7 +231,7 @@ def test_a_pause_survives_compaction() -> None:
     for i in range(50):
         sh.enqueue(f"x{i}")
         sh.result(f"x{i}")
-    assert sh.node.compaction is not None
+    assert len(sh.log_records()) < 50  # compacted: 101 records were written
     again = FakeShell(sh.config, disk=sh.disk)
     again.start()
     again.register("p")
@@ -342,7 +342,7 @@ def test_a_retry_through_the_inbox_puts_the_dead_letter_back_on_its_owner() -> N
 
 
 def test_the_answer_waits_for_the_configured_command_wait() -> None:
-    owner, other = pair(NodeConfig(node_id="other@pid-2-b", command_wait_us=SECOND))
+    _owner, other = pair(NodeConfig(node_id="other@pid-2-b", command_wait_us=SECOND))
     other.line({"action": "pause", "task_type": "t"})
     other.advance(1.5)
     assert answer(other, "paused")["pending"] == ["shard-0"]
