@@ -225,13 +225,13 @@ def test_pausing_the_whole_queue_holds_every_type_and_survives_a_restart() -> No
 
 
 def test_a_pause_survives_compaction() -> None:
-    sh = started(compact_min_bytes=1, compact_dead_ratio=1)
+    sh = started(compact_min_bytes=1, compact_dead_ratio=1, history_limit=1)
     sh.register("t")
     sh.line({"action": "pause", "task_type": "p"})
     for i in range(50):
         sh.enqueue(f"x{i}")
         sh.result(f"x{i}")
-    assert len(sh.log_records()) < 50  # compacted: 101 records were written
+    assert len(sh.log_records()) < 20  # compacted: 152 records were written
     again = FakeShell(sh.config, disk=sh.disk)
     again.start()
     again.register("p")
