@@ -37,6 +37,7 @@ from sim.process import APPEND_DONE, APPEND_ISSUE, CARRY_OUT, DELIVER, MEMBERSHI
 from sim.settings import uniform
 from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core.control import decided_in
 from snerd.core.ownership import LockText, owned_by
 from snerd.core.records import (
     CorruptRecord,
@@ -688,6 +689,8 @@ class Shell:
         data = fs.read_range(key, start, size - start)
         end = data.rfind(b"\n", 0, effect.max_bytes) + 1 or data.find(b"\n") + 1
         marks = pick_marks(data[:end], start, effect.writers)
+        if decided_in(marks):
+            self.reader_fsync(key)
         read = ev.LogTailRead(
             shard=effect.shard,
             identity=identity,

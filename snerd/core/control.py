@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from snerd.core import protocol as proto
+from snerd.core.events import LogRecord
 from snerd.core.schema import (
     COMMAND_ACTION,
     COMMAND_STAMP,
@@ -73,6 +74,7 @@ __all__ = [
     "command_answer",
     "command_fields",
     "command_of",
+    "decided_in",
     "ended_state",
     "is_paused",
     "live_state",
@@ -216,6 +218,13 @@ def mark_at(marks: Iterable[Mapping[str, Any]], at: int) -> Mapping[str, Any] | 
             continue
         return mark
     return LATER
+
+
+def decided_in(marks: Iterable[LogRecord]) -> bool:
+    """Marks a reader of a log found hold an owner's answer to a command: the reader fsyncs
+    the log before it answers, so that what it says cannot be lost with the owner's unsynced
+    bytes (the queue scan does the same for tombstones, `snerd.core.watch.ends_a_task`)."""
+    return any(m.fields.get(INBOX_ANSWERS) for m in marks)
 
 
 def command_answer(mark: Mapping[str, Any] | str, at: int) -> Answer | None:
