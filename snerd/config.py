@@ -97,6 +97,11 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "SNERD_WATCH_POLL_MS": (10, 60_000),
     # Finished tasks each log keeps (a late child's parent, `snerdmq dlq`): up to ten million.
     "SNERD_HISTORY_LIMIT": (0, 10_000_000),
+    # A result must fit in a line with the rest of its message: at most the default line
+    # less `_RESULT_LINE_OVERHEAD` (and checked against SNERD_MAX_LINE_BYTES when that is set).
+    "SNERD_RESULT_MAX_BYTES": (1, 64 * 1024 * 1024 - 2048),
+    # 0: kept as long as the history limit keeps them; at most about ten years.
+    "SNERD_RESULT_RETENTION_SECONDS": (0.0, 10 * 365 * 86_400.0),
     # Above 0 (a wait of none would fail a child whose parent is a moment from its inbox), at
     # most a week.
     "SNERD_UNKNOWN_PARENT_SECONDS": (0.001, 7 * 86_400.0),
@@ -268,6 +273,27 @@ def env_dashboard_token(env: Mapping[str, str] | None = None) -> str | None:
     return env.get("SNERD_DASHBOARD_TOKEN")
 
 
+#: Bytes of a `result` line besides its result (its action, id, status, attempt), at most.
+_RESULT_LINE_OVERHEAD = 2048
+
+
+def _result_settings(env: Mapping[str, str], max_line: int) -> tuple[int, float]:
+    """SNERD_RESULT_MAX_BYTES and SNERD_RESULT_RETENTION_SECONDS (default 7 days). A result
+    must fit in a line of SNERD_MAX_LINE_BYTES with the rest of its message: a limit set
+    past that is refused; unset, it is 256 KiB or what such a line leaves room for."""
+    from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES
+
+    room = max(1, max_line - _RESULT_LINE_OVERHEAD)
+    result_max = _int(env, "SNERD_RESULT_MAX_BYTES", min(DEFAULT_RESULT_MAX_BYTES, room))
+    if result_max > room:
+        raise ConfigError(
+            f"SNERD_RESULT_MAX_BYTES={result_max} leaves no room in a line of "
+            f"SNERD_MAX_LINE_BYTES={max_line}: at most {room}"
+        )
+    retention = seconds_setting(env, "SNERD_RESULT_RETENTION_SECONDS", 7 * 86_400.0)
+    return result_max, retention
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate every SNERD_* variable. Raises ConfigError naming the bad one."""
     # Imported here: the subcommands read their few settings (`seconds_setting`) without the
@@ -299,6 +325,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     unknown_parent = seconds_setting(env, "SNERD_UNKNOWN_PARENT_SECONDS", 60.0)
     dedupe_wait_ms = _int(env, "SNERD_DEDUPE_WAIT_MS", 5000)
     history_limit = _int(env, "SNERD_HISTORY_LIMIT", 10_000)
+    result_max, retention = _result_settings(env, max_line)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = shared.mountinfo_path
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
@@ -324,6 +351,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         unknown_parent_wait_us=int(unknown_parent * SECOND),
         dedupe_wait_us=dedupe_wait_ms * 1000,
         history_limit=history_limit,
+        result_max_bytes=result_max,
+        result_retention_us=int(retention * SECOND),
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,
     )

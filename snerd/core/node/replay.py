@@ -100,12 +100,18 @@ class Replay:
         info.inbox_done = dict(fold.inbox)
         info.inbox_taken = dict(fold.inbox)
         info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
+        retention = self.config.result_retention_us
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
+            self._twin_from(shard, task_id, record.fields)
             outcome = tombstone_outcome(record.fields)
             if outcome != OUTCOME_COMPLETED:
-                outcome = OUTCOME_DEAD
-            info.history[task_id] = (loc(record), outcome)
-            self._twin_from(shard, task_id, record.fields)
+                info.history[task_id] = (loc(record), OUTCOME_DEAD)
+                continue
+            # A completed task past the result retention is not history (compaction drops it).
+            at = _finished_at(record.fields, self.node.now.wall)
+            if not retention or at >= self.node.now.wall - retention:
+                info.history[task_id] = (loc(record), OUTCOME_COMPLETED)
+                info.completed_at[task_id] = at
         windows = self.node.book.windows
         for group, at, record in fold.windows:
             windows.restore(group, [at])
@@ -238,3 +244,15 @@ def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) 
         attempt=retry_count,
         last_error=None,
     )
+
+
+def _finished_at(fields: dict[str, Any], default: int) -> int:
+    """When a tombstone says its task finished (wall µs), or `default` when its `deletedAt`
+    is not a time this reads (an upstream record's, say): then it counts as just finished."""
+    at = fields.get(DELETED_AT)
+    if isinstance(at, str):
+        try:
+            return parse_rfc3339(at)
+        except ValueError:
+            pass
+    return default

@@ -764,6 +764,7 @@ class Tenure:
         self.node.schedules.forget_shard(shard)
         self.node.book.parked_by_shard.pop(shard, None)
         info.history.clear()
+        info.completed_at.clear()
         info.window_records.clear()
         info.claim_loc = None
         info.reloading = True
