@@ -240,6 +240,13 @@ class ToolSettings:
     clock_offset_s: float = 0.0
     #: Test hook: the mount table the filesystem check reads (SNERD_TEST_MOUNTINFO).
     mountinfo_path: str = MOUNTINFO
+    #: SNERD_RESULT_RETENTION_SECONDS: how long completed tasks (and their results) are kept;
+    #: 0, as long as the history limit keeps them.
+    result_retention_s: float = 7 * 86_400.0
+
+    @property
+    def result_retention_us(self) -> int:
+        return int(self.result_retention_s * 1_000_000)
 
     @property
     def lease_ttl_us(self) -> int:
@@ -263,6 +270,7 @@ def load_tool_settings(env: Mapping[str, str] | None = None) -> ToolSettings:
         lease_ttl_s=seconds_setting(env, "SNERD_LEASE_TTL", 30.0),
         clock_offset_s=seconds_setting(env, "SNERD_TEST_CLOCK_OFFSET", 0.0),
         mountinfo_path=env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO,
+        result_retention_s=seconds_setting(env, "SNERD_RESULT_RETENTION_SECONDS", 7 * 86_400.0),
     )
 
 
@@ -277,10 +285,10 @@ def env_dashboard_token(env: Mapping[str, str] | None = None) -> str | None:
 _RESULT_LINE_OVERHEAD = 2048
 
 
-def _result_settings(env: Mapping[str, str], max_line: int) -> tuple[int, float]:
-    """SNERD_RESULT_MAX_BYTES and SNERD_RESULT_RETENTION_SECONDS (default 7 days). A result
-    must fit in a line of SNERD_MAX_LINE_BYTES with the rest of its message: a limit set
-    past that is refused; unset, it is 256 KiB or what such a line leaves room for."""
+def _result_max_bytes(env: Mapping[str, str], max_line: int) -> int:
+    """SNERD_RESULT_MAX_BYTES. A result must fit in a line of SNERD_MAX_LINE_BYTES with the
+    rest of its message: a limit set past that is refused; unset, it is 256 KiB or what such
+    a line leaves room for."""
     from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES
 
     room = max(1, max_line - _RESULT_LINE_OVERHEAD)
@@ -290,8 +298,7 @@ def _result_settings(env: Mapping[str, str], max_line: int) -> tuple[int, float]
             f"SNERD_RESULT_MAX_BYTES={result_max} leaves no room in a line of "
             f"SNERD_MAX_LINE_BYTES={max_line}: at most {room}"
         )
-    retention = seconds_setting(env, "SNERD_RESULT_RETENTION_SECONDS", 7 * 86_400.0)
-    return result_max, retention
+    return result_max
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -325,7 +332,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     unknown_parent = seconds_setting(env, "SNERD_UNKNOWN_PARENT_SECONDS", 60.0)
     dedupe_wait_ms = _int(env, "SNERD_DEDUPE_WAIT_MS", 5000)
     history_limit = _int(env, "SNERD_HISTORY_LIMIT", 10_000)
-    result_max, retention = _result_settings(env, max_line)
+    result_max = _result_max_bytes(env, max_line)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = shared.mountinfo_path
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
@@ -352,7 +359,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         dedupe_wait_us=dedupe_wait_ms * 1000,
         history_limit=history_limit,
         result_max_bytes=result_max,
-        result_retention_us=int(retention * SECOND),
+        result_retention_us=shared.result_retention_us,
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,
     )

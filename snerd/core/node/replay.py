@@ -40,7 +40,7 @@ from snerd.core.schema import (
     TASK_ID,
     TASK_TYPE,
 )
-from snerd.core.shardlog import ShardFold, tombstone_outcome
+from snerd.core.shardlog import ShardFold, finished_at_us, past_retention, tombstone_outcome
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 if TYPE_CHECKING:
@@ -100,18 +100,15 @@ class Replay:
         info.inbox_done = dict(fold.inbox)
         info.inbox_taken = dict(fold.inbox)
         info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
-        retention = self.config.result_retention_us
+        retention, now = self.config.result_retention_us, self.node.now.wall
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
             self._twin_from(shard, task_id, record.fields)
-            outcome = tombstone_outcome(record.fields)
-            if outcome != OUTCOME_COMPLETED:
+            if tombstone_outcome(record.fields) != OUTCOME_COMPLETED:
                 info.history[task_id] = (loc(record), OUTCOME_DEAD)
-                continue
-            # A completed task past the result retention is not history (compaction drops it).
-            at = _finished_at(record.fields, self.node.now.wall)
-            if not retention or at >= self.node.now.wall - retention:
+            elif not past_retention(record.fields, now, retention):
+                # (One past the result retention is not history: compaction drops it.)
                 info.history[task_id] = (loc(record), OUTCOME_COMPLETED)
-                info.completed_at[task_id] = at
+                info.completed_at[task_id] = finished_at_us(record.fields, now)
         windows = self.node.book.windows
         for group, at, record in fold.windows:
             windows.restore(group, [at])
@@ -245,14 +242,3 @@ def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) 
         last_error=None,
     )
 
-
-def _finished_at(fields: dict[str, Any], default: int) -> int:
-    """When a tombstone says its task finished (wall µs), or `default` when its `deletedAt`
-    is not a time this reads (an upstream record's, say): then it counts as just finished."""
-    at = fields.get(DELETED_AT)
-    if isinstance(at, str):
-        try:
-            return parse_rfc3339(at)
-        except ValueError:
-            pass
-    return default
