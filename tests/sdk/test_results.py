@@ -124,8 +124,10 @@ def test_result_value_copies_checks_and_measures() -> None:
     for _ in range(127):
         deep = [deep]
     assert result_value("t", deep, 1 << 20)[1] is None
-    assert result_value("t", [deep], 1 << 20)[1] == "task t: result is nested deeper than 127 levels"
-    assert result_value("t", 2**70, 100)[1] is not None  # beyond 64 bits: not JSON the daemon reads
+    too_deep = "task t: result is nested deeper than 127 levels"
+    assert result_value("t", [deep], 1 << 20)[1] == too_deep
+    # Beyond 64 bits: not JSON the daemon reads as an integer.
+    assert result_value("t", 2**70, 100)[1] is not None
 
 
 def test_a_result_message_carries_a_value_only_on_success() -> None:
