@@ -241,4 +241,3 @@ def _unrunnable_task(shard: int, f: dict[str, Any], loc: fx.Location, seq: int) 
         attempt=retry_count,
         last_error=None,
     )
-
