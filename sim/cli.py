@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
         help="a schedule's fire leaves its record at the tick before (a control)",
     )
     p.add_argument(
+        "--unsafe-wrong-result",
+        action="store_true",
+        help="a success's tombstone stores a result its handler did not return (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
             "no-margin",
@@ -94,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
             "absent-parents-done",
             "dedupe-ack-at-write",
             "fire-unmarked",
+            "wrong-result",
             "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
@@ -136,6 +142,7 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_absent_parents_done"] = args.unsafe_absent_parents_done
     given["unsafe_dedupe_ack_at_write"] = args.unsafe_dedupe_ack_at_write
     given["unsafe_fire_unmarked"] = args.unsafe_fire_unmarked
+    given["unsafe_wrong_result"] = args.unsafe_wrong_result
     return given
 
 
@@ -171,6 +178,7 @@ def repro_command(settings: Settings) -> str:
         unsafe_absent_parents_done=settings.unsafe_absent_parents_done,
         unsafe_dedupe_ack_at_write=settings.unsafe_dedupe_ack_at_write,
         unsafe_fire_unmarked=settings.unsafe_fire_unmarked,
+        unsafe_wrong_result=settings.unsafe_wrong_result,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

@@ -151,9 +151,12 @@ class Settings:
     #: A schedule's runs are written with its record still naming the tick before, so a new
     #: owner fires those ticks again (`NodeConfig.unsafe_fire_unmarked`).
     unsafe_fire_unmarked: bool = False
+    #: A success's tombstone stores a result its handler did not return
+    #: (`NodeConfig.unsafe_wrong_result`).
+    unsafe_wrong_result: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
     #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
-    #: "dedupe-ack-at-write", "fire-unmarked" or "nfsv3".
+    #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -355,6 +358,8 @@ class Settings:
             out.append("--unsafe-dedupe-ack-at-write")
         if self.unsafe_fire_unmarked:
             out.append("--unsafe-fire-unmarked")
+        if self.unsafe_wrong_result:
+            out.append("--unsafe-wrong-result")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

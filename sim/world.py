@@ -91,8 +91,9 @@ from sim.workload import TASK_TYPE, Workload
 from snerd.core import events as ev
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import OwnershipConfig
-from snerd.core.records import CorruptRecord, decode_line_at
-from snerd.core.schema import DISPATCH_TASK, TASK_ID
+from snerd.core.records import CorruptRecord, decode_line_at, scan
+from snerd.core.schema import DISPATCH_TASK, OUTCOME_COMPLETED, SNERD_RESULT, TASK_ID
+from snerd.core.shardlog import ShardFold, tombstone_outcome
 
 #: The simulator checks a node's `invariants()` after every this many events handed to the
 #: nodes: each check walks the node's tasks, so checking after every event would make a long
@@ -245,6 +246,7 @@ class World:
             unknown_parent_wait_us=self.s.unknown_parent_wait_us,
             unsafe_absent_parents_done=self.s.unsafe_absent_parents_done,
             unsafe_fire_unmarked=self.s.unsafe_fire_unmarked,
+            unsafe_wrong_result=self.s.unsafe_wrong_result,
             # (The daemon's 5 s; 0, upstream's ack at the inbox write, for the control.)
             dedupe_wait_us=0 if self.s.unsafe_dedupe_ack_at_write else 5 * SECOND,
         )
@@ -519,6 +521,7 @@ class World:
         self.events = events
         if not self.finished:
             self._judge_liveness(final=True)
+        self._record_stored_results()
         self.record({"kind": "end"})
         return Outcome(
             settings=s,
@@ -531,6 +534,21 @@ class World:
             history_len=len(self.history),
             counters={**self.counters, **asdict(self.fs.stats())},
         )
+
+    def _record_stored_results(self) -> None:
+        """Every completed task's stored result, as the final logs hold it, read back through
+        the core's fold (`stored_result` entries, judged by `sim.check.results`)."""
+        for shard in self.fs.shards():
+            data = self.fs.read_log(shard)
+            fold = ShardFold(keep_payloads=False, fence=not self.s.unsafe_no_fence)
+            fold.add_all(scan(data, at_eof=True).records)
+            for task_id, record in fold.finished.items():
+                if task_id in fold.live or tombstone_outcome(record.fields) != OUTCOME_COMPLETED:
+                    continue
+                entry: dict[str, Any] = {"kind": "stored_result", "task": task_id, "shard": shard}
+                if record.fields.get(SNERD_RESULT) is not None:
+                    entry["result"] = record.fields[SNERD_RESULT]
+                self.record(entry)
 
     def _begin(self) -> None:
         """The history's `params`, the hosts' clocks, every process, and the first events of

@@ -35,7 +35,13 @@ import anyio.abc
 import orjson
 
 from snerd.sdk.errors import DaemonExited
-from snerd.sdk.face import EXIT_GRACE_S, QueueFace, drain_timeout_from_env, env_overrides
+from snerd.sdk.face import (
+    EXIT_GRACE_S,
+    QueueFace,
+    drain_timeout_from_env,
+    env_overrides,
+    result_max_bytes_from_env,
+)
 from snerd.sdk.signals import Signal
 
 __all__ = ["SnerdQueue", "default_binary"]
@@ -118,7 +124,10 @@ class SnerdQueue(QueueFace):
         Raises:
             FileNotFoundError: no daemon binary.
         """
-        super().__init__(max_workers=max_workers)
+        merged_env = {**os.environ, **(env or {})}
+        super().__init__(
+            max_workers=max_workers, result_max_bytes=result_max_bytes_from_env(merged_env)
+        )
         self.binary_path = str(binary_path) if binary_path else default_binary()
         if not Path(self.binary_path).exists() and not shutil.which(self.binary_path):
             raise FileNotFoundError(f"[Snerd] Binary not found at {self.binary_path}.")

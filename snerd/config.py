@@ -97,6 +97,11 @@ _LIMITS: dict[str, tuple[float, float]] = {
     "SNERD_WATCH_POLL_MS": (10, 60_000),
     # Finished tasks each log keeps (a late child's parent, `snerdmq dlq`): up to ten million.
     "SNERD_HISTORY_LIMIT": (0, 10_000_000),
+    # A result must fit in a line with the rest of its message: at most the default line
+    # less `_RESULT_LINE_OVERHEAD` (and checked against SNERD_MAX_LINE_BYTES when that is set).
+    "SNERD_RESULT_MAX_BYTES": (1, 64 * 1024 * 1024 - 2048),
+    # 0: kept as long as the history limit keeps them; at most about ten years.
+    "SNERD_RESULT_RETENTION_SECONDS": (0.0, 10 * 365 * 86_400.0),
     # Above 0 (a wait of none would fail a child whose parent is a moment from its inbox), at
     # most a week.
     "SNERD_UNKNOWN_PARENT_SECONDS": (0.001, 7 * 86_400.0),
@@ -236,6 +241,13 @@ class ToolSettings:
     clock_offset_s: float = 0.0
     #: Test hook: the mount table the filesystem check reads (SNERD_TEST_MOUNTINFO).
     mountinfo_path: str = MOUNTINFO
+    #: SNERD_RESULT_RETENTION_SECONDS: how long completed tasks (and their results) are kept;
+    #: 0, as long as the history limit keeps them.
+    result_retention_s: float = 7 * 86_400.0
+
+    @property
+    def result_retention_us(self) -> int:
+        return int(self.result_retention_s * 1_000_000)
 
     @property
     def lease_ttl_us(self) -> int:
@@ -259,6 +271,7 @@ def load_tool_settings(env: Mapping[str, str] | None = None) -> ToolSettings:
         lease_ttl_s=seconds_setting(env, "SNERD_LEASE_TTL", 30.0),
         clock_offset_s=seconds_setting(env, "SNERD_TEST_CLOCK_OFFSET", 0.0),
         mountinfo_path=env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO,
+        result_retention_s=seconds_setting(env, "SNERD_RESULT_RETENTION_SECONDS", 7 * 86_400.0),
     )
 
 
@@ -267,6 +280,26 @@ def env_dashboard_token(env: Mapping[str, str] | None = None) -> str | None:
     dashboard's rule (`snerd.dashboard.server.check_exposure`)."""
     env = os.environ if env is None else env
     return env.get("SNERD_DASHBOARD_TOKEN")
+
+
+#: Bytes of a `result` line besides its result (its action, id, status, attempt), at most.
+_RESULT_LINE_OVERHEAD = 2048
+
+
+def _result_max_bytes(env: Mapping[str, str], max_line: int) -> int:
+    """SNERD_RESULT_MAX_BYTES. A result must fit in a line of SNERD_MAX_LINE_BYTES with the
+    rest of its message: a limit set past that is refused; unset, it is 256 KiB or what such
+    a line leaves room for."""
+    from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES
+
+    room = max(1, max_line - _RESULT_LINE_OVERHEAD)
+    result_max = _int(env, "SNERD_RESULT_MAX_BYTES", min(DEFAULT_RESULT_MAX_BYTES, room))
+    if result_max > room:
+        raise ConfigError(
+            f"SNERD_RESULT_MAX_BYTES={result_max} leaves no room in a line of "
+            f"SNERD_MAX_LINE_BYTES={max_line}: at most {room}"
+        )
+    return result_max
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -301,6 +334,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     dedupe_wait_ms = _int(env, "SNERD_DEDUPE_WAIT_MS", 5000)
     command_wait_ms = _int(env, "SNERD_COMMAND_WAIT_MS", 5000)
     history_limit = _int(env, "SNERD_HISTORY_LIMIT", 10_000)
+    result_max = _result_max_bytes(env, max_line)
     force_filesystem = _flag(env, "SNERD_FORCE_FILESYSTEM")
     mountinfo = shared.mountinfo_path
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
@@ -327,6 +361,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         dedupe_wait_us=dedupe_wait_ms * 1000,
         command_wait_us=command_wait_ms * 1000,
         history_limit=history_limit,
+        result_max_bytes=result_max,
+        result_retention_us=shared.result_retention_us,
         fence=not unsafe_no_fence,
         compact_min_bytes=compact_min,
     )

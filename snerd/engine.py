@@ -248,7 +248,10 @@ class Engine(QueueFace):
         )
         merged = {**(os.environ if env is None else env), **overrides}
         self.settings = settings if settings is not None else load_settings(merged)
-        super().__init__(max_workers=self.settings.node.max_workers)
+        super().__init__(
+            max_workers=self.settings.node.max_workers,
+            result_max_bytes=self.settings.node.result_max_bytes,
+        )
         self.directory = Path(directory)
         self._drain_timeout_s = (
             self.settings.node.drain_timeout_us / 1_000_000
@@ -462,6 +465,7 @@ class Engine(QueueFace):
                 success=message["status"] == "success",
                 error_msg=message.get("error_msg"),
                 attempt=message.get("attempt"),
+                result=message.get("result"),
             )
         elif action == "progress":
             event = proto.Progress(task_id=message["task_id"], data=message.get("data"))

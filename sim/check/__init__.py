@@ -19,6 +19,7 @@ One module per invariant or close family, each judging the parsed history alone,
 | `deps` | 9 dependencies: no child before its parents completed; failed through; not left waiting |
 | `honesty` | 10 dedupe honesty: a deduplicated enqueue was told so; a plain ack has its own task |
 | `schedules` | 11 one dispatch per cron tick per schedule (minus crash re-executions, counted) |
+| `results` | 12 a completed task's stored result, read back, is one a successful attempt returned |
 
 `report` names the violation kinds and the verdict's types, `history` parses, `liveness`
 follows a growing history.
@@ -53,6 +54,7 @@ from sim.check.report import (
     STALE_OWNER_ACTED,
     TICK_FIRED_TWICE,
     UNTOLD_DUPLICATE,
+    WRONG_RESULT,
     Metrics,
     Params,
     Report,
@@ -70,6 +72,7 @@ from sim.check.verdict import (
     check_ownership,
     check_priority,
     check_rate_windows,
+    check_results,
     check_schedule_runs,
 )
 
@@ -91,6 +94,7 @@ __all__ = [
     "STALE_OWNER_ACTED",
     "TICK_FIRED_TWICE",
     "UNTOLD_DUPLICATE",
+    "WRONG_RESULT",
     "History",
     "HistoryError",
     "LivenessWatch",
@@ -109,6 +113,7 @@ __all__ = [
     "check_ownership",
     "check_priority",
     "check_rate_windows",
+    "check_results",
     "check_schedule_runs",
     "unfinished",
 ]

@@ -35,7 +35,13 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   (the process crashed before the reply). Neither obliges the task to finish. Every outcome
   follows an invoke of the same task.
 - `{"kind": "execute", "task", "attempt", "node", "shard", "epoch"}` — a handler was handed an
-  attempt. `{"kind": "handler_done", "task", "attempt", "node", "ok": bool}` — it returned.
+  attempt. `{"kind": "handler_done", "task", "attempt", "node", "ok": bool}` — it returned;
+  optional: `result` (any JSON value), what a successful attempt returned, which its `result`
+  line carried (absent: it returned nothing).
+- `{"kind": "stored_result", "task", "shard"}` — at the end of a run, a completed task's
+  tombstone as the final log holds it, read back through the core's fold
+  (`snerd.core.shardlog`); optional: `result` (absent: the tombstone stores none). Judged by
+  `sim.check.results`; a history without them (jepsen-lite's) is judged on nothing there.
 - `{"kind": "record", "shard", "node", "epoch", "fields": {...}, "t_issue": int}` — one record
   became durable in shard `shard`'s log. Entries for one shard are in that log's file order
   (the order readers see; the append history, untouched by compaction), which can differ from
@@ -119,6 +125,7 @@ __all__ = [
     "InboxRecord",
     "Invoke",
     "Record",
+    "StoredResult",
     "analyse",
     "parse_params",
     "start_analysis",
@@ -229,6 +236,17 @@ class Execute:
 
 
 @dataclass(slots=True)
+class StoredResult:
+    """A `stored_result` entry: `result` is None when the tombstone stores none."""
+
+    index: int
+    t: int
+    task: str
+    shard: int
+    result: Any
+
+
+@dataclass(slots=True)
 class Belief:
     """A `belief` entry."""
 
@@ -271,6 +289,10 @@ class Analysis:
     dead_letters: int = 0
     #: Per task: when a handler first returned success for it (`handler_done` with `ok`).
     succeeded: dict[str, int] = field(default_factory=dict)
+    #: Per task: what each of its successful attempts returned (None: nothing), in order.
+    returned: dict[str, list[Any]] = field(default_factory=dict)
+    #: The completed tasks' results read back at the end (`stored_result`).
+    stored: list[StoredResult] = field(default_factory=list)
     #: Task records (accepted or fenced) by task id, in file order.
     task_records: dict[str, list[Record]] = field(default_factory=dict)
     #: Dispatch records (accepted or fenced) by task id, in file order.
@@ -404,7 +426,15 @@ class Analysis:
             )
         elif kind == "handler_done":
             if e.get("ok") is True:
-                self.succeeded.setdefault(_need(e, "task", str, i), t)
+                task = _need(e, "task", str, i)
+                self.succeeded.setdefault(task, t)
+                self.returned.setdefault(task, []).append(e.get("result"))
+        elif kind == "stored_result":
+            self.stored.append(
+                StoredResult(
+                    i, t, _need(e, "task", str, i), _need(e, "shard", int, i), e.get("result")
+                )
+            )
         elif kind == "dead_letter":
             self.dead_letters += 1
         elif kind in _DISTURBANCES:

@@ -1,6 +1,7 @@
 """The verdict's vocabulary: violation kinds, `Violation`, `Params`, `Metrics` and `Report`.
 
-Every invariant module (`sim.check.delivery`, `.ownership`, `.attempts`, `.order`, `.deps`) reports what
+Every invariant module (`sim.check.delivery`, `.ownership`, `.attempts`, `.order`, `.deps`,
+`.schedules`, `.results`) reports what
 it finds as `Violation`s of the kinds named here, and `sim.check.verdict` gathers them into one
 `Report` with the run's `Metrics`. Data only: nothing here reads a history.
 """
@@ -28,6 +29,7 @@ __all__ = [
     "STALE_OWNER_ACTED",
     "TICK_FIRED_TWICE",
     "UNTOLD_DUPLICATE",
+    "WRONG_RESULT",
     "Metrics",
     "Params",
     "Report",
@@ -73,6 +75,9 @@ FALSE_DUPLICATE = "false_duplicate"
 #: A schedule's run id enqueued twice (two accepted records creating it), the schedule not
 #: removed in between: its tick fired twice (check 11).
 TICK_FIRED_TWICE = "tick_fired_twice"
+#: A completed task's stored result (read back from the final files) that no successful
+#: attempt of it returned (check 12).
+WRONG_RESULT = "wrong_result"
 
 
 def at(t: int) -> str:
@@ -134,6 +139,8 @@ class Metrics:
     fenced_records: int
     #: Schedule runs enqueued (run ids with an accepted enqueue record).
     schedule_runs: int = 0
+    #: Completed tasks whose stored result was read back and compared (check 12).
+    stored_results: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ from sim.check.honesty import judge_dedupe_honesty
 from sim.check.order import judge_dedupe, judge_priority
 from sim.check.ownership import judge_belief, judge_fenced_acts
 from sim.check.report import Metrics, Report, Violation
+from sim.check.results import judge_results
 from sim.check.schedules import judge_schedule_runs
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "check_ownership",
     "check_priority",
     "check_rate_windows",
+    "check_results",
     "check_schedule_runs",
     "judge",
 ]
@@ -63,6 +65,7 @@ def judge(a: Analysis) -> Report:
         *judge_dedupe(a),
         *judge_dependencies(a),
         *judge_schedule_runs(a),
+        *judge_results(a),
         *belief,
     ]
     violations.sort(key=lambda v: v.index)
@@ -81,6 +84,7 @@ def judge(a: Analysis) -> Report:
         schedule_runs=sum(
             1 for rs in a.run_creations.values() if any(r.accepted for r in rs)
         ),
+        stored_results=len(a.stored),
     )
     return Report(violations=tuple(violations), metrics=metrics)
 
@@ -171,3 +175,11 @@ def check_schedule_runs(history: History) -> list[Violation]:
     one accepted enqueue record, unless the schedule was removed between two (the rule is in
     `sim.check.schedules`'s header; its executions are invariant 4's)."""
     return judge_schedule_runs(analyse(history))
+
+
+def check_results(history: History) -> list[Violation]:
+    """A completed task's stored result, read back from the final files (`stored_result`),
+    is one that a successful attempt of it returned (`handler_done`'s `result`; none counts
+    as a value); tasks with no successful attempt recorded are not judged (the rule is in
+    `sim.check.results`'s header)."""
+    return judge_results(analyse(history))

@@ -35,8 +35,10 @@ def main(argv: Sequence[str]) -> int:
         "first, as a daemon locks it). Kept: the latest record of each live task, its "
         "unresolved dispatch record, the latest claim record (and the one that set the fence), "
         "dispatch records of the last 60 s (rate windows), and the latest --history finished "
-        "or dead-lettered tasks. Written to a temp file, fsynced, renamed over tasks.log, "
-        "directory fsynced: a crash at any point loses nothing.\n"
+        "or dead-lettered tasks (a completed one only while younger than "
+        "SNERD_RESULT_RETENTION_SECONDS, as a daemon keeps them). Written to a temp file, "
+        "fsynced, renamed over tasks.log, directory fsynced: a crash at any point loses "
+        "nothing.\n"
         "Exit 1 when a shard was skipped (held by a daemon: daemons compact their own logs) "
         "or failed.",
     )
@@ -65,7 +67,9 @@ def _compact(args: argparse.Namespace) -> int:
                 repaired = _recover_for_compaction(queue, shard)
                 scan = scan_shard(queue, shard)
                 now = wall_now_us(settings)
-                keep = scan.fold.keep_ranges(now, history_limit=args.history)
+                keep = scan.fold.keep_ranges(
+                    now, history_limit=args.history, retention_us=settings.result_retention_us
+                )
                 kept_bytes = sum(r.length for r in keep)
                 total_before += scan.size
                 if kept_bytes == scan.size:

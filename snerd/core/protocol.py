@@ -42,7 +42,10 @@ Decisions where upstream had no rule:
 - `max_execution_seconds` must be at least 1 (upstream's 0 meant "time out at once").
 - `result` is read leniently past its id and outcome, because a refused `result` leaves an attempt
   hanging: a non-string `error_msg` is kept as its JSON text. `status` wins over `success` when a
-  line carries both.
+  line carries both. Its optional `result` field (a snerd extra: the handler's return value, any
+  JSON value; `null` means none) is kept only on a success: on a failure it is ignored, not
+  refused, for the same reason. How big a result may be is the node's rule (its setting
+  `result_max_bytes`; `result_size` measures it): past it the attempt fails.
 - Blank lines are skipped by upstream; `is_blank_line` says so, and the caller should skip them
   before `parse_line` (which would answer `Invalid JSON: empty line`); the node does.
 
@@ -95,6 +98,7 @@ from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_RESULT_MAX_BYTES",
     "ENQUEUE_OPTIONS",
     "MAX_CRON_CHARS",
     "MAX_EXECUTION_SECONDS",
@@ -139,6 +143,8 @@ __all__ = [
     "plain_result",
     "progress",
     "result_command",
+    "result_size",
+    "result_too_large",
     "retried",
     "sniff_task_id",
     "stats",
@@ -151,6 +157,10 @@ __all__ = [
 
 #: Longest inbound line accepted, newline excluded.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+#: Largest result a handler may return by default (SNERD_RESULT_MAX_BYTES): 256 KiB of its
+#: compact JSON encoding, well within a line, yet small enough that a history of them stays
+#: a modest log.
+DEFAULT_RESULT_MAX_BYTES = 256 * 1024
 # The limits of a task's values (MAX_TASK_ID_BYTES, MAX_NAME_BYTES, MAX_PARENTS, MAX_CRON_CHARS,
 # MAX_NESTING, MAX_EXECUTION_SECONDS) are `snerd.core.fields`'s, which log records are held to.
 #: Most task types one daemon has handlers for (`register`): each is listed in membership.json.
@@ -228,6 +238,8 @@ class Result(Event):
     error_msg: str | None = None
     #: snerd extra: the attempt number the SDK was given in `execute`, echoed back.
     attempt: int | None = None
+    #: snerd extra: the handler's return value (any JSON value) on a success; None: none.
+    result: Any = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,6 +363,20 @@ def failed_to_enqueue(detail: str) -> str:
 def unknown_result(task_id: str) -> str:
     """The text for a `result` that matches no running attempt (late, duplicate or bogus)."""
     return f"Received result for unknown/expired task_id {task_id}"
+
+
+def result_size(value: Any) -> int:
+    """The size of a result (`Result.result`): the bytes of its compact JSON encoding, which
+    is what the tombstone stores."""
+    return len(orjson.dumps(value))
+
+
+def result_too_large(task_id: str, size: int, limit: int) -> str:
+    """The error of an attempt whose result is past the limit (SNERD_RESULT_MAX_BYTES)."""
+    return (
+        f"task {task_id}: result of {size} bytes exceeds the limit of {limit} bytes "
+        "(SNERD_RESULT_MAX_BYTES)"
+    )
 
 
 def too_many_task_types(task_type: str) -> str:
@@ -677,7 +703,7 @@ def plain_result(doc: dict[str, Any]) -> PlainResult | None:
     object."""
     fields = len(doc)
     # `action`, `task_id`, `status`, and `error_msg` and `attempt` when present: any other
-    # field (which may be nested) sends the line the long way.
+    # field (which may be nested) sends the line the long way; so does a `result`, even null.
     if fields != 3 and fields != 3 + ("error_msg" in doc) + ("attempt" in doc):
         return None
     task_id = doc.get("task_id")
@@ -787,7 +813,11 @@ def _parse_result(f: _Fields) -> Result:
     attempt = f.optional_int("attempt")
     if attempt is not None and attempt < 1:
         raise f.invalid(f"field `attempt` must be at least 1, got {attempt}")
-    return Result(task_id=task_id, success=success, error_msg=error_msg, attempt=attempt)
+    # A failure's result is ignored (see the module's header).
+    result = f.doc.get("result") if success else None
+    return Result(
+        task_id=task_id, success=success, error_msg=error_msg, attempt=attempt, result=result
+    )
 
 
 def _parse_progress(f: _Fields) -> Progress:

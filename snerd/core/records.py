@@ -132,6 +132,7 @@ from snerd.core.schema import (
     SNERD_NODE,
     SNERD_OUTCOME,
     SNERD_REPLAYED_AT,
+    SNERD_RESULT,
     SNERD_SEQ,
     SNERD_UNIQUE_UNTIL,
     SNERD_VIA,
@@ -580,6 +581,11 @@ def _object(key: str, value: Any) -> None:
         raise _WrongType(value, "an object")
 
 
+def _any_json(key: str, value: Any) -> None:
+    """Any JSON value (a handler's result): whatever decoded is one; its nesting is held to
+    `MAX_NESTING` as every key's is."""
+
+
 def _unique_until(key: str, value: Any) -> None:
     if type(value) is not str and type(value) is not int:
         raise _WrongType(value, "a string or an integer")
@@ -653,6 +659,7 @@ _TASK_SHAPE: dict[str, _Check] = {
     TASK_TYPE: _str,
     DELETED_AT: _str,  # a tombstone ends its task; its time is only shown
     SNERD_SEQ: _count,
+    SNERD_RESULT: _any_json,  # a completed task's result, read back as it was stored
 }
 _TASK_REQUIRED: tuple[str, ...] = (TASK_ID,)
 

@@ -115,7 +115,9 @@ __all__ = [
     "StaleRecord",
     "enqueue_order",
     "find_dead_letters",
+    "finished_at_us",
     "fold_records",
+    "past_retention",
     "plan_replay",
     "ready_at_us",
     "replay_record",
@@ -182,6 +184,28 @@ def tombstone_outcome(fields: dict[str, Any]) -> str:
     if fields.get(LAST_ERROR_OBJ) is not None and retry_count >= max_retries - 1:
         return OUTCOME_DEAD_INFERRED
     return OUTCOME_COMPLETED
+
+
+def finished_at_us(fields: dict[str, Any], default: int) -> int:
+    """When a tombstone says its task finished (`deletedAt`, wall µs), or `default` when that
+    is not a time this reads (an upstream record's, say)."""
+    at = fields.get(DELETED_AT)
+    if isinstance(at, str):
+        with contextlib.suppress(ValueError):
+            return parse_rfc3339(at)
+    return default
+
+
+def past_retention(fields: dict[str, Any], now_us: int, retention_us: int) -> bool:
+    """A completed task's tombstone that finished more than `retention_us` before `now_us`
+    (0: none is): the history forgets it, and compaction drops it with its result. Dead
+    letters never are (they wait for an operator); a `deletedAt` that does not parse counts
+    as just now."""
+    return (
+        retention_us > 0
+        and tombstone_outcome(fields) == OUTCOME_COMPLETED
+        and finished_at_us(fields, now_us) < now_us - retention_us
+    )
 
 
 def ready_at_us(fields: dict[str, Any]) -> int | None:
@@ -430,14 +454,16 @@ class ShardFold:
         *,
         history_limit: int = HISTORY_LIMIT,
         window_us: int = RATE_WINDOW_US,
+        retention_us: int = 0,
     ) -> list[KeepRange]:
         """The records a compaction must carry over, in file order: the latest record of each
         live task and its in-flight dispatch record, the latest claim record and the one that
         set the fence, the latest inbox record of each writer, the latest record of each
         schedule not removed, the winning pause record of each type, dispatch records of
         rate-limited groups younger than `window_us`, and the latest `history_limit` finished
-        tasks. Folding the kept records gives the same
-        live tasks, in-flight attempts, fence and (younger) rate windows."""
+        tasks, but for completed ones past `retention_us` (`past_retention`). Folding the kept
+        records gives the same live tasks, in-flight attempts, fence and (younger) rate
+        windows."""
         if history_limit < 0:
             raise ValueError("history_limit must be 0 or more")
         keep: dict[int, int] = {}
@@ -466,7 +492,8 @@ class ShardFold:
         if history_limit:
             finished = [r for t, r in self.finished.items() if t not in self.live]
             for record in finished[-history_limit:]:
-                add(record)
+                if not past_retention(record.fields, now_us, retention_us):
+                    add(record)
         return [KeepRange(offset=o, length=keep[o]) for o in sorted(keep)]
 
 

@@ -38,7 +38,7 @@ import anyio
 import anyio.abc
 import sniffio
 
-from snerd.core.protocol import ENQUEUE_OPTIONS, unknown_result
+from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES, ENQUEUE_OPTIONS, unknown_result
 from snerd.sdk.context import yield_progress
 from snerd.sdk.errors import (
     DuplicateTaskId,
@@ -67,6 +67,7 @@ __all__ = [
     "QueueFace",
     "drain_timeout_from_env",
     "env_overrides",
+    "result_max_bytes_from_env",
 ]
 
 #: A progress observer: `(task_id, data)`; sync or async.
@@ -119,12 +120,16 @@ class QueueFace:
     #: Seconds in-flight tasks get at shutdown (the face's SNERD_DRAIN_TIMEOUT).
     _drain_timeout_s: float
 
-    def __init__(self, *, max_workers: int | None = None) -> None:
+    def __init__(
+        self, *, max_workers: int | None = None, result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
+    ) -> None:
         """A face with nothing registered and nothing started.
 
         Args:
             max_workers: idle handler workers kept, and threads for sync handlers (default
                 100).
+            result_max_bytes: the daemon's SNERD_RESULT_MAX_BYTES (a larger return value
+                fails its attempt before it is sent).
         """
         self._registry = _Registry()
         self._pending: dict[str, Waiter] = {}
@@ -147,6 +152,7 @@ class QueueFace:
             post=self._post,
             spawn=self._spawn,
             log=self._log,
+            result_max_bytes=result_max_bytes,
         )
         self._outer: anyio.abc.TaskGroup | None = None
         self._background: _Background | None = None
@@ -750,6 +756,13 @@ def env_overrides(
     if pools is not None:
         env["SNERD_POOLS"] = ",".join(f"{name}={limit}" for name, limit in pools.items())
     return env
+
+
+def result_max_bytes_from_env(env: Mapping[str, str]) -> int:
+    """SNERD_RESULT_MAX_BYTES as the daemon will read it when set to a whole number (the
+    default otherwise; the daemon itself refuses an unreadable value)."""
+    raw = env.get("SNERD_RESULT_MAX_BYTES", "").strip()
+    return int(raw) if raw.isascii() and raw.isdigit() else DEFAULT_RESULT_MAX_BYTES
 
 
 def drain_timeout_from_env(env: Mapping[str, str]) -> float:

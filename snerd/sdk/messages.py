@@ -4,11 +4,16 @@ and "Daemon → SDK"), as plain dicts.
 Owns: the `enqueue` message both faces send (`build_enqueue_message`, with task data written
 byte for byte as `json.dumps` writes it, which `auto_dedupe` fingerprints depend on), the
 `schedule` and `unschedule` messages and the value a `scheduled` reply stands for
-(`build_schedule_message`, `Scheduled`), the `result` message of one attempt, task data as handlers get it (`parse_task_data`), the value an
-`ack` stands for (`Enqueued`), and the text an exception is reported as (`describe_error`).
+(`build_schedule_message`, `Scheduled`), the `result` message of one attempt and the
+handler's return value it carries (`result_value`), task data as handlers get it
+(`parse_task_data`), the value an `ack` stands for (`Enqueued`), and the text an exception is
+reported as (`describe_error`).
 
 It must never: check option values (the daemon does, so its error texts reach the caller
-unchanged; only what JSON cannot carry is refused here), or do I/O.
+unchanged; only what JSON cannot carry is refused here), or do I/O. A handler's return value
+is the one exception: it is checked here against the daemon's size limit too, with the
+daemon's own text (`snerd.core.protocol.result_too_large`), because a result the daemon
+would refuse fails the attempt either way, and here it costs no round trip.
 """
 
 from __future__ import annotations
@@ -28,7 +33,12 @@ from typing import Any
 
 import orjson
 
-from snerd.core.protocol import ENQUEUE_OPTIONS, failed_to_enqueue
+from snerd.core.fields import MAX_NESTING, nests_deeper
+from snerd.core.protocol import (
+    ENQUEUE_OPTIONS,
+    failed_to_enqueue,
+    result_too_large,
+)
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import parse_rfc3339_or_none
 from snerd.sdk.errors import EnqueueError, ScheduleError
@@ -45,6 +55,7 @@ __all__ = [
     "json_text",
     "parse_task_data",
     "result_message",
+    "result_value",
     "scheduled_from_reply",
 ]
 
@@ -255,8 +266,11 @@ def build_unschedule_message(name: str) -> dict[str, Any]:
     return {"action": "unschedule", "name": name}
 
 
-def result_message(task_id: str, error: str | None, attempt: int | None) -> dict[str, Any]:
-    """The `result` of one attempt: success when `error` is None; `attempt` echoed when the
+def result_message(
+    task_id: str, error: str | None, attempt: int | None, value: Any = None
+) -> dict[str, Any]:
+    """The `result` of one attempt: success when `error` is None, with the handler's return
+    `value` unless it is None (`result_value` made it JSON); `attempt` echoed when the
     `execute` carried one."""
     result: dict[str, Any] = {
         "action": "result",
@@ -265,9 +279,32 @@ def result_message(task_id: str, error: str | None, attempt: int | None) -> dict
     }
     if error is not None:
         result["error_msg"] = error
+    elif value is not None:
+        result["result"] = value
     if attempt is not None:
         result["attempt"] = attempt
     return result
+
+
+def result_value(task_id: str, value: Any, max_bytes: int) -> tuple[Any, str | None]:
+    """A handler's return value as the `result` carries it: (its JSON value, None), or (None,
+    why the attempt fails instead): not JSON-serialisable, nested deeper than a line may be,
+    or larger than `max_bytes` of compact JSON (the daemon's SNERD_RESULT_MAX_BYTES). The
+    JSON value is a copy read back from its encoding, so what the handler keeps changing
+    afterwards is not what is stored."""
+    if value is None:
+        return None, None
+    try:
+        encoded = orjson.dumps(value)
+    except TypeError as exc:  # (orjson.JSONEncodeError is one)
+        return None, f"task {task_id}: result is not JSON-serialisable: {exc}"
+    copy = orjson.loads(encoded)
+    # The `result` line's own object is a level: the value may nest one fewer.
+    if type(copy) in (dict, list) and nests_deeper(copy, MAX_NESTING - 1):
+        return None, f"task {task_id}: result is nested deeper than {MAX_NESTING - 1} levels"
+    if len(encoded) > max_bytes:
+        return None, result_too_large(task_id, len(encoded), max_bytes)
+    return copy, None
 
 
 def describe_error(exc: BaseException) -> str:

@@ -28,15 +28,17 @@ from typing import Any, TypeAlias
 import anyio
 import anyio.to_thread
 
-from snerd.core.protocol import timed_out
+from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES, timed_out
 from snerd.sdk.context import CURRENT_ATTEMPT, RunningAttempt
-from snerd.sdk.messages import describe_error, parse_task_data, result_message
+from snerd.sdk.messages import describe_error, parse_task_data, result_message, result_value
 from snerd.sdk.signals import Signal
 
 __all__ = ["DeadLetterHandler", "Handler", "HandlerWorkers"]
 
 #: A task handler: gets the parsed task data. Async functions run on the event loop; plain
-#: functions run in a worker thread. Returning normally is success; raising is a failed attempt.
+#: functions run in a worker thread. Returning normally is success (what it returns, unless
+#: None, is the task's stored result: JSON, within SNERD_RESULT_MAX_BYTES, or the attempt
+#: fails); raising is a failed attempt.
 Handler: TypeAlias = Callable[[Any], Any]
 #: A dead-letter handler: gets the parsed task data, and the final error text when it takes a
 #: second positional parameter.
@@ -128,6 +130,7 @@ class HandlerWorkers:
         post: Callable[[dict[str, Any]], None],
         spawn: Callable[..., None],
         log: Callable[[str], None],
+        result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES,
     ) -> None:
         """Workers for `handlers`; none runs until the first `dispatch`.
 
@@ -139,7 +142,10 @@ class HandlerWorkers:
             spawn: starts `fn(*args)` as a task in the face's task group.
             log: reports what went wrong in this process (a malformed message, a failed
                 dead-letter handler).
+            result_max_bytes: the daemon's SNERD_RESULT_MAX_BYTES: a handler's return
+                value larger than this fails its attempt before it is sent.
         """
+        self._result_max_bytes = result_max_bytes
         self._handlers = handlers
         self._post = post
         self._spawn = spawn
@@ -169,9 +175,9 @@ class HandlerWorkers:
             return fn(*args)  # type: ignore[no-any-return]
         return self._call_in_thread(fn, *args)
 
-    async def _call_in_thread(self, fn: Callable[..., Any], *args: Any) -> None:
+    async def _call_in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run `fn(*args)` in a worker thread (in a copy of this context, within the thread
-        limit), and await what it returns if that is awaitable."""
+        limit), and await what it returns if that is awaitable; return its value."""
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self._thread_limit)
         context = contextvars.copy_context()
@@ -179,7 +185,8 @@ class HandlerWorkers:
             context.run, fn, *args, abandon_on_cancel=True, limiter=self._limiter
         )
         if inspect.isawaitable(result):
-            await result
+            return await result
+        return result
 
     # ------------------------------------------------------------------ execute
 
@@ -239,6 +246,7 @@ class HandlerWorkers:
         limit = message.get("max_execution_seconds")
         limit = limit if type(limit) is int or type(limit) is float else None
         error: str | None = None
+        value: Any = None
         handler = self._handlers.get(task_type)
         if handler is None:
             error = f"No handler registered for task type '{task_type}'."
@@ -256,17 +264,19 @@ class HandlerWorkers:
             token = CURRENT_ATTEMPT.set(running)
             try:
                 if limit is None:
-                    await self._call(handler, data)
+                    value = await self._call(handler, data)
                 else:
                     with anyio.move_on_after(limit) as scope:
-                        await self._call(handler, data)
+                        value = await self._call(handler, data)
                     if scope.cancelled_caught:
                         error = timed_out(int(limit))
             except Exception as exc:
                 error = describe_error(exc)
             finally:
                 CURRENT_ATTEMPT.reset(token)
-        self._post(result_message(task_id, error, attempt))
+            if error is None:
+                value, error = result_value(task_id, value, self._result_max_bytes)
+        self._post(result_message(task_id, error, attempt, value))
 
     # ------------------------------------------------------------------ dead letters
 

@@ -144,3 +144,27 @@ def test_the_history_kept_per_log_defaults_to_10000_and_follows_its_variable() -
     for value, says in (("-1", "from 0 to 10,000,000"), ("lots", "is not a whole number")):
         with pytest.raises(ConfigError, match=says):
             load_settings({"SNERD_HISTORY_LIMIT": value})
+
+
+def test_the_result_limit_defaults_to_256_kib_and_must_fit_in_a_line() -> None:
+    assert load_settings({}).node.result_max_bytes == 262_144
+    assert load_settings({"SNERD_RESULT_MAX_BYTES": "1000"}).node.result_max_bytes == 1000
+    # Unset under a short line: what the line leaves room for.
+    short = load_settings({"SNERD_MAX_LINE_BYTES": "65536"})
+    assert short.node.result_max_bytes == 65536 - 2048
+    with pytest.raises(ConfigError, match="SNERD_RESULT_MAX_BYTES=100000 leaves no room"):
+        load_settings({"SNERD_MAX_LINE_BYTES": "65536", "SNERD_RESULT_MAX_BYTES": "100000"})
+    for value, says in (("0", "from 1 to"), ("big", "is not a whole number")):
+        with pytest.raises(ConfigError, match=says):
+            load_settings({"SNERD_RESULT_MAX_BYTES": value})
+
+
+def test_the_result_retention_defaults_to_seven_days_and_0_keeps_them() -> None:
+    assert load_settings({}).node.result_retention_us == 7 * 86_400 * 1_000_000
+    node = load_settings({"SNERD_RESULT_RETENTION_SECONDS": "0"}).node
+    assert node.result_retention_us == 0
+    node = load_settings({"SNERD_RESULT_RETENTION_SECONDS": "1.5"}).node
+    assert node.result_retention_us == 1_500_000
+    for value in ("-1", "forever"):
+        with pytest.raises(ConfigError, match="SNERD_RESULT_RETENTION_SECONDS"):
+            load_settings({"SNERD_RESULT_RETENTION_SECONDS": value})

@@ -789,3 +789,33 @@ def test_a_long_flat_array_is_not_too_deep() -> None:
     data = b"[" + b",".join([b"[1,2]"] * 100_000) + b"]"
     cmd = parse_line(b'{"action":"progress","task_id":"p","data":' + data + b"}")
     assert isinstance(cmd, Progress) and len(cmd.data) == 100_000
+
+
+@pytest.mark.parametrize("value", [{"n": 1, "tags": ["a"]}, [1, 2], "done", 3, 2.5, True, False])
+def test_a_success_carries_its_result(value: Any) -> None:
+    got = parse_line(line(action="result", task_id="t", status="success", result=value))
+    assert got == Result(task_id="t", success=True, result=value)
+
+
+def test_a_result_of_null_or_absent_is_none_and_a_failures_is_ignored() -> None:
+    for fields in ({}, {"result": None}):
+        got = parse_line(line(action="result", task_id="t", status="success", **fields))
+        assert got == Result(task_id="t", success=True)
+    got = parse_line(line(action="result", task_id="t", status="error", result={"x": 1}))
+    assert got == Result(task_id="t", success=False)
+
+
+def test_a_line_with_a_result_takes_the_long_path() -> None:
+    for extra in ({"result": 1}, {"result": None}, {"result": 1, "attempt": 2}):
+        doc: dict[str, Any] = {"action": "result", "task_id": "t", "status": "success", **extra}
+        assert proto.plain_result(doc) is None
+
+
+def test_a_results_size_is_its_compact_json_and_too_large_names_both_numbers() -> None:
+    assert proto.result_size({"a": [1, 2]}) == len(b'{"a":[1,2]}')
+    assert proto.result_size("é") == 4  # UTF-8, with its quotes
+    text = proto.result_too_large("job-1", 300_000, 262_144)
+    assert text == (
+        "task job-1: result of 300000 bytes exceeds the limit of 262144 bytes "
+        "(SNERD_RESULT_MAX_BYTES)"
+    )

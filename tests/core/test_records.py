@@ -49,6 +49,10 @@ def task(i: int, **extra: Any) -> dict[str, Any]:
     return fields
 
 
+#: When the tombstones below finished.
+DONE = "2026-08-17T02:31:54.000000Z"
+
+
 # -- encode / decode --------------------------------------------------------------------------
 
 
@@ -415,6 +419,10 @@ VALID = [
     task(7, cronExpression="0 */5 * * * * *"),  # upstream's 7-field form
     task(8, retryAfterTime="2026-08-17T04:31:53+02:00", executeAt="2016-12-31T23:59:60Z"),
     task(9, extra=_nested(127)),  # the record's own object is level 1
+    # A completed tombstone with its result: any JSON value, as it was stored.
+    task(10, deletedAt=DONE, snerdOutcome="completed", snerdResult={"n": [1, 2.5, None, "x"]}),
+    task(11, deletedAt=DONE, snerdOutcome="completed", snerdResult=_nested(127)),
+    task(12, deletedAt=DONE, snerdOutcome="completed", snerdResult=False),
 ]
 
 
@@ -444,6 +452,7 @@ CORRUPT: list[tuple[dict[str, Any], str]] = [
     (task(1, snerdKind=["dispatch"]), "a record has snerdKind an array, not a string"),
     (task(1, extra=_nested(128)), "task t1's record: extra is nested deeper than 128 levels"),
     (task(1, LastJobError={"a": _nested(200)}), "LastJobError is nested deeper than 128 levels"),
+    (task(1, snerdResult=[_nested(128)]), "task t1's record: snerdResult is nested deeper than"),
     (task(1, taskId="a\nb", snerdNode=""), "task 'a\\nb''s record: snerdNode must not be empty"),
     ({"snerdKind": "dispatch", "attempt": 1}, "a dispatch record has no task"),
     ({"snerdKind": "dispatch", "task": "t1"}, "task t1's dispatch record has no attempt"),

@@ -235,6 +235,29 @@ def test_keep_ranges_keep_what_the_state_needs() -> None:
     assert len(with_history) == len(keep) + 1
 
 
+def test_keep_ranges_drop_completed_tasks_past_the_retention_and_keep_dead_letters() -> None:
+    old = format_rfc3339(T0 - 10 * 86_400 * SECOND)
+    data = log_of(
+        [
+            claim(1),
+            {**tomb("done-old", snerdResult={"n": 1}), "deletedAt": old},
+            {**tomb("dead-old", OUTCOME_DEAD), "deletedAt": old},
+            tomb("done-new", snerdResult=[2]),
+            {**tomb("done-odd"), "deletedAt": "not a time"},  # counts as just finished
+        ]
+    )
+    fold = fold_log(data)
+    assert fold.finished["done-new"].fields["snerdResult"] == [2]  # read back as stored
+    week = 7 * 86_400 * SECOND
+    for retention, expected in (
+        (week, {"dead-old", "done-new", "done-odd"}),
+        (0, {"done-old", "dead-old", "done-new", "done-odd"}),
+    ):
+        keep = {k.offset for k in fold.keep_ranges(T0, retention_us=retention)}
+        kept = fold_records(r for r in scan(data).records if r.offset in keep)
+        assert set(kept.finished) == expected, retention
+
+
 # --------------------------------------------------------------- agreement with the daemon
 
 ids = st.sampled_from(["a", "b", "c", "d"])

@@ -243,6 +243,8 @@ def valid_docs(
             doc["error_msg"] = draw(json_values)
         if draw(st.booleans()):
             doc["attempt"] = draw(st.integers(1, 2**64 - 1))
+        if draw(st.booleans()):
+            doc["result"] = draw(json_values | st.just(_nested(proto.MAX_NESTING - 1)))
     elif action == "progress":
         doc["task_id"] = draw(ids)
         doc["data"] = draw(json_values | st.just(_nested(proto.MAX_NESTING - 1)))
@@ -486,6 +488,32 @@ def test_the_core_answers_every_line_with_a_writable_message_and_names_the_probl
     # Whatever came before, the node still answers.
     sh.line({"action": "stats"})
     assert sh.sent[-1]["action"] == "stats"
+
+
+@given(
+    value=json_values | st.just(_nested(proto.MAX_NESTING - 1)),
+    limit=st.integers(1, 400),
+    burst=st.booleans(),
+)
+def test_a_successs_result_is_stored_as_sent_or_fails_the_attempt_past_the_limit(
+    value: Any, limit: int, burst: bool
+) -> None:
+    sh = running_node(result_max_bytes=limit)
+    sh.enqueue("r", task_type="email", max_retries=0)
+    line = orjson.dumps({"action": "result", "task_id": "r", "status": "success", "result": value})
+    if burst:  # (the batch path of plain lines must send it the long way)
+        sh.burst([ev.LinesReceived(lines=[line])])
+    else:
+        sh.feed(ev.LineReceived(line=line))
+    (tomb,) = [r for r in sh.log_records() if r.get("deletedAt")]  # read back from the bytes
+    size = len(orjson.dumps(value))
+    if value is None:
+        assert tomb["snerdOutcome"] == "completed" and "snerdResult" not in tomb
+    elif size <= limit:
+        assert tomb["snerdOutcome"] == "completed" and tomb["snerdResult"] == value
+    else:
+        assert tomb["snerdOutcome"] == "dead_letter" and "snerdResult" not in tomb
+        assert tomb["LastErrorObj"] == proto.result_too_large("r", size, limit)
 
 
 @given(st.lists(lines_for(CORE_TYPES, CORE_TYPES), min_size=1, max_size=30))

@@ -36,6 +36,7 @@ WHOLE = [
     "SNERD_WATCH_POLL_MS",
     "SNERD_DEDUPE_WAIT_MS",
     "SNERD_HISTORY_LIMIT",
+    "SNERD_RESULT_MAX_BYTES",
     "SNERD_TEST_RECENT_BYTES",
     "SNERD_TEST_COMPACT_MIN_BYTES",
 ]
@@ -44,6 +45,7 @@ SECONDS = [
     "SNERD_CLOCK_SKEW_MARGIN",
     "SNERD_LEASE_TTL",
     "SNERD_UNKNOWN_PARENT_SECONDS",
+    "SNERD_RESULT_RETENTION_SECONDS",
     "SNERD_TEST_CLOCK_OFFSET",
 ]
 OTHER = [
@@ -168,6 +170,7 @@ def test_a_whole_number_in_range_loads_as_itself(name: str, fraction: float, pad
         "SNERD_WATCH_POLL_MS": settings.node.watch_poll_us // 1000,
         "SNERD_DEDUPE_WAIT_MS": settings.node.dedupe_wait_us // 1000,
         "SNERD_HISTORY_LIMIT": settings.node.history_limit,
+        "SNERD_RESULT_MAX_BYTES": settings.node.result_max_bytes,
         "SNERD_TEST_RECENT_BYTES": settings.recent_bytes,
         "SNERD_TEST_COMPACT_MIN_BYTES": settings.node.compact_min_bytes,
     }[name]

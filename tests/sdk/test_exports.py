@@ -63,6 +63,7 @@ SDK_PUBLIC = {
         "QueueFace",
         "drain_timeout_from_env",
         "env_overrides",
+        "result_max_bytes_from_env",
     ],
     "snerd.sdk.messages": [
         "Enqueued",
@@ -76,6 +77,7 @@ SDK_PUBLIC = {
         "json_text",
         "parse_task_data",
         "result_message",
+        "result_value",
         "scheduled_from_reply",
     ],
     "snerd.sdk.signals": ["Signal", "Waiter", "signal_factory"],

@@ -34,6 +34,7 @@ from sim.check import (
     STALE_OWNER_ACTED,
     TICK_FIRED_TWICE,
     UNTOLD_DUPLICATE,
+    WRONG_RESULT,
     HistoryError,
     LivenessWatch,
     check,
@@ -47,6 +48,7 @@ from sim.check import (
     check_ownership,
     check_priority,
     check_rate_windows,
+    check_results,
     check_schedule_runs,
     unfinished,
 )
@@ -1059,3 +1061,46 @@ def test_a_history_without_parents_has_no_dependency_to_judge() -> None:
     for entry in h.history:
         entry.get("attrs", {}).pop("parents", None)  # an older recorder's invoke
     assert check_dependencies(h.history) == []
+
+
+# ---------------------------------------------------------------------------- results
+
+
+def _returned(h: H, task: str, attempt: int, value: Any) -> H:
+    """A successful attempt of `task` that returned `value` (None: nothing)."""
+    done: dict[str, Any] = {"task": task, "attempt": attempt, "node": "n1", "ok": True}
+    if value is not None:
+        done["result"] = value
+    return h.add("handler_done", **done)
+
+
+def _stored(h: H, task: str, value: Any) -> H:
+    entry: dict[str, Any] = {"task": task, "shard": 0}
+    if value is not None:
+        entry["result"] = value
+    return h.add("stored_result", **entry)
+
+
+def test_a_stored_result_is_one_a_successful_attempt_returned() -> None:
+    h = _returned(_returned(H().start(), "t-1", 1, {"a": 1}), "t-1", 2, [2])
+    for value in ({"a": 1}, [2]):
+        report = check(_stored(h.copy(), "t-1", value).end().history)
+        assert report.ok, report.describe()
+        assert report.metrics.stored_results == 1
+    # Nothing returned, nothing stored: equal too.
+    assert check_results(_stored(_returned(H().start(), "t-2", 1, None), "t-2", None).history) == []
+
+
+def test_a_stored_result_nobody_returned_or_one_lost_is_a_wrong_result() -> None:
+    h = _returned(H().start(), "t-1", 1, {"a": 1})
+    for value in ({"a": 2}, None, {"a": 1.0}, {"wrong": {"a": 1}}):
+        v = check_results(_stored(h.copy(), "t-1", value).end().history)
+        assert kinds(v) == [WRONG_RESULT], value
+        assert "task t-1 (shard 0) stores the result" in v[0].message
+    # A result where the attempt returned nothing.
+    h = _returned(H().start(), "t-2", 1, None)
+    assert kinds(check_results(_stored(h, "t-2", True).history)) == [WRONG_RESULT]
+
+
+def test_a_stored_result_of_a_task_with_no_success_recorded_is_not_judged() -> None:
+    assert check_results(_stored(H().start(), "t-1", 5).end().history) == []

@@ -28,6 +28,7 @@ CONTROLS = {
     "--unsafe-absent-parents-done": "absent-parents-done",
     "--unsafe-dedupe-ack-at-write": "dedupe-ack-at-write",
     "--unsafe-fire-unmarked": "fire-unmarked",
+    "--unsafe-wrong-result": "wrong-result",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -142,6 +143,9 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
         if flag == "--unsafe-fire-unmarked":
             # Caught as a run id enqueued twice: a new owner fired a tick again.
             assert "first violation: [tick_fired_twice]" in text, text[-2000:]
+        if flag == "--unsafe-wrong-result":
+            # Caught as a stored result read back that no successful attempt returned.
+            assert "first violation: [wrong_result]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:

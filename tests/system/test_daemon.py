@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from snerd.core.records import decode_record
+from snerd.queuedir import open_queue, scan_shard
 from tests.conftest import fill, small_tmpfs
 from tests.support.daemon import Daemon
 
@@ -107,6 +108,37 @@ async def test_bad_input_gets_clear_errors_and_the_daemon_keeps_serving(
     assert await d.wait() == 0
     done = [r for r in log_records(tmp_path / "q") if r.get("taskId") == "before"]
     assert done[-1]["snerdOutcome"] == "completed" and done[0]["taskData"] == '{"id":"before"}'
+
+
+async def test_a_result_is_stored_on_its_tombstone_and_one_too_large_fails_the_attempt(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    directory = tmp_path / "q"
+    d = await Daemon.start(nursery, directory, env={"SNERD_RESULT_MAX_BYTES": "32"})
+    await d.recv()
+    await d.send({"action": "register", "task_type": "t"})
+    await d.recv()
+    value = {"sent": 3, "ids": ["a", "é"]}
+    await d.enqueue("kept")
+    await d.wait_for(lambda m: m["action"] == "execute" and m["task_id"] == "kept")
+    await d.send({"action": "result", "task_id": "kept", "status": "success", "result": value})
+    await d.enqueue("big")  # no retries: its failure is a dead letter
+    await d.wait_for(lambda m: m["action"] == "execute" and m["task_id"] == "big")
+    await d.send({"action": "result", "task_id": "big", "status": "success", "result": "x" * 40})
+    dead = await d.wait_for(lambda m: m["action"] == "max_retries_reached")
+    assert dead["error"] == (
+        "task big: result of 42 bytes exceeds the limit of 32 bytes (SNERD_RESULT_MAX_BYTES)"
+    )
+    await d.close_stdin()
+    assert await d.wait() == 0
+    # Read back from the log, through the fold every reader uses.
+    fold = scan_shard(open_queue(directory), 0).fold
+    assert fold.finished["kept"].fields["snerdResult"] == value
+    assert "snerdResult" not in fold.finished["big"].fields
+    # A bad value for the setting is refused at start, naming it (exit 2).
+    bad = await Daemon.start(nursery, directory, env={"SNERD_RESULT_MAX_BYTES": "lots"})
+    assert await bad.wait() == 2
+    assert b"SNERD_RESULT_MAX_BYTES" in bad.stderr
 
 
 async def test_a_50_mb_line_is_refused_without_buffering_it(

@@ -4,7 +4,8 @@ and what the node re-points once it is.
 `Compaction` decides when a check runs (`maybe_compact`: a log big and mostly dead, checked at
 most once per eighth of growth, `ShardInfo.compact_check_at`), which records are live (every
 task's record and dispatch record, the claim, the inbox records, the finished history and the
-dispatch records of open rate windows), and, once the shell has written the new file, moves
+dispatch records of open rate windows; a completed task older than the result retention is
+forgotten first, `expire_history`), and, once the shell has written the new file, moves
 every location the node holds into it, the appends held back or waiting for a retry included.
 While a compaction runs the shard takes no append (`ShardInfo.backlog`, emitted in order when
 it ends). Its state is per shard, in `ShardInfo`; it keeps none of its own.
@@ -32,7 +33,7 @@ from snerd.core.rate_limit import RateWindows
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
 
-__all__ = ["Compaction"]
+__all__ = ["Compaction", "expire_history"]
 
 
 class Compaction:
@@ -78,7 +79,9 @@ class Compaction:
 
     def _live_offsets(self, shard: int, info: ShardInfo) -> dict[int, int]:
         """Offset -> length of every record the shard's state still needs (unordered; the
-        compaction check only sums them, so it builds no `KeepRange`s and sorts nothing)."""
+        compaction check only sums them, so it builds no `KeepRange`s and sorts nothing).
+        Completed tasks past the result retention are forgotten first."""
+        expire_history(info, self.node.now.wall, self.config.result_retention_us)
         offsets: dict[int, int] = {}
         if info.claim_loc is not None:
             offsets[info.claim_loc.offset] = info.claim_loc.length
@@ -203,6 +206,20 @@ class Compaction:
         info = self.shards[event.shard]
         self._over(event.shard, info)
         self.out.log("warning", f"{shard_name(event.shard)}: compaction failed ({event.error})")
+
+
+def expire_history(info: ShardInfo, now_wall: int, retention_us: int) -> None:
+    """Forget the completed tasks of `info.history` that finished more than `retention_us`
+    before `now_wall` (0: none), so that compaction drops their tombstones and results. A
+    dead letter is never expired here (only the history limit drops one)."""
+    if not retention_us:
+        return
+    horizon = now_wall - retention_us
+    # Every entry is looked at, not only the oldest: a wall clock stepped back leaves them
+    # out of order. (Compaction, the caller, walks every task anyway.)
+    for task_id in [t for t, at in info.completed_at.items() if at < horizon]:
+        del info.completed_at[task_id]
+        del info.history[task_id]
 
 
 def _rebased(effect: fx.Append, moved: Mapping[int, fx.Location]) -> fx.Append:

@@ -550,7 +550,15 @@ class Intake:
                 return
             self.out.send(proto.error(cmd.task_id, proto.unknown_result(cmd.task_id)))
             return
-        self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error")
+        result = cmd.result
+        if result is not None:
+            size, limit = proto.result_size(result), self.config.result_max_bytes
+            if size > limit:
+                # The attempt fails, retried as any failure: the result cannot be kept.
+                error = proto.result_too_large(task.task_id, size, limit)
+                self._attempt_ended(task, False, error)
+                return
+        self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error", result)
 
     def _plain_success(self, result: proto.PlainResult) -> bool:
         """`on_result` for the commonest result, a success of a running attempt of a task
@@ -565,11 +573,12 @@ class Intake:
         self._attempt_ended(task, True, "")
         return True
 
-    def _attempt_ended(self, task: Task, ok: bool, error: str) -> None:
-        """The outcome of a running attempt, from the SDK or from a webhook."""
+    def _attempt_ended(self, task: Task, ok: bool, error: str, result: Any = None) -> None:
+        """The outcome of a running attempt, from the SDK or from a webhook; `result`: a
+        success's return value (None: none)."""
         self.node.stats["total_executed"] += 1
         if ok:
-            self.node.book.succeeded(task)
+            self.node.book.succeeded(task, result)
         else:
             self.node.stats["total_failed"] += 1
             self.node.book.failed(task, error)

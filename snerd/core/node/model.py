@@ -21,6 +21,7 @@ import xxhash
 
 from snerd.core import effects as fx
 from snerd.core.ownership import DEFAULT_QUEUE, OwnershipConfig, ShardPhase
+from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES
 from snerd.core.ready_queue import ReadyQueue
 from snerd.core.schema import LAST_ERROR_OBJ, LAST_JOB_ERROR
 from snerd.core.shardlog import ShardFold
@@ -176,6 +177,13 @@ class NodeConfig:
     compact_dead_ratio: int = 3
     #: Finished and dead-lettered tasks kept in each log by compaction.
     history_limit: int = 10_000
+    #: Largest result a handler may return, in bytes of its compact JSON encoding
+    #: (SNERD_RESULT_MAX_BYTES); past it the attempt fails.
+    result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
+    #: How long a completed task (its tombstone, with its result) is kept in the history after
+    #: it finished (SNERD_RESULT_RETENTION_SECONDS); 0: as long as `history_limit` keeps it.
+    #: Dead letters are not expired: they wait for an operator.
+    result_retention_us: int = 7 * 86_400 * SECOND
     #: How long to wait before retrying a failed lock, membership write or log append.
     retry_io_us: int = SECOND
     #: How long a shard whose files cannot be used (`ShardUnusable`: a symlink snerd refuses,
@@ -234,6 +242,9 @@ class NodeConfig:
     #: new owner fires those ticks again. Only the simulator's negative control
     #: `--unsafe-fire-unmarked` turns it on.
     unsafe_fire_unmarked: bool = False
+    #: A success's tombstone stores a result other than the one its handler returned. Only
+    #: the simulator's negative control `--unsafe-wrong-result` turns it on.
+    unsafe_wrong_result: bool = False
     #: This node's own inbox files: a new segment is started once one holds this much, and
     #: closed segments are removed once their owner has ingested them (checked this often).
     inbox_segment_bytes: int = 16 * 1024 * 1024
@@ -323,6 +334,9 @@ class ShardInfo:
     #: Finished tasks kept in the log, oldest first: task_id -> (location of the tombstone,
     #: `OUTCOME_COMPLETED` or `OUTCOME_DEAD`). A child of one of them is judged by it.
     history: dict[str, tuple[fx.Location, str]] = field(default_factory=dict)
+    #: When each completed task of `history` finished (wall µs), oldest first: compaction
+    #: drops those older than `NodeConfig.result_retention_us` (`compaction.expire_history`).
+    completed_at: dict[str, int] = field(default_factory=dict)
     #: Appends in flight to this shard (compaction waits for zero).
     appends_in_flight: int = 0
     #: The log size from which the next compaction check runs (0: at once). Finding the live

@@ -263,6 +263,8 @@ class Node:
             return
         for shard, info in self.shards.items():
             require(isinstance(info.phase, ShardPhase), f"shard {shard}: phase {info.phase!r}")
+            # (Its completed tasks are some of its history: a count, cheap at every step.)
+            require(len(info.completed_at) <= len(info.history), f"shard {shard}: completed_at")
         # No timer the last tick fires was still due at that tick (what came due since waits
         # for the next one).
         ticked = self._ticked

@@ -41,7 +41,7 @@ from snerd.core.schema import (
     TASK_ID,
     TASK_TYPE,
 )
-from snerd.core.shardlog import ShardFold, tombstone_outcome
+from snerd.core.shardlog import ShardFold, finished_at_us, past_retention, tombstone_outcome
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339
 
 if TYPE_CHECKING:
@@ -102,12 +102,18 @@ class Replay:
         info.inbox_done = dict(fold.inbox)
         info.inbox_taken = dict(fold.inbox)
         info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
+        retention, now = self.config.result_retention_us, self.node.now.wall
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
-            outcome = tombstone_outcome(record.fields)
-            if outcome not in (OUTCOME_COMPLETED, OUTCOME_CANCELLED):
-                outcome = OUTCOME_DEAD
-            info.history[task_id] = (loc(record), outcome)
             self._twin_from(shard, task_id, record.fields)
+            outcome = tombstone_outcome(record.fields)
+            if outcome != OUTCOME_COMPLETED:
+                # (Cancelled ones, like dead letters, wait for an operator: never expired.)
+                kept = OUTCOME_CANCELLED if outcome == OUTCOME_CANCELLED else OUTCOME_DEAD
+                info.history[task_id] = (loc(record), kept)
+            elif not past_retention(record.fields, now, retention):
+                # (One past the result retention is not history: compaction drops it.)
+                info.history[task_id] = (loc(record), OUTCOME_COMPLETED)
+                info.completed_at[task_id] = finished_at_us(record.fields, now)
         windows = self.node.book.windows
         for group, at, record in fold.windows:
             windows.restore(group, [at])

@@ -81,6 +81,7 @@ from snerd.core.schema import (
     SNERD_KIND,
     SNERD_NODE,
     SNERD_OUTCOME,
+    SNERD_RESULT,
     TASK_ID,
     TASK_TYPE,
     TRIGGER_AFTER_IDS,
@@ -639,12 +640,14 @@ class TaskBook:
         self.pool_busy[flight.pool] -= 1
         self.move(task, FINISHING)
 
-    def succeeded(self, task: Task) -> None:
+    def succeeded(self, task: Task, result: Any = None) -> None:
+        """A running attempt succeeded, returning `result` (None: nothing), which its
+        tombstone keeps. A cron task's run keeps none: it is re-armed, not finished."""
         self._end_flight(task)
         assert task.loc is not None
         if task.cron is not None and self._rearm(task, None):
             return
-        self._complete(task)
+        self._complete(task, result)
 
     def _rearm(self, task: Task, error: str | None) -> bool:
         """A cron task's run ended: due again at its next tick, same id, retry count reset
@@ -744,14 +747,18 @@ class TaskBook:
             FinishPart(shard, task_id=task.task_id, outcome=outcome, error=error),
         )
 
-    def _complete(self, task: Task) -> None:
-        """Write the tombstone of a task that succeeded. Success clears the error (upstream
-        kept it, so dashboards showed "failed"). The tombstones of tasks completed together
-        are one run (`FinishRun`: one pending for them all, each committed as a `FinishPart` of its
-        own would be)."""
+    def _complete(self, task: Task, result: Any = None) -> None:
+        """Write the tombstone of a task that succeeded, with its handler's `result` (None:
+        none). Success clears the error (upstream kept it, so dashboards showed "failed").
+        The tombstones of tasks completed together are one run (`FinishRun`: one pending for
+        them all, each committed as a `FinishPart` of its own would be)."""
         shard = task.shard
         info = self.shards[shard]
         fields = self._tombstone_fields(task, task.retry_count, OUTCOME_COMPLETED)
+        if self.config.unsafe_wrong_result:
+            result = _wrong_result(result)
+        if result is not None:
+            fields[SNERD_RESULT] = result
         record = new_based_record(fields, task.loc, CLEARED_ON_SUCCESS)
         self.out.append_run(shard, info, record, task.task_id, FinishRun)
 
@@ -800,14 +807,25 @@ class TaskBook:
         history = info.history
         history.pop(task.task_id, None)  # (a reused id: its latest end goes last)
         history[task.task_id] = (loc, outcome)
+        completed_at = info.completed_at
+        completed_at.pop(task.task_id, None)
+        if outcome == OUTCOME_COMPLETED:
+            completed_at[task.task_id] = self.node.now.wall
         while len(history) > self.config.history_limit:
-            del history[next(iter(history))]
+            oldest = next(iter(history))
+            del history[oldest]
+            completed_at.pop(oldest, None)
         if outcome == OUTCOME_DEAD:
             self.node.stats["total_dlq"] += 1
             self._deliver_dead(task, loc, error)
         self.node.parents.parent_finished(task.task_id, outcome)
         self.node.schedules.run_finished(task.task_id)
         self.node.control.task_finished(task.task_id, outcome)
+
+
+def _wrong_result(result: Any) -> Any:
+    """What `NodeConfig.unsafe_wrong_result` stores instead of `result`: a different value."""
+    return {"wrong": result}
 
 
 def _parse_time(value: Any, default: int) -> int:

@@ -767,6 +767,7 @@ class Tenure:
         self.node.book.parked_by_shard.pop(shard, None)
         self.node.book.parked_by_pause.pop(shard, None)
         info.history.clear()
+        info.completed_at.clear()
         info.window_records.clear()
         info.claim_loc = None
         info.reloading = True
