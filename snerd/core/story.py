@@ -200,8 +200,11 @@ def pick_story(
 
     Only lines holding the id as JSON writes it, a claim, or an escape (`\\u`, which could
     spell the id another way) are decoded; a damaged one is skipped (`fsck` reports it)."""
-    needles = (orjson.dumps(task_id), _CLAIM_MARK, b"\\u")
     end = data.rfind(b"\n") + 1
+    try:
+        needles = (orjson.dumps(task_id), _CLAIM_MARK, b"\\u")
+    except TypeError:  # not text any record can hold (a lone surrogate)
+        return [], end
     starts: set[int] = set()
     for needle in needles:
         at = data.find(needle, 0, end)
@@ -236,7 +239,7 @@ def _names(fields: dict[str, Any], task_id: str) -> bool:
     if kind == KIND_COMMAND:
         return fields.get(COMMAND_TASK) == task_id
     if kind == KIND_INBOX:
-        return bool(_entries(fields, INBOX_DROPPED, task_id) or _entries(fields, INBOX_ANSWERS, task_id))
+        return any(_entries(fields, key, task_id) for key in (INBOX_DROPPED, INBOX_ANSWERS))
     return False
 
 
@@ -488,20 +491,21 @@ def _mark_step(fields: dict[str, Any], task_id: str, base: dict[str, Any]) -> St
 
 def _dispatch_step(fields: dict[str, Any], life: _Life, base: dict[str, Any]) -> Step:
     attempt = whole_or_none(fields.get(DISPATCH_ATTEMPT))
-    note = f"attempt {attempt} started on {base['node'] or '?'}"
+    note = f"attempt {attempt} started"
     if base["stale"] is not None:
         note += (
             " by a daemon that had lost the shard (fenced): the shard's owner runs this "
             "attempt too"
         )
     elif life.open_attempt is not None and life.open_attempt == attempt:
-        note += (
-            f" again: the run on {life.open_node or '?'} never reported an outcome (its daemon "
-            "stopped, or lost the shard), so this attempt runs twice"
+        note = (
+            f"attempt {attempt} runs twice: the run on {life.open_node or '?'} never reported "
+            "an outcome (its daemon stopped, or lost the shard)"
         )
     if base["stale"] is None:
         life.open_attempt, life.open_node = attempt, base["node"]
-    return Step(kind="dispatched", at=_time(fields.get(RECORD_AT)), attempt=attempt, note=note, **base)
+    at = _time(fields.get(RECORD_AT))
+    return Step(kind="dispatched", at=at, attempt=attempt, note=note, **base)
 
 
 def _task_step(fields: dict[str, Any], life: _Life, base: dict[str, Any]) -> Step:
@@ -522,17 +526,20 @@ def _task_kind(fields: dict[str, Any], life: _Life) -> tuple[str, str, dict[str,
     prev = life.last
     via = _str(fields.get(SNERD_VIA))
     if prev is None or life.ended:
-        if replayed is not None and (prev is None or prev.get(SNERD_REPLAYED_AT) != fields.get(SNERD_REPLAYED_AT)):
-            return "replayed", "put back into the queue, attempts reset", {"at": replayed, "due": due}
+        again = prev is None or prev.get(SNERD_REPLAYED_AT) != fields.get(SNERD_REPLAYED_AT)
+        if replayed is not None and again:
+            note = "put back into the queue, attempts reset"
+            return "replayed", note, {"at": replayed, "due": due}
         if prev is not None:
-            return "reenqueued", "enqueued again under the id of a task that had ended", {"due": due}
+            return "reenqueued", "enqueued again under the id of a task that ended", {"due": due}
         if via is not None:
             return (
                 "taken_in",
                 f"taken in from {via}'s inbox by the shard's owner (at: when it was enqueued)",
                 {"at": _time(fields.get(RETRY_AFTER_TIME)), "due": due},
             )
-        return "enqueued", "enqueued", {"at": _time(fields.get(RETRY_AFTER_TIME)), "due": due}
+        at = _time(fields.get(RETRY_AFTER_TIME))
+        return "enqueued", f"enqueued, due {due or '?'}", {"at": at, "due": due}
     count, before = _int(fields.get(RETRY_COUNT)), _int(prev.get(RETRY_COUNT))
     if count > before:
         return (
@@ -542,7 +549,8 @@ def _task_kind(fields: dict[str, Any], life: _Life) -> tuple[str, str, dict[str,
         )
     if fields.get(CRON_EXPRESSION) and fields.get(EXECUTE_AT) != prev.get(EXECUTE_AT):
         what = f"its run used every attempt ({error})" if error else "its run ended"
-        return "cron_rearmed", f"{what}; due again at its next tick {due or '?'}", {"error": error, "due": due}
+        note = f"{what}; due again at its next tick {due or '?'}"
+        return "cron_rearmed", note, {"error": error, "due": due}
     return "updated", "another record of the live task", {"due": due}
 
 

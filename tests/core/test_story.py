@@ -40,7 +40,9 @@ def task(task_id: str = "a", epoch: int = 1, node: str = "n1", **extra: Any) -> 
     return f
 
 
-def dispatch(attempt: int, at: int, epoch: int = 1, node: str = "n1", task_id: str = "a") -> dict[str, Any]:
+def dispatch(
+    attempt: int, at: int, epoch: int = 1, node: str = "n1", task_id: str = "a"
+) -> dict[str, Any]:
     return {
         "snerdKind": "dispatch", "task": task_id, "attempt": attempt, "at": ts(at),
         "snerdNode": node, "snerdEpoch": epoch,
