@@ -25,10 +25,10 @@ The subcommands read a queue directory the way a daemon would (`snerd.queuedir`:
 tasks, leases and health to the core (`snerd.core.status`, `health`, `ownership`, `story`).
 Read-only commands (stats, validate, dlq, schedules, status, fsck without --repair) never write
 and never take `.membership.lock`; the lock probe is a non-blocking flock released at once. A
-command that writes a shard log (replay, compact, fsck --repair) first takes that shard's lock as a daemon
-does, and refuses a shard a daemon holds, naming it; membership.json is only changed
-conditionally on the version read, under `.membership.lock`. Appends and compaction go through
-`GroupCommitLog`, with the daemon's crash-safety.
+command that writes a shard log (replay, compact, fsck --repair) first takes that shard's lock
+as a daemon does, and refuses a shard a daemon holds, naming it; membership.json is only
+changed conditionally on the version read, under `.membership.lock`. Appends and compaction go
+through `GroupCommitLog`, with the daemon's crash-safety.
 
 It must never: write a log whose lock it does not hold, delete another process's claim, decide
 something about tasks differently from the daemon's replay, or print machine output on stderr.
