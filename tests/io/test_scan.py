@@ -300,3 +300,16 @@ def test_read_task_reports_a_linked_log_and_reads_on(tmp_path: Path) -> None:
     found = scan.read_task(tmp_path, 2, "p", errors)
     assert [(f.shard, f.source) for f in found] == [(1, "log")]
     assert len(errors) == 1 and str(log) in errors[0]
+
+
+def test_read_task_skips_a_line_longer_than_any_writer_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scan, "_STEP", 64)
+    monkeypatch.setattr(scan, "LINE_LIMIT", 200)
+    log = log_path(tmp_path, 0)
+    huge = _task("p", note="x" * 500)
+    after = _task("p", "completed")
+    log.write_bytes(huge + after)
+    found = scan.read_task(tmp_path, 1, "p")
+    assert [(f.offset, f.fields.get("snerdOutcome")) for f in found] == [(len(huge), "completed")]
