@@ -1,8 +1,9 @@
 """`snerdmq status ID DIR`: one task's details and story, on queues real daemons wrote.
 
-A retried task and a task whose daemon was killed mid-attempt (so the next daemon runs the same
-attempt again) are made by real `snerdmq` processes over their pipes; the story must show
-both attempts, and the takeover between the two runs of the killed one.
+A retried task, a task whose daemon was killed mid-attempt (so the next daemon runs the same
+attempt again) and a task enqueued through a daemon that does not own its shard are made by
+real `snerdmq` processes over their pipes; the story must show both attempts, the takeover
+between the two runs of the killed one, and the owner taking the far one in from its inbox.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import trio
+
+from snerd.core.node.model import route_shard
 from tests.cli.test_cli import Cli, Daemon, plant, task
 from tests.cli.test_cli import cli as cli  # the fixture
 from tests.cli.test_cli import daemons as daemons  # the fixture
+from tests.support.cluster import Daemons
 
 
 def test_a_retried_task_shows_both_attempts(
@@ -98,3 +103,37 @@ def test_an_unknown_id_exits_1_and_a_malformed_one_2(cli: Cli, tmp_path: Path) -
 def test_a_missing_dir_is_a_usage_error(cli: Cli, tmp_path: Path) -> None:
     code, _, err = cli("status", "t1", tmp_path / "nope")
     assert code == 2 and "does not exist" in err
+
+
+def test_a_task_enqueued_through_a_daemon_that_does_not_own_its_shard(
+    cli: Cli, tmp_path: Path
+) -> None:
+    q = tmp_path / "q"
+
+    async def run() -> dict[str, set[int]]:
+        async with trio.open_nursery() as nursery:
+            cluster = Daemons(nursery, q, shards=2)
+            await cluster.start("a", "b")
+            owned = {name: set(shards) for name, shards in cluster.owned.items()}
+            via = next(n for n, s in owned.items() if route_shard("far-1", 2) not in s)
+            await cluster.daemons[via].enqueue("far-1")
+            await cluster.until(
+                lambda: any(m.get("action") == "done" and m["task_id"] == "far-1"
+                            for _, m in cluster.seen),
+                timeout=20,
+            )
+            await cluster.stop()
+            return owned
+
+    trio.run(run)
+    code, out, _ = cli("status", "far-1", q, "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert report["state"] == "succeeded" and report["shard"] == route_shard("far-1", 2)
+    kinds = [s["kind"] for s in report["story"]]
+    # Its inbox copy, when the owner has not removed the ingested file yet, comes first.
+    assert kinds[-3:] == ["taken_in", "dispatched", "completed"], kinds
+    assert kinds[:-3] in ([], ["inbox"])
+    taken_in, dispatched = report["story"][-3], report["story"][-2]
+    assert "inbox" in taken_in["note"] and dispatched["node"] == taken_in["node"]
+    assert report["enqueued_at"] is not None
