@@ -102,7 +102,7 @@ LOG = "log"
 STEP_KINDS = (
     "enqueued",  # its first record in the shard's log (the owner took the enqueue)
     "inbox",  # written to the shard's inbox by a daemon that does not own the shard
-    "taken_in",  # the owner copied it from an inbox into its log (`snerdVia`)
+    "taken_in",  # the owner copied it from an inbox into its log (`snerdVia`); `at`: its enqueue
     "dropped",  # the owner did not take an inbox copy in (a duplicate, or refused)
     "dispatched",  # an attempt started (node, epoch, attempt number)
     "retry_scheduled",  # an attempt failed (its error) and the next is due at `due`
@@ -530,14 +530,15 @@ def _task_kind(fields: dict[str, Any], life: _Life) -> tuple[str, str, dict[str,
         if replayed is not None and again:
             note = "put back into the queue, attempts reset"
             return "replayed", note, {"at": replayed, "due": due}
-        if prev is not None:
-            return "reenqueued", "enqueued again under the id of a task that ended", {"due": due}
+        again = " (enqueued again under the id of a task that ended)" if prev is not None else ""
         if via is not None:
             return (
                 "taken_in",
-                f"taken in from {via}'s inbox by the shard's owner (at: when it was enqueued)",
+                f"taken in from {via}'s inbox by the shard's owner{again}",
                 {"at": _time(fields.get(RETRY_AFTER_TIME)), "due": due},
             )
+        if prev is not None:
+            return "reenqueued", "enqueued again under the id of a task that ended", {"due": due}
         at = _time(fields.get(RETRY_AFTER_TIME))
         return "enqueued", f"enqueued, due {due or '?'}", {"at": at, "due": due}
     count, before = _int(fields.get(RETRY_COUNT)), _int(prev.get(RETRY_COUNT))
@@ -613,7 +614,8 @@ def details(task_id: str, found: Iterable[Found], now_us: int) -> dict[str, Any]
     `started_at` (its latest attempt's start); `finished_at`; `outcome` (completed,
     dead_letter, cancelled, or None while it lives); `result` and `has_result` (the handler's
     return value, stored with a completion); `cron`; `stale_records` (records of it fencing
-    ignores); `waiting_in_inbox` (an inbox holds it and the owner has not taken it in yet).
+    ignores); `waiting_in_inbox` (an inbox holds a copy the owner has neither taken in nor
+    dropped yet; the state is still what the logs say).
     Times are RFC 3339 in UTC, None when unknown."""
     items = [f for f in found if _names(f.fields, task_id)]
     steps = story(items, task_id)
@@ -636,6 +638,7 @@ def details(task_id: str, found: Iterable[Found], now_us: int) -> dict[str, Any]
     fields = record.fields
     life = _current_life([s for s in steps if s.shard == shard and s.source == LOG])
     _facts(out, shard, fields, life)
+    out["waiting_in_inbox"] = _pending_copy(steps)
     if task_id in fold.live:
         out["state"] = _live(task_id, fields, fold, now_us)
         return out
@@ -694,6 +697,19 @@ def _facts(out: dict[str, Any], shard: int, fields: dict[str, Any], life: list[S
         started_at=counted[-1].at if counted else None,
         enqueued_at=None if first is None else first.at,
     )
+
+
+def _pending_copy(steps: list[Step]) -> bool:
+    """An inbox copy its owner has neither taken in nor dropped (`_ordered` puts each other
+    copy just before the step it became): an enqueue under the id, not in a log yet."""
+    for i, s in enumerate(steps):
+        if s.kind != "inbox":
+            continue
+        after = steps[i + 1 :]
+        became = next((t for t in after if t.kind != "inbox"), None)
+        if became is None or became.kind not in ("taken_in", "dropped"):
+            return True
+    return False
 
 
 def _live(task_id: str, fields: dict[str, Any], fold: ShardFold, now_us: int) -> str:

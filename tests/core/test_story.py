@@ -243,3 +243,16 @@ def test_pick_story_keeps_the_ids_lines_and_claims() -> None:
 def test_vocabulary_is_stable() -> None:
     assert "dispatched" in STEP_KINDS and "cancelled" in STATES
     assert DETAIL_KEYS[0] == "task_id"
+
+
+def test_a_copy_waiting_in_an_inbox_after_the_task_ended_is_said() -> None:
+    found = [
+        *log(task(), task(deletedAt=ts(5), snerdOutcome="completed")),
+        Found(0, "n2", 0, task(node="n2")),
+    ]
+    assert kinds(found) == ["enqueued", "completed", "inbox"]
+    d = details("a", found, NOW)
+    assert d["state"] == "succeeded" and d["waiting_in_inbox"] is True
+    taken = [*found, Found(0, LOG, 300, {**task(node="n1"), "snerdVia": "n2"})]
+    d = details("a", taken, NOW)
+    assert d["waiting_in_inbox"] is False and kinds(taken)[-2:] == ["inbox", "taken_in"]
