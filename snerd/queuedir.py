@@ -5,8 +5,10 @@ the core's rule, `parse_membership`), each `shard-N/tasks/tasks.log` read and fo
 `snerd.core.shardlog` (the same rules as the daemon's replay; `rescan_shard` folds only what
 was appended since the last read), whether a daemon holds `shard-N/.lock` (`probe_lock`: a
 non-blocking flock released at once), the entries snerd refuses (links, odd files), the inbox
-bytes not yet ingested, and `stats_report`, what `snerdmq stats --json` prints and the
-dashboard serves. `shard_locks` takes shard locks for the commands that write.
+bytes not yet ingested, `stats_report`, what `snerdmq stats --json` prints and the
+dashboard serves, and `task_report`, one task's details and story (`snerdmq status`, the
+dashboard's task page), read by `snerd.io.scan.read_task`. `shard_locks` takes shard locks
+for the commands that write.
 
 Rules it keeps: a plain read takes no `.membership.lock` (membership.json is only ever replaced
 by rename, so a read sees a whole document), and nothing below the data directory is reached
@@ -34,6 +36,7 @@ from typing import Any
 import portalocker
 
 from snerd.config import ToolSettings
+from snerd.core.fields import BadField, check_task_id
 from snerd.core.health import LockState
 from snerd.core.ownership import (
     DEFAULT_QUEUE,
@@ -50,11 +53,13 @@ from snerd.core.ownership import (
 )
 from snerd.core.shardlog import ShardFold
 from snerd.core.status import ShardSummary, summarize
+from snerd.core.story import LOG, Found, details, story
 from snerd.core.timefmt import format_span
 from snerd.io.files import describe_kind, open_file, read_small
 from snerd.io.inbox import inbox_files
 from snerd.io.log import read_log
 from snerd.io.membership import ShardLocks
+from snerd.io.scan import read_file_task, read_task
 
 __all__ = [
     "MEMBERSHIP",
@@ -65,6 +70,8 @@ __all__ = [
     "QueueError",
     "ShardScan",
     "UsageError",
+    "check_task_arg",
+    "find_task",
     "inbox_waiting",
     "open_queue",
     "open_queue_to_check",
@@ -77,6 +84,7 @@ __all__ = [
     "shard_entries",
     "shard_locks",
     "stats_report",
+    "task_report",
     "tool_owner",
     "wall_now_us",
 ]
@@ -569,3 +577,45 @@ def stats_report(
         },
     }
 
+
+
+# ------------------------------------------------------------------------------------------
+# One task: its details and its story
+# ------------------------------------------------------------------------------------------
+
+
+def check_task_arg(task_id: str) -> None:
+    """A task id given by a person: what an enqueue would take (`check_task_id`), in text a
+    record can hold; UsageError naming what is wrong."""
+    try:
+        task_id.encode("utf-8")
+        check_task_id("task id", task_id)
+    except UnicodeEncodeError:
+        raise UsageError("the task id is not valid UTF-8 text") from None
+    except BadField as exc:
+        raise UsageError(exc.detail) from None
+
+
+def find_task(queue: Queue, task_id: str) -> tuple[list[Found], list[str]]:
+    """Every record of `task_id` in the queue's logs and inbox files, and the files that could
+    not be read (one line each). Read-only; safe while daemons run."""
+    errors: list[str] = []
+    if queue.legacy:
+        problems: list[tuple[int, str]] = []
+        path = queue.log_path(0)
+        found = read_file_task(queue.directory, path, 0, LOG, task_id, problems)
+        return found, [text for _shard, text in problems]
+    return read_task(queue.directory, queue.shards, task_id, errors), errors
+
+
+def task_report(queue: Queue, task_id: str, now_us: int) -> dict[str, Any]:
+    """What `snerdmq status --json` prints and `/api/task/{id}` serves: the task's `details`
+    (`snerd.core.story`), its `story` (one object per step) and `errors` (files that could not
+    be read, so the story may miss their part)."""
+    check_task_arg(task_id)
+    found, errors = find_task(queue, task_id)
+    return {
+        **details(task_id, found, now_us),
+        "story": [step.to_json() for step in story(found, task_id)],
+        "errors": errors,
+    }

@@ -13,6 +13,7 @@ stderr, never a traceback.
     snerdmq add-shards N DIR                       grow the queue by N shards
     snerdmq dlq DIR [--type T] [--id ID] [--json]  list dead letters
     snerdmq schedules DIR [--json]                 list the named schedules, with their next fire
+    snerdmq status ID DIR [--json]                 one task: its state, details and every record
     snerdmq replay [--type T] [--id ID] [DIR]      put dead letters back into the queue
     snerdmq fsck DIR [--repair] [--json]           check every shard log, byte by byte
     snerdmq compact DIR [--history N]              offline compaction of idle shards
@@ -21,13 +22,13 @@ stderr, never a traceback.
 
 The subcommands read a queue directory the way a daemon would (`snerd.queuedir`: folded by
 `snerd.core.shardlog`, the same rules as the daemon's replay) and leave every rule about
-tasks, leases and health to the core (`snerd.core.status`, `health`, `ownership`). Read-only
-commands (stats, validate, dlq, schedules, fsck without --repair) never write and never take
-`.membership.lock`; the lock probe is a non-blocking flock released at once. A command that
-writes a shard log (replay, compact, fsck --repair) first takes that shard's lock as a daemon
-does, and refuses a shard a daemon holds, naming it; membership.json is only changed
-conditionally on the version read, under `.membership.lock`. Appends and compaction go through
-`GroupCommitLog`, with the daemon's crash-safety.
+tasks, leases and health to the core (`snerd.core.status`, `health`, `ownership`, `story`).
+Read-only commands (stats, validate, dlq, schedules, status, fsck without --repair) never write
+and never take `.membership.lock`; the lock probe is a non-blocking flock released at once. A
+command that writes a shard log (replay, compact, fsck --repair) first takes that shard's lock
+as a daemon does, and refuses a shard a daemon holds, naming it; membership.json is only
+changed conditionally on the version read, under `.membership.lock`. Appends and compaction go
+through `GroupCommitLog`, with the daemon's crash-safety.
 
 It must never: write a log whose lock it does not hold, delete another process's claim, decide
 something about tasks differently from the daemon's replay, or print machine output on stderr.
@@ -76,6 +77,12 @@ def _schedules(argv: Sequence[str]) -> int:
     return schedules.main(argv)
 
 
+def _status(argv: Sequence[str]) -> int:
+    from snerd.cli import status
+
+    return status.main(argv)
+
+
 def _replay(argv: Sequence[str]) -> int:
     from snerd.cli import dlq
 
@@ -118,6 +125,7 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "add-shards": _add_shards,
     "dlq": _dlq,
     "schedules": _schedules,
+    "status": _status,
     "replay": _replay,
     "fsck": _fsck,
     "compact": _compact,

@@ -1,12 +1,16 @@
 """The dashboard's web app (Starlette): one page, a JSON API and a WebSocket that pushes.
 
     GET /                    the page (static/index.html, app.js, style.css)
+    GET /task/{id}           a task's page (static/task.html, task.js): its details and story
     GET /api/snapshot        everything the page shows: stats, daemons, tasks, dead letters
     GET /api/stats           `snerdmq stats --json`'s report
     GET /api/tasks           ?status=<one of STATUSES>&limit=<1..1000, default 100>
     GET /api/dead-letters    ?limit=<1..1000, default 100>, with their final errors
     GET /api/daemons         heartbeats and the shards each daemon's claims name
     GET /api/membership      membership.json as read
+    GET /api/task/{id}       a task's details and story (`snerdmq status --json`'s report);
+                             404 (with the report) when no file holds it, 400 for an id no
+                             enqueue takes
     GET /api/progress        the latest progress messages (only when served by an SDK, which
                              sees them: `SnerdQueue.start_dashboard`; else 404)
     WS  /ws                  a snapshot at once, then one whenever the files change (at most
@@ -60,6 +64,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from snerd.core.timefmt import format_rfc3339
 from snerd.dashboard.view import STATUSES, QueueView
+from snerd.queuedir import QueueError, UsageError
 
 __all__ = ["COOKIE", "ProgressFeed", "create_app", "host_of"]
 
@@ -328,11 +333,34 @@ def create_app(
         "/": (_static("index.html"), "text/html; charset=utf-8"),
         "/app.js": (_static("app.js"), "text/javascript; charset=utf-8"),
         "/style.css": (_static("style.css"), "text/css; charset=utf-8"),
+        "/task.js": (_static("task.js"), "text/javascript; charset=utf-8"),
     }
+    task_page = _static("task.html")
 
     async def page(request: Request) -> Response:
         body, media_type = pages[request.scope["path"]]
         return Response(body, media_type=media_type)
+
+    async def task_html(request: Request) -> Response:
+        # The page reads its id from its own address and asks `/api/task/{id}`.
+        return Response(task_page, media_type="text/html; charset=utf-8")
+
+    async def task(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+
+        def query(v: QueueView) -> tuple[int, dict[str, Any]]:
+            try:
+                report = v.task(task_id)
+            except UsageError as exc:
+                return 400, {"error": f"not a task id: {exc}"}
+            except QueueError as exc:
+                return 503, {"error": str(exc)}
+            if not report["found"]:
+                return 404, {"error": f"no task {task_id[:200]!r} in this queue", **report}
+            return 200, report
+
+        status, body = await reader.read(query)
+        return _json(body, status)
 
     async def snapshot(request: Request) -> Response:
         return _json(with_progress(await reader.read(reader.snapshot)))
@@ -414,6 +442,8 @@ def create_app(
         Route("/api/dead-letters", dead_letters),
         Route("/api/daemons", daemons),
         Route("/api/membership", membership),
+        Route("/task/{task_id:path}", task_html),
+        Route("/api/task/{task_id:path}", task),
         Route("/api/progress", progress_lines),
         WebSocketRoute("/ws", live),
     ]

@@ -7,7 +7,13 @@ folds only the bytes appended to a log since the last one (`rescan_shard`); a co
 file, or a log that shrank, is read again from the start.
 
 What it serves never holds a task's `taskData` or its webhook URL (payloads and URLs may carry
-secrets; the dashboard shows ids, types, states, attempts, times and errors).
+secrets; the dashboard shows ids, types, states, attempts, times and errors). A task's page
+(`task`) also shows its handler's result, as `get` answers it: an operator looking a task up
+asks for what it returned.
+
+`task` is read afresh at each call, not folded incrementally: it reads every shard's log and
+inbox files for one id (`snerd.queuedir.task_report`), which a person asks for one page at a
+time.
 
 Blocking: the web app calls `refresh` from a worker thread.
 """
@@ -47,6 +53,7 @@ from snerd.queuedir import (
     open_queue,
     rescan_shard,
     stats_report,
+    task_report,
 )
 
 __all__ = ["STATUSES", "QueueView"]
@@ -256,6 +263,13 @@ class QueueView:
                 )
         rows.sort(key=lambda row: row["at"] or "", reverse=True)
         return rows[:limit]
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        """One task's details and story (`snerd.queuedir.task_report`); UsageError for an id
+        no enqueue takes, QueueError when the directory is no queue (as of the last refresh)."""
+        if self._queue is None:
+            raise QueueError(self.error or f"{self.directory} cannot be read as a queue")
+        return task_report(self._queue, task_id, self.clock())
 
     def membership(self) -> dict[str, Any] | None:
         """membership.json as last read (None: none)."""

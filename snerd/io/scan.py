@@ -22,8 +22,15 @@ Why this shape:
   error the core is told about (it names the path), and no file behind the link is read.
 - A shard with no folder, no log or no inbox yet is no error: those files are absent.
 
-It decides nothing about tasks: what the records mean is `snerd.core.watch`'s. Blocking: run
-it in a worker thread.
+`read_task` is the other read of the same files: every record of one task id, for its story
+(`snerd.core.story`: `snerdmq status`, the dashboard's task page, the daemon's `get`). It reads
+each file whole, in steps of complete lines kept by `snerd.core.story.pick_story`; a log's last
+line without its newline is judged as the daemon judges it (a whole record there was only
+missing its newline), an inbox's is left (a write in progress). It never fsyncs: what it
+finds is shown to a person, and nothing acts on it.
+
+It decides nothing about tasks: what the records mean is `snerd.core.watch`'s and
+`snerd.core.story`'s. Blocking: run it in a worker thread.
 """
 
 from __future__ import annotations
@@ -34,11 +41,12 @@ from dataclasses import dataclass
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.records import LINE_LIMIT
+from snerd.core.story import LOG, Found, pick_story
 from snerd.core.watch import ends_a_task, pick, resume_at
 from snerd.io.files import PathError, open_file
 from snerd.io.inbox import INBOX, inbox_files
 
-__all__ = ["scan_queue"]
+__all__ = ["read_file_task", "read_task", "scan_queue"]
 
 #: Bytes read at once while looking for the end of a line longer than `max_bytes`.
 _STEP = 1 << 20
@@ -187,3 +195,80 @@ def _text(path: str, exc: OSError) -> str:
     if isinstance(exc, PathError):
         return str(exc)  # the sentence names the path already
     return f"{path}: {exc.strerror or exc}"
+
+
+def read_task(
+    directory: str | os.PathLike[str],
+    shards: int,
+    task_id: str,
+    errors: list[str] | None = None,
+) -> list[Found]:
+    """Every record of `task_id` (and the claims that fence them) in the logs and inbox files
+    of shards 0 to `shards - 1`, in file order per file. A file that cannot be read is left
+    out, its error appended to `errors` when given; a missing one holds nothing."""
+    found: list[Found] = []
+    problems: list[tuple[int, str]] = []
+    for shard in range(shards):
+        for segment, path in _shard_files(directory, shard, problems):
+            source = segment or LOG
+            found += read_file_task(directory, path, shard, source, task_id, problems)
+    if errors is not None:
+        errors += [text for _shard, text in problems]
+    return found
+
+
+def read_file_task(
+    directory: str | os.PathLike[str],
+    path: str | os.PathLike[str],
+    shard: int,
+    source: str,
+    task_id: str,
+    errors: list[tuple[int, str]],
+) -> list[Found]:
+    """`read_task` of one file (`source`: `LOG` for a shard's log, else the inbox's writer)."""
+    try:
+        fd = open_file(path, os.O_RDONLY, root=directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        errors.append((shard, _text(str(path), exc)))
+        return []
+    try:
+        return _task_lines(fd, shard, source, task_id)
+    except OSError as exc:
+        errors.append((shard, _text(str(path), exc)))
+        return []
+    finally:
+        os.close(fd)
+
+
+def _task_lines(fd: int, shard: int, source: str, task_id: str) -> list[Found]:
+    """The records of `task_id` in the open file, read in steps of `_STEP` bytes."""
+    found: list[Found] = []
+    pos = 0
+    carry = b""
+    skipping = False  # inside a line longer than `LINE_LIMIT`: no writer makes one
+    while True:
+        more = os.pread(fd, _STEP, pos)
+        if not more:
+            break
+        pos += len(more)
+        data = carry + more
+        start = pos - len(data)
+        if skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                carry = b""
+                continue
+            skipping, data, start = False, data[nl + 1 :], start + nl + 1
+        records, consumed = pick_story(data, start, task_id)
+        found += [Found(shard, source, r.offset, r.fields) for r in records]
+        carry = data[consumed:]
+        if len(carry) > LINE_LIMIT:
+            carry, skipping = b"", True
+    if carry and source == LOG and not skipping:
+        # A log's last line without its newline: a whole record there lost only its newline
+        # (the owner keeps it: `snerd.core.records.scan_tail`); anything else is a torn write.
+        records, _ = pick_story(carry + b"\n", pos - len(carry), task_id)
+        found += [Found(shard, source, r.offset, r.fields) for r in records]
+    return found

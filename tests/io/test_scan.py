@@ -1,7 +1,7 @@
 """The queue scan on real files (`snerd.io.scan.scan_queue`): every shard's log and inbox
 files, each resumed where the core left it while it is the same file (`st_ino`), complete
 lines only, no link followed; and the answer folded by the core's `TaskWatch` as a node
-would."""
+would. Then `read_task`, the read of one id's records for its story."""
 
 from __future__ import annotations
 
@@ -252,3 +252,64 @@ def test_a_folder_that_cannot_be_read_is_reported_and_does_not_hold_the_pass(
     got = scan_queue(tmp_path, watch.request(1, 1 << 20))
     assert [shard for shard, _ in got.errors] == [0] and "inbox" in got.errors[0][1]
     assert watch.scanned(got) == {"p": UNKNOWN}
+
+
+# ------------------------------------------------------------------------------------------
+# read_task: every record of one id, for its story
+# ------------------------------------------------------------------------------------------
+
+
+def test_read_task_finds_the_ids_records_in_logs_and_inboxes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scan, "_STEP", 64)  # lines cross the reads' boundaries
+    log = log_path(tmp_path, 1)
+    claim = encode_record(
+        {"snerdKind": "claim", "epoch": 1, "node": "n1", "at": "2027-01-01T00:00:00Z"}
+    )
+    dispatch = encode_record(
+        {"snerdKind": "dispatch", "task": "p", "attempt": 1, "at": "2027-01-01T00:00:01Z"}
+    )
+    lines = [claim, _task("p"), b"{damaged\n", _task("other"), dispatch]
+    tail = _task("p", "completed")[:-1]  # the last record lost only its newline: it counts
+    log.write_bytes(b"".join(lines) + tail)
+    inbox = tmp_path / "shard-1" / "inbox"
+    inbox.mkdir()
+    (inbox / "w2.log").write_bytes(_task("p") + _task("p", "completed")[:-1])  # being written
+    errors: list[str] = []
+    found = scan.read_task(tmp_path, 3, "p", errors)
+    assert errors == []
+    at = [sum(len(x) for x in lines[:i]) for i in range(len(lines))]
+    assert [(f.shard, f.source, f.offset) for f in found] == [
+        (1, "log", at[0]),
+        (1, "log", at[1]),
+        (1, "log", at[4]),
+        (1, "log", len(b"".join(lines))),
+        (1, "w2", 0),
+    ]
+    assert found[3].fields["snerdOutcome"] == "completed"
+
+
+def test_read_task_reports_a_linked_log_and_reads_on(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.log"
+    elsewhere.write_bytes(_task("p"))
+    log = log_path(tmp_path, 0)
+    log.symlink_to(elsewhere)
+    log_path(tmp_path, 1).write_bytes(_task("p"))
+    errors: list[str] = []
+    found = scan.read_task(tmp_path, 2, "p", errors)
+    assert [(f.shard, f.source) for f in found] == [(1, "log")]
+    assert len(errors) == 1 and str(log) in errors[0]
+
+
+def test_read_task_skips_a_line_longer_than_any_writer_makes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scan, "_STEP", 64)
+    monkeypatch.setattr(scan, "LINE_LIMIT", 200)
+    log = log_path(tmp_path, 0)
+    huge = _task("p", note="x" * 500)
+    after = _task("p", "completed")
+    log.write_bytes(huge + after)
+    found = scan.read_task(tmp_path, 1, "p")
+    assert [(f.offset, f.fields.get("snerdOutcome")) for f in found] == [(len(huge), "completed")]

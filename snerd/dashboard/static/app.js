@@ -24,6 +24,17 @@ function cell(text, cls) {
   return td;
 }
 
+// A task id as a link to its page (/task/<id>); the id is the link's text, never HTML.
+function taskCell(id) {
+  const td = document.createElement("td");
+  const a = document.createElement("a");
+  a.href = `/task/${encodeURIComponent(id)}`;
+  a.textContent = String(id);
+  a.className = "task-link";
+  td.append(a);
+  return td;
+}
+
 function fill(table, rows, cells, empty) {
   const body = document.querySelector(`#${table} tbody`);
   if (rows.length === 0) {
@@ -51,7 +62,7 @@ function renderTasks(rows) {
   fill("tasks", rows, (t) => {
     const when = t.finished_at || t.next_run;
     const status = cell(t.status.replace("_", " "), `status ${t.status}`);
-    return [cell(t.id), cell(t.type), status, cell(`shard-${t.shard}`),
+    return [taskCell(t.id), cell(t.type), status, cell(`shard-${t.shard}`),
       cell(t.retry_count, "num"), cell(when), cell(t.error, "error-text")];
   }, statusFilter ? `no ${statusFilter.replace("_", " ")} tasks` : "no tasks");
 }
@@ -106,7 +117,7 @@ function render(snap, source) {
     renderTasks(snap.tasks || []);
   }
   fill("dead", snap.dead_letters || [], (d) => [
-    cell(d.id), cell(d.type), cell(d.attempts, "num"), cell(d.at), cell(`shard-${d.shard}`),
+    taskCell(d.id), cell(d.type), cell(d.attempts, "num"), cell(d.at), cell(`shard-${d.shard}`),
     cell(d.error || "(no error recorded)", "error-text"),
   ], "no dead letters");
   // Progress messages: only a dashboard an SDK serves sees them (newest first).
