@@ -49,6 +49,7 @@ from snerd.core.records import (
 )
 from snerd.core.schema import SNERD_EPOCH, TASK_DATA, TASK_ID
 from snerd.core.slots import slot_constructor
+from snerd.core.story import Found, pick_story
 from snerd.core.watch import ends_a_task, pick, pick_marks, resume_at
 
 if TYPE_CHECKING:
@@ -226,6 +227,23 @@ class Shell:
         else:
             read = ev.RecordRead(token=effect.token, fields=fields_)
         self.answer(proc, read, 200, 2_000)
+
+    def _read_task(self, proc: Proc, effect: fx.ReadTask) -> None:
+        """What `snerd.io.scan.read_task` does: every record of the task in every shard's log
+        and inbox files, through `snerd.core.story.pick_story`."""
+        fs = self.fs
+        found: list[Found] = []
+        for shard in range(effect.shards):
+            keys: list[tuple[str, InboxKey | int]] = [("log", shard)]
+            keys += [(key.node, key) for key in fs.inboxes(shard)]
+            for source, key in keys:
+                if fs.identity(key) is None:
+                    continue
+                data = fs.read_range(key, 0, fs.log_size(key))
+                records, _ = pick_story(data, 0, effect.task_id)
+                found += [Found(shard, source, r.offset, r.fields) for r in records]
+        read = ev.TaskRead(token=effect.token, task_id=effect.task_id, found=tuple(found))
+        self.answer(proc, read, 1_000, 10_000)
 
     def _stop_attempt(self, proc: Proc, effect: fx.StopAttempt) -> None:
         """Recorded; the simulated handler runs on and its result, if it comes, is one the
@@ -871,6 +889,7 @@ _EFFECTS: dict[type[Any], Callable[[Shell, Proc, Any], None]] = {
     fx.RemoveInbox: Shell._remove_inbox,
     fx.Compact: Shell._compact,
     fx.ReadRecord: Shell._read_record,
+    fx.ReadTask: Shell._read_task,
     fx.StopAttempt: Shell._stop_attempt,
 }
 

@@ -299,14 +299,13 @@ class RecordRead(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskRead(Event):
-    """The answer to a `ReadTask`: the task's records as found, each `(shard, source, offset,
-    fields)` (`source`: "log", or the writer of the inbox file), in file order per file; or
-    why the files could not be read."""
+    """The answer to a `ReadTask`: the task's records as found (`snerd.core.story.Found`), in
+    file order per file, and what could not be read."""
 
     token: int
     task_id: str
-    found: tuple[tuple[int, str, int, dict[str, Any]], ...] = ()
-    error: str | None = None
+    found: tuple[Any, ...] = ()
+    errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -62,7 +62,7 @@ from snerd.io.membership import (
     withdraw_claims,
 )
 from snerd.io.recent import RecentRecords
-from snerd.io.scan import scan_queue
+from snerd.io.scan import read_task, scan_queue
 from snerd.io.webhook import WebhookCaller
 
 __all__ = ["Clock", "Peer", "Runtime"]
@@ -575,6 +575,23 @@ class Runtime:
             scanned = ev.QueueScanned(chunks=(), files=(), errors=((0, _describe(exc)),))
         self.submit(scanned)
 
+    def _read_task(self, effect: fx.ReadTask) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._read_task_task, effect)
+
+    async def _read_task_task(self, effect: fx.ReadTask) -> None:
+        errors: list[str] = []
+        try:
+            found = await trio.to_thread.run_sync(
+                read_task, self.directory, effect.shards, effect.task_id, errors
+            )
+        except Exception as exc:  # one lookup fails, never the daemon
+            found, errors = [], [_describe(exc) if isinstance(exc, OSError) else _unexpected(exc)]
+        read = ev.TaskRead(
+            token=effect.token, task_id=effect.task_id, found=tuple(found), errors=tuple(errors)
+        )
+        self.submit(read)
+
     def _inbox_chore(self, effect: fx.MarkInboxRead | fx.RemoveInbox) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self._inbox_chore_task, effect)
@@ -948,4 +965,5 @@ _EFFECTS: dict[type[Any], Callable[[Runtime, Any], None]] = {
     fx.CallWebhook: Runtime._webhook,
     fx.StopAttempt: Runtime._stop_attempt,
     fx.ReadRecord: Runtime._read_record,
+    fx.ReadTask: Runtime._read_task,
 }

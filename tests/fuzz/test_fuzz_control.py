@@ -1,4 +1,4 @@
-"""Fuzz of job-control lines (`cancel`, `retry`, `pause`, `resume`): any object with one of
+"""Fuzz of job-control lines (`cancel`, `retry`, `pause`, `resume`, `get`): any object with one of
 their actions either parses into its command or is refused with an `Invalid JSON:` error
 naming the field, and a node fed any of them answers each with exactly one message and keeps
 running; and `command` records in an inbox, whatever they hold, never stop an ingest."""
@@ -16,7 +16,7 @@ from snerd.core import protocol as proto
 from snerd.core.node import NodeConfig
 from tests.support.fakeshell import FakeShell
 
-ACTIONS = ("cancel", "retry", "pause", "resume")
+ACTIONS = ("cancel", "retry", "pause", "resume", "get")
 scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8)
 values = st.recursive(
     scalars,
@@ -41,8 +41,8 @@ def test_a_control_line_parses_or_is_refused_by_name(doc: dict[str, Any]) -> Non
     except proto.ProtocolError as exc:
         assert exc.message.startswith("Invalid JSON: ")
         return
-    if doc["action"] in ("cancel", "retry"):
-        assert isinstance(cmd, proto.Cancel | proto.Requeue)
+    if doc["action"] in ("cancel", "retry", "get"):
+        assert isinstance(cmd, proto.Cancel | proto.Requeue | proto.GetTask)
         assert cmd.task_id == doc["task_id"]
     else:
         assert isinstance(cmd, proto.Pause)
@@ -63,7 +63,7 @@ def test_a_node_answers_every_control_line_once_and_keeps_running(
     for doc in lines:
         sh.line(orjson.dumps(doc))
     sh.advance(0.5)
-    answers = ("error", "cancelled", "retried", "paused")
+    answers = ("error", "cancelled", "retried", "paused", "task")
     replies = [m for m in sh.sent[before:] if m["action"] in answers]
     assert len(replies) == len(lines)
     sh.enqueue("after")

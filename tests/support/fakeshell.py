@@ -19,6 +19,7 @@ from snerd.core import protocol as proto
 from snerd.core.node import Node, NodeConfig
 from snerd.core.ownership import LockText
 from snerd.core.records import CorruptRecord, decode_line_at, encode_record, merge_base, scan
+from snerd.core.story import Found, pick_story
 from snerd.core.watch import pick, pick_marks, resume_at
 
 SECOND = 1_000_000
@@ -343,6 +344,8 @@ class FakeShell:
         elif isinstance(effect, fx.ScanQueue):
             self.scans += 1
             self.queue.append(self._scan_queue(effect))
+        elif isinstance(effect, fx.ReadTask):
+            self.queue.append(self._read_task(effect))
         elif isinstance(effect, fx.StopAttempt):
             self.stopped.append(effect)
         elif isinstance(effect, fx.ReadRecord):
@@ -436,6 +439,21 @@ class FakeShell:
                 for shard, seg, ident, data in files
             ),
         )
+
+    def _read_task(self, effect: fx.ReadTask) -> ev.TaskRead:
+        """What `snerd.io.scan.read_task` does, on this disk."""
+        out: list[Found] = []
+        for shard in range(effect.shards):
+            files = [("log", bytes(self.disk["logs"].get(shard, b"")))]
+            files += [
+                (seg, bytes(data))
+                for (s, seg), data in sorted(self.disk["inboxes"].items())
+                if s == shard
+            ]
+            for source, data in files:
+                picked, _ = pick_story(data, 0, effect.task_id)
+                out += [Found(shard, source, r.offset, r.fields) for r in picked]
+        return ev.TaskRead(token=effect.token, task_id=effect.task_id, found=tuple(out))
 
     def _build(self, record: fx.NewRecord) -> dict[str, Any]:
         """The line a record stands for, by the core's rule (`records.merge_base`)."""

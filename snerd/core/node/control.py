@@ -30,6 +30,7 @@ from snerd.core import control as rule
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core import protocol as proto
+from snerd.core import story
 from snerd.core.node.model import (
     ACTIVE,
     BLOCKED,
@@ -46,6 +47,7 @@ from snerd.core.node.model import (
 from snerd.core.node.outbox import InboxPart, PausePart, RequeuePart
 from snerd.core.schema import KIND_COMMAND, OUTCOME_CANCELLED, SNERD_KIND, SNERD_NODE
 from snerd.core.shardlog import replay_record
+from snerd.core.story import Found
 
 if TYPE_CHECKING:
     from snerd.core.node.model import ShardInfo
@@ -100,6 +102,8 @@ class Control:
         #: ones read, for an ingest that waits on them: task id -> fields.
         self.reading: dict[int, tuple[int, str, int]] = {}
         self.read: dict[str, dict[str, Any]] = {}
+        #: `get`s waiting for their read: token -> task id.
+        self.lookups: dict[int, str] = {}
         #: Cancels waiting for their tombstone to land: task id -> (ask, the state it was
         #: found in, its shard).
         self.ending: dict[str, tuple[int, str, int]] = {}
@@ -304,6 +308,32 @@ class Control:
             return
         ask.local -= 1
         self._finish(n, ask, rule.Answer(found, outcome == OUTCOME_CANCELLED), shard)
+
+    # -- get: a task looked up wherever it is
+
+    def on_get(self, cmd: proto.GetTask) -> None:
+        """Read every record of the task in the queue's files (`ReadTask`, in the shell's
+        thread) and answer with its details (`snerd.core.story.details`)."""
+        if self.node.intake.hold_or(cmd):
+            return
+        token = self.out.next_token()
+        self.lookups[token] = cmd.task_id
+        shards = self.node.tenure.shard_count()
+        self.out.emit(fx.ReadTask(token=token, task_id=cmd.task_id, shards=shards))
+
+    def on_task_read(self, event: ev.TaskRead) -> None:
+        task_id = self.lookups.pop(event.token, None)
+        if task_id is None:
+            return
+        found = [f for f in event.found if isinstance(f, Found)]
+        details = story.details(task_id, found, self.node.now.wall)
+        task = self.node.book.tasks.get(task_id)
+        if task is not None and not self._in_transit(task):
+            # This node holds it: its live state is known exactly, not only as the log says.
+            details.update(found=True, state=self._found(task), shard=task.shard)
+        if event.errors:
+            details["errors"] = list(event.errors)
+        self.out.send(proto.task_details(task_id, details))
 
     # -- commands from the inboxes of owned shards
 

@@ -353,6 +353,8 @@ class Node:
             proto.Cancel: self.control.on_command,
             proto.Requeue: self.control.on_command,
             proto.Pause: self.control.on_command,
+            proto.GetTask: self.control.on_get,
+            ev.TaskRead: self.control.on_task_read,
             ev.RecordRead: self.control.on_record_read,
         }
 

@@ -346,3 +346,46 @@ def test_the_answer_waits_for_the_configured_command_wait() -> None:
     other.line({"action": "pause", "task_type": "t"})
     other.advance(1.5)
     assert answer(other, "paused")["pending"] == ["shard-0"]
+
+
+# -- get
+
+
+def test_get_answers_a_tasks_state_attempts_error_times_and_result() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_retries=2, retry_after_hours=0.001)
+    sh.result("a", ok=False, error="boom")
+    sh.line({"action": "get", "task_id": "a"})
+    info = answer(sh, "task")
+    assert (info["task_id"], info["found"], info["state"]) == ("a", True, "retrying")
+    assert (info["attempts"], info["last_error"], info["shard"]) == (1, "boom", 0)
+    assert info["enqueued_at"] is not None and info["finished_at"] is None
+    sh.advance(5)
+    sh.line({"action": "result", "task_id": "a", "status": "success", "result": {"sent": 3}})
+    sh.line({"action": "get", "task_id": "a"})
+    info = answer(sh, "task")
+    assert (info["state"], info["outcome"]) == ("succeeded", "completed")
+    assert info["result"] == {"sent": 3}
+    assert info["attempts"] == 2 and info["finished_at"] is not None
+
+
+def test_get_of_a_running_task_on_its_owner_says_running_and_an_unknown_id_not_found() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a")
+    sh.line({"action": "get", "task_id": "a"})
+    assert answer(sh, "task")["state"] == "running"
+    sh.line({"action": "get", "task_id": "ghost"})
+    info = answer(sh, "task")
+    assert (info["found"], info["state"]) == (False, "unknown")
+
+
+def test_get_finds_a_task_another_daemon_holds_and_a_cancelled_one() -> None:
+    owner, other = pair()
+    owner.enqueue("a")
+    other.line({"action": "get", "task_id": "a"})
+    assert (answer(other, "task")["state"], answer(other, "task")["shard"]) == ("queued", 0)
+    owner.line({"action": "cancel", "task_id": "a"})
+    other.line({"action": "get", "task_id": "a"})
+    assert answer(other, "task")["state"] == "cancelled"
