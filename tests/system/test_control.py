@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 
+from snerd import Cancelled, Paused, Retried, SnerdQueue
 from snerd.core.node.model import route_shard
 from tests.support.cluster import Daemons
 from tests.support.daemon import Daemon
@@ -238,3 +239,28 @@ async def test_a_pause_through_either_daemon_holds_the_type_on_both_across_a_res
     await q.until(lambda: all(q.has(None, "done", task) for task in held))
     await q.stop()
     assert sorted(len(q.runs(task)) for task in held) == [1, 1]
+
+
+async def test_the_sdk_controls_through_its_daemon_a_task_another_daemon_owns(
+    queue_dir: Path, nursery: trio.Nursery
+) -> None:
+    # The owner is a bare daemon; the other is the one `SnerdQueue` runs, through which
+    # every call goes. Its values say what the owner decided.
+    q = Control(nursery, queue_dir)
+    await q.start("a")  # (both shards, until the SDK's daemon joins)
+    async with SnerdQueue(storage_path=queue_dir, env=q.env) as sdk:
+        await q.until(lambda: len(q.owned["a"]) == 1, timeout=20)
+        shard = f"shard-{q.shard_of('a')}"
+        task = q.task_on("a", "w-")
+        await sdk.enqueue(task, "later", None)
+        assert await sdk.cancel(task) == Cancelled(task, "queued", True, shard)
+        assert await sdk.retry(task) == Retried(task, "cancelled", True, shard)
+        assert await sdk.cancel(task) == Cancelled(task, "queued", True, shard)
+        assert await sdk.pause("p") == Paused("p", True, 2)
+        stats = await q.ask("a", {"action": "stats"}, "stats")
+        assert stats["paused_types"] == ["p"]
+        assert await sdk.resume("p") == Paused("p", False, 2)
+        stats = await q.ask("a", {"action": "stats"}, "stats")
+        assert stats["paused_types"] == []
+    assert sdk.exit_code == 0
+    await q.stop()
