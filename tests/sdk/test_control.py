@@ -475,3 +475,34 @@ def test_handlers_are_registered_cancellable() -> None:
         ]
 
     _run_trio(scenario)
+
+
+def test_an_attempt_cancelled_before_its_worker_starts_never_runs() -> None:
+    # The `execute` and its `cancel` in one batch (as the engine hands them over): the job is
+    # dropped from the queue of jobs, no handler call, no result; the next job runs.
+    async def scenario() -> None:
+        ran: list[Any] = []
+        q = _Peer()
+
+        @q.handler("t")
+        async def handler(data: Any) -> None:
+            ran.append(data)
+
+        async with anyio.create_task_group() as tg:
+            q._tg = tg
+            q.start()
+            for message in (
+                {"action": "execute", "task_id": "a", "task_type": "t", "task_data": "1",
+                 "attempt": 1},
+                {"action": "cancel", "task_id": "a", "attempt": 1},
+                {"action": "cancel", "task_id": "b", "attempt": 1},  # (nothing of it here)
+                {"action": "execute", "task_id": "b", "task_type": "t", "task_data": "2",
+                 "attempt": 1},
+            ):
+                q.reply(message)
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+        assert ran == [2]
+        assert [(m["action"], m.get("task_id")) for m in q.sent] == [("result", "b")]
+
+    _run_trio(scenario)
