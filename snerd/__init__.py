@@ -16,28 +16,36 @@ if TYPE_CHECKING:
     from snerd.io.datadir import DataDirectoryError
     from snerd.sdk.context import TaskInfo, current_task, yield_progress
     from snerd.sdk.errors import (
+        ControlError,
         DaemonExited,
         DuplicateTaskId,
         EnqueueError,
         QueueNotRunning,
         ScheduleError,
         SnerdError,
+        TaskFailed,
     )
-    from snerd.sdk.messages import Enqueued, Scheduled
+    from snerd.sdk.messages import Cancelled, Enqueued, Paused, Retried, Scheduled, TaskDetails
 
 __all__ = [
+    "Cancelled",
     "ConfigError",
+    "ControlError",
     "DaemonExited",
     "DataDirectoryError",
     "DuplicateTaskId",
     "Engine",
     "EnqueueError",
     "Enqueued",
+    "Paused",
     "QueueNotRunning",
+    "Retried",
     "ScheduleError",
     "Scheduled",
     "SnerdError",
     "SnerdQueue",
+    "TaskDetails",
+    "TaskFailed",
     "TaskInfo",
     "current_task",
     "yield_progress",
@@ -49,6 +57,8 @@ _LAZY = {
     "Engine": "snerd.engine",
     "ConfigError": "snerd.config",
     "DataDirectoryError": "snerd.io.datadir",
+    "Cancelled": "snerd.sdk.messages",
+    "ControlError": "snerd.sdk.errors",
     "DaemonExited": "snerd.sdk.errors",
     "DuplicateTaskId": "snerd.sdk.errors",
     "EnqueueError": "snerd.sdk.errors",
@@ -56,7 +66,11 @@ _LAZY = {
     "QueueNotRunning": "snerd.sdk.errors",
     "ScheduleError": "snerd.sdk.errors",
     "Scheduled": "snerd.sdk.messages",
+    "Paused": "snerd.sdk.messages",
+    "Retried": "snerd.sdk.messages",
     "SnerdError": "snerd.sdk.errors",
+    "TaskDetails": "snerd.sdk.messages",
+    "TaskFailed": "snerd.sdk.errors",
     "TaskInfo": "snerd.sdk.context",
     "current_task": "snerd.sdk.context",
     "yield_progress": "snerd.sdk.context",

@@ -2,10 +2,12 @@
 spawns a daemon) and `Engine` (`snerd.engine`, the same queue in-process).
 
 - `face`: `QueueFace`, the base of both faces: lifecycle, handler registry, `enqueue` and
-  `stats`, the dispatch of the daemon's messages, the embedded dashboard.
-- `workers`: running handlers: the worker tasks, worker reuse, the SDK-side attempt timeout.
+  `stats`, job control (`cancel`, `retry`, `get`, `result`, `pause`), the dispatch of the
+  daemon's messages, the embedded dashboard.
+- `workers`: running handlers: the worker tasks, worker reuse, the SDK-side attempt timeout,
+  the stop of a cancelled attempt.
 - `messages`: the protocol messages as the SDK writes and reads them (`build_enqueue_message`,
-  `parse_task_data`, `Enqueued`).
+  `parse_task_data`, `Enqueued`, `Cancelled`, `TaskDetails`).
 - `context`: the attempt a handler runs in (`current_task`, `yield_progress`).
 - `signals`: loop-neutral wake-ups of waiting calls and idle workers.
 - `errors`: `SnerdError` and its kinds.

@@ -1,7 +1,8 @@
-"""The exceptions snerd's SDK and engine raise: `SnerdError` and its five kinds.
+"""The exceptions snerd's SDK and engine raise: `SnerdError` and its seven kinds.
 
 Owns: the public error types of both faces (`SnerdQueue`, `Engine`) and what each one means:
-the daemon refused a call (`EnqueueError`, `ScheduleError`, carrying the daemon's own text),
+the daemon refused a call (`EnqueueError`, `ScheduleError`, `ControlError`, carrying the
+daemon's own text), a task a caller waited for ended without succeeding (`TaskFailed`),
 the daemon or runtime is gone (`DaemonExited`), the queue is not running (`QueueNotRunning`),
 or this process asked twice at once (`DuplicateTaskId`).
 
@@ -11,12 +12,14 @@ It must never: import anything else of the SDK's (every other module of it raise
 from __future__ import annotations
 
 __all__ = [
+    "ControlError",
     "DaemonExited",
     "DuplicateTaskId",
     "EnqueueError",
     "QueueNotRunning",
     "ScheduleError",
     "SnerdError",
+    "TaskFailed",
 ]
 
 
@@ -68,3 +71,26 @@ class ScheduleError(SnerdError):
     def __init__(self, message: str, *, name: str) -> None:
         super().__init__(message)
         self.name = name
+
+
+class ControlError(SnerdError):
+    """The daemon refused a `cancel`, `retry`, `get`, `pause` or `resume` (a malformed id or
+    type, shutting down, a dead letter that could not be read back); `message` is the
+    daemon's `error` text, e.g. `Invalid JSON: field `task_id` must not be empty`."""
+
+
+class TaskFailed(SnerdError):
+    """`result()` waited for a task that ended without succeeding: dead-lettered after its
+    last attempt, or cancelled.
+
+    Attributes:
+        state: `dead_letter` or `cancelled`.
+        error: the last attempt's error text, when there was one.
+    """
+
+    def __init__(
+        self, message: str, *, task_id: str, state: str, error: str | None = None
+    ) -> None:
+        super().__init__(message, task_id=task_id)
+        self.state = state
+        self.error = error

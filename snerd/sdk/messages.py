@@ -9,11 +9,19 @@ handler's return value it carries (`result_value`), task data as handlers get it
 (`parse_task_data`), the value an `ack` stands for (`Enqueued`), and the text an exception is
 reported as (`describe_error`).
 
+Job control too (docs/protocol.md, "Job control"): the `cancel`, `retry`, `get`, `pause` and
+`resume` lines (`control_message`, `pause_message`), and the values their replies stand for
+(`Cancelled`, `Retried`, `Paused`, `TaskDetails`), with the key that matches a reply to the
+calls waiting for it (`reply_key`, `request_key`): the replies carry no request id, so a
+call is matched by what it asked about (the task id; the type and the direction of a pause).
+
 It must never: check option values (the daemon does, so its error texts reach the caller
 unchanged; only what JSON cannot carry is refused here), or do I/O. A handler's return value
-is the one exception: it is checked here against the daemon's size limit too, with the
-daemon's own text (`snerd.core.protocol.result_too_large`), because a result the daemon
-would refuse fails the attempt either way, and here it costs no round trip.
+is one exception: it is checked here against the daemon's size limit too, with the daemon's
+own text (`snerd.core.protocol.result_too_large`), because a result the daemon would refuse
+fails the attempt either way, and here it costs no round trip. A control line is another: it
+is checked by the daemon's own parser before it is sent (`check_control_message`), because its
+refusal could carry no id to match it by; the text raised is the parser's, to the letter.
 """
 
 from __future__ import annotations
@@ -29,33 +37,50 @@ from json.encoder import (  # type: ignore[attr-defined]
     c_make_encoder,
     encode_basestring_ascii,
 )
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 
 from snerd.core.fields import MAX_NESTING, nests_deeper
 from snerd.core.protocol import (
     ENQUEUE_OPTIONS,
+    ProtocolError,
     failed_to_enqueue,
+    parse_document,
     result_too_large,
 )
 from snerd.core.slots import slot_constructor
 from snerd.core.timefmt import parse_rfc3339_or_none
-from snerd.sdk.errors import EnqueueError, ScheduleError
+from snerd.sdk.errors import ControlError, EnqueueError, ScheduleError
 
 __all__ = [
+    "FINISHED_STATES",
     "SCHEDULE_OPTIONS",
+    "Cancelled",
     "Enqueued",
+    "Paused",
+    "ReplyKey",
+    "Retried",
     "Scheduled",
+    "TaskDetails",
     "build_enqueue_message",
     "build_schedule_message",
     "build_unschedule_message",
+    "cancelled_from_reply",
+    "check_control_message",
+    "control_message",
     "describe_error",
+    "details_from_reply",
     "enqueued_from_ack",
     "json_text",
     "parse_task_data",
+    "pause_message",
+    "paused_from_reply",
+    "reply_key",
+    "request_key",
     "result_message",
     "result_value",
+    "retried_from_reply",
     "scheduled_from_reply",
 ]
 
@@ -316,3 +341,230 @@ def describe_error(exc: BaseException) -> str:
     # A lone surrogate (a file name decoded with surrogateescape, say) cannot be sent as JSON:
     # the result would never leave the SDK. It is written as its escape instead.
     return described.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# ---------------------------------------------------------------------- job control
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What the daemon answered a `cancel`."""
+
+    task_id: str
+    #: The state the task was found in: `queued`, `delayed`, `blocked`, `running`,
+    #: `retrying` (it is cancelled now), `succeeded`, `dead_letter`, `cancelled` (it had
+    #: ended already), or `unknown` (no shard's owner holds it).
+    found: str
+    #: True when this cancel ended the task (a running attempt is ended too).
+    cancelled: bool
+    #: The shard that holds the task (`"shard-N"`), when one was found.
+    shard: str | None = None
+    #: True when no owner answered within the daemon's wait (SNERD_COMMAND_WAIT_MS): the
+    #: command is durable in the owners' inboxes and is applied when one reads it.
+    pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """What the daemon answered a `retry`: `found` as `Cancelled.found`; `retried` is True
+    when the task (a dead letter, or a cancelled task) is queued again, attempts reset."""
+
+    task_id: str
+    found: str
+    retried: bool
+    shard: str | None = None
+    pending: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    """What the daemon answered a `pause` or `resume`."""
+
+    #: The type paused or resumed; None for the whole queue.
+    task_type: str | None
+    #: True after a pause, False after a resume.
+    paused: bool
+    #: How many shards the queue has.
+    shards: int
+    #: Shards whose owner had not applied it within the daemon's wait (`"shard-N"`): it is
+    #: durable in their inboxes and applied when they read them. Empty: applied everywhere.
+    pending: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDetails:
+    """What the daemon answered a `get`: one task as the queue's files tell it."""
+
+    task_id: str
+    #: False when no file holds a record of it (`state` is `unknown`).
+    found: bool
+    #: `queued`, `delayed`, `blocked`, `running`, `retrying`, `succeeded`, `dead_letter`,
+    #: `cancelled`, `dropped` (an inbox copy its owner did not take in), or `unknown`.
+    state: str
+    task_type: str | None = None
+    #: The shard that holds it (`"shard-N"`).
+    shard: str | None = None
+    #: Attempts started since its enqueue (or its latest retry).
+    attempts: int = 0
+    max_retries: int | None = None
+    last_error: str | None = None
+    enqueued_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    #: `completed`, `dead_letter` or `cancelled` once it ended; None while it lives.
+    outcome: str | None = None
+    #: The handler's return value, stored with its completion (see `has_result`).
+    result: Any = None
+    #: True when a result is stored (`result` may be a stored None).
+    has_result: bool = False
+
+    @property
+    def finished(self) -> bool:
+        """True once the task has ended (succeeded, dead-lettered, cancelled or dropped)."""
+        return self.state in FINISHED_STATES
+
+
+#: The states of a task that has ended: `result()` stops waiting at one of them.
+FINISHED_STATES = frozenset({"succeeded", "dead_letter", "cancelled", "dropped"})
+
+#: What matches a reply to the calls that wait for it: the reply's action and what it names.
+ReplyKey: TypeAlias = tuple[str, str | None, bool]
+
+
+def control_message(action: str, task_id: Any) -> dict[str, Any]:
+    """The `cancel`, `retry` or `get` line of `task_id`."""
+    return {"action": action, "task_id": task_id}
+
+
+def pause_message(task_type: Any, paused: bool, *, whole_queue: bool = False) -> dict[str, Any]:
+    """The `pause` (or, `paused` False, `resume`) line of `task_type`, or of the whole queue
+    (`"queue": true`). A `task_type` of None is sent as it is, for the parser to refuse: it
+    never stands for the whole queue."""
+    action = "pause" if paused else "resume"
+    if whole_queue:
+        return {"action": action, "queue": True}
+    return {"action": action, "task_type": task_type}
+
+
+def check_control_message(message: dict[str, Any]) -> None:
+    """Check a control line with the daemon's parser before it is sent.
+
+    Raises:
+        ControlError: the daemon would refuse it; `message` is the daemon's text.
+    """
+    try:
+        parse_document(message)
+    except ProtocolError as exc:
+        task_id = message.get("task_id")
+        raise ControlError(
+            exc.message, task_id=task_id if isinstance(task_id, str) else None
+        ) from None
+
+
+#: The reply each control action is answered with.
+_REPLY_ACTION = {
+    "cancel": "cancelled",
+    "retry": "retried",
+    "get": "task",
+    "pause": "paused",
+    "resume": "paused",
+}
+
+
+def request_key(message: dict[str, Any]) -> ReplyKey:
+    """The key of the reply that answers the control line `message` (checked already)."""
+    action = message["action"]
+    reply = _REPLY_ACTION[action]
+    if reply == "paused":
+        return reply, message.get("task_type"), action == "pause"
+    return reply, message["task_id"], False
+
+
+def reply_key(message: dict[str, Any]) -> ReplyKey | None:
+    """The key of a control reply from the daemon (None: not one, or malformed)."""
+    action = message.get("action")
+    if action == "paused":
+        task_type = message.get("task_type")
+        if task_type is not None and not isinstance(task_type, str):
+            return None
+        return action, task_type, message.get("paused") is True
+    task_id = message.get("task_id")
+    if action in ("cancelled", "retried", "task") and isinstance(task_id, str):
+        return action, task_id, False
+    return None
+
+
+def _shard_name(value: Any) -> str | None:
+    """A shard as the SDK reports it, `"shard-N"` (given so, or as the number N)."""
+    if isinstance(value, str):
+        return value
+    if type(value) is int:
+        return f"shard-{value}"
+    return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def cancelled_from_reply(message: dict[str, Any]) -> Cancelled:
+    """What the daemon's `cancelled` reply says (fields of the wrong type read as absent)."""
+    return Cancelled(
+        str(message.get("task_id")),
+        _text(message.get("found")) or "unknown",
+        message.get("cancelled") is True,
+        _shard_name(message.get("shard")),
+        message.get("pending") is True,
+    )
+
+
+def retried_from_reply(message: dict[str, Any]) -> Retried:
+    """What the daemon's `retried` reply says (fields of the wrong type read as absent)."""
+    return Retried(
+        str(message.get("task_id")),
+        _text(message.get("found")) or "unknown",
+        message.get("retried") is True,
+        _shard_name(message.get("shard")),
+        message.get("pending") is True,
+    )
+
+
+def paused_from_reply(message: dict[str, Any]) -> Paused:
+    """What the daemon's `paused` reply says (fields of the wrong type read as absent)."""
+    shards = message.get("shards")
+    pending = message.get("pending")
+    return Paused(
+        _text(message.get("task_type")),
+        message.get("paused") is True,
+        shards if type(shards) is int else 0,
+        tuple(s for s in pending if isinstance(s, str)) if isinstance(pending, list) else (),
+    )
+
+
+def _moment(value: Any) -> dt.datetime | None:
+    """An RFC 3339 time as an aware UTC datetime (None: absent or not one)."""
+    us = parse_rfc3339_or_none(value)
+    return None if us is None else _EPOCH + dt.timedelta(microseconds=us)
+
+
+def details_from_reply(message: dict[str, Any]) -> TaskDetails:
+    """What the daemon's `task` reply (to a `get`) says (fields of the wrong type read as
+    absent)."""
+    attempts = message.get("attempts")
+    max_retries = message.get("max_retries")
+    return TaskDetails(
+        task_id=str(message.get("task_id")),
+        found=message.get("found") is True,
+        state=_text(message.get("state")) or "unknown",
+        task_type=_text(message.get("task_type")),
+        shard=_shard_name(message.get("shard")),
+        attempts=attempts if type(attempts) is int else 0,
+        max_retries=max_retries if type(max_retries) is int else None,
+        last_error=_text(message.get("last_error")),
+        enqueued_at=_moment(message.get("enqueued_at")),
+        started_at=_moment(message.get("started_at")),
+        finished_at=_moment(message.get("finished_at")),
+        outcome=_text(message.get("outcome")),
+        result=message.get("result"),
+        has_result=message.get("has_result") is True or message.get("result") is not None,
+    )

@@ -11,6 +11,15 @@ without waiting (a handler that does not await anything); when one waits, anothe
 called for the jobs behind it. So no job ever waits for another's handler to finish, as if each
 had a task of its own, and a burst of quick handlers costs one task wake-up, not one each.
 
+A cancelled attempt (`stop`, on the daemon's `{"action":"cancel"}`) is stopped where it is:
+not started yet, it never starts; running, the cancel scope of the worker that runs it is
+cancelled, so an async handler gets the loop's cancellation where it awaits, and no `result`
+is sent (the daemon has ended the attempt). A sync handler's thread cannot be stopped: it
+runs to its end, unawaited (it no longer counts against the thread limit) and what it returns
+is dropped. A worker's scope spans the jobs it runs in a row, not one job: a job that waits
+keeps its worker to itself (the jobs behind it go to another), so the scope then stands for
+that job alone, at no cost per job.
+
 It must never: decide a retry (the SDK-side timeout only cuts the attempt short in this
 process; the daemon decides what follows), block the event loop, or let a handler's exception
 escape (it becomes the attempt's error text).
@@ -161,6 +170,9 @@ class HandlerWorkers:
         self._worker_coming = False
         #: How each idle worker is woken, the last one to go idle last.
         self._idle_workers: list[Signal] = []
+        #: The scope of the worker running each attempt, by (task id, attempt) as its
+        #: `execute` says them.
+        self._running: dict[tuple[Any, Any], anyio.CancelScope] = {}
 
     def bind_loop(self, loop_thread: int, new_signal: Callable[[], Signal]) -> None:
         """Handlers run on this thread's event loop, whose wake-ups `new_signal` makes."""
@@ -218,13 +230,22 @@ class HandlerWorkers:
         jobs = self._jobs
         idle = self._idle_workers
         job_waits = self._job_waits
+        running = self._running
         wake: Signal | None = None
         try:
             while True:
                 self._worker_coming = False  # this is the worker that was coming
                 while jobs:
-                    message, context = jobs.popleft()
-                    await _InContext(self._execute(message), context, job_waits)
+                    with anyio.CancelScope() as scope:
+                        while jobs and not scope.cancel_called:
+                            message, context = jobs.popleft()
+                            key = (message.get("task_id"), message.get("attempt"))
+                            running[key] = scope
+                            try:
+                                await _InContext(self._execute(message), context, job_waits)
+                            finally:
+                                if running.get(key) is scope:
+                                    del running[key]
                 if len(idle) >= self._thread_limit:
                     return  # enough idle ones (the daemon runs at most max_workers at once)
                 wake = self._new_signal()
@@ -233,6 +254,20 @@ class HandlerWorkers:
         finally:
             if wake is not None and wake in idle:
                 idle.remove(wake)
+
+    def stop(self, task_id: str, attempt: int | None) -> None:
+        """The daemon ended this attempt (a cancel): drop it if it has not started, or
+        cancel the scope of the worker running it (see the module's header)."""
+        key = (task_id, attempt)
+        scope = self._running.pop(key, None)
+        if scope is not None:
+            scope.cancel()
+            return
+        for job in self._jobs:
+            message = job[0]
+            if message.get("task_id") == task_id and message.get("attempt") == attempt:
+                self._jobs.remove(job)
+                return
 
     async def _execute(self, message: dict[str, Any]) -> None:
         """Run one attempt of the `execute` in `message` and post its `result`."""
