@@ -69,13 +69,14 @@ _EPILOG = (
 )
 
 
-def add_wait(parser: argparse.ArgumentParser) -> None:
+def add_wait(parser: argparse.ArgumentParser, *, json: bool = True) -> None:
     parser.add_argument(
         "--wait", type=nonnegative_float("--wait"), default=commands.DEFAULT_WAIT_S,
         metavar="S", help=f"seconds to wait for the owners' answers "
         f"(default {commands.DEFAULT_WAIT_S:g})",
     )
-    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    if json:
+        parser.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 
 def task_exit(answer: commands.TaskAnswer) -> int:
