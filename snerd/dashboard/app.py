@@ -11,6 +11,9 @@
                              sees them: `SnerdQueue.start_dashboard`; else 404)
     WS  /ws                  a snapshot at once, then one whenever the files change (at most
                              one a `refresh_s`) and at least every `push_every_s`
+    GET /api/session, POST /api/act/{cancel,retry,pause,resume}
+                             the writes and their guards (`snerd.dashboard.actions`: an
+                             Origin check and a per-session CSRF token; none when read-only)
 
 Upstream's dashboards listened on every interface, with no authentication, `Access-Control-
 Allow-Origin: *` and WebSockets that accepted any origin. Here:
@@ -58,7 +61,9 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from snerd.commands import DEFAULT_WAIT_S
 from snerd.core.timefmt import format_rfc3339
+from snerd.dashboard.actions import Actions
 from snerd.dashboard.view import STATUSES, QueueView
 
 __all__ = ["COOKIE", "ProgressFeed", "create_app", "host_of"]
@@ -315,11 +320,15 @@ def create_app(
     push_every_s: float = 5.0,
     monotonic: Callable[[], float] = time.monotonic,
     progress: ProgressFeed | None = None,
+    read_only: bool = False,
+    command_wait_s: float = DEFAULT_WAIT_S,
 ) -> Starlette:
     """The dashboard of `view`'s queue. `allowed_hosts`: the `Host` names accepted (None:
     any); `token`: required on every request when set; `progress`: the progress messages to
-    show (snapshots then carry `progress`)."""
+    show (snapshots then carry `progress`); `read_only`: every write refused;
+    `command_wait_s`: how long a write waits for the owners' answers."""
     reader = _Reader(view, refresh_s, monotonic)
+    actions = Actions(view.directory, read_only=read_only, wait_s=command_wait_s)
 
     def with_progress(snap: dict[str, Any]) -> dict[str, Any]:
         return snap if progress is None else {**snap, "progress": progress.lines()}
@@ -332,7 +341,7 @@ def create_app(
 
     async def page(request: Request) -> Response:
         body, media_type = pages[request.scope["path"]]
-        return Response(body, media_type=media_type)
+        return actions.with_session(request, Response(body, media_type=media_type))
 
     async def snapshot(request: Request) -> Response:
         return _json(with_progress(await reader.read(reader.snapshot)))
@@ -415,6 +424,8 @@ def create_app(
         Route("/api/daemons", daemons),
         Route("/api/membership", membership),
         Route("/api/progress", progress_lines),
+        Route("/api/session", actions.session),
+        Route("/api/act/{action}", actions.act, methods=["POST"]),
         WebSocketRoute("/ws", live),
     ]
     middleware = [Middleware(_SecurityHeaders)]
