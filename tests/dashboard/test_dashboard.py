@@ -881,6 +881,12 @@ async def _actions_in_chromium(tmp_path: Path) -> None:
                     origin="http://evil.example").status_code == 403
         refused = post(server, "resume", {"task_type": "export"}, origin=origin)
         assert refused.status_code == 403 and "X-CSRF-Token" in refused.json()["error"]
+        # With a session and its token: an id no shard holds is a 404 naming it.
+        with httpx.Client(base_url=server.url) as c:
+            csrf = c.get("api/session").json()["csrf"]
+            r = c.post("api/act/cancel", json={"task_id": "nope"},
+                       headers={"origin": origin, "x-csrf-token": csrf})
+            assert r.status_code == 404 and r.json()["error"] == "no shard holds task 'nope'"
         assert server.stop() == 0
 
 
@@ -913,3 +919,49 @@ async def _read_only_in_chromium(tmp_path: Path) -> None:
 
 def test_a_read_only_dashboard_shows_no_button_and_refuses_every_write(tmp_path: Path) -> None:
     anyio.run(_read_only_in_chromium, tmp_path, backend="asyncio")
+
+
+def test_a_write_names_what_is_wrong_with_it(client: tuple[TestClient, Path]) -> None:
+    c, q = client
+    csrf = c.get("/api/session").json()["csrf"]  # (the TestClient keeps the session cookie)
+    ok = {"origin": "http://testserver", "x-csrf-token": csrf}
+
+    def act(action: str, body: bytes, **headers: str) -> tuple[int, str]:
+        r = c.post(f"/api/act/{action}", content=body,
+                   headers={"content-type": "application/json", **ok, **headers})
+        return r.status_code, r.json().get("error", "")
+
+    assert act("purge", b"{}")[0] == 404
+    assert act("cancel", b'{"task_id": 7}') == (
+        400, "task_id must be a non-empty string of at most 1024 characters")
+    assert act("cancel", b'{"task_id": "a\\u0000b"}')[0] == 400
+    assert act("pause", b"[1]") == (400, "the body must be a JSON object")
+    assert act("pause", b"{") == (400, "the body is not JSON")
+    assert act("pause", b"{}", **{"content-type": "text/plain"})[0] == 415
+    assert act("pause", b" " * 5000)[0] == 413
+    assert act("pause", b"{}", **{"x-csrf-token": "0" * 64})[0] == 403
+    assert act("pause", b"{}", origin="http://testserver.evil.example")[0] == 403
+    # The Referer stands in for a missing Origin.
+    r = c.post("/api/act/pause", content=b'{"task_type": "email"}',
+               headers={"content-type": "application/json", "x-csrf-token": csrf,
+                        "referer": "http://testserver/"})
+    assert r.status_code == 200, r.text
+    # No daemon runs: the pause is durable in the inbox, and pending.
+    assert r.json()["pending"] == ["shard-0"] and r.json()["unowned_shards"] == ["shard-0"]
+    assert len(list(q.glob("shard-0/inbox/tool-*.log"))) == 1
+    # Without a daemon no owner can say an id is unknown: pending, a 200 (with a daemon, a
+    # 404: `_actions_in_chromium`).
+    assert act("cancel", b'{"task_id": "nope"}')[0] == 200
+
+
+def test_a_read_only_app_refuses_every_write(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    app = create_app(view_of(q), allowed_hosts=["testserver"], read_only=True)
+    with TestClient(app) as c:
+        session = c.get("/api/session").json()
+        assert session["read_only"] is True
+        for action in ("cancel", "retry", "pause", "resume"):
+            r = c.post(f"/api/act/{action}", json={"task_id": "dead-1", "task_type": None},
+                       headers={"origin": "http://testserver", "x-csrf-token": session["csrf"]})
+            assert r.status_code == 403 and "read-only" in r.json()["error"]
+    assert not (q / "shard-0" / "inbox").exists()
