@@ -2,7 +2,7 @@
 
     GET  /api/session          {"csrf": TOKEN, "read_only": bool}; sets the session cookie
     POST /api/act/cancel       {"task_id": ID}
-    POST /api/act/retry        {"task_id": ID}
+    POST /api/act/retry        {"task_id": ID[, "shard": N]}   (N: the dead letter's shard)
     POST /api/act/pause        {"task_type": TYPE | null}   (null: the whole queue)
     POST /api/act/resume       {"task_type": TYPE | null}
 
@@ -170,8 +170,13 @@ class Actions:
             if isinstance(task_id, Response):
                 return task_id
             assert task_id is not None
-            run = commands.cancel if action == "cancel" else commands.retry
-            return lambda: run(root, task_id, wait)
+            if action == "cancel":
+                return lambda: commands.cancel(root, task_id, wait)
+            shard = body.get("shard")
+            if shard is not None and (not isinstance(shard, int) or isinstance(shard, bool)
+                                      or shard < 0):
+                return _error("shard must be a shard number (0 or more)", 400)
+            return lambda: commands.retry(root, task_id, wait, shard=shard)
         task_type = _name(body.get("task_type"), "task_type", optional=True)
         if isinstance(task_type, Response):
             return task_type

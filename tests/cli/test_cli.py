@@ -958,6 +958,22 @@ def test_replay_while_a_daemon_holds_the_shard_asks_it_to_retry(
     assert d.stop() == 0
 
 
+def test_a_live_replay_not_answered_within_its_wait_is_pending_and_applied(
+    cli: Cli, tmp_path: Path, daemons: Callable[..., Daemon]
+) -> None:
+    q = plant(tmp_path / "q", {0: [claim(1), dead("d1")]})
+    d = daemons(q)
+    code, out, _ = cli("replay", q, "--wait", "0")
+    assert code == 4
+    assert "d1: pending on shard-0 (no answer within the wait)" in out
+    assert "Recovered 0 failed task(s) into the active queue; 1 pending." in out
+    # The command is durable in the inbox: the daemon puts the task back all the same.
+    d.send({"action": "register", "task_type": "job"})
+    assert d.execute()["task_id"] == "d1"
+    d.result("d1", ok=True)
+    assert d.stop() == 0
+
+
 def test_a_daemons_dead_letter_is_replayed_and_run_again(
     cli: Cli, tmp_path: Path, daemons: Callable[..., Daemon]
 ) -> None:

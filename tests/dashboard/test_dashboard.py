@@ -935,6 +935,8 @@ def test_a_write_names_what_is_wrong_with_it(client: tuple[TestClient, Path]) ->
     assert act("cancel", b'{"task_id": 7}') == (
         400, "task_id must be a non-empty string of at most 1024 characters")
     assert act("cancel", b'{"task_id": "a\\u0000b"}')[0] == 400
+    assert act("retry", b'{"task_id": "a", "shard": true}')[0] == 400
+    assert act("retry", b'{"task_id": "a", "shard": 9}') == (409, f"shard-9 is not a shard of {q}")
     assert act("pause", b"[1]") == (400, "the body must be a JSON object")
     assert act("pause", b"{") == (400, "the body is not JSON")
     assert act("pause", b"{}", **{"content-type": "text/plain"})[0] == 415

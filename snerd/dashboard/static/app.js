@@ -16,7 +16,7 @@ let pollTimer = null;
 let session = { csrf: null, read_only: true };
 const LIVE = new Set(["waiting", "delayed", "retrying", "in_flight"]);
 
-function button(action, label, field, value) {
+function button(action, label, field, value, shard) {
   const td = document.createElement("td");
   if (session.read_only) return td;
   const b = document.createElement("button");
@@ -26,12 +26,14 @@ function button(action, label, field, value) {
   b.dataset.field = field;
   b.dataset.value = value === null ? "" : value;
   b.dataset.whole = value === null ? "1" : "";
+  if (shard !== undefined) b.dataset.shard = String(shard);
   td.append(b);
   return td;
 }
 
 async function act(b) {
   const body = { [b.dataset.field]: b.dataset.whole ? null : b.dataset.value };
+  if (b.dataset.shard !== undefined) body.shard = Number(b.dataset.shard);
   const out = document.getElementById("action-result");
   b.disabled = true;
   try {
@@ -124,7 +126,9 @@ function renderTasks(rows) {
     const status = cell(t.status.replace("_", " "), `status ${t.status}`);
     let control = document.createElement("td");
     if (LIVE.has(t.status)) control = button("cancel", "cancel", "task_id", t.id);
-    if (t.status === "dead_letter") control = button("retry", "retry", "task_id", t.id);
+    if (t.status === "dead_letter" || t.status === "cancelled") {
+      control = button("retry", "retry", "task_id", t.id, t.shard);
+    }
     return [cell(t.id), cell(t.type), status, cell(`shard-${t.shard}`),
       cell(t.retry_count, "num"), cell(when), cell(t.error, "error-text"), control];
   }, statusFilter ? `no ${statusFilter.replace("_", " ")} tasks` : "no tasks");
@@ -181,7 +185,7 @@ function render(snap, source) {
   }
   fill("dead", snap.dead_letters || [], (d) => [
     cell(d.id), cell(d.type), cell(d.attempts, "num"), cell(d.at), cell(`shard-${d.shard}`),
-    cell(d.error || "(no error recorded)", "error-text"), button("retry", "retry", "task_id", d.id),
+    cell(d.error || "(no error recorded)", "error-text"), button("retry", "retry", "task_id", d.id, d.shard),
   ], "no dead letters");
   renderTypes(stats);
   // Progress messages: only a dashboard an SDK serves sees them (newest first).
