@@ -130,7 +130,7 @@ def _dlq(args: argparse.Namespace) -> int:
         )
     print(
         f"Put them back with `snerdmq replay{' --type ' + args.task_type if args.task_type else ''}"
-        f" {args.directory}` (with every daemon on it stopped); --json shows the task data."
+        f" {args.directory}` (a daemon holding a shard puts its own back); --json shows the task data."
     )
     return 0
 
