@@ -143,7 +143,7 @@ def _task_command(
 ) -> TaskAnswer:
     action = "cancel" if isinstance(cmd, proto.Cancel) else "retry"
     if not cmd.task_id:
-        raise QueueError(f"a {action} needs a task id")
+        raise UsageError(f"a {action} needs a task id")
     queue = open_queue(root, allow_legacy=False)
     if shard is not None and not 0 <= shard < queue.shards:
         raise QueueError(f"{shard_name(shard)} is not a shard of {queue.directory}")
