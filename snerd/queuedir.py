@@ -36,6 +36,7 @@ from typing import Any
 import portalocker
 
 from snerd.config import ToolSettings
+from snerd.core.control import paused_where
 from snerd.core.fields import BadField, check_task_id
 from snerd.core.health import LockState
 from snerd.core.ownership import (
@@ -75,6 +76,8 @@ __all__ = [
     "inbox_waiting",
     "open_queue",
     "open_queue_to_check",
+    "paused_report",
+    "paused_text",
     "probe_lock",
     "queue_entries",
     "queue_json",
@@ -536,6 +539,25 @@ def _owner_text(claim: ClaimView, now_us: int, config: OwnershipConfig) -> str:
     return f"{claim.owner} (lease {left})"
 
 
+def paused_report(scans: Sequence[ShardScan]) -> list[dict[str, Any]]:
+    """The task types paused (None: the whole queue), each with the shards it is paused on
+    and whether that is every shard read (`snerd.core.control.paused_where`)."""
+    marks = {scan.shard: {t: m for t, (m, _r) in scan.fold.pauses.items()} for scan in scans}
+    return [
+        {"task_type": t, "shards": [shard_name(s) for s in on], "everywhere": len(on) == len(scans)}
+        for t, on in paused_where(marks).items()
+    ]
+
+
+def paused_text(entry: dict[str, Any], shards: int) -> str:
+    """One `paused_report` entry, as `stats` and `validate` print it."""
+    what = "the whole queue" if entry["task_type"] is None else f"type {entry['task_type']!r}"
+    if entry["everywhere"]:
+        return f"{what} (all shards)"
+    return (f"{what} on {', '.join(entry['shards'])} only ({len(entry['shards'])} of {shards}: "
+            "a pause or resume is still pending on the others)")
+
+
 def stats_report(
     queue: Queue, scans: Sequence[ShardScan], now_us: int, skew_us: int
 ) -> dict[str, Any]:
@@ -565,11 +587,13 @@ def stats_report(
                 "corrupt_lines": len(scan.corrupt),
                 "torn_tail_bytes": 0 if scan.tail_records else scan.torn,
                 "stale_records": len(scan.fold.stale),
+                "paused_types": [t for t, (m, _r) in scan.fold.pauses.items() if m.paused],
             }
         )
     return {
         **queue_json(queue),
         "per_shard": rows,
+        "paused": paused_report(scans),
         "totals": {
             **_summary_json(total),
             "log_bytes": total_bytes,

@@ -14,7 +14,11 @@ stderr, never a traceback.
     snerdmq dlq DIR [--type T] [--id ID] [--json]  list dead letters
     snerdmq schedules DIR [--json]                 list the named schedules, with their next fire
     snerdmq status ID DIR [--json]                 one task: its state, details and every record
-    snerdmq replay [--type T] [--id ID] [DIR]      put dead letters back into the queue
+    snerdmq replay [--type T] [--id ID] [DIR]      put dead letters back (live: as retries)
+    snerdmq cancel ID DIR [--wait S] [--json]      cancel a task, live (through the inboxes)
+    snerdmq retry ID DIR [--wait S] [--json]       put a dead or cancelled task back, live
+    snerdmq pause (TYPE | --all) DIR               stop dispatching a type on every daemon
+    snerdmq resume (TYPE | --all) DIR              dispatch it again
     snerdmq fsck DIR [--repair] [--json]           check every shard log, byte by byte
     snerdmq compact DIR [--history N]              offline compaction of idle shards
     snerdmq demo [DIR]                             a guided tour
@@ -28,7 +32,10 @@ and never take `.membership.lock`; the lock probe is a non-blocking flock releas
 command that writes a shard log (replay, compact, fsck --repair) first takes that shard's lock
 as a daemon does, and refuses a shard a daemon holds, naming it; membership.json is only
 changed conditionally on the version read, under `.membership.lock`. Appends and compaction go
-through `GroupCommitLog`, with the daemon's crash-safety.
+through `GroupCommitLog`, with the daemon's crash-safety. The job-control commands (cancel,
+retry, pause, resume, and replay while a daemon holds a shard) write no shard log: they write a
+command into the shards' inboxes, as a daemon that does not own a shard does, and the owner
+decides it (`snerd.commands`).
 
 It must never: write a log whose lock it does not hold, delete another process's claim, decide
 something about tasks differently from the daemon's replay, or print machine output on stderr.
@@ -89,6 +96,30 @@ def _replay(argv: Sequence[str]) -> int:
     return dlq.replay_main(argv)
 
 
+def _cancel(argv: Sequence[str]) -> int:
+    from snerd.cli import cancel
+
+    return cancel.main(argv)
+
+
+def _retry(argv: Sequence[str]) -> int:
+    from snerd.cli import retry
+
+    return retry.main(argv)
+
+
+def _pause(argv: Sequence[str]) -> int:
+    from snerd.cli import pause
+
+    return pause.main(argv)
+
+
+def _resume(argv: Sequence[str]) -> int:
+    from snerd.cli import pause
+
+    return pause.resume_main(argv)
+
+
 def _fsck(argv: Sequence[str]) -> int:
     from snerd.cli import fsck
 
@@ -127,6 +158,10 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "schedules": _schedules,
     "status": _status,
     "replay": _replay,
+    "cancel": _cancel,
+    "retry": _retry,
+    "pause": _pause,
+    "resume": _resume,
     "fsck": _fsck,
     "compact": _compact,
     "demo": _demo,

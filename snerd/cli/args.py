@@ -23,9 +23,12 @@ from snerd.queuedir import QueueError, UsageError
 
 __all__ = [
     "DEFAULT_DIR",
+    "EXIT_NOT_DONE",
+    "EXIT_PENDING",
     "QueueError",
     "UsageError",
     "command_parser",
+    "nonnegative_float",
     "nonnegative_int",
     "number_arg",
     "positive_int",
@@ -34,6 +37,11 @@ __all__ = [
 ]
 
 DEFAULT_DIR = ".snerdata"
+#: The exit codes of the job-control commands (`cancel`, `retry`, `pause`, `resume`) beyond
+#: 0 (done), 1 (`QueueError`) and 2 (`UsageError`): the owner answered and nothing changed;
+#: no owner answered within the wait (the command is durable and applied later).
+EXIT_NOT_DONE = 3
+EXIT_PENDING = 4
 
 _N = TypeVar("_N", int, float)
 
@@ -105,6 +113,14 @@ def positive_int(name: str) -> Callable[[str], int]:
 def nonnegative_int(name: str) -> Callable[[str], int]:
     """An argparse `type=`: a whole number, 0 or more."""
     return number_arg(name, int, "a whole number", "0 or more", lambda v: v >= 0)
+
+
+def nonnegative_float(name: str) -> Callable[[str], float]:
+    """An argparse `type=`: a finite number, 0 or more."""
+    return number_arg(
+        name, float, "a number", "a finite number, 0 or more",
+        lambda v: 0 <= v < float("inf"),
+    )
 
 
 def tool_settings() -> ToolSettings:

@@ -36,12 +36,16 @@ def main(argv: Sequence[str]) -> int:
         "dashboard",
         "Serve a live web dashboard of the queue in DIR: shards and their owners, daemons, "
         "tasks by state, dead letters with their final errors; updated as the files change "
-        "(WebSocket).\nRead-only, from the files (like `snerdmq stats`): safe while daemons "
-        "run, on any host that mounts DIR.",
+        "(WebSocket). Its buttons retry dead letters, cancel tasks and pause or resume task "
+        "types, through the same routed commands as `snerdmq cancel` etc. (never by writing "
+        "a daemon's log); --read-only refuses every write and shows no button.\nReads come "
+        "from the files (like `snerdmq stats`): safe while daemons run, on any host that "
+        "mounts DIR.",
         "Listens on loopback unless --host says otherwise; any other address needs a token "
         "(SNERD_DASHBOARD_TOKEN, or --token), which every request must then carry: open "
         "http://HOST:PORT/?token=TOKEN once in the browser (it sets a cookie), or send "
-        "`Authorization: Bearer TOKEN` to the JSON API under /api/.",
+        "`Authorization: Bearer TOKEN` to the JSON API under /api/. A write (POST /api/act/...) "
+        "must also come from the dashboard's own origin and carry its session's CSRF token.",
     )
     parser.add_argument("directory", metavar="DIR", help="queue directory")
     parser.add_argument(
@@ -64,6 +68,8 @@ def main(argv: Sequence[str]) -> int:
         default=None,
         help="token every request must carry (default: SNERD_DASHBOARD_TOKEN; none on loopback)",
     )
+    parser.add_argument("--read-only", action="store_true",
+                        help="refuse every write (retry, cancel, pause, resume)")
     return run_command(parser, argv, _dashboard)
 
 
@@ -82,7 +88,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         print(f"snerdmq dashboard: cannot listen on {args.host}:{args.port}: {exc}",
               file=sys.stderr)
         return 1
-    app = dashboard_app(queue.directory, args.host, token, settings)
+    app = dashboard_app(queue.directory, args.host, token, settings, read_only=args.read_only)
     note = " (token required: open it with ?token=<token> once)" if token else ""
     print(f"snerd dashboard for {queue.directory}: {url_of(sock)}{note}", flush=True)
 

@@ -2,9 +2,10 @@
 
 Which dead letters count, which of them a replay writes back and what it writes are the core's
 rules (`snerd.core.shardlog.find_dead_letters`, `plan_replay`, `replay_record`); this module
-reads the shards, takes the locks of those it writes (as a daemon does: a shard a daemon holds
-is refused, naming it), appends durably and prints. A replayed task goes back into the shard
-it died in.
+reads the shards, takes the locks of those it writes (as a daemon does), appends durably and
+prints. A replayed task goes back into the shard it died in. A shard a daemon holds is never
+written: its dead letters are sent to that daemon as `retry` commands through the shard's
+inbox (`snerd.commands`), and each answer is printed.
 """
 
 from __future__ import annotations
@@ -14,13 +15,23 @@ from collections.abc import Sequence
 
 import trio
 
-from snerd.cli.args import DEFAULT_DIR, QueueError, command_parser, run_command, tool_settings
+from snerd import commands
+from snerd.cli.args import (
+    DEFAULT_DIR,
+    EXIT_PENDING,
+    QueueError,
+    command_parser,
+    run_command,
+    tool_settings,
+)
+from snerd.cli.cancel import add_wait, pending_text
 from snerd.cli.text import clip, format_table, print_json
 from snerd.core.ownership import shard_name
 from snerd.core.records import encode_record
 from snerd.core.schema import MAX_RETRIES, TASK_DATA
 from snerd.core.shardlog import (
     DeadLetter,
+    FoundDeadLetter,
     ShardFold,
     find_dead_letters,
     plan_replay,
@@ -32,6 +43,7 @@ from snerd.queuedir import (
     Queue,
     ShardScan,
     open_queue,
+    probe_lock,
     scan_shard,
     shard_locks,
     tool_owner,
@@ -118,7 +130,7 @@ def _dlq(args: argparse.Namespace) -> int:
         )
     print(
         f"Put them back with `snerdmq replay{' --type ' + args.task_type if args.task_type else ''}"
-        f" {args.directory}` (with every daemon on it stopped); --json shows the task data."
+        f" {args.directory}` (a daemon holding a shard puts its own back); --json shows the task data."
     )
     return 0
 
@@ -130,8 +142,10 @@ def replay_main(argv: Sequence[str]) -> int:
         "Put the dead letters of the queue in DIR back into the queue: for each, a fresh task "
         "record (retryCount 0, errors cleared, executeAt now, the same task data) is appended "
         "to its shard's log and fsynced. Only real dead letters are replayed, never tasks that "
-        "succeeded. Each shard written is locked first, as a daemon locks it: while a daemon "
-        "runs on the queue, replay refuses (exit 1) and names it.",
+        "succeeded. Each shard written is locked first, as a daemon locks it. A dead letter in "
+        "a shard a daemon holds is sent to that daemon as a retry instead (through the "
+        "shard's inbox, as `snerdmq retry` does), and its answer printed; exit 4 when one is "
+        "still pending after --wait.",
         "Tombstones from upstream SnerdMQ carry no outcome; those that look like dead letters "
         "are replayed only with --include-upstream (a success on the last attempt looks the "
         "same). A dead letter whose auto_dedupe fingerprint matches a pending task is skipped. "
@@ -147,6 +161,7 @@ def replay_main(argv: Sequence[str]) -> int:
                         help="also replay upstream tombstones that look like dead letters")
     parser.add_argument("--dry-run", action="store_true",
                         help="only list what would be replayed; take no lock, write nothing")
+    add_wait(parser, json=False)
     return run_command(parser, argv, _replay)
 
 
@@ -162,6 +177,49 @@ def _replay(args: argparse.Namespace) -> int:
         for d in found:
             print(f"would replay {d.letter.task_id} ({d.letter.task_type}) in {shard_name(d.shard)}")
         print(f"Dry run: {len(found)} dead letter(s) would be replayed.")
+        return 0
+    if upstream and not args.include_upstream:
+        print(
+            f"  note: {len(upstream)} upstream tombstone(s) look like dead letters but may be "
+            "successes on their last attempt; --include-upstream replays them too"
+        )
+    live = {d.shard for d in found if probe_lock(queue.lock_path(d.shard)).state == "held"}
+    retried, pending = _retry_live(args, [d for d in found if d.shard in live])
+    recovered = _replay_offline(args, queue, scans, [d for d in found if d.shard not in live],
+                                task_type)
+    print(f"Replay complete. Recovered {recovered + retried} failed task(s) into the active "
+          f"queue{f'; {pending} pending' if pending else ''}.")
+    return EXIT_PENDING if pending else 0
+
+
+def _retry_live(args: argparse.Namespace, found: Sequence[FoundDeadLetter]) -> tuple[int, int]:
+    """Send each dead letter of a shard a daemon holds to it as a retry; how many were put
+    back, and how many are still pending."""
+    retried = pending = 0
+    for d in found:
+        answer = commands.retry(args.directory, d.letter.task_id, args.wait, shard=d.shard)
+        if answer.done:
+            print(f"  retried {d.letter.task_id} ({d.letter.task_type}) in "
+                  f"{shard_name(d.shard)}, by its daemon")
+        elif answer.pending:
+            print(f"  {d.letter.task_id}: {pending_text(answer.pending, answer.unowned)}")
+        else:
+            print(f"  not retried {d.letter.task_id}: its daemon found it {answer.found}")
+        pending += bool(answer.pending)
+        retried += answer.done
+    return retried, pending
+
+
+def _replay_offline(
+    args: argparse.Namespace,
+    queue: Queue,
+    scans: list[ShardScan],
+    found: Sequence[FoundDeadLetter],
+    task_type: str | None,
+) -> int:
+    """Replay the dead letters of shards no daemon holds: under their locks, appended here;
+    how many were."""
+    if not found:
         return 0
     owner = tool_owner("replay")
     shards = sorted({d.shard for d in found})
@@ -191,13 +249,7 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"  replayed {letter.task_id} ({letter.task_type}) into {shard_name(shard)}")
     for text in skipped:
         print(f"  skipped {text}")
-    if upstream and not args.include_upstream:
-        print(
-            f"  note: {len(upstream)} upstream tombstone(s) look like dead letters but may be "
-            "successes on their last attempt; --include-upstream replays them too"
-        )
-    print(f"Replay complete. Recovered {len(recovered)} failed task(s) into the active queue.")
-    return 0
+    return len(recovered)
 
 
 def _append_batches(queue: Queue, batches: dict[int, list[bytes]]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from snerd.cli.args import command_parser, run_command, tool_settings
 from snerd.cli.text import fmt_bytes, format_table, print_json
-from snerd.queuedir import open_queue, scan_shard, stats_report, wall_now_us
+from snerd.queuedir import open_queue, paused_text, scan_shard, stats_report, wall_now_us
 
 __all__ = ["main"]
 
@@ -87,6 +87,8 @@ def _stats(args: argparse.Namespace) -> int:
     if totals["types"]:
         types = ", ".join(f"{t} {n}" for t, n in totals["types"].items())
         print(f"Live tasks by type: {types}")
+    for entry in report["paused"]:
+        print(f"Paused: {paused_text(entry, queue.shards)}")
     notes = []
     for r in rows:
         if r["torn_tail_bytes"]:

@@ -34,6 +34,8 @@ from snerd.queuedir import (
     ShardScan,
     inbox_waiting,
     open_queue_to_check,
+    paused_report,
+    paused_text,
     probe_lock,
     queue_json,
     scan_shard,
@@ -180,7 +182,7 @@ def _health_settings(settings: ToolSettings) -> HealthSettings:
     return HealthSettings(ttl_us=settings.lease_ttl_us, skew_margin_us=settings.skew_margin_us)
 
 
-def _shard_facts(queue: Queue, shard: int, now_us: int) -> ShardFacts:
+def _shard_facts(queue: Queue, shard: int, now_us: int) -> tuple[ShardFacts, ShardScan]:
     exists = queue.shard_dir(shard).is_dir()
     # What is wrong with the shard's entries; failing to read them only says so when no entry
     # explains it (the same link would be named twice).
@@ -210,7 +212,7 @@ def _shard_facts(queue: Queue, shard: int, now_us: int) -> ShardFacts:
         stale_records=len(scan.fold.stale),
         live_types=dict(summarize(scan.fold, now_us).types),
         **inbox_waiting(queue.directory, shard, scan.fold.inbox),
-    )
+    ), scan
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -219,9 +221,11 @@ def _validate(args: argparse.Namespace) -> int:
     settings = _health_settings(tool)
     fs_type = filesystem_type(queue.directory, tool.mountinfo_path)
     now = wall_now_us(tool)
+    read = [_shard_facts(queue, shard, now) for shard in range(queue.shards)]
+    paused = paused_report([scan for _facts, scan in read])
     facts = QueueFacts(
         directory=str(args.directory),
-        shards=[_shard_facts(queue, shard, now) for shard in range(queue.shards)],
+        shards=[shard_facts for shard_facts, _scan in read],
         orphans=sorted(k for k in queue.shard_dirs_on_disk() if k >= queue.shards),
         filesystem=fs_type,
         lock_proves_liveness=fs_type in LOCAL_FILESYSTEMS,
@@ -230,7 +234,7 @@ def _validate(args: argparse.Namespace) -> int:
         queue.doc or {}, facts, now_us=now, settings=settings, membership_problem=unusable
     )
     if args.json:
-        print_json({**queue_json(queue), **health_json(report)})
+        print_json({**queue_json(queue), **health_json(report), "paused": paused})
         return report.exit_code
     print(f"Queue: {queue.name}")
     print(f"Directory: {queue.directory}")
@@ -243,4 +247,6 @@ def _validate(args: argparse.Namespace) -> int:
     print(f"Version: {queue.version if queue.version is not None else '-'}")
     for line in health_lines(report):
         print(line)
+    for entry in paused:
+        print(f"Paused: {paused_text(entry, queue.shards)}")
     return report.exit_code

@@ -82,6 +82,7 @@ __all__ = [
     "newer",
     "pause_fields",
     "pause_of",
+    "paused_where",
     "reply",
 ]
 
@@ -286,6 +287,20 @@ def pause_of(fields: Mapping[str, Any]) -> tuple[str | None, PauseMark] | None:
     if stamp is None:
         return None
     return task_type, PauseMark(paused, stamp)
+
+
+def paused_where(
+    shards: Mapping[int, Mapping[str | None, PauseMark]],
+) -> dict[str | None, list[int]]:
+    """Each task type (None: the whole queue) paused on some shard, and the shards where it
+    is, by each shard's own latest mark (for the tools: a type paused on some shards and not
+    others is a pause or resume still pending on those others)."""
+    where: dict[str | None, list[int]] = {}
+    for shard in sorted(shards):
+        for task_type, mark in shards[shard].items():
+            if mark.paused:
+                where.setdefault(task_type, []).append(shard)
+    return dict(sorted(where.items(), key=lambda kv: (kv[0] is not None, kv[0] or "")))
 
 
 def _stamp(value: Any) -> Stamp | None:

@@ -2,8 +2,8 @@
 
 This module owns the operator-visible taxonomy of a shard's tasks, read from its fold
 (`snerd.core.shardlog.ShardFold`): a live task is in flight, retrying, delayed or waiting
-(`LIVE_STATES`, judged by `live_state` against `now_us`); a finished one is completed or a
-dead letter (`FINISHED_STATES`). `summarize` counts a shard's tasks by these states and by type.
+(`LIVE_STATES`, judged by `live_state` against `now_us`); a finished one is completed,
+cancelled or a dead letter (`FINISHED_STATES`, `finished_state`). `summarize` counts a shard's tasks by these states and by type.
 
 It is not the daemon's `TaskState` (`snerd.core.node`): that one is what a node does with a task
 it owns; this one is what the files say about a task, to a reader that owns nothing. The two
@@ -22,14 +22,36 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from snerd.core.schema import EXECUTE_AT, RETRY_AFTER_TIME, RETRY_COUNT, TASK_TYPE
-from snerd.core.shardlog import ShardFold, ready_at_us
+from snerd.core.schema import (
+    EXECUTE_AT,
+    OUTCOME_CANCELLED,
+    OUTCOME_COMPLETED,
+    RETRY_AFTER_TIME,
+    RETRY_COUNT,
+    TASK_TYPE,
+)
+from snerd.core.shardlog import ShardFold, ready_at_us, tombstone_outcome
 
-__all__ = ["FINISHED_STATES", "LIVE_STATES", "ShardSummary", "live_state", "summarize"]
+__all__ = [
+    "FINISHED_STATES",
+    "LIVE_STATES",
+    "ShardSummary",
+    "finished_state",
+    "live_state",
+    "summarize",
+]
 
 #: The states of a live task (`live_state`), then of a finished one.
 LIVE_STATES = ("in_flight", "retrying", "delayed", "waiting")
-FINISHED_STATES = ("completed", "dead_letter")
+FINISHED_STATES = ("completed", "cancelled", "dead_letter")
+
+
+def finished_state(fields: dict[str, Any]) -> str:
+    """A tombstone's state (`FINISHED_STATES`), by its outcome (`tombstone_outcome`)."""
+    outcome = tombstone_outcome(fields)
+    if outcome == OUTCOME_COMPLETED:
+        return "completed"
+    return "cancelled" if outcome == OUTCOME_CANCELLED else "dead_letter"
 
 
 @dataclass(slots=True)

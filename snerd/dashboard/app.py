@@ -15,6 +15,9 @@
                              sees them: `SnerdQueue.start_dashboard`; else 404)
     WS  /ws                  a snapshot at once, then one whenever the files change (at most
                              one a `refresh_s`) and at least every `push_every_s`
+    GET /api/session, POST /api/act/{cancel,retry,pause,resume}
+                             the writes and their guards (`snerd.dashboard.actions`: an
+                             Origin check and a per-session CSRF token; none when read-only)
 
 Upstream's dashboards listened on every interface, with no authentication, `Access-Control-
 Allow-Origin: *` and WebSockets that accepted any origin. Here:
@@ -62,7 +65,9 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from snerd.commands import DEFAULT_WAIT_S
 from snerd.core.timefmt import format_rfc3339
+from snerd.dashboard.actions import Actions
 from snerd.dashboard.view import STATUSES, QueueView
 from snerd.queuedir import QueueError, UsageError
 
@@ -320,11 +325,15 @@ def create_app(
     push_every_s: float = 5.0,
     monotonic: Callable[[], float] = time.monotonic,
     progress: ProgressFeed | None = None,
+    read_only: bool = False,
+    command_wait_s: float = DEFAULT_WAIT_S,
 ) -> Starlette:
     """The dashboard of `view`'s queue. `allowed_hosts`: the `Host` names accepted (None:
     any); `token`: required on every request when set; `progress`: the progress messages to
-    show (snapshots then carry `progress`)."""
+    show (snapshots then carry `progress`); `read_only`: every write refused;
+    `command_wait_s`: how long a write waits for the owners' answers."""
     reader = _Reader(view, refresh_s, monotonic)
+    actions = Actions(view.directory, read_only=read_only, wait_s=command_wait_s)
 
     def with_progress(snap: dict[str, Any]) -> dict[str, Any]:
         return snap if progress is None else {**snap, "progress": progress.lines()}
@@ -339,7 +348,7 @@ def create_app(
 
     async def page(request: Request) -> Response:
         body, media_type = pages[request.scope["path"]]
-        return Response(body, media_type=media_type)
+        return actions.with_session(request, Response(body, media_type=media_type))
 
     async def task_html(request: Request) -> Response:
         # The page reads its id from its own address and asks `/api/task/{id}`.
@@ -445,6 +454,8 @@ def create_app(
         Route("/task/{task_id:path}", task_html),
         Route("/api/task/{task_id:path}", task),
         Route("/api/progress", progress_lines),
+        Route("/api/session", actions.session),
+        Route("/api/act/{action}", actions.act, methods=["POST"]),
         WebSocketRoute("/ws", live),
     ]
     middleware = [Middleware(_SecurityHeaders)]

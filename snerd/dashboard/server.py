@@ -105,10 +105,17 @@ def hypercorn_config(sock: socket.socket) -> Any:
 
 
 def dashboard_app(
-    directory: Path, host: str, token: str | None, settings: ToolSettings, progress: Any = None
+    directory: Path,
+    host: str,
+    token: str | None,
+    settings: ToolSettings,
+    progress: Any = None,
+    *,
+    read_only: bool = False,
 ) -> Any:
     """The web app of the queue in `directory`: lease states judged with `settings`' skew
-    margin on its wall clock, the hosts it answers to (loopback names when bound to one)."""
+    margin on its wall clock, the hosts it answers to (loopback names when bound to one);
+    `read_only`: no write at all."""
     view = QueueView(
         directory, skew_us=settings.skew_margin_us, clock=lambda: wall_now_us(settings)
     )
@@ -117,6 +124,7 @@ def dashboard_app(
         token=token,
         allowed_hosts=[*LOOPBACK_NAMES, host] if is_loopback(host) else None,
         progress=progress,
+        read_only=read_only,
     )
 
 
@@ -141,6 +149,7 @@ class EmbeddedDashboard:
         host: str,
         port: int,
         token: str | None,
+        read_only: bool = False,
         observe_progress: Callable[[Callable[[Any, Any], None]], object],
         spawn: Callable[..., Any],
     ) -> str:
@@ -156,7 +165,7 @@ class EmbeddedDashboard:
         settings = load_tool_settings()
         sock = listen(host, port)
         feed = ProgressFeed(clock=lambda: wall_now_us(settings))
-        app = dashboard_app(directory, host, token, settings, progress=feed)
+        app = dashboard_app(directory, host, token, settings, progress=feed, read_only=read_only)
         observe_progress(feed.add)
         self._stop = stop = anyio.Event()
         self._done = done = anyio.Event()

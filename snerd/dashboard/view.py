@@ -33,7 +33,6 @@ from snerd.core.schema import (
     EXECUTE_AT,
     LAST_ERROR_OBJ,
     MAX_RETRIES,
-    OUTCOME_COMPLETED,
     POOL,
     RATE_LIMIT_GROUP,
     RETRY_AFTER_TIME,
@@ -42,8 +41,8 @@ from snerd.core.schema import (
     URGENCY_SCORE,
     WEBHOOK_URL,
 )
-from snerd.core.shardlog import enqueue_order, ready_at_us, tombstone_outcome
-from snerd.core.status import FINISHED_STATES, LIVE_STATES, live_state
+from snerd.core.shardlog import enqueue_order, ready_at_us
+from snerd.core.status import FINISHED_STATES, LIVE_STATES, finished_state, live_state
 from snerd.core.timefmt import format_rfc3339, parse_rfc3339_or_none
 from snerd.queuedir import (
     Queue,
@@ -234,11 +233,7 @@ class QueueView:
                     break
                 if task_id in fold.live:
                     continue
-                state = (
-                    "completed"
-                    if tombstone_outcome(record.fields) == OUTCOME_COMPLETED
-                    else "dead_letter"
-                )
+                state = finished_state(record.fields)
                 if status is None or state == status:
                     finished.append(_task_row(shard, task_id, record.fields, state))
                     taken += 1

@@ -411,7 +411,12 @@ class QueueFace:
         raise NotImplementedError
 
     async def start_dashboard(
-        self, port: int = 8642, *, host: str = "127.0.0.1", token: str | None = None
+        self,
+        port: int = 8642,
+        *,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        read_only: bool = False,
     ) -> str:
         """Serve the dashboard of this queue's directory (the page and API of `snerdmq
         dashboard`, docs/operations.md) on this event loop, with a live console of the
@@ -421,6 +426,7 @@ class QueueFace:
             port: the port (0: any free one; the URL says which).
             host: the address; anything but loopback needs a token.
             token: required on every request (default: SNERD_DASHBOARD_TOKEN, if set).
+            read_only: refuse every write (retry, cancel, pause, resume) and show no button.
 
         Raises:
             ValueError: an address other than loopback without a token, or an empty token.
@@ -438,6 +444,7 @@ class QueueFace:
             host=host,
             port=port,
             token=token,
+            read_only=read_only,
             observe_progress=self.on_progress,
             spawn=_Background().start,
         )

@@ -445,6 +445,29 @@ def test_stats_counts_tasks_by_state(cli: Cli, tmp_path: Path) -> None:
     assert "1 dead letter(s)" in out
 
 
+def test_stats_and_validate_show_paused_types_and_where(cli: Cli, tmp_path: Path) -> None:
+    def pause(task_type: str | None, paused: bool, at: int) -> dict[str, Any]:
+        return {"snerdKind": "pause", "type": task_type, "paused": paused, "stamp": [at, "n"],
+                "snerdEpoch": 1}
+
+    q = plant(tmp_path / "q", {
+        0: [claim(1), pause("mail", True, 1), pause(None, True, 2)],
+        1: [claim(1), pause("mail", True, 1), pause("mail", False, 3)],
+    })
+    code, out, _ = cli("stats", q)
+    assert code == 0
+    assert "Paused: the whole queue on shard-0 only (1 of 2: a pause or resume is still " \
+        "pending on the others)" in out
+    assert "Paused: type 'mail' on shard-0 only" in out
+    code, out, _ = cli("stats", q, "--json")
+    report = json.loads(out)
+    assert report["paused"][1] == {"task_type": "mail", "shards": ["shard-0"],
+                                   "everywhere": False}
+    assert [r["paused_types"] for r in report["per_shard"]] == [["mail", None], []]
+    _code, out, _ = cli("validate", q)
+    assert "Paused: type 'mail' on shard-0 only" in out
+
+
 def test_stats_reads_an_upstream_v02_directory(cli: Cli, tmp_path: Path) -> None:
     q = tmp_path / "old"
     (q / "tasks").mkdir(parents=True)
@@ -709,7 +732,7 @@ def test_validate_json_has_the_documented_shape(cli: Cli, tmp_path: Path) -> Non
     assert set(report) == {
         "directory", "queue", "shards", "version", "legacy_layout", "now", "settings",
         "filesystem", "per_shard", "daemons", "daemons_running", "fair_share", "unowned",
-        "orphans", "task_types", "problems", "warnings", "degraded",
+        "orphans", "task_types", "problems", "warnings", "degraded", "paused",
     }
     assert set(report["settings"]) == {
         "lease_ttl_s", "skew_margin_s", "renew_interval_s", "overdue_after_s"
@@ -736,6 +759,7 @@ def test_validate_json_has_the_documented_shape(cli: Cli, tmp_path: Path) -> Non
     assert report["degraded"] is True and code == 1
     assert report["problems"][0].startswith("shard-1 is free while 1 daemon(s) run")
     assert report["task_types"] == {"mail": 1}
+    assert report["paused"] == []
 
 
 # ------------------------------------------------------------------------------ add-shards
@@ -916,18 +940,37 @@ def test_replay_skips_a_duplicate_of_a_pending_deduped_task(cli: Cli, tmp_path: 
     assert "Recovered 0 failed task(s)" in out
 
 
-def test_replay_refuses_while_a_daemon_holds_the_lock(
+def test_replay_while_a_daemon_holds_the_shard_asks_it_to_retry(
     cli: Cli, tmp_path: Path, daemons: Callable[..., Daemon]
 ) -> None:
     q = plant(tmp_path / "q", {0: [claim(1), dead("d1")]})
     d = daemons(q)
-    size = log_path(q).stat().st_size
     code, out, err = cli("replay", q)
-    assert code == 1
-    assert "shard-0 is held by a running daemon (" in err and f"pid {d.pid})" in err
-    assert "Stop that daemon first" in err
-    assert "Recovered" not in out
-    assert log_path(q).stat().st_size == size
+    assert (code, err) == (0, "")
+    assert "retried d1 (job) in shard-0, by its daemon" in out
+    assert "Recovered 1 failed task(s)" in out
+    d.send({"action": "register", "task_type": "job"})
+    again = d.execute()
+    assert (again["task_id"], again["attempt"]) == ("d1", 1)
+    # Nothing is left in the inbox: the tool removed its file once answered.
+    assert list((q / "shard-0" / "inbox").glob("tool-*")) == []
+    d.result("d1", ok=True)
+    assert d.stop() == 0
+
+
+def test_a_live_replay_not_answered_within_its_wait_is_pending_and_applied(
+    cli: Cli, tmp_path: Path, daemons: Callable[..., Daemon]
+) -> None:
+    q = plant(tmp_path / "q", {0: [claim(1), dead("d1")]})
+    d = daemons(q)
+    code, out, _ = cli("replay", q, "--wait", "0")
+    assert code == 4
+    assert "d1: pending on shard-0 (no answer within the wait)" in out
+    assert "Recovered 0 failed task(s) into the active queue; 1 pending." in out
+    # The command is durable in the inbox: the daemon puts the task back all the same.
+    d.send({"action": "register", "task_type": "job"})
+    assert d.execute()["task_id"] == "d1"
+    d.result("d1", ok=True)
     assert d.stop() == 0
 
 

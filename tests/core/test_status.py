@@ -6,7 +6,14 @@ from typing import Any
 
 from snerd.core.records import encode_record, scan
 from snerd.core.shardlog import fold_records
-from snerd.core.status import FINISHED_STATES, LIVE_STATES, ShardSummary, live_state, summarize
+from snerd.core.status import (
+    FINISHED_STATES,
+    LIVE_STATES,
+    ShardSummary,
+    finished_state,
+    live_state,
+    summarize,
+)
 from snerd.core.timefmt import format_rfc3339
 
 SECOND = 1_000_000
@@ -62,3 +69,10 @@ def test_a_summary_counts_every_live_task_once_by_state_and_type() -> None:
     total.add(s)
     assert (total.live, total.waiting, total.dead_letters) == (8, 4, 2)
     assert total.types == {"resize": 6, "email": 2}
+
+
+def test_a_tombstone_is_completed_cancelled_or_a_dead_letter() -> None:
+    assert finished_state({"deletedAt": "x", "snerdOutcome": "completed"}) == "completed"
+    assert finished_state({"deletedAt": "x", "snerdOutcome": "cancelled"}) == "cancelled"
+    assert finished_state({"deletedAt": "x", "snerdOutcome": "dead_letter"}) == "dead_letter"
+    assert set(FINISHED_STATES) == {"completed", "cancelled", "dead_letter"}

@@ -801,3 +801,169 @@ async def _engine_dashboard(tmp_path: Path) -> None:
 
 def test_the_engine_serves_the_dashboard_of_its_directory(tmp_path: Path) -> None:
     anyio.run(_engine_dashboard, tmp_path, backend="trio")
+
+
+# ------------------------------------------------------------------------------------------
+# The dashboard acts: retry, cancel, pause, behind its guards
+# ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def live_daemon(q: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A daemon on `q` with no handler registered: nothing runs, every task stays put."""
+    proc = subprocess.Popen(
+        [*SNERDMQ, str(q)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env={**os.environ, "SNERD_DRAIN_TIMEOUT": "2"},
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while not _claimed(q):
+            assert time.monotonic() < deadline, "the daemon never took shard-0"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        if proc.wait(timeout=15) != 0:
+            raise AssertionError("the daemon failed its drain")
+
+
+def _claimed(q: Path) -> bool:
+    doc = orjson.loads((q / "membership.json").read_bytes())
+    return bool(doc.get("claims", {}).get("shard-0", {}).get("owner"))
+
+
+def post(server: Server, action: str, body: Any, **headers: str) -> httpx.Response:
+    return httpx.post(f"{server.url}api/act/{action}", content=orjson.dumps(body),
+                      headers={"content-type": "application/json", **headers})
+
+
+async def _actions_in_chromium(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    with live_daemon(q), Server(q) as server:
+        async with browser_page() as page:
+            await page.goto(server.url)
+            await page.wait_for_selector('body[data-source="ws"]')
+            result = page.locator("#action-result")
+            # Retry the dead letter: its daemon puts it back.
+            await page.locator("#dead tbody button[data-action=retry]").click()
+            await expect(result).to_have_text("dead-1: retried (found dead_letter)")
+            await expect(page.locator("#dead tbody td.empty")).to_have_text("no dead letters")
+            # Cancel a waiting task.
+            row = page.locator("#tasks tbody tr", has_text="wait-1")
+            await row.locator("button[data-action=cancel]").click()
+            await expect(result).to_have_text("wait-1: cancelled (found queued)")
+            await expect(row.locator("td.status")).to_have_text("cancelled")
+            # Pause a type: shown paused, with a resume button.
+            types = page.locator("#types tbody tr", has_text="export")
+            await types.locator("button[data-action=pause]").click()
+            await expect(result).to_have_text("type export paused")
+            await expect(types.locator("td.state")).to_have_text("paused")
+            await expect(types.locator("button")).to_have_text("resume")
+
+            # A page of another origin (localhost is not 127.0.0.1) posts a form at the
+            # dashboard: refused, and nothing changes.
+            evil = server.url.replace("127.0.0.1", "localhost") + "evil"
+            form = (f'<form method="post" enctype="text/plain" action="{server.url}api/act/'
+                    'resume"><input name=\'{"task_type":"export","x":"\' value=\'"}\'></form>'
+                    "<script>document.forms[0].submit()</script>")
+            await page.route(evil, lambda route: route.fulfill(body=form,
+                                                                content_type="text/html"))
+            async with page.expect_response(lambda r: "/api/act/" in r.url) as forged:
+                await page.goto(evil)
+            assert (await forged.value).status == 403
+        stats = httpx.get(f"{server.url}api/stats").json()
+        assert stats["paused"] == [{"task_type": "export", "shards": ["shard-0"],
+                                    "everywhere": True}]
+        # The same without a browser: a foreign Origin, or the right one without the token.
+        origin = server.url.rstrip("/")
+        assert post(server, "resume", {"task_type": "export"},
+                    origin="http://evil.example").status_code == 403
+        refused = post(server, "resume", {"task_type": "export"}, origin=origin)
+        assert refused.status_code == 403 and "X-CSRF-Token" in refused.json()["error"]
+        # With a session and its token: an id no shard holds is a 404 naming it.
+        with httpx.Client(base_url=server.url) as c:
+            csrf = c.get("api/session").json()["csrf"]
+            r = c.post("api/act/cancel", json={"task_id": "nope"},
+                       headers={"origin": origin, "x-csrf-token": csrf})
+            assert r.status_code == 404 and r.json()["error"] == "no shard holds task 'nope'"
+        assert server.stop() == 0
+
+
+def test_the_page_in_chromium_retries_cancels_and_pauses_and_refuses_a_forged_post(
+    tmp_path: Path,
+) -> None:
+    anyio.run(_actions_in_chromium, tmp_path, backend="asyncio")
+
+
+async def _read_only_in_chromium(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    with Server(q, "--read-only") as server:
+        async with browser_page() as page:
+            await page.goto(server.url)
+            await page.wait_for_selector('body[data-source="ws"]')
+            await expect(page.locator("body")).to_have_attribute("data-read-only", "true")
+            await expect(page.locator("#dead tbody tr")).to_have_count(1)
+            assert await page.locator("button").count() == 0
+            # Even the page's own script, with its session's token, is refused.
+            status = await page.evaluate("""async () => {
+                const s = await (await fetch("/api/session")).json();
+                const r = await fetch("/api/act/retry", {method: "POST", body: '{"task_id":"dead-1"}',
+                    headers: {"content-type": "application/json", "x-csrf-token": s.csrf}});
+                return [r.status, (await r.json()).error];
+            }""")
+            assert status == [403, "this dashboard is read-only (started with --read-only)"]
+        assert list(q.glob("shard-*/inbox/*")) == []
+        assert server.stop() == 0
+
+
+def test_a_read_only_dashboard_shows_no_button_and_refuses_every_write(tmp_path: Path) -> None:
+    anyio.run(_read_only_in_chromium, tmp_path, backend="asyncio")
+
+
+def test_a_write_names_what_is_wrong_with_it(client: tuple[TestClient, Path]) -> None:
+    c, q = client
+    csrf = c.get("/api/session").json()["csrf"]  # (the TestClient keeps the session cookie)
+    ok = {"origin": "http://testserver", "x-csrf-token": csrf}
+
+    def act(action: str, body: bytes, **headers: str) -> tuple[int, str]:
+        r = c.post(f"/api/act/{action}", content=body,
+                   headers={"content-type": "application/json", **ok, **headers})
+        return r.status_code, r.json().get("error", "")
+
+    assert act("purge", b"{}")[0] == 404
+    assert act("cancel", b'{"task_id": 7}') == (
+        400, "task_id must be a non-empty string of at most 1024 characters")
+    assert act("cancel", b'{"task_id": "a\\u0000b"}')[0] == 400
+    assert act("retry", b'{"task_id": "a", "shard": true}')[0] == 400
+    assert act("retry", b'{"task_id": "a", "shard": 9}') == (409, f"shard-9 is not a shard of {q}")
+    assert act("pause", b"[1]") == (400, "the body must be a JSON object")
+    assert act("pause", b"{") == (400, "the body is not JSON")
+    assert act("pause", b"{}", **{"content-type": "text/plain"})[0] == 415
+    assert act("pause", b" " * 5000)[0] == 413
+    assert act("pause", b"{}", **{"x-csrf-token": "0" * 64})[0] == 403
+    assert act("pause", b"{}", origin="http://testserver.evil.example")[0] == 403
+    # The Referer stands in for a missing Origin.
+    r = c.post("/api/act/pause", content=b'{"task_type": "email"}',
+               headers={"content-type": "application/json", "x-csrf-token": csrf,
+                        "referer": "http://testserver/"})
+    assert r.status_code == 200, r.text
+    # No daemon runs: the pause is durable in the inbox, and pending.
+    assert r.json()["pending"] == ["shard-0"] and r.json()["unowned_shards"] == ["shard-0"]
+    assert len(list(q.glob("shard-0/inbox/tool-*.log"))) == 1
+    # Without a daemon no owner can say an id is unknown: pending, a 200 (with a daemon, a
+    # 404: `_actions_in_chromium`).
+    assert act("cancel", b'{"task_id": "nope"}')[0] == 200
+
+
+def test_a_read_only_app_refuses_every_write(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)
+    app = create_app(view_of(q), allowed_hosts=["testserver"], read_only=True)
+    with TestClient(app) as c:
+        session = c.get("/api/session").json()
+        assert session["read_only"] is True
+        for action in ("cancel", "retry", "pause", "resume"):
+            r = c.post(f"/api/act/{action}", json={"task_id": "dead-1", "task_type": None},
+                       headers={"origin": "http://testserver", "x-csrf-token": session["csrf"]})
+            assert r.status_code == 403 and "read-only" in r.json()["error"]
+    assert not (q / "shard-0" / "inbox").exists()

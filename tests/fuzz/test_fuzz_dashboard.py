@@ -13,6 +13,7 @@ import ipaddress
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 import trio
 from hypothesis import given
@@ -156,3 +157,88 @@ def test_a_bracketed_ipv6_address_is_that_address(
 def test_host_of_never_raises(header: str) -> None:
     host = host_of(header)
     assert host is None or host == host_of(host if ":" not in host else f"[{host}]")
+
+
+# -- the writes (`snerd.dashboard.actions`): any body, to any action, with or without the
+# guards' headers, is answered below 500. With no daemon on the queue a well-formed command
+# is written and answered pending at once.
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=3),
+    max_leaves=6,
+)
+BODIES = st.one_of(
+    st.binary(max_size=60),
+    st.fixed_dictionaries({}, optional={"task_id": JSON_VALUES, "task_type": JSON_VALUES,
+                                        "x": JSON_VALUES}).map(orjson.dumps),
+    JSON_VALUES.map(orjson.dumps),
+)
+WRITES = st.fixed_dictionaries(
+    {
+        "action": st.one_of(st.sampled_from(["cancel", "retry", "pause", "resume"]),
+                            st.text(max_size=12)),
+        "body": BODIES,
+        "csrf": st.booleans(),
+        "origin": st.sampled_from([b"http://127.0.0.1:8642", b"http://evil.example", b"null",
+                                   b"http://[::1", b""]),
+        "content_type": st.sampled_from([b"application/json", b"text/plain", b""]),
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def writer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Starlette, bytes, bytes]:
+    """An app that takes writes, a session cookie of it and that session's CSRF token."""
+    q = hand_made_queue(tmp_path_factory.mktemp("fuzz-writes"))
+    app = create_app(QueueView(q, skew_us=5_000_000, clock=wall_us),
+                     allowed_hosts=["127.0.0.1"], command_wait_s=0.0, monotonic=lambda: 0.0)
+    request = {"type": "http", "path": b"/api/session", "query": b"",
+               "headers": [(b"host", b"127.0.0.1:8642")]}
+    sent = trio.run(_call, app, request)
+    (start,) = [m for m in sent if m["type"] == "http.response.start"]
+    cookie = next(v for k, v in start["headers"] if k == b"set-cookie").split(b";")[0]
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return app, cookie, orjson.loads(body)["csrf"].encode()
+
+
+async def _post(app: Starlette, path: bytes, headers: list[tuple[bytes, bytes]],
+                body: bytes) -> list[Message]:
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path.decode("latin-1"), "raw_path": path, "query_string": b"",
+        "root_path": "", "headers": headers, "server": ("127.0.0.1", 8642),
+        "client": ("127.0.0.1", 40000),
+    }
+    sent: list[Message] = []
+    incoming = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> Message:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    with trio.fail_after(10):
+        await app(scope, receive, send)
+    return sent
+
+
+@given(write=WRITES)
+def test_no_write_fails_the_app(
+    writer: tuple[Starlette, bytes, bytes], write: dict[str, Any]
+) -> None:
+    app, cookie, csrf = writer
+    headers = [(b"host", b"127.0.0.1:8642"), (b"cookie", cookie)]
+    headers += [(b"origin", write["origin"])] if write["origin"] else []
+    headers += [(b"content-type", write["content_type"])] if write["content_type"] else []
+    headers += [(b"x-csrf-token", csrf)] if write["csrf"] else []
+    path = b"/api/act/" + write["action"].encode("utf-8", "surrogatepass")
+    sent = trio.run(_post, app, path, headers, write["body"])
+    (start,) = [m for m in sent if m["type"] == "http.response.start"]
+    assert start["status"] < 500, (write, sent)
+    guarded = (write["csrf"] and write["origin"] == b"http://127.0.0.1:8642")
+    if start["status"] < 300:
+        assert guarded and write["content_type"] == b"application/json", write

@@ -1,7 +1,8 @@
 // The snerd dashboard page: renders /api/snapshot, then follows /ws (falling back to polling
 // /api/snapshot every 2 s while the WebSocket is down). Every value is set as text, never as
 // HTML. <body data-version="N" data-source="ws|http"> says what was rendered last and how it
-// arrived.
+// arrived. The buttons (retry, cancel, pause, resume) POST to /api/act/<action> with the
+// session's CSRF token from /api/session; a read-only dashboard shows none.
 "use strict";
 
 const TOTALS = ["live", "waiting", "delayed", "retrying", "in_flight", "completed", "dead_letters"];
@@ -11,6 +12,78 @@ const RECONNECT_MS = 5000;
 let statusFilter = "";
 let socket = null;
 let pollTimer = null;
+// The session's CSRF token and whether writes are refused (from /api/session).
+let session = { csrf: null, read_only: true };
+const LIVE = new Set(["waiting", "delayed", "retrying", "in_flight"]);
+
+function button(action, label, field, value, shard) {
+  const td = document.createElement("td");
+  if (session.read_only) return td;
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = label;
+  b.dataset.action = action;
+  b.dataset.field = field;
+  b.dataset.value = value === null ? "" : value;
+  b.dataset.whole = value === null ? "1" : "";
+  if (shard !== undefined) b.dataset.shard = String(shard);
+  td.append(b);
+  return td;
+}
+
+async function act(b) {
+  const body = { [b.dataset.field]: b.dataset.whole ? null : b.dataset.value };
+  if (b.dataset.shard !== undefined) body.shard = Number(b.dataset.shard);
+  const out = document.getElementById("action-result");
+  b.disabled = true;
+  try {
+    const response = await fetch(`/api/act/${b.dataset.action}`, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "content-type": "application/json", "x-csrf-token": session.csrf || "" },
+      body: JSON.stringify(body),
+    });
+    const answer = await response.json();
+    out.textContent = response.ok ? describe(answer) : `refused: ${answer.error}`;
+    out.dataset.state = response.ok ? "ok" : "refused";
+  } catch (err) {
+    out.textContent = String(err);
+    out.dataset.state = "refused";
+  } finally {
+    b.disabled = false;
+    poll();
+  }
+}
+
+function describe(a) {
+  const pending = (a.pending_shards || a.pending || []);
+  const later = pending.length ? `; pending on ${pending.join(", ")}` : "";
+  if (a.action === "paused") {
+    const what = a.task_type === null ? "the whole queue" : `type ${a.task_type}`;
+    return `${what} ${a.paused ? "paused" : "resumed"}${later}`;
+  }
+  const done = a.action === "cancelled" ? a.cancelled : a.retried;
+  return `${a.task_id}: ${done ? a.action : `not ${a.action}`} (found ${a.found})${later}`;
+}
+
+document.addEventListener("click", (event) => {
+  const b = event.target.closest("button[data-action]");
+  if (b) act(b);
+});
+
+function renderTypes(stats) {
+  const paused = new Map((stats.paused || []).map((p) => [p.task_type, p]));
+  const types = new Set([...Object.keys((stats.totals || {}).types || {})]);
+  for (const p of stats.paused || []) if (p.task_type !== null) types.add(p.task_type);
+  const rows = [null, ...[...types].sort()];
+  fill("types", rows, (t) => {
+    const p = paused.get(t);
+    const state = p ? (p.everywhere ? "paused" : `paused on ${p.shards.join(", ")}`) : "running";
+    const action = p ? "resume" : "pause";
+    return [cell(t === null ? "(whole queue)" : t), cell(state, `state ${p ? "paused" : "running"}`),
+      button(action, action, "task_type", t)];
+  }, "no task types");
+}
 
 function cell(text, cls) {
   const td = document.createElement("td");
@@ -62,8 +135,13 @@ function renderTasks(rows) {
   fill("tasks", rows, (t) => {
     const when = t.finished_at || t.next_run;
     const status = cell(t.status.replace("_", " "), `status ${t.status}`);
+    let control = document.createElement("td");
+    if (LIVE.has(t.status)) control = button("cancel", "cancel", "task_id", t.id);
+    if (t.status === "dead_letter" || t.status === "cancelled") {
+      control = button("retry", "retry", "task_id", t.id, t.shard);
+    }
     return [taskCell(t.id), cell(t.type), status, cell(`shard-${t.shard}`),
-      cell(t.retry_count, "num"), cell(when), cell(t.error, "error-text")];
+      cell(t.retry_count, "num"), cell(when), cell(t.error, "error-text"), control];
   }, statusFilter ? `no ${statusFilter.replace("_", " ")} tasks` : "no tasks");
 }
 
@@ -118,8 +196,9 @@ function render(snap, source) {
   }
   fill("dead", snap.dead_letters || [], (d) => [
     taskCell(d.id), cell(d.type), cell(d.attempts, "num"), cell(d.at), cell(`shard-${d.shard}`),
-    cell(d.error || "(no error recorded)", "error-text"),
+    cell(d.error || "(no error recorded)", "error-text"), button("retry", "retry", "task_id", d.id, d.shard),
   ], "no dead letters");
+  renderTypes(stats);
   // Progress messages: only a dashboard an SDK serves sees them (newest first).
   const section = document.getElementById("progress-section");
   section.hidden = !Array.isArray(snap.progress);
@@ -178,4 +257,15 @@ document.getElementById("status-filter").addEventListener("change", (event) => {
   poll();
 });
 
-poll().then(connect);
+async function start() {
+  try {
+    session = await getJSON("/api/session");
+  } catch (err) {
+    showError(String(err));
+  }
+  document.body.dataset.readOnly = String(session.read_only);
+  await poll();
+  connect();
+}
+
+start();
