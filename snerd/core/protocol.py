@@ -1093,8 +1093,12 @@ def paused(task_type: str | None, is_paused: bool, shards: int, pending: list[in
 
 def task_details(task_id: str, details: Mapping[str, Any]) -> dict[str, Any]:
     """The answer to a `get`: `{"action":"task","task_id":ID, ...details}`
-    (`snerd.core.story.details`)."""
-    return {"action": "task", "task_id": task_id, **details}
+    (`snerd.core.story.details`), its shard named as every message names one (`"shard-N"`)."""
+    msg = {"action": "task", "task_id": task_id, **details}
+    shard = msg.get("shard")
+    if isinstance(shard, int):
+        msg["shard"] = f"shard-{shard}"
+    return msg
 
 
 def error(task_id: str | None, message: str) -> dict[str, Any]:

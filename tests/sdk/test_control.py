@@ -187,6 +187,47 @@ def test_retry_of_a_dead_letter_runs_it_again_and_of_a_live_task_changes_nothing
     run(_retry_dead_letter_and_live, face, tmp_path)
 
 
+# --- get and result --------------------------------------------------------------------------
+
+
+async def _get_and_result(face: Face, tmp_path: Path) -> None:
+    async with face(tmp_path) as q:
+
+        @q.handler("sum")
+        async def add(data: Any) -> int:
+            if current_task().attempt == 1:
+                raise RuntimeError("first try fails")
+            return int(data["a"]) + int(data["b"])
+
+        @q.handler("doomed")
+        async def doomed(data: Any) -> None:
+            raise RuntimeError("always")
+
+        await q.enqueue("s1", "sum", {"a": 2, "b": 3}, max_retries=2)
+        assert await q.result("s1", timeout=30) == 5
+        info = await q.get("s1")
+        assert (info.found, info.state, info.outcome, info.attempts) == (
+            True, "succeeded", "completed", 2,
+        )
+        assert info.shard == "shard-0" and info.result == 5 and info.has_result
+        assert info.enqueued_at is not None and info.finished_at is not None
+        await q.enqueue("d1", "doomed", None, max_retries=0)
+        with pytest.raises(TaskFailed) as failed:
+            await q.result("d1", timeout=30)
+        assert failed.value.state == "dead_letter"
+        assert (await q.get("d1")).last_error == "RuntimeError: always"
+        unknown = await q.get("nobody")
+        assert (unknown.found, unknown.state) == (False, "unknown")
+        with pytest.raises(TimeoutError):
+            await q.result("nobody", timeout=0.3)
+
+
+def test_get_and_result_read_a_task_back_from_the_daemon(
+    run: Runner, face: Face, tmp_path: Path
+) -> None:
+    run(_get_and_result, face, tmp_path)
+
+
 # --- pause -----------------------------------------------------------------------------------
 
 

@@ -202,6 +202,36 @@ async def test_a_retry_through_the_non_owner_runs_a_dead_letter_again_and_leaves
     assert q.runs(live) == ["a"]
 
 
+async def test_a_get_through_the_non_owner_reads_the_task_from_its_owners_files(
+    queue_dir: Path, nursery: trio.Nursery
+) -> None:
+    q = Control(nursery, queue_dir)
+    await q.start("a", "b")
+    shard = q.shard_of("a")
+    dead = q.task_on("a", "g-")
+    q.fail.add(dead)
+    await q.enqueue("a", dead, max_retries=1, retry_after_hours=0)
+    await q.until(lambda: q.has("a", "max_retries_reached", dead))
+    got = await q.ask("b", {"action": "get", "task_id": dead}, "task")
+    assert (got["found"], got["state"], got["shard"], got["attempts"]) == (
+        True, "dead_letter", f"shard-{shard}", 2,
+    )
+    assert got["last_error"] == "it failed" and got["outcome"] == "dead_letter"
+    # Held running on a: a says running (it knows); b reads it from a's log.
+    live = q.task_on("a", "h-")
+    q.hold.add(live)
+    await q.enqueue("a", live)
+    await q.until(lambda: q.runs(live) == ["a"])
+    for via in ("a", "b"):
+        got = await q.ask(via, {"action": "get", "task_id": live}, "task")
+        assert (got["state"], got["started_at"] is not None) == ("running", True)
+    got = await q.ask("b", {"action": "get", "task_id": "nobody"}, "task")
+    assert (got["found"], got["state"]) == (False, "unknown")
+    q.hold.clear()
+    await q.daemons["a"].send({"action": "result", "task_id": live, "status": "success"})
+    await q.stop()
+
+
 @pytest.mark.slow
 async def test_a_pause_through_either_daemon_holds_the_type_on_both_across_a_restart(
     queue_dir: Path, nursery: trio.Nursery

@@ -359,7 +359,7 @@ def test_get_answers_a_tasks_state_attempts_error_times_and_result() -> None:
     sh.line({"action": "get", "task_id": "a"})
     info = answer(sh, "task")
     assert (info["task_id"], info["found"], info["state"]) == ("a", True, "retrying")
-    assert (info["attempts"], info["last_error"], info["shard"]) == (1, "boom", 0)
+    assert (info["attempts"], info["last_error"], info["shard"]) == (1, "boom", "shard-0")
     assert info["enqueued_at"] is not None and info["finished_at"] is None
     sh.advance(5)
     sh.line({"action": "result", "task_id": "a", "status": "success", "result": {"sent": 3}})
@@ -385,7 +385,7 @@ def test_get_finds_a_task_another_daemon_holds_and_a_cancelled_one() -> None:
     owner, other = pair()
     owner.enqueue("a")
     other.line({"action": "get", "task_id": "a"})
-    assert (answer(other, "task")["state"], answer(other, "task")["shard"]) == ("queued", 0)
+    assert (answer(other, "task")["state"], answer(other, "task")["shard"]) == ("queued", "shard-0")
     owner.line({"action": "cancel", "task_id": "a"})
     other.line({"action": "get", "task_id": "a"})
     assert answer(other, "task")["state"] == "cancelled"
