@@ -1,7 +1,7 @@
 """The dashboard's web app (Starlette): one page, a JSON API and a WebSocket that pushes.
 
     GET /                    the page (static/index.html, app.js, style.css)
-    GET /task/{id}           a task's page (static/task.html, task.js): its details and story
+    GET /task/{id}           a task's page (static/task.html, task.js; common.js, shared): its details and story
     GET /api/snapshot        everything the page shows: stats, daemons, tasks, dead letters
     GET /api/stats           `snerdmq stats --json`'s report
     GET /api/tasks           ?status=<one of STATUSES>&limit=<1..1000, default 100>
@@ -343,6 +343,7 @@ def create_app(
         "/app.js": (_static("app.js"), "text/javascript; charset=utf-8"),
         "/style.css": (_static("style.css"), "text/css; charset=utf-8"),
         "/task.js": (_static("task.js"), "text/javascript; charset=utf-8"),
+        "/common.js": (_static("common.js"), "text/javascript; charset=utf-8"),
     }
     task_page = _static("task.html")
 

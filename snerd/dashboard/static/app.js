@@ -85,18 +85,6 @@ function renderTypes(stats) {
   }, "no task types");
 }
 
-function cell(text, cls) {
-  const td = document.createElement("td");
-  if (text === null || text === undefined) {
-    td.textContent = "-";
-    td.className = cls === "num" ? "num none" : "none";
-  } else {
-    td.textContent = String(text);
-    if (cls) td.className = cls;
-  }
-  return td;
-}
-
 // A task id as a link to its page (/task/<id>); the id is the link's text, never HTML.
 function taskCell(id) {
   const td = document.createElement("td");

@@ -14,18 +14,6 @@ const DETAILS = [
   ["outcome", "outcome"], ["cron", "cron"], ["stale_records", "stale records"],
 ];
 
-function cell(text, cls) {
-  const td = document.createElement("td");
-  if (text === null || text === undefined || text === "") {
-    td.textContent = "-";
-    td.className = cls === "num" ? "num none" : "none";
-  } else {
-    td.textContent = String(text);
-    if (cls) td.className = cls;
-  }
-  return td;
-}
-
 function showError(text) {
   const p = document.getElementById("error");
   p.textContent = text || "";
