@@ -85,6 +85,16 @@ def _parser() -> argparse.ArgumentParser:
         help="a schedule's fire leaves its record at the tick before (a control)",
     )
     p.add_argument(
+        "--unsafe-ignore-cancel",
+        action="store_true",
+        help="a cancel is answered cancelled and leaves the task as it was (a control)",
+    )
+    p.add_argument(
+        "--unsafe-ignore-pause",
+        action="store_true",
+        help="dispatch does not look at pause marks (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
             "no-margin",
@@ -94,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
             "absent-parents-done",
             "dedupe-ack-at-write",
             "fire-unmarked",
+            "ignore-cancel",
+            "ignore-pause",
             "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
@@ -136,6 +148,8 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_absent_parents_done"] = args.unsafe_absent_parents_done
     given["unsafe_dedupe_ack_at_write"] = args.unsafe_dedupe_ack_at_write
     given["unsafe_fire_unmarked"] = args.unsafe_fire_unmarked
+    given["unsafe_ignore_cancel"] = args.unsafe_ignore_cancel
+    given["unsafe_ignore_pause"] = args.unsafe_ignore_pause
     return given
 
 
@@ -171,6 +185,8 @@ def repro_command(settings: Settings) -> str:
         unsafe_absent_parents_done=settings.unsafe_absent_parents_done,
         unsafe_dedupe_ack_at_write=settings.unsafe_dedupe_ack_at_write,
         unsafe_fire_unmarked=settings.unsafe_fire_unmarked,
+        unsafe_ignore_cancel=settings.unsafe_ignore_cancel,
+        unsafe_ignore_pause=settings.unsafe_ignore_pause,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

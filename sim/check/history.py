@@ -130,6 +130,10 @@ History = Sequence[Mapping[str, Any]]
 # Entries that end a priority judgement on their node: the node's view of time or of its own
 # state changed in ways the history does not show in detail.
 _DISTURBANCES = frozenset({"crash", "restart", "pause", "resume", "clock_step"})
+#: Entries `sim.check.control` reads (kept raw, in history order).
+_CONTROL_KINDS = frozenset(
+    {"command", "control", "pause", "resume", "crash", "handler_done", "stop"}
+)
 
 
 class HistoryError(ValueError):
@@ -289,6 +293,8 @@ class Analysis:
     run_schedule: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: Per schedule name: the history indexes of its accepted removal records (`removed`).
     schedule_removals: dict[str, list[int]] = field(default_factory=dict)
+    #: (index, entry) of the entries `sim.check.control` judges commands by.
+    control_entries: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
     #: Entries fed so far.
     fed: int = 0
     #: Task ids with a task or inbox record fed, and fingerprints finished, since a
@@ -346,6 +352,12 @@ class Analysis:
                 f"history entry {i} ({kind!r}) goes back in time: {t} < {self.end_t}"
             )
         self.end_t = t
+        if kind in _CONTROL_KINDS:
+            self.control_entries.append((i, e))
+            if kind == "command":
+                # A command may end or hold any task, wherever it was sent: no priority
+                # judgement spans one.
+                self.disturbances.setdefault("", []).append((t, i))
         if kind == "enqueue":
             self._feed_enqueue(i, t, e)
         elif kind == "record":

@@ -14,6 +14,8 @@ __all__ = [
     "ACK_NOT_DURABLE",
     "ATTEMPTS_EXCEEDED",
     "BELIEF_OVERLAP",
+    "CANCELLED_RAN",
+    "CANCEL_NOT_KEPT",
     "CHILD_NOT_FAILED",
     "CHILD_NOT_RUN",
     "CHILD_RAN_EARLY",
@@ -23,8 +25,10 @@ __all__ = [
     "FALSE_DUPLICATE",
     "INVENTED_TASK",
     "LOST_TASK",
+    "PAUSED_RAN",
     "PRIORITY_INVERSION",
     "RATE_EXCEEDED",
+    "RETRY_NOT_RUN",
     "STALE_OWNER_ACTED",
     "TICK_FIRED_TWICE",
     "UNTOLD_DUPLICATE",
@@ -73,6 +77,15 @@ FALSE_DUPLICATE = "false_duplicate"
 #: A schedule's run id enqueued twice (two accepted records creating it), the schedule not
 #: removed in between: its tick fired twice (check 11).
 TICK_FIRED_TWICE = "tick_fired_twice"
+#: A task acked cancelled dispatched after the ack (check 12).
+CANCELLED_RAN = "cancelled_ran"
+#: A task acked cancelled without a `cancelled` tombstone durable by the ack, or ending
+#: otherwise after it; or acked cancelled in a state a cancel does not end (check 12).
+CANCEL_NOT_KEPT = "cancel_not_kept"
+#: A task of a type paused on every shard dispatched before a resume was sent (check 13).
+PAUSED_RAN = "paused_ran"
+#: A task acked retried that never ran again (check 14).
+RETRY_NOT_RUN = "retry_not_run"
 
 
 def at(t: int) -> str:
@@ -134,6 +147,8 @@ class Metrics:
     fenced_records: int
     #: Schedule runs enqueued (run ids with an accepted enqueue record).
     schedule_runs: int = 0
+    #: Cancels acked `cancelled: true` while an attempt of the task ran (check 12 allows it).
+    cancels_running: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

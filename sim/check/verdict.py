@@ -11,6 +11,7 @@ into one `Report`. `check` is `judge` of a whole history; each `check_*` is one 
 from __future__ import annotations
 
 from sim.check.attempts import judge_attempts, judge_rate_windows, task_runs
+from sim.check.control import judge_control
 from sim.check.delivery import is_satisfied, judge_at_least_once
 from sim.check.deps import judge_dependencies
 from sim.check.history import Analysis, History, analyse
@@ -25,6 +26,7 @@ __all__ = [
     "check_at_least_once",
     "check_attempts",
     "check_belief",
+    "check_control",
     "check_dedupe",
     "check_dedupe_honesty",
     "check_dependencies",
@@ -47,6 +49,7 @@ def judge(a: Analysis) -> Report:
     runs = task_runs(a)
     attempts, re_executions, most = judge_attempts(runs)
     belief, overlap = judge_belief(a)
+    control, cancels_running = judge_control(a)
     # Each ack judged once for every check and measure that asks.
     via_inbox = [a.via_inbox(ack) for ack in a.acks]
     satisfied = [is_satisfied(a, ack) for ack in a.acks]
@@ -63,6 +66,7 @@ def judge(a: Analysis) -> Report:
         *judge_dedupe(a),
         *judge_dependencies(a),
         *judge_schedule_runs(a),
+        *control,
         *belief,
     ]
     violations.sort(key=lambda v: v.index)
@@ -81,6 +85,7 @@ def judge(a: Analysis) -> Report:
         schedule_runs=sum(
             1 for rs in a.run_creations.values() if any(r.accepted for r in rs)
         ),
+        cancels_running=cancels_running,
     )
     return Report(violations=tuple(violations), metrics=metrics)
 
@@ -171,3 +176,10 @@ def check_schedule_runs(history: History) -> list[Violation]:
     one accepted enqueue record, unless the schedule was removed between two (the rule is in
     `sim.check.schedules`'s header; its executions are invariant 4's)."""
     return judge_schedule_runs(analyse(history))
+
+
+def check_control(history: History) -> list[Violation]:
+    """Job control: an acked cancel ends its task for good, an acked pause holds until a
+    resume is sent, an acked retry runs again (the rules are stated once, in
+    `sim.check.control`'s header)."""
+    return judge_control(analyse(history))[0]
