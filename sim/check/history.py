@@ -59,6 +59,18 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
 - `{"kind": "schedule", "action": "schedule"|"unschedule", "name", "node"}` — the app sent a
   schedule's declaration or removal to `node` (informative: a schedule is judged on its
   records and its runs').
+- `{"kind": "command", "phase": "invoke", "action": "cancel"|"retry"|"pause"|"resume", "node",
+  "task" | "type"}` — the app sent a job-control command to `node`: a cancel or retry names a
+  `task`; a pause or resume a `type` (None: the whole queue, `"queue": true`). Its outcome,
+  `{"kind": "command", "phase": "ok"|"fail", "action", "node", "task"|"type", "reply": {...}}`,
+  matches the earliest unanswered invoke of the same node, action and target; `reply` is the
+  daemon's answer as sent (`cancelled`, `retried` or `paused`, with `found`, `pending`, ...);
+  "fail": an error reply. A command without an outcome was not answered (a crash). Judged by
+  `sim.check.control`. `{"kind": "control", "offset_max_us", "drift_max_ppm", "steps": bool}`
+  — before the first command: the most two hosts' wall clocks can differ by (offsets, and
+  drift per µs of true time; `steps`: clocks were stepped, no bound), for judging pause stamps.
+  `{"kind": "stop", "task", "attempt", "node"}` — the SDK was told to stop a cancelled
+  attempt (informative).
 - `{"kind": "dead_letter", "task", "node"}` — the SDK was told a task used every attempt;
   optional: `error` (str|None), the reason it was told (the last attempt's error, or
   `blocked_by_failed_parent: <id>` / `unknown_parent: <id> ...` for a child that never ran).
