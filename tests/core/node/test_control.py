@@ -50,6 +50,18 @@ def test_a_queued_task_cancelled_never_runs_and_ends_cancelled_in_the_log() -> N
     assert "a" not in sh.node.tasks
 
 
+def test_the_ignore_cancel_control_answers_cancelled_and_leaves_the_task_to_run() -> None:
+    """`unsafe_ignore_cancel` (the simulator's negative control) lies: the answer says
+    cancelled, nothing is written, and the task runs."""
+    sh = started(unsafe_ignore_cancel=True)
+    sh.enqueue("a")
+    sh.line({"action": "cancel", "task_id": "a"})
+    assert answer(sh, "cancelled")["cancelled"] is True
+    sh.register("t")
+    sh.advance(1)
+    assert sh.executed_ids() == ["a"]
+
+
 def test_a_delayed_task_is_found_delayed_and_a_retrying_one_retrying() -> None:
     sh = started()
     sh.register("t")
@@ -342,7 +354,7 @@ def test_a_retry_through_the_inbox_puts_the_dead_letter_back_on_its_owner() -> N
 
 
 def test_the_answer_waits_for_the_configured_command_wait() -> None:
-    owner, other = pair(NodeConfig(node_id="other@pid-2-b", command_wait_us=SECOND))
+    _owner, other = pair(NodeConfig(node_id="other@pid-2-b", command_wait_us=SECOND))
     other.line({"action": "pause", "task_type": "t"})
     other.advance(1.5)
     assert answer(other, "paused")["pending"] == ["shard-0"]
