@@ -37,6 +37,7 @@ from sim.process import APPEND_DONE, APPEND_ISSUE, CARRY_OUT, DELIVER, MEMBERSHI
 from sim.settings import uniform
 from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core.control import answers_commands
 from snerd.core.ownership import LockText, owned_by
 from snerd.core.records import (
     CorruptRecord,
@@ -690,6 +691,8 @@ class Shell:
         data = fs.read_range(key, start, size - start)
         end = data.rfind(b"\n", 0, effect.max_bytes) + 1 or data.find(b"\n") + 1
         marks = pick_marks(data[:end], start, effect.writers)
+        if answers_commands(marks):
+            self.reader_fsync(key)  # (what `snerd.io.inbox.read_log_tail` does)
         read = ev.LogTailRead(
             shard=effect.shard,
             identity=identity,

@@ -70,6 +70,7 @@ __all__ = [
     "Stamp",
     "answer_entry",
     "answer_of",
+    "answers_commands",
     "command_answer",
     "command_fields",
     "command_of",
@@ -216,6 +217,15 @@ def mark_at(marks: Iterable[Mapping[str, Any]], at: int) -> Mapping[str, Any] | 
             continue
         return mark
     return LATER
+
+
+def answers_commands(marks: Iterable[Any]) -> bool:
+    """Marks a `ReadLogTail` picked (`LogRecord`s) hold an owner's answers to commands: the
+    shell makes the log durable (fsync(2) through its own descriptor, which flushes every
+    writer's data of the file) before it answers, so that a sender never tells its client
+    "cancelled" on a tombstone a crash could still take back (the owner's fsync may not have
+    returned yet: readers see a write(2) before it is durable; found by the simulator)."""
+    return any(r.fields.get(INBOX_ANSWERS) for r in marks)
 
 
 def command_answer(mark: Mapping[str, Any] | str, at: int) -> Answer | None:

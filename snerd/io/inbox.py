@@ -31,6 +31,7 @@ from pathlib import Path
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
+from snerd.core.control import answers_commands
 from snerd.core.records import LINE_LIMIT
 from snerd.core.watch import pick_marks, resume_at
 from snerd.io.files import open_dir, open_file, read_small, replace_file, unlink_file
@@ -240,6 +241,8 @@ def read_log_tail(directory: str | os.PathLike[str], effect: fx.ReadLogTail) -> 
             end = rest.find(b"\n") + 1
             data = rest
         marks = pick_marks(data[:end], start, effect.writers)
+        if answers_commands(marks):
+            os.fsync(fd)  # an answer is told only once durable (`answers_commands`)
     except OSError as exc:
         return ev.LogTailRead(shard=effect.shard, error=f"{path}: {exc.strerror or exc}")
     finally:

@@ -406,6 +406,9 @@ class Control:
             task_id = tombstone.get("taskId")
             self.out.log("error", f"task {task_id}: its record cannot run again; not retried")
             return rule.Answer(found, False)
+        if task.payload_hash is not None and book.fingerprints.get(task.payload_hash):
+            # auto_dedupe: a live task holds its fingerprint, and two may not be pending.
+            return rule.Answer(found, False)
         book.tasks[task.task_id] = task
         book.add_fingerprint(task)
         info.history.pop(task.task_id, None)

@@ -165,6 +165,20 @@ def test_a_dead_letter_is_put_back_with_its_attempts_reset_and_runs_again() -> N
     assert tombstone_outcomes(sh, "a") == ["dead_letter", "completed"]
 
 
+def test_a_dead_letter_whose_payload_has_a_live_twin_is_not_put_back() -> None:
+    """auto_dedupe: two pending tasks may not share a fingerprint (simulator seed 17)."""
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", data={"p": 1}, auto_dedupe=True)
+    sh.result("a", ok=False, error="boom")
+    sh.enqueue("c", data={"p": 1}, auto_dedupe=True)  # a's twin: live (a is finished)
+    assert "c" in sh.node.tasks
+    sh.line({"action": "retry", "task_id": "a"})
+    reply = answer(sh, "retried")
+    assert (reply["found"], reply["retried"]) == ("dead_letter", False)
+    assert tombstone_outcomes(sh, "a") == ["dead_letter"]
+
+
 def tombstone_outcomes(sh: FakeShell, task_id: str) -> list[str]:
     return [
         r["snerdOutcome"]
