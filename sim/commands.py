@@ -237,7 +237,9 @@ class Commands:
         for i in range(self._seen, len(history)):
             e = history[i]
             kind = e["kind"]
-            if kind == "dead_letter":
+            if kind == "dead_letter" and "@" not in e["task"]:
+                # (Not a schedule's run: one retried is a tick run twice, which the schedule
+                # check forbids; a run's retry is not judged yet.)
                 self.dead.append(e["task"])
             elif kind == "execute":
                 self.last_execute[e["task"]] = e["t"]

@@ -9,8 +9,8 @@ records, and process pauses. What the design promises, and so all that is judged
     time a (sent at s) ended the task by a tombstone durable before the answer. Until a
     `retry` of the task is sent (one in flight at s voids the judgement: it may be applied
     after the cancel): no execute of the task whose dispatch record was handed to its writer
-    after a, and the task's first accepted tombstone durable after s is `cancelled`, durable
-    by a, and no other accepted tombstone of it follows. Attempts already running at a
+    after a; an accepted `cancelled` tombstone of it is durable in (s, a], and no accepted
+    tombstone of another outcome follows a. Attempts already running at a
     (executed, no result yet) are allowed to finish their handler and are counted
     (`Metrics.cancels_running`); the node drops their results. `"cancelled": true` also names a
     cancellable state (`found`). An `unknown` answer is not judged: a cancel sent through an
@@ -188,13 +188,9 @@ class _Judge:
         self.count_running(cmd, task)
 
     def cancel_tombstones(self, cmd: Command, task: str, end: int) -> None:
-        ends = [
-            r for r in self.a.task_records.get(task, ())
-            if r.accepted and r.tombstone and cmd.t < r.t_durable < end
-        ]
-        ends.sort(key=lambda r: r.t_durable)
-        first = ends[0] if ends else None
-        if first is None or first.t_durable > cmd.t_answer:
+        ends = [r for r in self.a.task_records.get(task, ()) if r.accepted and r.tombstone]
+        by_ack = [r for r in ends if cmd.t < r.t_durable <= cmd.t_answer]
+        if not any(tombstone_outcome(dict(r.fields)) == OUTCOME_CANCELLED for r in by_ack):
             self.flag(
                 CANCEL_NOT_KEPT, cmd,
                 f"{task} acked cancelled at {at(cmd.t_answer)} without a tombstone durable by then",
@@ -202,7 +198,7 @@ class _Judge:
             return
         for r in ends:
             outcome = tombstone_outcome(dict(r.fields))
-            if outcome != OUTCOME_CANCELLED:
+            if cmd.t_answer < r.t_durable < end and outcome != OUTCOME_CANCELLED:
                 self.flag(
                     CANCEL_NOT_KEPT, cmd,
                     f"{task} acked cancelled, then ended {outcome!r} at {at(r.t_durable)}",
