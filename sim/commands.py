@@ -63,6 +63,8 @@ class Commands:
         self.dead: deque[str] = deque(maxlen=16)
         #: Retried tasks (answered `retried: true`) with no execute since the retry was sent.
         self.awaiting: dict[str, int] = {}
+        #: When a cancel of each task was last sent.
+        self.cancel_sent: dict[str, int] = {}
         #: Each task's latest execute (true time).
         self.last_execute: dict[str, int] = {}
         #: The keys the app paused last (a type, or None: the queue), and every key it ever
@@ -167,6 +169,7 @@ class Commands:
             msg["task_id"] = entry["task"] = target
             if action == "cancel" and target is not None:
                 self.awaiting.pop(target, None)  # (a retried task cancelled need not run)
+                self.cancel_sent[target] = world.t
         else:
             entry["type"] = target
             if target is None:
@@ -217,7 +220,8 @@ class Commands:
         self.world.record(entry)
         if reply == "retried" and msg.get("retried") is True and isinstance(task, str):
             self._catch_up()
-            if self.last_execute.get(task, -1) <= sent:
+            later = max(self.last_execute.get(task, -1), self.cancel_sent.get(task, -1))
+            if later <= sent:
                 self.awaiting[task] = sent
         return True
 

@@ -7,8 +7,8 @@ records, and process pauses. What the design promises, and so all that is judged
 
 12. **Cancel** (`CANCELLED_RAN`, `CANCEL_NOT_KEPT`). A cancel answered `"cancelled": true` at
     time a (sent at s) ended the task by a tombstone durable before the answer. Until a
-    `retry` of the task is sent (one in flight at s voids the judgement: it may be applied
-    after the cancel): no execute of the task whose dispatch record was handed to its writer
+    `retry` of the task is sent (one in flight at s, or answered `pending`, voids the
+    judgement: it may be applied after the cancel): no execute of the task whose dispatch record was handed to its writer
     after a; an accepted `cancelled` tombstone of it is durable in (s, a], and no accepted
     tombstone of another outcome follows a. Attempts already running at a
     (executed, no result yet) are allowed to finish their handler and are counted
@@ -175,8 +175,9 @@ class _Judge:
             if r.action == "retry" and r.target == task:
                 if r.t > cmd.t:
                     end = min(end, r.t)
-                elif r.t_answer > cmd.t:
-                    return  # a retry in flight at the cancel: it may apply after it
+                elif r.t_answer > cmd.t or r.reply is None or r.reply.get("pending"):
+                    return  # a retry in flight at the cancel (or left pending in the
+                    # inboxes, applied when an owner reads it): it may apply after it
         late = self.late_executes(cmd, lambda t: t == task, end)
         if late:
             self.flag(
