@@ -90,6 +90,16 @@ def _parser() -> argparse.ArgumentParser:
         help="a success's tombstone stores a result its handler did not return (a control)",
     )
     p.add_argument(
+        "--unsafe-ignore-cancel",
+        action="store_true",
+        help="a cancel is answered cancelled and leaves the task as it was (a control)",
+    )
+    p.add_argument(
+        "--unsafe-ignore-pause",
+        action="store_true",
+        help="dispatch does not look at pause marks (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
             "no-margin",
@@ -100,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
             "dedupe-ack-at-write",
             "fire-unmarked",
             "wrong-result",
+            "ignore-cancel",
+            "ignore-pause",
             "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
@@ -143,6 +155,8 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_dedupe_ack_at_write"] = args.unsafe_dedupe_ack_at_write
     given["unsafe_fire_unmarked"] = args.unsafe_fire_unmarked
     given["unsafe_wrong_result"] = args.unsafe_wrong_result
+    given["unsafe_ignore_cancel"] = args.unsafe_ignore_cancel
+    given["unsafe_ignore_pause"] = args.unsafe_ignore_pause
     return given
 
 
@@ -179,6 +193,8 @@ def repro_command(settings: Settings) -> str:
         unsafe_dedupe_ack_at_write=settings.unsafe_dedupe_ack_at_write,
         unsafe_fire_unmarked=settings.unsafe_fire_unmarked,
         unsafe_wrong_result=settings.unsafe_wrong_result,
+        unsafe_ignore_cancel=settings.unsafe_ignore_cancel,
+        unsafe_ignore_pause=settings.unsafe_ignore_pause,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

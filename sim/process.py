@@ -27,6 +27,7 @@ __all__ = [
     "BELIEF",
     "CARRY_OUT",
     "CHECK",
+    "COMMAND",
     "DELIVER",
     "FAULT",
     "FLUSH_LINES",
@@ -57,6 +58,7 @@ APPEND_ISSUE = 12  # (proc index, incarnation, (effect, built, lines, done_at, q
 FLUSH_LINES = 13  # (proc index, incarnation, None): the SDK client writes its held lines
 MEMBERSHIP_DONE = 14  # (proc index, incarnation, (effect, fail_before, fail_after)): a write lands
 SCHEDULES = 15  # (what, None, None): the app unschedules ("late": one schedule; "end": every one)
+COMMAND = 16  # (what, None, None): the app sends a job-control command ("next"; "end": resumes)
 
 
 class Proc:

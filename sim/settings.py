@@ -42,6 +42,18 @@ def _safe_ppm(ttl_us: int, margin_us: int) -> int:
     return margin_us * 1_000_000 // (2 * ttl_us + margin_us)
 
 
+def _draw_commands(seed: int, deps_prob: float) -> dict[str, Any]:
+    """The job-control settings of seed `seed`, from a generator of their own: adding them
+    left every other draw of every seed as it was. Commands in about 40 % of the worlds
+    without dependencies (a cancelled or retried parent is a rule of its own, not judged
+    here)."""
+    rng = random.Random(f"commands-{seed}")
+    on = rng.random() < 0.4
+    rate = 0.2 + rng.random() * 1.3
+    cancellable = rng.random() < 0.5
+    return {"command_rate": rate if on and not deps_prob else 0.0, "cancellable": cancellable}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Everything one run depends on besides its seed; drawn from the seed unless given."""
@@ -136,6 +148,14 @@ class Settings:
     #: Named schedules in the workload (0-2, `sim.workload`): each declared at boot by several
     #: nodes, with a cron of a few seconds; 0: none, and the workload draws nothing for them.
     schedules: int = 0
+    #: Job-control commands per second (`cancel`, `retry`, `pause`/`resume`, `sim.commands`),
+    #: sent to any live process; 0: none, the workload keeps one task type and draws nothing
+    #: for them. Drawn from a generator of its own (`_draw_commands`), so that the other
+    #: settings of every seed stay as they were.
+    command_rate: float = 0.0
+    #: The second task type's handler registers `cancellable` (a cancelled running attempt
+    #: is told to stop, `StopAttempt`).
+    cancellable: bool = False
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -154,9 +174,15 @@ class Settings:
     #: A success's tombstone stores a result its handler did not return
     #: (`NodeConfig.unsafe_wrong_result`).
     unsafe_wrong_result: bool = False
+    #: A cancel of a live task is answered `cancelled: true` and leaves the task as it was
+    #: (`NodeConfig.unsafe_ignore_cancel`).
+    unsafe_ignore_cancel: bool = False
+    #: Dispatch does not look at pause marks (`NodeConfig.unsafe_ignore_pause`).
+    unsafe_ignore_pause: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
     #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
-    #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result" or "nfsv3".
+    #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result", "ignore-cancel",
+    #: "ignore-pause" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -230,6 +256,7 @@ class Settings:
         drawn["deps_prob"] = pick(0.2, 0.6) if on(0.4) else 0.0
         drawn["unknown_parent_wait_us"] = int(pick(2, 20) * SECOND)
         drawn["schedules"] = 1 + int(rng.random() * 2) if on(0.3) else 0
+        drawn |= _draw_commands(seed, drawn["deps_prob"])
         drawn.update(given)
         if "max_shards" not in given and cap_room is not None:
             drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
@@ -302,6 +329,13 @@ class Settings:
                 "schedules": 2,
                 "crash_rate": max(self.crash_rate, 0.05),
             }
+        if (
+            self.unsafe_ignore_cancel
+            or self.unsafe_ignore_pause
+            or twin in ("ignore-cancel", "ignore-pause")
+        ):
+            # Commands often, in a world without dependencies (`_draw_commands`).
+            changes |= {"command_rate": max(self.command_rate, 0.5), "deps_prob": 0.0}
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
             # membership.json): the lock file is what keeps a second owner paused, and NFSv3
@@ -360,6 +394,10 @@ class Settings:
             out.append("--unsafe-fire-unmarked")
         if self.unsafe_wrong_result:
             out.append("--unsafe-wrong-result")
+        if self.unsafe_ignore_cancel:
+            out.append("--unsafe-ignore-cancel")
+        if self.unsafe_ignore_pause:
+            out.append("--unsafe-ignore-pause")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

@@ -161,6 +161,8 @@ class Shell:
 
     def _send(self, proc: Proc, effect: fx.Send) -> None:
         msg = effect.message
+        if self.world.commands.answered(proc, msg):
+            return  # (the answer to a job-control command, recorded by `sim.commands`)
         task = msg.get("task_id")
         if not isinstance(task, str) or task not in proc.outstanding:
             return

@@ -232,14 +232,16 @@ class Workload:
         delay), drawn."""
         s, rng = self.s, self.rng
         data = orjson.dumps({"n": self.next_task}).decode()
+        # (One type but in worlds with commands, which draw it: `sim.commands`.)
+        task_type = self.world.commands.task_type()
         attrs: dict[str, Any] = {
-            "type": TASK_TYPE,
+            "type": task_type,
             "max_retries": int(rng.random() * (s.retries_max + 1)),
         }
         msg: dict[str, Any] = {
             "action": "enqueue",
             "task_id": task,
-            "task_type": TASK_TYPE,
+            "task_type": task_type,
             "max_retries": attrs["max_retries"],
             "retry_after_hours": 0.0,
         }
@@ -250,7 +252,7 @@ class Workload:
             else:
                 self.dedupe_payloads.append(data)
             msg["auto_dedupe"] = True
-            fingerprint = xxhash.xxh64_hexdigest((TASK_TYPE + data).encode()).lstrip("0") or "0"
+            fingerprint = xxhash.xxh64_hexdigest((task_type + data).encode()).lstrip("0") or "0"
         attrs["fingerprint"] = fingerprint
         msg["task_data"] = data
         if rng.random() < s.group_prob:

@@ -63,6 +63,7 @@ import xxhash
 
 from sim import check
 from sim.clock import NodeClock
+from sim.commands import Commands
 from sim.faults import Faults
 from sim.fs import SimFS
 from sim.node_view import found_dead, holds_shards, lease_deadline, task_locations
@@ -72,6 +73,7 @@ from sim.process import (
     BELIEF,
     CARRY_OUT,
     CHECK,
+    COMMAND,
     DELIVER,
     FAULT,
     FLUSH_LINES,
@@ -146,6 +148,7 @@ class World:
         self.rng_crash = random.Random(root.getrandbits(64))
         # (Added later: derived after the others, which stay as they were for each seed.)
         rng_sched = random.Random(root.getrandbits(64))
+        rng_commands = random.Random(root.getrandbits(64))
         self.fs = SimFS(lock_mode="nfsv3" if settings.fs_mode == "nfsv3" else "posix")
         self.t = 0
         self.seq = 0
@@ -195,6 +198,7 @@ class World:
         self.shell = Shell(self, self.fs, rng_io)
         self.faults = Faults(self, rng_fault)
         self.workload = Workload(self, rng_work, rng_sched)
+        self.commands = Commands(self, rng_commands, TASK_TYPE)
         #: Where a pause may fall between deciding an append and making it: the faults' hook.
         self._stop_between = self.faults.stop_between if settings.pause_rate else None
 
@@ -247,6 +251,8 @@ class World:
             unsafe_absent_parents_done=self.s.unsafe_absent_parents_done,
             unsafe_fire_unmarked=self.s.unsafe_fire_unmarked,
             unsafe_wrong_result=self.s.unsafe_wrong_result,
+            unsafe_ignore_cancel=self.s.unsafe_ignore_cancel,
+            unsafe_ignore_pause=self.s.unsafe_ignore_pause,
             # (The daemon's 5 s; 0, upstream's ack at the inbox write, for the control.)
             dedupe_wait_us=0 if self.s.unsafe_dedupe_ack_at_write else 5 * SECOND,
         )
@@ -260,6 +266,7 @@ class World:
             self.procs.append(proc)
         self.deliver(proc, ev.Started())
         self.deliver(proc, ev.LineReceived(line=_REGISTER))
+        self.commands.register(proc)
         self.workload.declare_schedules(proc)
 
     def _alive(self, proc: Proc, inc: Any) -> bool:
@@ -575,6 +582,7 @@ class World:
         for index in range(s.nodes):
             self._start(index, 0)
         self.workload.start()
+        self.commands.start()
         self.faults.arm()
         self.at(s.safety_us, PHASE)
 
@@ -659,6 +667,9 @@ class World:
     def _on_schedules(self, a: Any, b: Any, c: Any) -> None:
         self.workload.unschedule(a)
 
+    def _on_command(self, a: Any, b: Any, c: Any) -> None:
+        self.commands.fire(a)
+
     def _on_check(self, a: Any, b: Any, c: Any) -> None:
         self._judge_liveness(final=False)
 
@@ -679,6 +690,7 @@ class World:
                 clock.step(self.t, -error)
         self.liveness_started = self.t
         self.workload.end_schedules()
+        self.commands.end()
         self._progress: tuple[int, bool, int] = (-1, False, self.t)
         self.at(self.t + SECOND, CHECK)
 
@@ -697,7 +709,7 @@ class World:
         return max(counts) - min(counts) <= 1
 
     def _judge_liveness(self, *, final: bool) -> None:
-        left = self.watch.any_unfinished(self.history)
+        left = self.watch.any_unfinished(self.history) or self.commands.waiting()
         settled = self._settled()
         if not left and settled:
             self.finished = True
@@ -715,9 +727,9 @@ class World:
                 else f"{(self.t - self.liveness_started) // SECOND} s after the faults stopped"
             )
             if left:
-                tasks = self.watch.unfinished(self.history)
+                tasks = [*self.watch.unfinished(self.history), *self.commands.awaiting]
                 self.violation(
-                    f"liveness: {len(tasks)} acked task(s) unfinished and {how}, e.g. "
+                    f"liveness: {len(tasks)} acked (or retried) task(s) unfinished and {how}, e.g. "
                     f"{', '.join(tasks[:5])}"
                 )
             if not settled:
@@ -745,6 +757,7 @@ _STEPS: dict[int, Callable[[World, Any, Any, Any], None]] = {
     FLUSH_LINES: World._on_flush_lines,
     MEMBERSHIP_DONE: World._on_membership_done,
     SCHEDULES: World._on_schedules,
+    COMMAND: World._on_command,
 }
 
 

@@ -65,6 +65,18 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
 - `{"kind": "schedule", "action": "schedule"|"unschedule", "name", "node"}` — the app sent a
   schedule's declaration or removal to `node` (informative: a schedule is judged on its
   records and its runs').
+- `{"kind": "command", "phase": "invoke", "action": "cancel"|"retry"|"pause"|"resume", "node",
+  "task" | "type"}` — the app sent a job-control command to `node`: a cancel or retry names a
+  `task`; a pause or resume a `type` (None: the whole queue, `"queue": true`). Its outcome,
+  `{"kind": "command", "phase": "ok"|"fail", "action", "node", "task"|"type", "reply": {...}}`,
+  matches the earliest unanswered invoke of the same node, action and target; `reply` is the
+  daemon's answer as sent (`cancelled`, `retried` or `paused`, with `found`, `pending`, ...);
+  "fail": an error reply. A command without an outcome was not answered (a crash). Judged by
+  `sim.check.control`. `{"kind": "control", "offset_max_us", "drift_max_ppm", "steps": bool}`
+  — before the first command: the most two hosts' wall clocks can differ by (offsets, and
+  drift per µs of true time; `steps`: clocks were stepped, no bound), for judging pause stamps.
+  `{"kind": "stop", "task", "attempt", "node"}` — the SDK was told to stop a cancelled
+  attempt (informative).
 - `{"kind": "dead_letter", "task", "node"}` — the SDK was told a task used every attempt;
   optional: `error` (str|None), the reason it was told (the last attempt's error, or
   `blocked_by_failed_parent: <id>` / `unknown_parent: <id> ...` for a child that never ran).
@@ -137,6 +149,10 @@ History = Sequence[Mapping[str, Any]]
 # Entries that end a priority judgement on their node: the node's view of time or of its own
 # state changed in ways the history does not show in detail.
 _DISTURBANCES = frozenset({"crash", "restart", "pause", "resume", "clock_step"})
+#: Entries `sim.check.control` reads (kept raw, in history order).
+_CONTROL_KINDS = frozenset(
+    {"command", "control", "pause", "resume", "crash", "handler_done", "stop"}
+)
 
 
 class HistoryError(ValueError):
@@ -311,6 +327,8 @@ class Analysis:
     run_schedule: dict[str, tuple[str, int]] = field(default_factory=dict)
     #: Per schedule name: the history indexes of its accepted removal records (`removed`).
     schedule_removals: dict[str, list[int]] = field(default_factory=dict)
+    #: (index, entry) of the entries `sim.check.control` judges commands by.
+    control_entries: list[tuple[int, Mapping[str, Any]]] = field(default_factory=list)
     #: Entries fed so far.
     fed: int = 0
     #: Task ids with a task or inbox record fed, and fingerprints finished, since a
@@ -368,6 +386,12 @@ class Analysis:
                 f"history entry {i} ({kind!r}) goes back in time: {t} < {self.end_t}"
             )
         self.end_t = t
+        if kind in _CONTROL_KINDS:
+            self.control_entries.append((i, e))
+            if kind == "command":
+                # A command may end or hold any task, wherever it was sent: no priority
+                # judgement spans one.
+                self.disturbances.setdefault("", []).append((t, i))
         if kind == "enqueue":
             self._feed_enqueue(i, t, e)
         elif kind == "record":

@@ -70,6 +70,15 @@ def judge_priority(a: Analysis, via_inbox: list[bool] | None = None) -> list[Vio
         if not ack.deduplicated and not inbox:
             acks_by_node[ack.node].append(ack)
     ack_times = {node: [k.t for k in acks] for node, acks in acks_by_node.items()}
+    # When a cancel of each task was first sent: a task being cancelled is not passed over
+    # by a dispatch decided after that (a cancel sent before its ack and answered after the
+    # dispatch spans the whole window, and no cut inside it says so: seed 1314).
+    cancel_sent: dict[str, int] = {}
+    for _i, e in a.control_entries:
+        if e.get("kind") == "command" and e.get("phase") == "invoke":
+            task_id = e.get("task")
+            if e.get("action") == "cancel" and isinstance(task_id, str):
+                cancel_sent.setdefault(task_id, e["t"])
     #: Built on first use (a candidate inversion is rare).
     records_by_node: dict[str, list[Record | InboxRecord]] = {}
 
@@ -149,6 +158,7 @@ def judge_priority(a: Analysis, via_inbox: list[bool] | None = None) -> list[Vio
                 or not _plain(inv_b)
                 or inv_b.urgency <= inv_a.urgency
                 or touched(ack.task, d.t_issue)
+                or cancel_sent.get(ack.task, d.t_queued + 1) <= d.t_queued
             ):
                 continue
             if busy is None:

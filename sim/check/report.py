@@ -15,6 +15,8 @@ __all__ = [
     "ACK_NOT_DURABLE",
     "ATTEMPTS_EXCEEDED",
     "BELIEF_OVERLAP",
+    "CANCELLED_RAN",
+    "CANCEL_NOT_KEPT",
     "CHILD_NOT_FAILED",
     "CHILD_NOT_RUN",
     "CHILD_RAN_EARLY",
@@ -24,8 +26,10 @@ __all__ = [
     "FALSE_DUPLICATE",
     "INVENTED_TASK",
     "LOST_TASK",
+    "PAUSED_RAN",
     "PRIORITY_INVERSION",
     "RATE_EXCEEDED",
+    "RETRY_NOT_RUN",
     "STALE_OWNER_ACTED",
     "TICK_FIRED_TWICE",
     "UNTOLD_DUPLICATE",
@@ -78,6 +82,15 @@ TICK_FIRED_TWICE = "tick_fired_twice"
 #: A completed task's stored result (read back from the final files) that no successful
 #: attempt of it returned (check 12).
 WRONG_RESULT = "wrong_result"
+#: A task acked cancelled dispatched after the ack (check 13).
+CANCELLED_RAN = "cancelled_ran"
+#: A task acked cancelled without a `cancelled` tombstone durable by the ack, or ending
+#: otherwise after it; or acked cancelled in a state a cancel does not end (check 13).
+CANCEL_NOT_KEPT = "cancel_not_kept"
+#: A task of a type paused on every shard dispatched before a resume was sent (check 14).
+PAUSED_RAN = "paused_ran"
+#: A task acked retried that never ran again (check 15).
+RETRY_NOT_RUN = "retry_not_run"
 
 
 def at(t: int) -> str:
@@ -141,6 +154,8 @@ class Metrics:
     schedule_runs: int = 0
     #: Completed tasks whose stored result was read back and compared (check 12).
     stored_results: int = 0
+    #: Cancels acked `cancelled: true` while an attempt of the task ran (check 13 allows it).
+    cancels_running: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

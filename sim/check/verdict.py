@@ -11,6 +11,7 @@ into one `Report`. `check` is `judge` of a whole history; each `check_*` is one 
 from __future__ import annotations
 
 from sim.check.attempts import judge_attempts, judge_rate_windows, task_runs
+from sim.check.control import judge_control
 from sim.check.delivery import is_satisfied, judge_at_least_once
 from sim.check.deps import judge_dependencies
 from sim.check.history import Analysis, History, analyse
@@ -26,6 +27,7 @@ __all__ = [
     "check_at_least_once",
     "check_attempts",
     "check_belief",
+    "check_control",
     "check_dedupe",
     "check_dedupe_honesty",
     "check_dependencies",
@@ -49,6 +51,7 @@ def judge(a: Analysis) -> Report:
     runs = task_runs(a)
     attempts, re_executions, most = judge_attempts(runs)
     belief, overlap = judge_belief(a)
+    control, cancels_running = judge_control(a)
     # Each ack judged once for every check and measure that asks.
     via_inbox = [a.via_inbox(ack) for ack in a.acks]
     satisfied = [is_satisfied(a, ack) for ack in a.acks]
@@ -66,6 +69,7 @@ def judge(a: Analysis) -> Report:
         *judge_dependencies(a),
         *judge_schedule_runs(a),
         *judge_results(a),
+        *control,
         *belief,
     ]
     violations.sort(key=lambda v: v.index)
@@ -85,6 +89,7 @@ def judge(a: Analysis) -> Report:
             1 for rs in a.run_creations.values() if any(r.accepted for r in rs)
         ),
         stored_results=len(a.stored),
+        cancels_running=cancels_running,
     )
     return Report(violations=tuple(violations), metrics=metrics)
 
@@ -183,3 +188,8 @@ def check_results(history: History) -> list[Violation]:
     as a value); tasks with no successful attempt recorded are not judged (the rule is in
     `sim.check.results`'s header)."""
     return judge_results(analyse(history))
+def check_control(history: History) -> list[Violation]:
+    """Job control: an acked cancel ends its task for good, an acked pause holds until a
+    resume is sent, an acked retry runs again (the rules are stated once, in
+    `sim.check.control`'s header)."""
+    return judge_control(analyse(history))[0]

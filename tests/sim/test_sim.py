@@ -29,6 +29,8 @@ CONTROLS = {
     "--unsafe-dedupe-ack-at-write": "dedupe-ack-at-write",
     "--unsafe-fire-unmarked": "fire-unmarked",
     "--unsafe-wrong-result": "wrong-result",
+    "--unsafe-ignore-cancel": "ignore-cancel",
+    "--unsafe-ignore-pause": "ignore-pause",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -146,6 +148,14 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
         if flag == "--unsafe-wrong-result":
             # Caught as a stored result read back that no successful attempt returned.
             assert "first violation: [wrong_result]" in text, text[-2000:]
+        if flag == "--unsafe-ignore-cancel":
+            # Caught as a task acked cancelled that ran after the ack, or kept no tombstone.
+            assert any(
+                f"first violation: [{kind}]" in text for kind in ("cancelled_ran", "cancel_not_kept")
+            ), text[-2000:]
+        if flag == "--unsafe-ignore-pause":
+            # Caught as a task of a type paused everywhere dispatched before a resume.
+            assert "first violation: [paused_ran]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:

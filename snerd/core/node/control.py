@@ -285,8 +285,12 @@ class Control:
         """Cancel a live task (its tombstone written, the ask answered when it lands), or
         answer a retry of one: it is not finished."""
         found = self._found(task)
-        if isinstance(cmd, proto.Requeue) or self.config.unsafe_ignore_cancel:
+        if isinstance(cmd, proto.Requeue):
             return rule.Answer(found, False)
+        if self.config.unsafe_ignore_cancel:  # the control: told "cancelled", left as it was
+            if n:
+                self._finish(n, self.asks[n], rule.Answer(found, True), task.shard)
+            return rule.Answer(found, True)
         if task.state is RUNNING:
             self.stopped[task.task_id] = task.attempt
             if task.webhook_url is None and task.task_type in self.node.book.cancellable:
@@ -431,6 +435,9 @@ class Control:
         if task is None:
             task_id = tombstone.get("taskId")
             self.out.log("error", f"task {task_id}: its record cannot run again; not retried")
+            return rule.Answer(found, False)
+        if task.payload_hash is not None and book.fingerprints.get(task.payload_hash):
+            # auto_dedupe: a live task holds its fingerprint, and two may not be pending.
             return rule.Answer(found, False)
         book.tasks[task.task_id] = task
         book.add_fingerprint(task)

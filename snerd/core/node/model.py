@@ -223,8 +223,9 @@ class NodeConfig:
     #: How long a cancel, retry or pause sent through other daemons' inboxes waits, at most,
     #: for their owners' answers before it is answered `pending` (SNERD_COMMAND_WAIT_MS).
     command_wait_us: int = 5 * SECOND
-    #: A cancelled task is dispatched all the same while it waits (the rule `snerd.core.control`
-    #: replaced). Only the simulator's negative control `--unsafe-cancel-late` turns it on.
+    #: A cancel of a live task is answered `cancelled: true` and changes nothing: the task
+    #: stays queued (or running) and is dispatched all the same. Only the simulator's
+    #: negative control `--unsafe-ignore-cancel` turns it on.
     unsafe_ignore_cancel: bool = False
     #: Pause records are written but dispatch does not look at them. Only the simulator's
     #: negative control `--unsafe-ignore-pause` turns it on.

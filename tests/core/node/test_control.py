@@ -50,6 +50,18 @@ def test_a_queued_task_cancelled_never_runs_and_ends_cancelled_in_the_log() -> N
     assert "a" not in sh.node.tasks
 
 
+def test_the_ignore_cancel_control_answers_cancelled_and_leaves_the_task_to_run() -> None:
+    """`unsafe_ignore_cancel` (the simulator's negative control) lies: the answer says
+    cancelled, nothing is written, and the task runs."""
+    sh = started(unsafe_ignore_cancel=True)
+    sh.enqueue("a")
+    sh.line({"action": "cancel", "task_id": "a"})
+    assert answer(sh, "cancelled")["cancelled"] is True
+    sh.register("t")
+    sh.advance(1)
+    assert sh.executed_ids() == ["a"]
+
+
 def test_a_delayed_task_is_found_delayed_and_a_retrying_one_retrying() -> None:
     sh = started()
     sh.register("t")
@@ -151,6 +163,20 @@ def test_a_dead_letter_is_put_back_with_its_attempts_reset_and_runs_again() -> N
     assert sh.executed[-1].attempt == 1
     sh.result("a")
     assert tombstone_outcomes(sh, "a") == ["dead_letter", "completed"]
+
+
+def test_a_dead_letter_whose_payload_has_a_live_twin_is_not_put_back() -> None:
+    """auto_dedupe: two pending tasks may not share a fingerprint (simulator seed 17)."""
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", data={"p": 1}, auto_dedupe=True)
+    sh.result("a", ok=False, error="boom")
+    sh.enqueue("c", data={"p": 1}, auto_dedupe=True)  # a's twin: live (a is finished)
+    assert "c" in sh.node.tasks
+    sh.line({"action": "retry", "task_id": "a"})
+    reply = answer(sh, "retried")
+    assert (reply["found"], reply["retried"]) == ("dead_letter", False)
+    assert tombstone_outcomes(sh, "a") == ["dead_letter"]
 
 
 def tombstone_outcomes(sh: FakeShell, task_id: str) -> list[str]:

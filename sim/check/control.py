@@ -1,0 +1,283 @@
+"""Invariants 13-15: job control. An acked cancel holds, an acked pause holds, a retry runs.
+
+Judged on `command` entries (an invoke, then its "ok" answer carrying the daemon's `reply`,
+matched first in, first out per node, action and target), with executes, dispatch and task
+records, and process pauses. What the design promises, and so all that is judged
+(`snerd.core.control`, `snerd.core.node.control`):
+
+13. **Cancel** (`CANCELLED_RAN`, `CANCEL_NOT_KEPT`). A cancel answered `"cancelled": true` at
+    time a (sent at s) ended the task by a tombstone durable before the answer. Until a
+    `retry` of the task is sent (one in flight at s, or answered `pending`, voids the
+    judgement: it may be applied after the cancel): no execute of the task whose dispatch record was handed to its writer
+    after a; an accepted `cancelled` tombstone of it is durable in (s, a], and no accepted
+    tombstone of another outcome follows a. Attempts already running at a
+    (executed, no result yet) are allowed to finish their handler and are counted
+    (`Metrics.cancels_running`); the node drops their results. `"cancelled": true` also names a
+    cancellable state (`found`). An `unknown` answer is not judged: a cancel sent through an
+    inbox may reach the owner before the enqueue it follows does (it sits in another daemon's
+    inbox), which is legal.
+14. **Pause** (`PAUSED_RAN`). A pause of a type (or of the queue) answered `"paused": true`
+    with `"pending": []` at a (sent at s) holds on every shard: no task of that type (of any
+    type) is dispatched by a record handed to its writer after a, until the next `resume` of
+    the same key (a type resume does not lift a queue pause, nor the other way) is sent.
+    Marks are latest-wins on `[wall µs, node]` stamps, so a resume sent *before* the pause
+    can win when its sender's wall clock was ahead: the pause is judged only when every
+    earlier resume of its key was answered more than the clocks' largest difference
+    (`2 offset_max + 2 drift_max * s`, from the `control` entry) before s, and never when
+    clocks were stepped. A node stopped (SIGSTOP) at some time between s and a may carry out a
+    dispatch decided before the pause reached it: its executes are not judged.
+15. **Retry** (`RETRY_NOT_RUN`). A retry answered `"retried": true` (sent at s) put the task
+    back: it has an execute after s by the end of the history, unless a cancel of it was
+    sent after s. `"retried": true` names a retryable state (dead, cancelled).
+
+The same holds for a history recorded from real processes: nothing here reads the simulator.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sim.check.history import Analysis
+from sim.check.report import (
+    CANCEL_NOT_KEPT,
+    CANCELLED_RAN,
+    PAUSED_RAN,
+    RETRY_NOT_RUN,
+    Violation,
+    at,
+)
+from snerd.core.control import CANCELLABLE, REQUEUEABLE
+from snerd.core.schema import DISPATCH_ATTEMPT, OUTCOME_CANCELLED, TASK_TYPE
+from snerd.core.shardlog import tombstone_outcome
+
+__all__ = ["Command", "commands", "judge_control"]
+
+_NEVER = 1 << 62
+
+
+@dataclass(slots=True)
+class Command:
+    """A command invoke, with its answer once one came."""
+
+    index: int
+    t: int
+    node: str
+    action: str
+    target: str | None
+    reply: Mapping[str, Any] | None = None
+    t_answer: int = _NEVER
+
+
+def commands(a: Analysis) -> list[Command]:
+    """The command invokes of `a`, in history order, each with its answer if any."""
+    out: list[Command] = []
+    open_: dict[tuple[str, str, str | None], deque[Command]] = {}
+    for i, e in a.control_entries:
+        if e["kind"] != "command":
+            continue
+        action = e["action"]
+        target = e.get("task") if action in ("cancel", "retry") else e.get("type")
+        key = (e["node"], action, target)
+        if e["phase"] == "invoke":
+            cmd = Command(i, e["t"], e["node"], action, target)
+            out.append(cmd)
+            open_.setdefault(key, deque()).append(cmd)
+        elif open_.get(key):
+            cmd = open_[key].popleft()
+            cmd.t_answer = e["t"]
+            if e["phase"] == "ok":
+                cmd.reply = e.get("reply")
+    return out
+
+
+def _stopped(a: Analysis) -> dict[str, list[tuple[int, int]]]:
+    """Per node: the (start, end) of each process pause (SIGSTOP)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    since: dict[str, int] = {}
+    for _i, e in a.control_entries:
+        kind, node = e["kind"], e.get("node")
+        if not isinstance(node, str):
+            continue
+        if kind == "pause":
+            since[node] = e["t"]
+        elif kind in ("resume", "crash") and node in since:
+            out.setdefault(node, []).append((since.pop(node), e["t"]))
+    for node, start in since.items():
+        out.setdefault(node, []).append((start, _NEVER))
+    return out
+
+
+def _skew(a: Analysis) -> tuple[int, int] | None:
+    """(offset_max_us, drift_max_ppm) of the `control` entry; None: clocks were stepped
+    (or the bound is not known)."""
+    for _i, e in a.control_entries:
+        if e["kind"] == "control":
+            return None if e.get("steps") else (e["offset_max_us"], e["drift_max_ppm"])
+    return None
+
+
+class _Judge:
+    def __init__(self, a: Analysis) -> None:
+        self.a = a
+        self.cmds = commands(a)
+        self.stopped = _stopped(a)
+        self.out: list[Violation] = []
+        self.running = 0
+        self.types: dict[str, str] = {}
+        for r in a.records:
+            value = r.fields.get(TASK_TYPE)
+            if r.task_id is not None and isinstance(value, str):
+                self.types.setdefault(r.task_id, value)
+
+    def flag(self, kind: str, cmd: Command, message: str) -> None:
+        self.out.append(Violation(kind=kind, message=message, index=cmd.index, t=cmd.t))
+
+    def was_stopped(self, node: str, s: int, t: int) -> bool:
+        return any(start <= t and end >= s for start, end in self.stopped.get(node, ()))
+
+    def decided_after(self, task: str, attempt: int, shard: int, t_exec: int, t: int) -> bool:
+        """The dispatch record behind an execute was handed to its writer after `t`."""
+        for r in self.a.dispatches.get(task, ()):
+            if (
+                r.shard == shard
+                and r.accepted
+                and r.fields.get(DISPATCH_ATTEMPT) == attempt
+                and r.t_durable <= t_exec
+                and r.t_queued > t
+            ):
+                return True
+        return False
+
+    def late_executes(self, cmd: Command, task_ok: Any, end: int) -> list[str]:
+        out = []
+        for x in self.a.executes:
+            if not (cmd.t_answer < x.t < end) or not task_ok(x.task):
+                continue
+            if self.was_stopped(x.node, cmd.t, cmd.t_answer):
+                continue
+            if self.decided_after(x.task, x.attempt, x.shard, x.t, cmd.t_answer):
+                out.append(f"{x.task} attempt {x.attempt} on {x.node} at {at(x.t)}")
+        return out
+
+    # -- 13
+
+    def cancel(self, cmd: Command) -> None:
+        reply, task = cmd.reply, cmd.target
+        if reply is None or reply.get("cancelled") is not True or task is None:
+            return
+        if reply.get("found") not in CANCELLABLE:
+            self.flag(CANCEL_NOT_KEPT, cmd, f"cancel of {task} acked but found {reply.get('found')!r}")
+        end = _NEVER
+        for r in self.cmds:
+            if r.action == "retry" and r.target == task:
+                if r.t > cmd.t:
+                    end = min(end, r.t)
+                elif r.t_answer > cmd.t or r.reply is None or r.reply.get("pending"):
+                    return  # a retry in flight at the cancel (or left pending in the
+                    # inboxes, applied when an owner reads it): it may apply after it
+        late = self.late_executes(cmd, lambda t: t == task, end)
+        if late:
+            self.flag(
+                CANCELLED_RAN, cmd,
+                f"{task} cancelled (acked {at(cmd.t_answer)} by {cmd.node}) was dispatched "
+                f"after: {', '.join(late[:3])}",
+            )
+        self.cancel_tombstones(cmd, task, end)
+        self.count_running(cmd, task)
+
+    def cancel_tombstones(self, cmd: Command, task: str, end: int) -> None:
+        ends = [r for r in self.a.task_records.get(task, ()) if r.accepted and r.tombstone]
+        by_ack = [r for r in ends if cmd.t < r.t_durable <= cmd.t_answer]
+        if not any(tombstone_outcome(dict(r.fields)) == OUTCOME_CANCELLED for r in by_ack):
+            self.flag(
+                CANCEL_NOT_KEPT, cmd,
+                f"{task} acked cancelled at {at(cmd.t_answer)} without a tombstone durable by then",
+            )
+            return
+        for r in ends:
+            outcome = tombstone_outcome(dict(r.fields))
+            if cmd.t_answer < r.t_durable < end and outcome != OUTCOME_CANCELLED:
+                self.flag(
+                    CANCEL_NOT_KEPT, cmd,
+                    f"{task} acked cancelled, then ended {outcome!r} at {at(r.t_durable)}",
+                )
+                return
+
+    def count_running(self, cmd: Command, task: str) -> None:
+        started = [x for x in self.a.executes if x.task == task and x.t <= cmd.t_answer]
+        if not started:
+            return
+        last = started[-1]
+        for _i, e in self.a.control_entries:
+            if (
+                e["kind"] == "handler_done" and e.get("task") == task
+                and e.get("attempt") == last.attempt and last.t <= e["t"] <= cmd.t_answer
+            ):
+                return
+        self.running += 1
+
+    # -- 14
+
+    def pause(self, cmd: Command, skew: tuple[int, int] | None) -> None:
+        reply, key = cmd.reply, cmd.target
+        if reply is None or reply.get("paused") is not True or reply.get("pending") != []:
+            return
+        end = _NEVER
+        for r in self.cmds:
+            if r.action != "resume" or r.target != key:
+                continue
+            if r.t > cmd.t:
+                end = min(end, r.t)
+                continue
+            if skew is None:
+                return  # stepped clocks: any earlier resume may carry a later stamp
+            bound = 2 * skew[0] + 2 * skew[1] * cmd.t // 1_000_000 + 1_000
+            if r.t_answer + bound >= cmd.t:
+                return
+        if end <= cmd.t_answer:
+            return
+        late = self.late_executes(
+            cmd, lambda t: key is None or self.types.get(t) == key, end
+        )
+        if late:
+            what = "the queue" if key is None else f"type {key!r}"
+            self.flag(
+                PAUSED_RAN, cmd,
+                f"{what} paused on every shard (acked {at(cmd.t_answer)} by {cmd.node}), yet "
+                f"dispatched before a resume was sent: {', '.join(late[:3])}",
+            )
+
+    # -- 15
+
+    def retry(self, cmd: Command) -> None:
+        reply, task = cmd.reply, cmd.target
+        if reply is None or reply.get("retried") is not True or task is None:
+            return
+        if reply.get("found") not in REQUEUEABLE:
+            self.flag(RETRY_NOT_RUN, cmd, f"retry of {task} acked but found {reply.get('found')!r}")
+        if any(r.action == "cancel" and r.target == task and r.t > cmd.t for r in self.cmds):
+            return
+        if not any(x.task == task and x.t > cmd.t for x in self.a.executes):
+            self.flag(
+                RETRY_NOT_RUN, cmd,
+                f"{task} acked retried at {at(cmd.t_answer)} by {cmd.node}, never executed again",
+            )
+
+
+def judge_control(a: Analysis) -> tuple[list[Violation], int]:
+    """Invariants 13-15 on `a`, and the cancels acked while an attempt ran."""
+    if not any(e["kind"] == "command" for _i, e in a.control_entries):
+        return [], 0
+    judge = _Judge(a)
+    skew = _skew(a)
+    for cmd in judge.cmds:
+        if cmd.action == "cancel":
+            judge.cancel(cmd)
+        elif cmd.action == "retry":
+            judge.retry(cmd)
+        elif cmd.action == "pause":
+            judge.pause(cmd, skew)
+    return judge.out, judge.running

@@ -1,0 +1,251 @@
+"""The app's job-control commands: cancel, retry, pause and resume, sent to any live process.
+
+In worlds with `Settings.command_rate` the app sends, at that Poisson rate through the safety
+phase, a `cancel` of a task id it knows of (a recent one, often still queued or running; an
+older one, often finished; now and then an id nobody enqueued), a `retry` of a dead letter (or
+of any id it knows), or a `pause`/`resume` of one of the two task types or of the whole queue
+(`"queue": true`). Each goes to a live process drawn at random, the owner of the task's shard
+or not: a process that does not own it writes the command into its inboxes, and the owners
+answer through them (`snerd.core.node.control`). Every command is recorded as a `command`
+invoke, and its answer (`cancelled`, `retried`, `paused`) as its outcome, in the format
+`sim.check.history` documents; `sim.check.control` judges them.
+
+The workload's tasks draw one of two types here (`task_type`), so that pausing one leaves the
+other running; the second type's handler registers `cancellable` in some worlds. When the
+liveness phase starts, every type and the queue are resumed, again every 10 s while the phase
+lasts: pause stamps are latest-wins on the sender's wall clock, so a pause stamped by a fast
+clock beats a resume sent later by a slow one until the slow clock passes it. A retried task
+must run again: the world's liveness phase waits for it (`awaiting`).
+
+Commands draw from a generator of their own, and worlds without commands make no draw and no
+history entry here: their runs are as they were before commands existed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from sim.process import COMMAND, Proc
+from sim.settings import SECOND, exp
+from snerd.core import events as ev
+
+if TYPE_CHECKING:
+    from sim.world import World
+
+__all__ = ["OTHER_TYPE", "Commands"]
+
+#: The second task type of worlds with commands (the first is `sim.workload.TASK_TYPE`).
+OTHER_TYPE = "u"
+#: The replies that answer a command, and the command each answers.
+_REPLIES = {"cancelled": "cancel", "retried": "retry"}
+#: How often the liveness phase resumes everything again, and for how long at most.
+_END_EVERY_US = 10 * SECOND
+_END_FOR_US = 600 * SECOND
+
+
+class Commands:
+    """The job-control commands of one world (the module docstring)."""
+
+    def __init__(self, world: World, rng: random.Random, first_type: str) -> None:
+        self.world = world
+        self.s = world.s
+        self.rng = rng
+        self.on = world.s.command_rate > 0
+        self.types = (first_type, OTHER_TYPE)
+        #: Per process name: when the commands it was sent and has not answered were sent,
+        #: by (action, target).
+        self.outstanding: dict[str, dict[tuple[str, str | None], deque[int]]] = {}
+        #: Dead letters seen, and ids the app knows of (most recent last).
+        self.dead: deque[str] = deque(maxlen=16)
+        #: Retried tasks (answered `retried: true`) with no execute since the retry was sent.
+        self.awaiting: dict[str, int] = {}
+        #: When a cancel of each task was last sent.
+        self.cancel_sent: dict[str, int] = {}
+        #: Each task's latest execute (true time).
+        self.last_execute: dict[str, int] = {}
+        #: The keys the app paused last (a type, or None: the queue), and every key it ever
+        #: paused (resumed at the end).
+        self.paused: set[str | None] = set()
+        self.ever_paused: set[str | None] = set()
+        self._seen = 0
+        self._end_from = 0
+
+    # -- the SDK's side
+
+    def task_type(self) -> str:
+        """The type of the next task the workload enqueues."""
+        if not self.on:
+            return self.types[0]
+        return self.types[0] if self.rng.random() < 0.5 else OTHER_TYPE
+
+    def register(self, proc: Proc) -> None:
+        """`proc`'s SDK client also registers the second type (cancellable in some worlds)."""
+        if not self.on:
+            return
+        msg: dict[str, Any] = {"action": "register", "task_type": OTHER_TYPE}
+        if self.s.cancellable:
+            msg["cancellable"] = True
+        self.world.deliver(proc, ev.LineReceived(line=orjson.dumps(msg)))
+
+    def start(self) -> None:
+        """The first command, and what the checker needs to judge pause stamps: how far
+        apart two wall clocks can be (`sim.check.control`)."""
+        if not self.on:
+            return
+        s = self.s
+        self.world.record(
+            {
+                "kind": "control",
+                "offset_max_us": s.offset_max_us,
+                "drift_max_ppm": s.drift_max_ppm,
+                "steps": s.step_rate > 0,
+            }
+        )
+        self.world.at(exp(self.rng, s.command_rate), COMMAND, "next")
+
+    # -- sending
+
+    def fire(self, what: str) -> None:
+        world = self.world
+        if what == "end":
+            self._resume_all()
+            if world.t - self._end_from < _END_FOR_US:
+                world.at(world.t + _END_EVERY_US, COMMAND, "end")
+            return
+        if world.liveness:
+            return
+        world.at(world.t + exp(self.rng, self.s.command_rate), COMMAND, "next")
+        self._catch_up()
+        r = self.rng.random()
+        if r < 0.4:
+            self._send("cancel", self._known_id())
+        elif r < 0.6:
+            dead = self.dead
+            use_dead = dead and self.rng.random() < 0.8
+            task = dead[int(self.rng.random() * len(dead))] if use_dead else self._known_id()
+            self._send("retry", task)
+        else:
+            key = self._pause_key()
+            self._send("resume" if key in self.paused else "pause", key)
+
+    def end(self) -> None:
+        """The liveness phase starts: everything is resumed, now and every 10 s."""
+        if self.on:
+            self._end_from = self.world.t
+            self.fire("end")
+
+    def _resume_all(self) -> None:
+        for key in sorted(self.ever_paused, key=lambda k: k or ""):
+            self._send("resume", key)
+
+    def _known_id(self) -> str:
+        """A task id: mostly recent, sometimes older, now and then one nobody enqueued."""
+        rng, last = self.rng, self.world.workload.next_task
+        r = rng.random()
+        if r < 0.05 or not last:
+            return f"nobody{int(rng.random() * 1000)}"
+        back = int(rng.random() * 5) if r < 0.7 else int(rng.random() * min(last, 200))
+        return f"t{max(1, last - back)}"
+
+    def _pause_key(self) -> str | None:
+        r = self.rng.random()
+        if r < 0.2:
+            return None
+        return self.types[0] if r < 0.6 else OTHER_TYPE
+
+    def _send(self, action: str, target: str | None) -> None:
+        world = self.world
+        live = [p for p in world.procs if p.state != "down"]
+        if not live:
+            return
+        proc = live[int(self.rng.random() * len(live))]
+        msg: dict[str, Any] = {"action": action}
+        entry: dict[str, Any] = {"kind": "command", "phase": "invoke", "action": action}
+        if action in ("cancel", "retry"):
+            msg["task_id"] = entry["task"] = target
+            if action == "cancel" and target is not None:
+                self.awaiting.pop(target, None)  # (a retried task cancelled need not run)
+                self.cancel_sent[target] = world.t
+        else:
+            entry["type"] = target
+            if target is None:
+                msg["queue"] = True
+            else:
+                msg["task_type"] = target
+            if action == "pause":
+                self.paused.add(target)
+                self.ever_paused.add(target)
+            else:
+                self.paused.discard(target)
+        entry["node"] = proc.name
+        world.counters["commands"] = world.counters.get("commands", 0) + 1
+        world.record(entry)
+        self.outstanding.setdefault(proc.name, {}).setdefault((action, target), deque()).append(
+            world.t
+        )
+        world.workload.write_line(proc, orjson.dumps(msg))
+
+    # -- answers (`Shell._send`)
+
+    def answered(self, proc: Proc, msg: dict[str, Any]) -> bool:
+        """`proc` sent `msg` to its SDK: if it answers a command of its, recorded (True)."""
+        if not self.on:
+            return False
+        reply = msg.get("action")
+        task = msg.get("task_id")
+        if reply in _REPLIES:
+            key: tuple[str, str | None] = (_REPLIES[reply], task)
+        elif reply == "paused":
+            key = ("pause" if msg.get("paused") else "resume", msg.get("task_type"))
+        elif reply == "error" and isinstance(task, str):
+            key = ("cancel", task)
+            waiting = self.outstanding.get(proc.name, {})
+            if not waiting.get(key):
+                key = ("retry", task)
+        else:
+            return False
+        waiting = self.outstanding.get(proc.name, {})
+        if not waiting.get(key):
+            return False
+        sent = waiting[key].popleft()
+        entry: dict[str, Any] = {"kind": "command", "phase": "fail" if reply == "error" else "ok"}
+        entry["action"], target = key
+        entry["task" if key[0] in ("cancel", "retry") else "type"] = target
+        entry["node"] = proc.name
+        entry["reply"] = msg
+        self.world.record(entry)
+        if reply == "retried" and msg.get("retried") is True and isinstance(task, str):
+            self._catch_up()
+            later = max(self.last_execute.get(task, -1), self.cancel_sent.get(task, -1))
+            if later <= sent:
+                self.awaiting[task] = sent
+        return True
+
+    # -- what the liveness phase waits for
+
+    def waiting(self) -> bool:
+        """Whether some retried task has not been executed since its retry was answered."""
+        if not self.awaiting:
+            return False
+        self._catch_up()
+        return bool(self.awaiting)
+
+    def _catch_up(self) -> None:
+        """Read the history grown since last time: dead letters, and executes of retried
+        tasks."""
+        history = self.world.history
+        for i in range(self._seen, len(history)):
+            e = history[i]
+            kind = e["kind"]
+            if kind == "dead_letter" and "@" not in e["task"]:
+                # (Not a schedule's run: one retried is a tick run twice, which the schedule
+                # check forbids; a run's retry is not judged yet.)
+                self.dead.append(e["task"])
+            elif kind == "execute":
+                self.last_execute[e["task"]] = e["t"]
+                self.awaiting.pop(e["task"], None)
+        self._seen = len(history)
