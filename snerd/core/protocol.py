@@ -2,13 +2,15 @@
 
 This module owns the shape of every newline-delimited JSON message between an SDK and the
 daemon (docs/protocol.md): inbound lines become typed commands (`Register`, `Enqueue`, `Result`,
-`Progress`, `StatsRequested`), which are core events; outbound messages are built here as plain
+`Progress`, `StatsRequested`, `Schedule`, `Cancel`, `Requeue`, `Pause`, `GetTask`, ...), which
+are core events; outbound messages are built here as plain
 dicts, `action` first, in the exact shapes upstream SDKs parse. It must never perform I/O, read a
 clock or decide queue semantics: it answers "what did the SDK say, and is it well-formed?", and
 nothing about what the queue does with it.
 
-It stays one module (about 1,050 lines) because it is one vocabulary: every inbound command
-and outbound message, and the error texts SDKs match. A `schedule` line is parsed by the
+It stays one module (about 1,200 lines) because it is one vocabulary: every inbound command
+and outbound message, the job-control ones included (their rules are `snerd.core.control`'s),
+and the error texts SDKs match. A `schedule` line is parsed by the
 enqueue's own parser (its template) plus `snerd.core.schedule.policies` for its own fields, so
 the two cannot drift apart.
 

@@ -1,4 +1,9 @@
-"""Verdicts: the answer to an enqueue with dedupe that went into another daemon's shard.
+"""Verdicts: the answer to an enqueue with dedupe that went into another daemon's shard, and
+to a command (cancel, retry, pause) sent through its inboxes.
+
+A command's answer is found the same way, in the mark's `answers` (`snerd.core.control`:
+`mark_at`, `command_answer`), and handed to `Control`, which replies; its wait is
+`command_wait_us`.
 
 An enqueue this node writes into its inbox for a shard it does not own is decided by the
 shard's owner when it ingests the file: taken in as a task, dropped as a duplicate of a twin,
