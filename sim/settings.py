@@ -309,10 +309,12 @@ class Settings:
             }
         if self.unsafe_absent_parents_done or twin == "absent-parents-done":
             # Children whose parents live on other nodes' shards, or come after them: only
-            # the watch keeps them waiting.
+            # the watch keeps them waiting. (No commands: a world with dependencies has none,
+            # `_draw_commands`; a retried child of a failed parent rightly never runs.)
             changes |= {
                 "deps_prob": max(self.deps_prob, 0.4),
                 "shards": max(self.shards, 2),
+                "command_rate": 0.0,
             }
         if self.unsafe_dedupe_ack_at_write or twin == "dedupe-ack-at-write":
             # Duplicates sent through inboxes while their twins are live: only the owner can
