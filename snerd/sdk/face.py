@@ -43,38 +43,24 @@ import sniffio
 
 from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES, ENQUEUE_OPTIONS, unknown_result
 from snerd.sdk.context import yield_progress
+from snerd.sdk.control import REPLY_ACTIONS, JobControl
 from snerd.sdk.errors import (
-    ControlError,
     DuplicateTaskId,
     EnqueueError,
     QueueNotRunning,
     ScheduleError,
     SnerdError,
-    TaskFailed,
 )
 from snerd.sdk.messages import (
     SCHEDULE_OPTIONS,
-    Cancelled,
     Enqueued,
-    Paused,
     ReplyKey,
-    Retried,
     Scheduled,
-    TaskDetails,
     build_enqueue_message,
     build_schedule_message,
     build_unschedule_message,
-    cancelled_from_reply,
-    check_control_message,
-    control_message,
     describe_error,
-    details_from_reply,
     enqueued_from_ack,
-    pause_message,
-    paused_from_reply,
-    reply_key,
-    request_key,
-    retried_from_reply,
     scheduled_from_reply,
 )
 from snerd.sdk.signals import Signal, Waiter, signal_factory
@@ -97,22 +83,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 #: What the daemon's error for a `result` that matched no running attempt starts with (its text
 #: up to the task id). Such an error carries a task id but is never the answer to an enqueue.
 _UNKNOWN_RESULT = unknown_result("").rstrip()
-#: How the daemon's refusal of a control command while it drains ends (its text is
-#: `[Snerd] Daemon is shutting down; command rejected`, snerd.core.node.control), and how a
-#: refused retry begins: an `error` that names a task but answers no enqueue.
-_COMMAND_REJECTED = "; command rejected"
-_RETRY_REFUSED = "Failed to retry:"
-#: Each control reply as its value.
-_REPLY_VALUE: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "cancelled": cancelled_from_reply,
-    "retried": retried_from_reply,
-    "paused": paused_from_reply,
-    "task": details_from_reply,
-}
-#: `result()`'s polls of `get`: the first after this many seconds, each later one after
-#: twice the wait before, up to the most.
-_RESULT_POLL_FIRST_S = 0.05
-_RESULT_POLL_MOST_S = 1.0
 #: Grace after the drain timeout before `shutdown` stops a daemon or runtime that has not
 #: exited (kills the daemon, cancels the runtime).
 EXIT_GRACE_S = 5.0
@@ -128,7 +98,7 @@ class _Registry:
     progress: list[ProgressCallback] = field(default_factory=list)
 
 
-class QueueFace:
+class QueueFace(JobControl):
     """Everything the SDK and the engine share; subclasses say how messages go out and what
     runs behind them.
 
@@ -700,152 +670,6 @@ class QueueFace:
         reply: dict[str, Any] = waiter.value
         return reply
 
-    # ------------------------------------------------------------------ job control
-
-    async def cancel(self, task_id: str) -> Cancelled:
-        """Cancel a task, whichever daemon of the directory owns its shard.
-
-        A task that waits (queued, delayed, blocked, retrying) never starts; a running one
-        ends as `cancelled` at once (not retried, not dead-lettered) and its handler is
-        stopped: an async handler's scope is cancelled where it awaits; a sync handler cannot
-        be stopped in its thread, so it runs to its end and what it returns is dropped.
-        Children waiting on it (`trigger_after_ids`) fail, as they do after a dead letter.
-
-        Returns:
-            `Cancelled(task_id, found, cancelled, shard, pending)`: `found` is the state the
-            task was in (`unknown` when no shard's owner holds it, `succeeded`,
-            `dead_letter` or `cancelled` when it had ended: nothing changes); `pending`
-            when no owner answered within the daemon's wait (the command is durable and is
-            applied when one does).
-
-        Raises:
-            ControlError: the daemon refuses it (an empty id, say); `message` is its text.
-            DaemonExited, QueueNotRunning: no daemon to ask.
-        """
-        answer: Cancelled = await self._control(control_message("cancel", task_id))
-        return answer
-
-    async def retry(self, task_id: str) -> Retried:
-        """Put a dead-lettered (or cancelled) task back in the queue, attempts reset, its
-        history kept, while the daemons run.
-
-        Returns:
-            `Retried(task_id, found, retried, shard, pending)`: `retried` is True when it is
-            queued again; a live task (`found` `queued`, `running`...), a succeeded one or an
-            `unknown` id is left as it is. `pending` as for `cancel`.
-
-        Raises:
-            ControlError: the daemon refuses it (an empty id; a dead letter whose record
-                cannot be read back); `message` is its text.
-            DaemonExited, QueueNotRunning: no daemon to ask.
-        """
-        answer: Retried = await self._control(control_message("retry", task_id))
-        return answer
-
-    async def pause(self, task_type: str) -> Paused:
-        """Stop dispatching tasks of `task_type` on every daemon of the directory, durably
-        (a restart keeps it) until `resume`. Running attempts finish; enqueues are still
-        taken. A type no task has yet may be paused too (its tasks wait once they come).
-
-        Returns:
-            `Paused(task_type, True, shards, pending)`: `pending` names the shards whose
-            owner had not applied it within the daemon's wait (it is durable in their
-            inboxes; they apply it when they read them).
-
-        Raises:
-            ControlError: the daemon refuses it (an empty type); `message` is its text.
-            DaemonExited, QueueNotRunning: no daemon to ask.
-        """
-        answer: Paused = await self._control(pause_message(task_type, True))
-        return answer
-
-    async def resume(self, task_type: str) -> Paused:
-        """Undo `pause(task_type)`: its tasks are dispatched again. The latest of a pause
-        and a resume wins on every shard, whichever order they reach it in.
-
-        Returns, raises: as `pause` (`paused` False).
-        """
-        answer: Paused = await self._control(pause_message(task_type, False))
-        return answer
-
-    async def pause_all(self) -> Paused:
-        """Pause the whole queue (every type), as `pause` does one type. A pause of the
-        queue and of a type are two marks: `resume_all` does not resume a type paused on its
-        own. (A separate method, not `pause(None)`: a type that is None by mistake never
-        pauses everything.)"""
-        answer: Paused = await self._control(pause_message(None, True, whole_queue=True))
-        return answer
-
-    async def resume_all(self) -> Paused:
-        """Undo `pause_all()`."""
-        answer: Paused = await self._control(pause_message(None, False, whole_queue=True))
-        return answer
-
-    async def get(self, task_id: str, timeout: float | None = 10.0) -> TaskDetails:
-        """Look a task up by id, whichever daemon owns it: its state, attempts, last error,
-        times, shard, and the stored result of a success.
-
-        Returns:
-            `TaskDetails`; an id no file holds has `found` False and state `unknown` (so
-            does, for a moment, a task enqueued through another daemon that its owner has
-            not taken in yet).
-
-        Raises:
-            ControlError: the daemon refuses it (an empty id); `message` is its text.
-            TimeoutError: no reply within `timeout` seconds.
-            DaemonExited, QueueNotRunning: no daemon to ask.
-        """
-        answer: TaskDetails = await self._control(control_message("get", task_id), timeout)
-        return answer
-
-    async def result(self, task_id: str, timeout: float | None = None) -> Any:
-        """Wait for a task to end and return what its handler returned (None when it
-        returned nothing). It asks `get` again and again, from every 0.05 s up to every
-        1 s; an `unknown` answer is waited through (the enqueue may not be taken in yet).
-
-        Raises:
-            TaskFailed: it ended without succeeding: dead-lettered, cancelled, or dropped
-                (`state` says which, `error` its last error).
-            TimeoutError: it has not ended within `timeout` seconds (None: wait on).
-            ControlError, DaemonExited, QueueNotRunning: as `get`.
-        """
-        pause = _RESULT_POLL_FIRST_S
-        with anyio.fail_after(timeout):
-            while True:
-                details = await self.get(task_id, timeout=None)
-                if details.finished:
-                    break
-                await anyio.sleep(pause)
-                pause = min(pause * 2, _RESULT_POLL_MOST_S)
-        if details.state != "succeeded":
-            why = f": {details.last_error}" if details.last_error else ""
-            raise TaskFailed(
-                f"[Snerd] task '{task_id}' ended {details.state}{why}",
-                task_id=task_id,
-                state=details.state,
-                error=details.last_error,
-            )
-        return details.result
-
-    async def _control(self, message: dict[str, Any], timeout: float | None = None) -> Any:
-        """Send a control line and wait (at most `timeout` seconds) for the reply that
-        names what it asked about; the reply's value (`_REPLY_VALUE`)."""
-        check_control_message(message)
-        if not self._accepting:
-            raise self._not_running_error()
-        waiter = Waiter(self._new_signal())
-        self._control_waiters.setdefault(request_key(message), deque()).append(waiter)
-        self._post(message)
-        try:
-            with anyio.fail_after(timeout):
-                await waiter.event.wait()
-        finally:
-            # Replies to one key come one per request: an abandoned call still takes its own.
-            waiter.abandoned = True
-        if waiter.error is not None:
-            raise waiter.error
-        return waiter.value
-
     # ------------------------------------------------------------------ daemon messages
 
     def _on_message(self, message: dict[str, Any]) -> None:
@@ -853,7 +677,7 @@ class QueueFace:
         action = message.get("action")
         if action == "execute":
             self._workers.dispatch(message)
-        elif action in _REPLY_VALUE:
+        elif action in REPLY_ACTIONS:
             self._on_control_reply(message)
         elif action == "cancel":
             task_id = message.get("task_id")
@@ -921,47 +745,6 @@ class QueueFace:
                 waiter.fail(EnqueueError(text, task_id=task_id))
                 return
         self._log(f"Error from daemon: {text}")
-
-    def _on_control_reply(self, message: dict[str, Any]) -> None:
-        """A `cancelled`, `retried`, `paused` or `task` reply: to the oldest call waiting
-        for a reply about the same task (or type and direction), if any."""
-        key = reply_key(message)
-        waiter = self._next_control_waiter(key) if key is not None else None
-        if waiter is not None and not waiter.abandoned:
-            waiter.resolve(_REPLY_VALUE[key[0]](message))  # type: ignore[index]
-
-    def _next_control_waiter(self, key: ReplyKey) -> Waiter | None:
-        """Take the oldest call waiting on `key`."""
-        queue = self._control_waiters.get(key)
-        if not queue:
-            return None
-        waiter = queue.popleft()
-        if not queue:
-            del self._control_waiters[key]
-        return waiter
-
-    def _control_refused(self, task_id: Any, text: str) -> bool:
-        """Fail the control call an `error` refuses, if it refuses one (True): a retry the
-        owner could not carry out, or a command refused while the daemon drains (the oldest
-        cancel, retry or get of the task; a pause or resume when it names none)."""
-        if isinstance(task_id, str):
-            if text.startswith(_RETRY_REFUSED):
-                kinds: tuple[str, ...] = ("retried",)
-            elif text.endswith(_COMMAND_REJECTED):
-                kinds = ("cancelled", "retried", "task")
-            else:
-                return False
-            keys: list[ReplyKey] = [(kind, task_id, False) for kind in kinds]
-        elif task_id is None and text.endswith(_COMMAND_REJECTED):
-            keys = [key for key in self._control_waiters if key[0] == "paused"][:1]
-        else:
-            return False
-        for key in keys:
-            waiter = self._next_control_waiter(key)
-            if waiter is not None:
-                waiter.fail(ControlError(text, task_id=task_id))
-                return True
-        return False
 
     async def _drain_progress(self) -> None:
         """Hand progress to the observers in the order it came: one task at a time drains the

@@ -48,6 +48,7 @@ SNERD_PUBLIC = [
 
 #: Each `snerd.sdk` module's `__all__`.
 SDK_PUBLIC = {
+    "snerd.sdk.control": ["JobControl", "REPLY_ACTIONS"],
     "snerd.sdk.context": [
         "CURRENT_ATTEMPT",
         "RunningAttempt",
