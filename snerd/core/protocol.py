@@ -150,6 +150,7 @@ __all__ = [
     "retried",
     "sniff_task_id",
     "stats",
+    "stop_attempt",
     "task_details",
     "timed_out",
     "too_many_task_types",
@@ -1129,6 +1130,12 @@ def execute(
         msg["max_execution_seconds"] = max_execution_seconds
     msg["attempt"] = attempt
     return msg
+
+
+def stop_attempt(task_id: str, attempt: int) -> dict[str, Any]:
+    """`{"action":"cancel","task_id","attempt"}`: stop the handler of a running attempt whose
+    task was cancelled (sent only to an SDK that registered its type `cancellable`)."""
+    return {"action": "cancel", "task_id": task_id, "attempt": attempt}
 
 
 def max_retries_reached(task_id: str, task_type: str, task_data: str) -> dict[str, Any]:

@@ -477,9 +477,7 @@ class Runtime:
         )
 
     def _stop_attempt(self, effect: fx.StopAttempt) -> None:
-        self.peer.deliver(
-            {"action": "cancel", "task_id": effect.task_id, "attempt": effect.attempt}
-        )
+        self.peer.deliver(proto.stop_attempt(effect.task_id, effect.attempt))
 
     def _read_record(self, effect: fx.ReadRecord) -> None:
         loc = effect.location
