@@ -18,7 +18,12 @@ This module holds the rules the node, the tools and the simulator share:
 - the `command` record and its parse, the `answers` entry and its parse;
 - a pause: `pause` records per task type (or `None`, the whole queue), the latest stamp
   (`[wall µs, node id]`) winning, so shards that see a pause and a resume in either order
-  agree (`PauseMark`, `newer`, `is_paused`).
+  agree (`PauseMark`, `newer`, `is_paused`);
+- a sweep (`proto.Sweep`: a purge, or a retry of a type's dead letters): which ended tasks it
+  takes (`swept`), decided by each owner over the ended tasks its shard holds when the
+  command reaches it; a purge's `purge` record names the ids it forgets (`purge_fields`,
+  `purged_ids`), and every reader of the log forgets them at that record (the fold), so
+  compaction drops their tombstones.
 
 A task id names one task in the queue, wherever it is routed: a cancel or retry that reaches
 every shard finds it in the one that holds it, and every other shard answers `unknown`.
@@ -34,6 +39,7 @@ from snerd.core import protocol as proto
 from snerd.core.events import LogRecord
 from snerd.core.schema import (
     COMMAND_ACTION,
+    COMMAND_BEFORE,
     COMMAND_STAMP,
     COMMAND_TASK,
     COMMAND_TYPE,
@@ -43,12 +49,15 @@ from snerd.core.schema import (
     INBOX_OFFSET,
     KIND_COMMAND,
     KIND_PAUSE,
+    KIND_PURGE,
     OUTCOME_CANCELLED,
     OUTCOME_COMPLETED,
     OUTCOME_DEAD,
     PAUSE_PAUSED,
     PAUSE_STAMP,
     PAUSE_TYPE,
+    PURGE_TASKS,
+    RECORD_AT,
     SNERD_KIND,
 )
 
@@ -62,9 +71,11 @@ __all__ = [
     "FOUND_RETRYING",
     "FOUND_RUNNING",
     "FOUND_SUCCEEDED",
+    "FOUND_SWEPT",
     "FOUND_UNKNOWN",
     "GONE",
     "LATER",
+    "PURGE_RECORD_IDS",
     "REQUEUEABLE",
     "Answer",
     "PauseMark",
@@ -83,7 +94,10 @@ __all__ = [
     "pause_fields",
     "pause_of",
     "paused_where",
+    "purge_fields",
+    "purged_ids",
     "reply",
+    "swept",
 ]
 
 FOUND_QUEUED = "queued"
@@ -136,6 +150,8 @@ class Answer:
 
     found: str
     done: bool
+    #: A sweep's: how many tasks of the shard it acted on.
+    count: int = 0
 
 
 def reply(cmd: proto.Cancel | proto.Requeue, answer: Answer, shard: int | None,
@@ -148,8 +164,17 @@ def reply(cmd: proto.Cancel | proto.Requeue, answer: Answer, shard: int | None,
 # -- the command record (inbox files only)
 
 
-def command_fields(cmd: proto.Cancel | proto.Requeue | proto.Pause, stamp: Stamp) -> dict[str, Any]:
+def command_fields(
+    cmd: proto.Cancel | proto.Requeue | proto.Pause | proto.Sweep, stamp: Stamp
+) -> dict[str, Any]:
     """The inbox record that carries `cmd` to a shard's owner."""
+    if isinstance(cmd, proto.Sweep):
+        return {
+            SNERD_KIND: KIND_COMMAND,
+            COMMAND_ACTION: _SWEEP_PURGE if cmd.purge else _SWEEP_RETRY,
+            COMMAND_TYPE: cmd.task_type,
+            COMMAND_BEFORE: cmd.before_us,
+        }
     if isinstance(cmd, proto.Pause):
         return {
             SNERD_KIND: KIND_COMMAND,
@@ -161,11 +186,24 @@ def command_fields(cmd: proto.Cancel | proto.Requeue | proto.Pause, stamp: Stamp
     return {SNERD_KIND: KIND_COMMAND, COMMAND_ACTION: action, COMMAND_TASK: cmd.task_id}
 
 
+#: The `action` of a sweep's command record.
+_SWEEP_PURGE = "purge"
+_SWEEP_RETRY = "retry_dead"
+
+
 def command_of(
     fields: Mapping[str, Any],
-) -> tuple[proto.Cancel | proto.Requeue | proto.Pause, Stamp | None] | str:
+) -> tuple[proto.Cancel | proto.Requeue | proto.Pause | proto.Sweep, Stamp | None] | str:
     """The command a `command` record carries (and a pause's stamp), or why it carries none."""
     action = fields.get(COMMAND_ACTION)
+    if action in (_SWEEP_PURGE, _SWEEP_RETRY):
+        task_type, before = fields.get(COMMAND_TYPE), fields.get(COMMAND_BEFORE)
+        if task_type is not None and not isinstance(task_type, str):
+            return f"a {action} command whose type is not a string"
+        if before is not None and (not isinstance(before, int) or isinstance(before, bool)):
+            return f"a {action} command whose `before` is not a time in µs"
+        sweep = proto.Sweep(purge=action == _SWEEP_PURGE, task_type=task_type, before_us=before)
+        return sweep, None
     if action in ("cancel", "retry"):
         task_id = fields.get(COMMAND_TASK)
         if not isinstance(task_id, str) or not task_id:
@@ -183,18 +221,24 @@ def command_of(
 
 
 def answer_entry(at: int, answer: Answer) -> dict[str, Any]:
-    """An `answers` entry of an `inbox` mark: the command at byte `at` of the file."""
-    return {DROP_AT: at, "found": answer.found, "done": answer.done}
+    """An `answers` entry of an `inbox` mark: the command at byte `at` of the file (a sweep's
+    with its `count`)."""
+    entry: dict[str, Any] = {DROP_AT: at, "found": answer.found, "done": answer.done}
+    if answer.count:
+        entry["count"] = answer.count
+    return entry
 
 
 def answer_of(entry: Any) -> Answer | None:
     """The answer an `answers` entry holds (None: not one this snerd can read)."""
     if not isinstance(entry, dict):
         return None
-    found, done = entry.get("found"), entry.get("done")
+    found, done, count = entry.get("found"), entry.get("done"), entry.get("count", 0)
     if not isinstance(found, str) or not isinstance(done, bool):
         return None
-    return Answer(found, done)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        return None
+    return Answer(found, done, count)
 
 
 # -- finding an owner's answer in its log
@@ -239,6 +283,42 @@ def command_answer(mark: Mapping[str, Any] | str, at: int) -> Answer | None:
             if answer is not None:
                 return answer
     return Answer(FOUND_UNKNOWN, False)
+
+
+# -- sweeps: purges, and retries of a type's dead letters
+
+#: At most this many ids in one `purge` record (a bigger purge writes several).
+PURGE_RECORD_IDS = 1000
+#: The `found` of a sweep's answer.
+FOUND_SWEPT = "swept"
+
+
+def swept(cmd: proto.Sweep, outcome: str, task_type: str | None, finished_us: int) -> bool:
+    """Whether `cmd` takes an ended task: its tombstone's `outcome`, type and finish time.
+    A purge takes dead letters and cancelled tasks (what waits for an operator; completed
+    ones leave with the result retention); a retry takes dead letters only (a cancel was
+    meant). Only those of `cmd.task_type` (None: any) that finished before `cmd.before_us`
+    (None: whenever)."""
+    if ended_state(outcome) not in (REQUEUEABLE if cmd.purge else (FOUND_DEAD,)):
+        return False
+    if cmd.task_type is not None and task_type != cmd.task_type:
+        return False
+    return cmd.before_us is None or finished_us < cmd.before_us
+
+
+def purge_fields(task_ids: list[str], at: str) -> dict[str, Any]:
+    """A `purge` record (`at`: RFC 3339, when): every reader of the log forgets the ended
+    tasks it names (those whose latest record before it is a dead-letter or cancelled
+    tombstone), and compaction drops their tombstones."""
+    return {SNERD_KIND: KIND_PURGE, PURGE_TASKS: task_ids, RECORD_AT: at}
+
+
+def purged_ids(fields: Mapping[str, Any]) -> list[str]:
+    """The ids a `purge` record names (none: a record this snerd cannot read)."""
+    ids = fields.get(PURGE_TASKS)
+    if not isinstance(ids, list):
+        return []
+    return [i for i in ids if isinstance(i, str)]
 
 
 # -- pauses

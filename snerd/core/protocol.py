@@ -126,6 +126,7 @@ __all__ = [
     "Requeue",
     "Result",
     "StatsRequested",
+    "Sweep",
     "ack_enqueued",
     "ack_lines",
     "ack_registered",
@@ -151,6 +152,7 @@ __all__ = [
     "sniff_task_id",
     "stats",
     "stop_attempt",
+    "swept",
     "task_details",
     "timed_out",
     "too_many_task_types",
@@ -308,6 +310,18 @@ class Pause(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Sweep(Event):
+    """Act on the ended tasks of `task_type` (None: of every type) that finished before
+    `before_us` (wall µs; None: whenever), in every shard: `purge` forgets the dead letters and
+    cancelled tasks (the `purge` action); else the dead letters are put back in the queue,
+    attempts reset (the `retry` action given a type instead of a task id)."""
+
+    purge: bool
+    task_type: str | None
+    before_us: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetTask(Event):
     """Look `task_id` up wherever it is (the `get` action)."""
 
@@ -315,7 +329,7 @@ class GetTask(Event):
 
 
 #: The job-control commands (`snerd.core.control` holds their rules).
-ControlCommand: TypeAlias = Cancel | Requeue | Pause | GetTask
+ControlCommand: TypeAlias = Cancel | Requeue | Pause | Sweep | GetTask
 
 Command: TypeAlias = (
     Register
@@ -473,6 +487,10 @@ def parse_document(doc: Any) -> Command:
         return _parse_schedule(doc)
     if action == "unschedule":
         return Unschedule(name=_schedule_name(doc))
+    if action == "purge" or (
+        action == "retry" and "task_id" not in doc and ("task_type" in doc or "queue" in doc)
+    ):
+        return _parse_sweep(fields, purge=action == "purge")
     if action in ("cancel", "retry", "get"):
         task_id = fields.required_id()
         if action == "cancel":
@@ -483,9 +501,24 @@ def parse_document(doc: Any) -> Command:
     raise fields.invalid(f"unknown action '{_show(action)}'")
 
 
+def _parse_sweep(fields: _Fields, *, purge: bool) -> Sweep:
+    """A `purge`, or a `retry` of a type's dead letters: `task_type` or `"queue": true` (as a
+    pause names what it acts on), and `before` (RFC 3339, optional)."""
+    task_type = _paused_type(fields)
+    before = fields.optional_str("before")
+    before_us = None
+    if before is not None:
+        try:
+            before_us = parse_rfc3339(before)
+        except ValueError as exc:
+            raise fields.invalid(f"invalid before '{_show(before)}': {exc}") from None
+    return Sweep(purge=purge, task_type=task_type, before_us=before_us)
+
+
 def _paused_type(fields: _Fields) -> str | None:
-    """The `task_type` of a `pause` or `resume`, or None for `"queue": true` (all of them):
-    exactly one of the two, so that a line missing its type never pauses everything."""
+    """The `task_type` of a `pause` or `resume` (or of a sweep), or None for `"queue": true`
+    (all of them): exactly one of the two, so that a line missing its type never acts on
+    everything."""
     whole = fields.optional_bool("queue")
     task_type = fields.doc.get("task_type")
     if whole:
@@ -1089,6 +1122,22 @@ def paused(task_type: str | None, is_paused: bool, shards: int, pending: list[in
         "action": "paused",
         "task_type": task_type,
         "paused": is_paused,
+        "shards": shards,
+        "pending": [f"shard-{n}" for n in sorted(pending)],
+    }
+
+
+def swept(
+    cmd: Sweep, count: int, shards: int, pending: list[int]
+) -> dict[str, Any]:
+    """The answer to a `purge` (`purged`) or a retry of a type's dead letters (`requeued`):
+    how many tasks it acted on (`count`) in every shard but those `pending` (written to their
+    inboxes; their owners act when they read them, and their tasks are not counted)."""
+    return {
+        "action": "purged" if cmd.purge else "requeued",
+        "task_type": cmd.task_type,
+        "before": None if cmd.before_us is None else format_rfc3339(cmd.before_us),
+        "count": count,
         "shards": shards,
         "pending": [f"shard-{n}" for n in sorted(pending)],
     }

@@ -79,6 +79,7 @@ from snerd.core.schema import (
     CLAIM_EPOCH,
     CLAIM_NODE,
     COMMAND_ACTION,
+    COMMAND_BEFORE,
     COMMAND_STAMP,
     COMMAND_TASK,
     COMMAND_TYPE,
@@ -102,6 +103,7 @@ from snerd.core.schema import (
     KIND_DISPATCH,
     KIND_INBOX,
     KIND_PAUSE,
+    KIND_PURGE,
     KIND_SCHEDULE,
     LAST_ERROR_OBJ,
     LAST_JOB_ERROR,
@@ -113,6 +115,7 @@ from snerd.core.schema import (
     PAUSE_TYPE,
     PAYLOAD_HASH,
     POOL,
+    PURGE_TASKS,
     RATE_LIMIT_GROUP,
     RECORD_AT,
     RETRY_AFTER_HOURS,
@@ -576,6 +579,13 @@ def _parents(key: str, value: Any) -> None:
         raise _WrongType(value, "an array of strings")
 
 
+def _task_ids(key: str, value: Any) -> None:
+    if type(value) is not list:
+        raise _WrongType(value, "an array of task ids")
+    for item in value:
+        _task_id(f"{key}[]", item)
+
+
 def _object(key: str, value: Any) -> None:
     if type(value) is not dict:
         raise _WrongType(value, "an object")
@@ -616,6 +626,8 @@ def _answers(key: str, value: Any) -> None:
         _count(f"{key}[].{DROP_AT}", item.get(DROP_AT))
         if type(item.get("found")) is not str or type(item.get("done")) is not bool:
             raise BadField(f"{key} holds an entry without a found state or a done flag")
+        if item.get("count") is not None:
+            _count(f"{key}[].count", item["count"])
 
 
 def _stamp(key: str, value: Any) -> None:
@@ -746,9 +758,11 @@ _KINDS: dict[str, tuple[dict[str, _Check], tuple[str, ...]]] = {
             COMMAND_TASK: _task_id,
             COMMAND_TYPE: _task_type,
             COMMAND_STAMP: _stamp,
+            COMMAND_BEFORE: _count,
         },
         (COMMAND_ACTION,),
     ),
+    KIND_PURGE: ({**_COMMON, PURGE_TASKS: _task_ids, RECORD_AT: _time}, (PURGE_TASKS,)),
 }
 #: A kind this snerd does not know (a newer one wrote it; it is skipped): only the keys every
 #: record has are checked.

@@ -29,6 +29,7 @@ __all__ = [
     "CLAIM_EPOCH",
     "CLAIM_NODE",
     "COMMAND_ACTION",
+    "COMMAND_BEFORE",
     "COMMAND_STAMP",
     "COMMAND_TASK",
     "COMMAND_TYPE",
@@ -52,6 +53,7 @@ __all__ = [
     "KIND_DISPATCH",
     "KIND_INBOX",
     "KIND_PAUSE",
+    "KIND_PURGE",
     "KIND_SCHEDULE",
     "LAST_ERROR_OBJ",
     "LAST_JOB_ERROR",
@@ -66,6 +68,7 @@ __all__ = [
     "PAUSE_TYPE",
     "PAYLOAD_HASH",
     "POOL",
+    "PURGE_TASKS",
     "RATE_LIMIT_GROUP",
     "RECORD_AT",
     "RETRY_AFTER_HOURS",
@@ -144,6 +147,7 @@ KIND_INBOX: Final = "inbox"  # the owner copied another node's inbox up to an of
 KIND_SCHEDULE: Final = "schedule"  # a named schedule's declaration and last tick fired
 KIND_COMMAND: Final = "command"  # (inbox files only) an operator's command for the shard's owner
 KIND_PAUSE: Final = "pause"  # a task type's (or the whole queue's) pause state in the shard
+KIND_PURGE: Final = "purge"  # dead letters and cancelled tasks an operator purged from the shard
 OUTCOME_COMPLETED: Final = "completed"  # the tombstone of a task that succeeded
 OUTCOME_DEAD: Final = "dead_letter"  # the tombstone of a task that used every attempt
 OUTCOME_CANCELLED: Final = "cancelled"  # the tombstone of a task cancelled before it ended
@@ -178,6 +182,8 @@ COMMAND_ACTION: Final = "action"  # a command: cancel | retry | pause | resume
 COMMAND_TASK: Final = "task"  # ... the task id a cancel or retry acts on
 COMMAND_TYPE: Final = "type"  # ... the task type a pause or resume acts on ("*": the whole queue)
 COMMAND_STAMP: Final = "stamp"  # ... a pause or resume's [wall µs, node]: the latest wins
+COMMAND_BEFORE: Final = "before"  # ... a sweep: only tasks that finished before (wall µs)
+PURGE_TASKS: Final = "tasks"  # a purge record: the ids whose tombstones it forgets
 PAUSE_TYPE: Final = "type"  # a pause record: the task type ("*": the whole queue)
 PAUSE_PAUSED: Final = "paused"  # ... true while paused
 PAUSE_STAMP: Final = "stamp"  # ... the [wall µs, node] of the command that set it

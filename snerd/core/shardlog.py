@@ -24,6 +24,9 @@ rule, so a tool and a daemon never disagree about a shard:
 - An `inbox` record (`node`, `offset`) says the owner has ingested the writer `node`'s inbox
   file up to byte `offset` (the tasks it held are the task records before it); the highest
   offset per node wins, and a new owner resumes reading each inbox from there.
+- A `purge` record forgets the ended tasks it names whose latest record before it is a
+  dead-letter or cancelled tombstone (`snerd.core.control.purge_fields`): they leave the
+  finished history, so no tool lists them and compaction drops their tombstones.
 - Record kinds it does not know (a newer snerd) are ignored.
 - A live task's dispatch counts as in flight only when its attempt is above the task's
   `retryCount` (the daemon re-runs exactly those after a crash, with the same attempt number).
@@ -55,7 +58,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from snerd.core.control import PauseMark, newer, pause_of
+from snerd.core.control import PauseMark, newer, pause_of, purged_ids
 from snerd.core.effects import KeepRange
 from snerd.core.events import LogRecord
 from snerd.core.ownership import MAX_COUNT
@@ -74,6 +77,7 @@ from snerd.core.schema import (
     KIND_DISPATCH,
     KIND_INBOX,
     KIND_PAUSE,
+    KIND_PURGE,
     KIND_SCHEDULE,
     LAST_ERROR_OBJ,
     LAST_JOB_ERROR,
@@ -279,6 +283,8 @@ class ShardFold:
     #: Per task type (None: the whole queue), the pause record with the latest stamp (a
     #: resume included: `snerd.core.control`).
     pauses: dict[str | None, tuple[PauseMark, LogRecord]] = field(default_factory=dict)
+    #: Ended tasks purge records forgot.
+    purged: int = 0
     #: Records ignored by fencing.
     stale: list[StaleRecord] = field(default_factory=list)
     #: Records of a kind this snerd does not know, and task records without a string
@@ -344,6 +350,17 @@ class ShardFold:
             held = self.pauses.get(task_type)
             if newer(None if held is None else held[0], mark.stamp):
                 self.pauses[task_type] = (mark, record)
+            return
+        if kind == KIND_PURGE:
+            for task_id in purged_ids(f):
+                ended = self.finished.get(task_id)
+                if (
+                    ended is not None
+                    and task_id not in self.live
+                    and tombstone_outcome(ended.fields) != OUTCOME_COMPLETED
+                ):
+                    del self.finished[task_id]
+                    self.purged += 1
             return
         if kind is not None:
             self.ignored += 1

@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from snerd.core.control import purged_ids
 from snerd.core.events import LogRecord
 from snerd.core.fields import whole_or_none
 from snerd.core.records import scan
@@ -60,6 +61,7 @@ from snerd.core.schema import (
     KIND_COMMAND,
     KIND_DISPATCH,
     KIND_INBOX,
+    KIND_PURGE,
     LAST_ERROR_OBJ,
     MAX_RETRIES,
     OUTCOME_CANCELLED,
@@ -110,6 +112,7 @@ STEP_KINDS = (
     "completed",  # it succeeded (its tombstone; the result with it, when there is one)
     "dead_lettered",  # it used every attempt, or could not run
     "cancelled",  # it was cancelled before it ended
+    "purged",  # an operator's purge forgot it (a dead letter or cancelled task)
     "replayed",  # a dead letter put back (`snerdmq replay`, `retry`)
     "reenqueued",  # a new task under the id of one that ended
     "updated",  # another record of the live task
@@ -129,6 +132,7 @@ STATES = (
     "dead_letter",
     "cancelled",
     "dropped",  # an inbox copy its shard's owner did not take in (`last_error` says why)
+    "purged",  # it ended (dead letter, cancelled) and a purge forgot it: nothing runs it again
     "unknown",  # no file holds a task record of the id
 )
 
@@ -238,6 +242,8 @@ def _names(fields: dict[str, Any], task_id: str) -> bool:
         return fields.get(DISPATCH_TASK) == task_id
     if kind == KIND_COMMAND:
         return fields.get(COMMAND_TASK) == task_id
+    if kind == KIND_PURGE:
+        return task_id in purged_ids(fields)
     if kind == KIND_INBOX:
         return any(_entries(fields, key, task_id) for key in (INBOX_DROPPED, INBOX_ANSWERS))
     return False
@@ -456,6 +462,12 @@ def _step(f: Found, life: _Life, stale: str | None, task_id: str) -> Step | None
         )
     if kind == KIND_INBOX:
         return _mark_step(fields, task_id, base)
+    if kind == KIND_PURGE and f.source == LOG and task_id in purged_ids(fields):
+        return Step(
+            kind="purged", at=_time(fields.get(RECORD_AT)),
+            note="forgotten by an operator's purge (its tombstone goes at the next compaction)",
+            **base,
+        )
     return None
 
 
@@ -629,6 +641,10 @@ def details(task_id: str, found: Iterable[Found], now_us: int) -> dict[str, Any]
     out["found"] = True
     folds = _folds(items)
     shard = _home(folds)
+    purged = [s for s in steps if s.kind == "purged" and s.stale is None]
+    if shard is None and purged:
+        out.update(state="purged", shard=purged[-1].shard, finished_at=None)
+        return out
     if shard is None:
         return _from_inbox(out, steps, items)
     fold = folds[shard]

@@ -550,3 +550,27 @@ def test_a_replay_skips_duplicates_of_pending_deduped_tasks_and_tasks_without_da
     del no_data[0].finished["x"].fields["taskData"]
     plan = plan_replay(find_dead_letters(no_data), no_data)
     assert plan.replay == [] and plan.skipped == ["x: its tombstone has no taskData"]
+
+
+def test_a_purge_record_forgets_the_ended_tasks_before_it_that_did_not_succeed() -> None:
+    purge = {"snerdKind": "purge", "tasks": ["d", "c", "ok", "live", "later"], "at": TS}
+    data = log_of(
+        [
+            tomb("d", OUTCOME_DEAD, LastErrorObj="x"),
+            tomb("c", "cancelled"),
+            tomb("ok", OUTCOME_COMPLETED),
+            tomb("live", OUTCOME_DEAD, LastErrorObj="x"),
+            task("live"),  # put back: live again, not purged
+            purge,
+            tomb("later", OUTCOME_DEAD, LastErrorObj="x"),  # ended after the purge
+        ]
+    )
+    fold = fold_log(data)
+    assert [d.task_id for d in fold.dead_letters()] == ["later"]
+    assert set(fold.finished) == {"ok", "live", "later"} and fold.purged == 2
+    # Compaction keeps neither the purged tombstones nor the purge record (nor the tombstone
+    # of the task put back).
+    kept = {k.offset for k in fold.keep_ranges(0)}
+    dropped = {r.fields.get("taskId") or r.fields.get("snerdKind")
+               for r in scan(data).records if r.offset not in kept}
+    assert dropped == {"d", "c", "live", "purge"}

@@ -159,6 +159,21 @@ def test_cancelled() -> None:
     assert d["state"] == "cancelled" and d["outcome"] == "cancelled" and d["has_result"] is False
 
 
+def test_a_purged_dead_letter_says_purged_and_a_later_enqueue_under_its_id_lives() -> None:
+    dead = task(deletedAt=ts(5), snerdOutcome="dead_letter", LastErrorObj="no")
+    purge = {"snerdKind": "purge", "tasks": ["x", "a"], "at": ts(9), "snerdEpoch": 1}
+    found = log(task(), dead, purge)
+    assert kinds(found) == ["enqueued", "dead_lettered", "purged"]
+    d = details("a", found, NOW)
+    assert (d["found"], d["state"], d["shard"]) == (True, "purged", 0)
+    assert details("a", log(task(), dead, purge, task()), NOW)["state"] == "queued"
+    # A purge record of other ids is not part of the story; a succeeded task is not purged.
+    other = {"snerdKind": "purge", "tasks": ["x"], "at": ts(9)}
+    assert kinds(log(task(), dead, other)) == ["enqueued", "dead_lettered"]
+    done = task(deletedAt=ts(5), snerdOutcome="completed")
+    assert details("a", log(task(), done, purge), NOW)["state"] == "succeeded"
+
+
 def test_live_states() -> None:
     assert details("a", log(task(executeAt=ts(7200))), NOW)["state"] == "delayed"
     assert details("a", log(task()), NOW)["state"] == "queued"

@@ -13,6 +13,10 @@ The rules are `snerd.core.control`'s. This part:
   decide yet: a task whose record is in flight, a retry whose tombstone is still being read);
 - keeps each owned shard's pause marks (loaded by the replay, kept by compaction) and says
   whether a task may start (`holds`);
+- sweeps (`proto.Sweep`: a purge, a retry of a type's dead letters) go, like a pause, to every
+  shard; each owner selects the ended tasks of its shard's history (`rule.swept`, by
+  `ShardInfo.ended`) and forgets them (a `purge` record) or puts each back, and answers how
+  many; the ask is answered with the sum once every shard has (or naming those that have not);
 - puts a finished task back (`_requeue`): its tombstone is read back (`ReadRecord`), and a
   fresh record written by the rule `dlq replay` writes (`shardlog.replay_record`).
 
@@ -44,7 +48,7 @@ from snerd.core.node.model import (
     new_location,
     new_record,
 )
-from snerd.core.node.outbox import InboxPart, PausePart, RequeuePart
+from snerd.core.node.outbox import InboxPart, PausePart, PurgePart, RequeuePart
 from snerd.core.schema import KIND_COMMAND, OUTCOME_CANCELLED, SNERD_KIND, SNERD_NODE
 from snerd.core.shardlog import replay_record
 from snerd.core.story import Found
@@ -64,7 +68,7 @@ _DEFERRED_POLL_US = 50_000
 class Ask:
     """A command this node took from its SDK, until it is answered."""
 
-    cmd: proto.Cancel | proto.Requeue | proto.Pause
+    cmd: proto.Cancel | proto.Requeue | proto.Pause | proto.Sweep
     #: Shards whose owner's answer it waits for (through their inboxes).
     remote: set[int] = field(default_factory=set)
     #: Records of its own still in flight here (pause records, a cancel's tombstone, a
@@ -74,6 +78,8 @@ class Ask:
     late: list[int] = field(default_factory=list)
     #: The answer sent (a cancel or retry is answered by the shard that found the task).
     answered: bool = False
+    #: A sweep's: the tasks it acted on so far (the answers of the shards summed).
+    count: int = 0
 
 
 class Control:
@@ -126,11 +132,11 @@ class Control:
 
     # -- commands from the SDK
 
-    def on_command(self, cmd: proto.Cancel | proto.Requeue | proto.Pause) -> None:
+    def on_command(self, cmd: proto.Cancel | proto.Requeue | proto.Pause | proto.Sweep) -> None:
         if self.node.intake.hold_or(cmd):
             return
         if self.node.phase is not NODE_RUNNING:
-            task_id = None if isinstance(cmd, proto.Pause) else cmd.task_id
+            task_id = None if isinstance(cmd, proto.Pause | proto.Sweep) else cmd.task_id
             self.out.send(proto.error(task_id, _SHUTTING_DOWN))
             return
         self._next_ask += 1
@@ -139,6 +145,9 @@ class Control:
         if isinstance(cmd, proto.Pause):
             self._pause_everywhere(n, ask, cmd)
             return
+        if isinstance(cmd, proto.Sweep):
+            self._sweep_everywhere(n, ask, cmd)
+            return
         if not self._decide_here(n, ask):
             self._send_out(n, ask)
 
@@ -146,7 +155,7 @@ class Control:
         """Decide a cancel or retry of a task this node holds or knows finished (True), or
         defer it while its record is being written (True); False: not known here."""
         cmd = ask.cmd
-        assert not isinstance(cmd, proto.Pause)
+        assert not isinstance(cmd, proto.Pause | proto.Sweep)
         task = self.node.book.tasks.get(cmd.task_id)
         if task is not None:
             info = self.shards.get(task.shard)
@@ -173,7 +182,7 @@ class Control:
     def _send_out(self, n: int, ask: Ask) -> None:
         """Write the command into this node's inbox of every shard it does not own."""
         cmd = ask.cmd
-        assert not isinstance(cmd, proto.Pause)
+        assert not isinstance(cmd, proto.Pause | proto.Sweep)
         for shard in range(self.node.tenure.shard_count()):
             info = self.shards.get(shard)
             if info is None or info.phase is not ACTIVE:
@@ -191,6 +200,18 @@ class Control:
                 self.set_pause(shard, cmd.task_type, mark, n)
             else:
                 self._to_inbox(n, ask, shard, rule.command_fields(cmd, stamp))
+        self._maybe_done(n, ask)
+
+    def _sweep_everywhere(self, n: int, ask: Ask, cmd: proto.Sweep) -> None:
+        for shard in range(self.node.tenure.shard_count()):
+            info = self.shards.get(shard)
+            if info is not None and info.phase is ACTIVE:
+                if cmd.purge:
+                    ask.count += self._purge(shard, cmd, n).count
+                else:
+                    self._retry_dead(shard, cmd, n)
+            else:
+                self._to_inbox(n, ask, shard, rule.command_fields(cmd, (0, "")))
         self._maybe_done(n, ask)
 
     def _to_inbox(self, n: int, ask: Ask, shard: int, fields: dict[str, Any]) -> None:
@@ -230,6 +251,8 @@ class Control:
         ask.remote.discard(shard)
         if answer is None:
             ask.late.append(shard)
+        elif isinstance(ask.cmd, proto.Sweep):
+            ask.count += answer.count
         elif (
             not isinstance(ask.cmd, proto.Pause)
             and answer.found != rule.FOUND_UNKNOWN
@@ -241,6 +264,10 @@ class Control:
 
     def _finish(self, n: int, ask: Ask, answer: rule.Answer, shard: int | None) -> None:
         cmd = ask.cmd
+        if isinstance(cmd, proto.Sweep):  # (one task of a retry of dead letters)
+            ask.count += answer.done
+            self._maybe_done(n, ask)
+            return
         assert not isinstance(cmd, proto.Pause)
         if not ask.answered:
             ask.answered = True
@@ -261,6 +288,9 @@ class Control:
         if isinstance(cmd, proto.Pause):
             count = self.node.tenure.shard_count()
             self.out.send(proto.paused(cmd.task_type, cmd.paused, count, ask.late))
+        elif isinstance(cmd, proto.Sweep):
+            shards = self.node.tenure.shard_count()
+            self.out.send(proto.swept(cmd, ask.count, shards, ask.late))
         elif not ask.answered:
             unknown = rule.Answer(rule.FOUND_UNKNOWN, False)
             self.out.send(rule.reply(cmd, unknown, None, pending=bool(ask.late)))
@@ -348,6 +378,8 @@ class Control:
         if isinstance(parsed, str) or isinstance(parsed[0], proto.Pause):
             return False
         cmd = parsed[0]
+        if isinstance(cmd, proto.Sweep):
+            return not cmd.purge and self._dead_unread(shard, cmd)
         task = self.node.book.tasks.get(cmd.task_id)
         if task is not None:
             return task.shard == shard and self._in_transit(task)
@@ -371,6 +403,8 @@ class Control:
             assert stamp is not None
             self.set_pause(shard, cmd.task_type, rule.PauseMark(cmd.paused, stamp), 0)
             return rule.Answer("paused" if cmd.paused else "resumed", True)
+        if isinstance(cmd, proto.Sweep):
+            return self._purge(shard, cmd, 0) if cmd.purge else self._retry_read(shard, cmd)
         task = self.node.book.tasks.get(cmd.task_id)
         if task is not None and task.shard == shard:
             return self._apply_live(cmd, task, 0)
@@ -406,6 +440,8 @@ class Control:
             if event.fields is None:
                 self.out.log("error", f"task {task_id}: its tombstone cannot be read "
                              f"({event.error}); not retried")
+                if ask is None:
+                    self.read[task_id] = {}  # (the ingest waiting on it goes on without)
             if ask is not None:
                 ask.local -= 1
                 self._finish(n, ask, rule.Answer(rule.FOUND_DEAD, False), shard)
@@ -442,6 +478,7 @@ class Control:
         book.tasks[task.task_id] = task
         book.add_fingerprint(task)
         info.history.pop(task.task_id, None)
+        info.ended.pop(task.task_id, None)
         part = RequeuePart(shard, task_id=task.task_id, ask=n, found=found)
         self.out.append(shard, [new_record(fields)], part)
         return rule.Answer(found, True)
@@ -469,9 +506,85 @@ class Control:
         ask = self.asks.get(p.ask) if p.ask else None
         if ask is not None:
             ask.local -= 1
-            ask.answered = True
-            self.out.send(proto.error(p.task_id, f"Failed to retry: {error}"))
+            if not isinstance(ask.cmd, proto.Sweep):  # (a sweep counts only what it put back)
+                ask.answered = True
+                self.out.send(proto.error(p.task_id, f"Failed to retry: {error}"))
             self._maybe_done(p.ask, ask)
+
+    # -- sweeps: purges, and retries of a type's dead letters
+
+    def _selected(self, shard: int, cmd: proto.Sweep) -> list[str]:
+        """The ended tasks of `shard`'s history `cmd` takes (`rule.swept`), oldest first; a
+        task live again under its id (enqueued anew) is not one."""
+        info = self.shards[shard]
+        tasks = self.node.book.tasks
+        out = []
+        for task_id, (finished_us, task_type) in info.ended.items():
+            outcome = info.history[task_id][1]
+            if task_id not in tasks and rule.swept(cmd, outcome, task_type, finished_us):
+                out.append(task_id)
+        return out
+
+    def _purge(self, shard: int, cmd: proto.Sweep, n: int) -> rule.Answer:
+        """Forget the ended tasks `cmd` takes in an owned shard: gone from the history now,
+        by `purge` records in its log (the ask, if any, answered when they land)."""
+        info = self.shards[shard]
+        ids = self._selected(shard, cmd)
+        if self.config.unsafe_purge_all:  # the control: every ended task, succeeded or not
+            ids = [t for t in info.history if t not in self.node.book.tasks]
+        if not ids:
+            return rule.Answer(rule.FOUND_SWEPT, True, 0)
+        for task_id in ids:
+            del info.history[task_id]
+            info.ended.pop(task_id, None)
+            info.completed_at.pop(task_id, None)
+        meta = self.node.tenure.meta(shard)
+        step = rule.PURGE_RECORD_IDS
+        records = [
+            new_record({**rule.purge_fields(ids[i : i + step], self.node.wall_text()), **meta})
+            for i in range(0, len(ids), step)
+        ]
+        if n:
+            self.asks[n].local += 1
+        self.out.append(shard, records, PurgePart(shard, ask=n))
+        return rule.Answer(rule.FOUND_SWEPT, True, len(ids))
+
+    def purge_committed(
+        self, p: PurgePart, info: ShardInfo, offsets: tuple[int, ...], lengths: tuple[int, ...]
+    ) -> None:
+        if p.ask:
+            self._local_landed(p.ask)
+
+    def _retry_dead(self, shard: int, cmd: proto.Sweep, n: int) -> None:
+        """Put back each dead letter `cmd` takes in an owned shard: its tombstone read, then
+        the record of a retry written (`_requeue`); each counted in the ask as it lands."""
+        ask = self.asks[n]
+        for task_id in self._selected(shard, cmd):
+            if any(t == task_id for _s, t, _n in self.reading.values()):
+                continue  # (being read for another retry: that one puts it back)
+            ask.local += 1
+            self._read_tombstone(shard, task_id, self.shards[shard].history[task_id][0], n)
+
+    def _dead_unread(self, shard: int, cmd: proto.Sweep) -> bool:
+        """An inbox retry of dead letters waits until each tombstone it takes is read back
+        (this starts the reads): True while one is not."""
+        waiting = False
+        for task_id in self._selected(shard, cmd):
+            if task_id in self.read:
+                continue
+            waiting = True
+            if not any(t == task_id for _s, t, _n in self.reading.values()):
+                self._read_tombstone(shard, task_id, self.shards[shard].history[task_id][0], 0)
+        return waiting
+
+    def _retry_read(self, shard: int, cmd: proto.Sweep) -> rule.Answer:
+        """An inbox retry of dead letters, once their tombstones are read: each put back."""
+        count = 0
+        for task_id in self._selected(shard, cmd):
+            fields = self.read.pop(task_id, None)
+            if fields:
+                count += self._requeue(shard, fields, rule.FOUND_DEAD, 0).done
+        return rule.Answer(rule.FOUND_SWEPT, True, count)
 
     # -- pauses
 
@@ -535,7 +648,7 @@ class Control:
         lost = [
             p.ask
             for p in self.out.pending_parts()
-            if p.shard == shard and isinstance(p, PausePart | RequeuePart) and p.ask
+            if p.shard == shard and isinstance(p, PausePart | PurgePart | RequeuePart) and p.ask
         ]
         for task_id, (n, _found, s) in list(self.ending.items()):
             if s == shard:

@@ -230,6 +230,10 @@ class NodeConfig:
     #: Pause records are written but dispatch does not look at them. Only the simulator's
     #: negative control `--unsafe-ignore-pause` turns it on.
     unsafe_ignore_pause: bool = False
+    #: A purge forgets every ended task of the shard, succeeded ones and those finished after
+    #: its `before` included. Only the simulator's negative control `--unsafe-purge-all`
+    #: turns it on.
+    unsafe_purge_all: bool = False
     verdict_poll_us: int = 50_000
     #: While children wait on parents this node does not hold, how often it reads the
     #: queue's files for news of them (SNERD_WATCH_POLL_MS), and how much of a file at once.
@@ -338,6 +342,10 @@ class ShardInfo:
     #: When each completed task of `history` finished (wall µs), oldest first: compaction
     #: drops those older than `NodeConfig.result_retention_us` (`compaction.expire_history`).
     completed_at: dict[str, int] = field(default_factory=dict)
+    #: The other tasks of `history` (dead letters, cancelled ones): when each finished (wall
+    #: µs) and its type, what a purge or a retry of a type's dead letters selects them by
+    #: (`snerd.core.control.swept`).
+    ended: dict[str, tuple[int, str]] = field(default_factory=dict)
     #: Appends in flight to this shard (compaction waits for zero).
     appends_in_flight: int = 0
     #: The log size from which the next compaction check runs (0: at once). Finding the live

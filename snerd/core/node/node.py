@@ -265,6 +265,10 @@ class Node:
             require(isinstance(info.phase, ShardPhase), f"shard {shard}: phase {info.phase!r}")
             # (Its completed tasks are some of its history: a count, cheap at every step.)
             require(len(info.completed_at) <= len(info.history), f"shard {shard}: completed_at")
+            require(
+                len(info.completed_at) + len(info.ended) == len(info.history),
+                f"shard {shard}: ended",
+            )
         # No timer the last tick fires was still due at that tick (what came due since waits
         # for the next one).
         ticked = self._ticked
@@ -353,6 +357,7 @@ class Node:
             proto.Cancel: self.control.on_command,
             proto.Requeue: self.control.on_command,
             proto.Pause: self.control.on_command,
+            proto.Sweep: self.control.on_command,
             proto.GetTask: self.control.on_get,
             ev.TaskRead: self.control.on_task_read,
             ev.RecordRead: self.control.on_record_read,

@@ -37,6 +37,7 @@ __all__ = [
     "Outbox",
     "PausePart",
     "PendingAppend",
+    "PurgePart",
     "RearmPart",
     "RequeuePart",
     "RetryPart",
@@ -181,6 +182,15 @@ class PausePart(PendingAppend):
     KIND: ClassVar[str] = "pause"
     task_type: str | None = None
     #: The `Ask` answered once it lands (0: none, a pause ingested from an inbox).
+    ask: int = 0
+
+
+@dataclass(slots=True)
+class PurgePart(PendingAppend):
+    """A shard's `purge` records: the ended tasks a purge forgot (`snerd.core.control`)."""
+
+    KIND: ClassVar[str] = "purge"
+    #: The `Ask` answered once it lands (0: none, a purge ingested from an inbox).
     ask: int = 0
 
 

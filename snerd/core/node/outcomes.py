@@ -49,6 +49,7 @@ from snerd.core.node.outbox import (
     IngestPart,
     PausePart,
     PendingAppend,
+    PurgePart,
     RearmPart,
     RequeuePart,
     RetryPart,
@@ -105,6 +106,7 @@ class Outcomes:
             FirePart: node.schedules.fire_committed,
             SchedulePart: node.schedules.schedule_committed,
             PausePart: node.control.pause_committed,
+            PurgePart: node.control.purge_committed,
             RequeuePart: node.control.requeue_committed,
         }
         self.failed: dict[type[PendingAppend], Failed] = {
@@ -120,6 +122,7 @@ class Outcomes:
             FirePart: node.schedules.fire_failed,
             SchedulePart: node.schedules.schedule_failed,
             PausePart: self._retry_later,
+            PurgePart: self._retry_later,
             RequeuePart: node.control.requeue_failed,
         }
         self.book = book

@@ -110,6 +110,11 @@ class Replay:
                 # (Cancelled ones, like dead letters, wait for an operator: never expired.)
                 kept = OUTCOME_CANCELLED if outcome == OUTCOME_CANCELLED else OUTCOME_DEAD
                 info.history[task_id] = (loc(record), kept)
+                task_type = record.fields.get(TASK_TYPE)
+                info.ended[task_id] = (
+                    finished_at_us(record.fields, now),
+                    task_type if isinstance(task_type, str) else "",
+                )
             elif not past_retention(record.fields, now, retention):
                 # (One past the result retention is not history: compaction drops it.)
                 info.history[task_id] = (loc(record), OUTCOME_COMPLETED)

@@ -807,14 +807,18 @@ class TaskBook:
         history = info.history
         history.pop(task.task_id, None)  # (a reused id: its latest end goes last)
         history[task.task_id] = (loc, outcome)
-        completed_at = info.completed_at
+        completed_at, ended = info.completed_at, info.ended
         completed_at.pop(task.task_id, None)
+        ended.pop(task.task_id, None)
         if outcome == OUTCOME_COMPLETED:
             completed_at[task.task_id] = self.node.now.wall
+        else:
+            ended[task.task_id] = (self.node.now.wall, task.task_type)
         while len(history) > self.config.history_limit:
             oldest = next(iter(history))
             del history[oldest]
             completed_at.pop(oldest, None)
+            ended.pop(oldest, None)
         if outcome == OUTCOME_DEAD:
             self.node.stats["total_dlq"] += 1
             self._deliver_dead(task, loc, error)

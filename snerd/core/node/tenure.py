@@ -768,6 +768,7 @@ class Tenure:
         self.node.book.parked_by_pause.pop(shard, None)
         info.history.clear()
         info.completed_at.clear()
+        info.ended.clear()
         info.window_records.clear()
         info.claim_loc = None
         info.reloading = True

@@ -415,3 +415,123 @@ def test_get_finds_a_task_another_daemon_holds_and_a_cancelled_one() -> None:
     owner.line({"action": "cancel", "task_id": "a"})
     other.line({"action": "get", "task_id": "a"})
     assert answer(other, "task")["state"] == "cancelled"
+
+
+# -- sweeps: purge, and retry of a type's dead letters
+
+
+def dead(sh: FakeShell, task_id: str, task_type: str = "t") -> None:
+    sh.enqueue(task_id, task_type=task_type, max_retries=0)
+    sh.result(task_id, ok=False, error="boom")
+
+
+def test_a_purge_forgets_the_dead_letters_before_its_time_and_keeps_the_rest() -> None:
+    sh = started()
+    sh.register("t")
+    sh.register("u")
+    dead(sh, "old")
+    sh.enqueue("fine")
+    sh.result("fine")  # succeeded: a purge never takes it
+    sh.advance(3600)
+    cutoff = sh.node.wall_text()
+    sh.advance(10)
+    dead(sh, "new")  # after the cutoff
+    dead(sh, "other", "u")
+    sh.enqueue("gone")
+    sh.line({"action": "cancel", "task_id": "gone"})  # (a cancel finishes it while it runs)
+    sh.line({"action": "purge", "queue": True, "before": cutoff})
+    reply = answer(sh, "purged")
+    assert reply == {
+        "action": "purged", "task_type": None, "before": cutoff, "count": 1, "shards": 1,
+        "pending": [],
+    }
+    sh.line({"action": "retry", "task_id": "old"})
+    assert answer(sh, "retried")["found"] == "unknown"
+    # Only the type asked for, and whenever it finished: "new" and the cancelled "gone"
+    # stay, as type "t"'s; "other" of type "u" goes.
+    sh.line({"action": "purge", "task_type": "u"})
+    assert answer(sh, "purged")["count"] == 1
+    history = sh.node.shards[0].history
+    assert set(history) == {"fine", "new", "gone"}
+    # Durable: a restart (the fold of the log) forgets the same ones.
+    again = FakeShell(sh.config, disk=sh.disk)
+    again.start()
+    assert set(again.node.shards[0].history) == {"fine", "new", "gone"}
+
+
+def test_a_purge_survives_compaction_and_drops_the_tombstones() -> None:
+    sh = started(compact_min_bytes=1, compact_dead_ratio=1, history_limit=40)
+    sh.register("t")
+    for i in range(3):
+        dead(sh, f"d{i}")
+    sh.line({"action": "purge", "task_type": "t"})
+    assert answer(sh, "purged")["count"] == 3
+    for i in range(30):  # (enough dead bytes for a compaction)
+        sh.enqueue(f"x{i}")
+        sh.result(f"x{i}")
+    # Compacted (the purge record is not kept), and the history (40) would have kept them.
+    assert not [r for r in sh.log_records() if r.get("snerdKind") == "purge"]
+    ids = {r.get("taskId") for r in sh.log_records()}
+    assert "x0" in ids and not ids & {"d0", "d1", "d2"}
+    again = FakeShell(sh.config, disk=sh.disk)
+    again.start()
+    assert len(again.node.shards[0].history) == 30
+
+
+def test_the_purge_all_control_also_forgets_succeeded_tasks() -> None:
+    sh = started(unsafe_purge_all=True)
+    sh.register("t")
+    sh.enqueue("ok")
+    sh.result("ok")
+    sh.line({"action": "purge", "queue": True, "before": "2000-01-01T00:00:00Z"})
+    assert answer(sh, "purged")["count"] == 1
+
+
+def test_a_retry_by_type_puts_back_every_dead_letter_of_it_and_no_other() -> None:
+    sh = started()
+    sh.register("t")
+    sh.register("u")
+    dead(sh, "a")
+    dead(sh, "b")
+    dead(sh, "c", "u")
+    sh.enqueue("x")
+    sh.line({"action": "cancel", "task_id": "x"})  # cancelled: a retry by type leaves it
+    sh.line({"action": "retry", "task_type": "t"})
+    reply = answer(sh, "requeued")
+    assert (reply["count"], reply["task_type"], reply["pending"]) == (2, "t", [])
+    assert sorted(sh.executed_ids()) == ["a", "a", "b", "b", "c", "x"]
+    assert set(sh.node.shards[0].history) == {"c", "x"}
+
+
+def test_sweeps_through_the_inbox_are_decided_and_counted_by_the_owner() -> None:
+    owner, other = pair()
+    owner.register("t")
+    dead(owner, "a")
+    dead(owner, "b")
+    other.line({"action": "retry", "task_type": "t"})
+    for _ in range(30):
+        owner.advance(0.1)
+        other.advance(0.1)
+    assert answer(other, "requeued")["count"] == 2
+    assert sorted(owner.executed_ids()) == ["a", "a", "b", "b"]
+    owner.result("a", ok=False, error="again")
+    other.line({"action": "purge", "queue": True})
+    for _ in range(30):
+        owner.advance(0.1)
+        other.advance(0.1)
+    assert answer(other, "purged")["count"] == 1
+    assert "a" not in owner.node.shards[0].history
+    marks = [r for r in owner.log_records() if r.get("snerdKind") == "inbox"]
+    assert marks[-1]["answers"][-1]["count"] == 1
+
+
+def test_bad_sweep_lines_get_a_clear_error() -> None:
+    sh = started()
+    for line, text in [
+        ({"action": "purge"}, "missing field `task_type`"),
+        ({"action": "purge", "queue": True, "before": "yesterday"}, "invalid before"),
+        ({"action": "retry"}, "missing field `task_id`"),
+        ({"action": "retry", "task_type": ""}, "must not be empty"),
+    ]:
+        sh.line(line)
+        assert text in sh.messages("error")[-1]["message"], line
