@@ -306,11 +306,18 @@ def swept(cmd: proto.Sweep, outcome: str, task_type: str | None, finished_us: in
     return cmd.before_us is None or finished_us < cmd.before_us
 
 
-def purge_fields(task_ids: list[str], at: str) -> dict[str, Any]:
+def purge_fields(task_ids: list[str], cmd: proto.Sweep, at: str) -> dict[str, Any]:
     """A `purge` record (`at`: RFC 3339, when): every reader of the log forgets the ended
     tasks it names (those whose latest record before it is a dead-letter or cancelled
-    tombstone), and compaction drops their tombstones."""
-    return {SNERD_KIND: KIND_PURGE, PURGE_TASKS: task_ids, RECORD_AT: at}
+    tombstone), and compaction drops their tombstones. The command's type and `before` go
+    with it, for the task's story and for a checker to hold the ids to them."""
+    return {
+        SNERD_KIND: KIND_PURGE,
+        PURGE_TASKS: task_ids,
+        COMMAND_TYPE: cmd.task_type,
+        COMMAND_BEFORE: cmd.before_us,
+        RECORD_AT: at,
+    }
 
 
 def purged_ids(fields: Mapping[str, Any]) -> list[str]:

@@ -762,7 +762,16 @@ _KINDS: dict[str, tuple[dict[str, _Check], tuple[str, ...]]] = {
         },
         (COMMAND_ACTION,),
     ),
-    KIND_PURGE: ({**_COMMON, PURGE_TASKS: _task_ids, RECORD_AT: _time}, (PURGE_TASKS,)),
+    KIND_PURGE: (
+        {
+            **_COMMON,
+            PURGE_TASKS: _task_ids,
+            COMMAND_TYPE: _task_type,
+            COMMAND_BEFORE: _count,
+            RECORD_AT: _time,
+        },
+        (PURGE_TASKS,),
+    ),
 }
 #: A kind this snerd does not know (a newer one wrote it; it is skipped): only the keys every
 #: record has are checked.

@@ -541,7 +541,7 @@ class Control:
         meta = self.node.tenure.meta(shard)
         step = rule.PURGE_RECORD_IDS
         records = [
-            new_record({**rule.purge_fields(ids[i : i + step], self.node.wall_text()), **meta})
+            new_record({**rule.purge_fields(ids[i : i + step], cmd, self.node.wall_text()), **meta})
             for i in range(0, len(ids), step)
         ]
         if n:
