@@ -100,6 +100,16 @@ def _parser() -> argparse.ArgumentParser:
         help="dispatch does not look at pause marks (a control)",
     )
     p.add_argument(
+        "--unsafe-purge-all",
+        action="store_true",
+        help="a purge forgets every ended task, succeeded or not, whenever it ended (a control)",
+    )
+    p.add_argument(
+        "--unsafe-retry-skips-oldest",
+        action="store_true",
+        help="a retry of a type's dead letters leaves the oldest where it is (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
             "no-margin",
@@ -112,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
             "wrong-result",
             "ignore-cancel",
             "ignore-pause",
+            "purge-all",
+            "retry-skips-oldest",
             "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
@@ -157,6 +169,8 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_wrong_result"] = args.unsafe_wrong_result
     given["unsafe_ignore_cancel"] = args.unsafe_ignore_cancel
     given["unsafe_ignore_pause"] = args.unsafe_ignore_pause
+    given["unsafe_purge_all"] = args.unsafe_purge_all
+    given["unsafe_retry_skips_oldest"] = args.unsafe_retry_skips_oldest
     return given
 
 
@@ -195,6 +209,8 @@ def repro_command(settings: Settings) -> str:
         unsafe_wrong_result=settings.unsafe_wrong_result,
         unsafe_ignore_cancel=settings.unsafe_ignore_cancel,
         unsafe_ignore_pause=settings.unsafe_ignore_pause,
+        unsafe_purge_all=settings.unsafe_purge_all,
+        unsafe_retry_skips_oldest=settings.unsafe_retry_skips_oldest,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

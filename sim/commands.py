@@ -3,8 +3,10 @@
 In worlds with `Settings.command_rate` the app sends, at that Poisson rate through the safety
 phase, a `cancel` of a task id it knows of (a recent one, often still queued or running; an
 older one, often finished; now and then an id nobody enqueued), a `retry` of a dead letter (or
-of any id it knows), or a `pause`/`resume` of one of the two task types or of the whole queue
-(`"queue": true`). Each goes to a live process drawn at random, the owner of the task's shard
+of any id it knows), a `retry` of the second type's dead letters (`retry_type` in the history), a
+`purge` of a type's (or every type's) dead letters and cancelled tasks that finished before a
+time a little in the past (or whenever), or a `pause`/`resume` of one of the two task types or
+of the whole queue (`"queue": true`). Each goes to a live process drawn at random, the owner of the task's shard
 or not: a process that does not own it writes the command into its inboxes, and the owners
 answer through them (`snerd.core.node.control`). Every command is recorded as a `command`
 invoke, and its answer (`cancelled`, `retried`, `paused`) as its outcome, in the format
@@ -32,6 +34,7 @@ import orjson
 from sim.process import COMMAND, Proc
 from sim.settings import SECOND, exp
 from snerd.core import events as ev
+from snerd.core.timefmt import format_rfc3339
 
 if TYPE_CHECKING:
     from sim.world import World
@@ -42,6 +45,8 @@ __all__ = ["OTHER_TYPE", "Commands"]
 OTHER_TYPE = "u"
 #: The replies that answer a command, and the command each answers.
 _REPLIES = {"cancelled": "cancel", "retried": "retry"}
+#: The replies that answer a sweep (by its type), and the command each answers.
+_SWEEP_REPLIES = {"purged": "purge", "requeued": "retry_type"}
 #: How often the liveness phase resumes everything again, and for how long at most.
 _END_EVERY_US = 10 * SECOND
 _END_FOR_US = 600 * SECOND
@@ -103,6 +108,7 @@ class Commands:
                 "offset_max_us": s.offset_max_us,
                 "drift_max_ppm": s.drift_max_ppm,
                 "steps": s.step_rate > 0,
+                "history_limit": self.world.node_history_limit(),
             }
         )
         self.world.at(exp(self.rng, s.command_rate), COMMAND, "next")
@@ -121,13 +127,19 @@ class Commands:
         world.at(world.t + exp(self.rng, self.s.command_rate), COMMAND, "next")
         self._catch_up()
         r = self.rng.random()
-        if r < 0.4:
+        if r < 0.35:
             self._send("cancel", self._known_id())
-        elif r < 0.6:
+        elif r < 0.5:
             dead = self.dead
             use_dead = dead and self.rng.random() < 0.8
             task = dead[int(self.rng.random() * len(dead))] if use_dead else self._known_id()
             self._send("retry", task)
+        elif r < 0.56:
+            # (Of the second type only: schedules' runs are of the first, and a run retried is
+            # a tick run twice, which the schedule check forbids.)
+            self._send("retry_type", OTHER_TYPE)
+        elif r < 0.62:
+            self._send("purge", self._pause_key())
         else:
             key = self._pause_key()
             self._send("resume" if key in self.paused else "pause", key)
@@ -176,10 +188,16 @@ class Commands:
                 msg["queue"] = True
             else:
                 msg["task_type"] = target
+            if action == "retry_type":
+                msg["action"] = "retry"
+            elif action == "purge" and self.rng.random() < 0.7:
+                # A little in the past: some dead letters finished before it, some after.
+                back = int(self.rng.random() * 30 * SECOND)
+                msg["before"] = entry["before"] = format_rfc3339(max(0, world.t - back))
             if action == "pause":
                 self.paused.add(target)
                 self.ever_paused.add(target)
-            else:
+            elif action == "resume":
                 self.paused.discard(target)
         entry["node"] = proc.name
         world.counters["commands"] = world.counters.get("commands", 0) + 1
@@ -199,6 +217,8 @@ class Commands:
         task = msg.get("task_id")
         if reply in _REPLIES:
             key: tuple[str, str | None] = (_REPLIES[reply], task)
+        elif reply in _SWEEP_REPLIES:
+            key = (_SWEEP_REPLIES[reply], msg.get("task_type"))
         elif reply == "paused":
             key = ("pause" if msg.get("paused") else "resume", msg.get("task_type"))
         elif reply == "error" and isinstance(task, str):

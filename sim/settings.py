@@ -179,10 +179,16 @@ class Settings:
     unsafe_ignore_cancel: bool = False
     #: Dispatch does not look at pause marks (`NodeConfig.unsafe_ignore_pause`).
     unsafe_ignore_pause: bool = False
+    #: A purge forgets every ended task, succeeded ones included, whenever they finished
+    #: (`NodeConfig.unsafe_purge_all`).
+    unsafe_purge_all: bool = False
+    #: A retry of a type's dead letters leaves the oldest where it is
+    #: (`NodeConfig.unsafe_retry_skips_oldest`).
+    unsafe_retry_skips_oldest: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
     #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
     #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result", "ignore-cancel",
-    #: "ignore-pause" or "nfsv3".
+    #: "ignore-pause", "purge-all", "retry-skips-oldest" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -334,7 +340,9 @@ class Settings:
         if (
             self.unsafe_ignore_cancel
             or self.unsafe_ignore_pause
-            or twin in ("ignore-cancel", "ignore-pause")
+            or self.unsafe_purge_all
+            or self.unsafe_retry_skips_oldest
+            or twin in ("ignore-cancel", "ignore-pause", "purge-all", "retry-skips-oldest")
         ):
             # Commands often, in a world without dependencies (`_draw_commands`).
             changes |= {"command_rate": max(self.command_rate, 0.5), "deps_prob": 0.0}
@@ -400,6 +408,10 @@ class Settings:
             out.append("--unsafe-ignore-cancel")
         if self.unsafe_ignore_pause:
             out.append("--unsafe-ignore-pause")
+        if self.unsafe_purge_all:
+            out.append("--unsafe-purge-all")
+        if self.unsafe_retry_skips_oldest:
+            out.append("--unsafe-retry-skips-oldest")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

@@ -230,6 +230,10 @@ class World:
 
     # ------------------------------------------------------------------ processes
 
+    def node_history_limit(self) -> int:
+        """The finished tasks each node keeps per shard (`NodeConfig.history_limit`)."""
+        return self.s.history_limit or (10_000 if self.s.deps_prob else 50)
+
     def _node_config(self, index: int, inc: int) -> NodeConfig:
         return NodeConfig(
             node_id=f"n{index}@pid-{inc}",
@@ -240,7 +244,7 @@ class World:
             retry_io_us=max(100_000, self.s.ttl_us // 10),
             compact_min_bytes=64 * 1024,
             compact_dead_ratio=1,  # (often: compaction meets more of the faults)
-            history_limit=self.s.history_limit or (10_000 if self.s.deps_prob else 50),
+            history_limit=self.node_history_limit(),
             fence=not self.s.unsafe_no_fence,
             inbox_poll_us=self.s.inbox_poll_us,
             inbox_idle_poll_us=self.s.inbox_idle_poll_us,
@@ -253,6 +257,8 @@ class World:
             unsafe_wrong_result=self.s.unsafe_wrong_result,
             unsafe_ignore_cancel=self.s.unsafe_ignore_cancel,
             unsafe_ignore_pause=self.s.unsafe_ignore_pause,
+            unsafe_purge_all=self.s.unsafe_purge_all,
+            unsafe_retry_skips_oldest=self.s.unsafe_retry_skips_oldest,
             # (The daemon's 5 s; 0, upstream's ack at the inbox write, for the control.)
             dedupe_wait_us=0 if self.s.unsafe_dedupe_ack_at_write else 5 * SECOND,
         )

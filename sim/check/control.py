@@ -1,4 +1,5 @@
-"""Invariants 13-15: job control. An acked cancel holds, an acked pause holds, a retry runs.
+"""Invariants 13-16: job control. An acked cancel holds, an acked pause holds, a retry runs, a
+purge forgets only what it may.
 
 Judged on `command` entries (an invoke, then its "ok" answer carrying the daemon's `reply`,
 matched first in, first out per node, action and target), with executes, dispatch and task
@@ -29,6 +30,19 @@ records, and process pauses. What the design promises, and so all that is judged
 15. **Retry** (`RETRY_NOT_RUN`). A retry answered `"retried": true` (sent at s) put the task
     back: it has an execute after s by the end of the history, unless a cancel of it was
     sent after s. `"retried": true` names a retryable state (dead, cancelled).
+    A retry of a type's dead letters (`retry_type`, answered `requeued` with `"pending": []`,
+    sent at s, answered at a) puts back every task of that type (of any, for the queue)
+    whose latest accepted record at s was a durable dead-letter tombstone still in its
+    shard's history (fewer than `history_limit` other tasks, from the `control` entry, ended
+    in the shard after it by a): an accepted live record of it is handed to its writer after
+    s. A task some other command could have changed meanwhile (a cancel or retry of it, a
+    sweep of its type, in flight between its tombstone and a) is not judged.
+16. **Purge** (`PURGED_WRONG`). Every accepted `purge` record names only tasks whose latest
+    accepted record before it in its shard is a dead-letter or cancelled tombstone of the
+    record's `type` (any, when null) that finished (`deletedAt`) before its `before` (not
+    judged when clocks were stepped: a node's finish time and its tombstone's may then
+    disagree); and no accepted record of a purged task follows it in that shard (nothing puts
+    a forgotten task back, nothing runs it).
 
 The same holds for a history recorded from real processes: nothing here reads the simulator.
 """
@@ -40,18 +54,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sim.check.history import Analysis
+from sim.check.history import Analysis, Record
 from sim.check.report import (
     CANCEL_NOT_KEPT,
     CANCELLED_RAN,
     PAUSED_RAN,
+    PURGED_WRONG,
     RETRY_NOT_RUN,
     Violation,
     at,
 )
-from snerd.core.control import CANCELLABLE, REQUEUEABLE
-from snerd.core.schema import DISPATCH_ATTEMPT, OUTCOME_CANCELLED, TASK_TYPE
-from snerd.core.shardlog import tombstone_outcome
+from snerd.core.control import CANCELLABLE, FOUND_DEAD, REQUEUEABLE, ended_state, purged_ids
+from snerd.core.schema import (
+    COMMAND_BEFORE,
+    COMMAND_TYPE,
+    DISPATCH_ATTEMPT,
+    KIND_DISPATCH,
+    KIND_PURGE,
+    OUTCOME_CANCELLED,
+    TASK_TYPE,
+)
+from snerd.core.shardlog import finished_at_us, tombstone_outcome
 
 __all__ = ["Command", "commands", "judge_control"]
 
@@ -69,6 +92,8 @@ class Command:
     target: str | None
     reply: Mapping[str, Any] | None = None
     t_answer: int = _NEVER
+    #: A purge's `before`, as sent (RFC 3339).
+    before: str | None = None
 
 
 def commands(a: Analysis) -> list[Command]:
@@ -82,7 +107,7 @@ def commands(a: Analysis) -> list[Command]:
         target = e.get("task") if action in ("cancel", "retry") else e.get("type")
         key = (e["node"], action, target)
         if e["phase"] == "invoke":
-            cmd = Command(i, e["t"], e["node"], action, target)
+            cmd = Command(i, e["t"], e["node"], action, target, before=e.get("before"))
             out.append(cmd)
             open_.setdefault(key, deque()).append(cmd)
         elif open_.get(key):
@@ -108,6 +133,14 @@ def _stopped(a: Analysis) -> dict[str, list[tuple[int, int]]]:
     for node, start in since.items():
         out.setdefault(node, []).append((start, _NEVER))
     return out
+
+
+def _history_limit(a: Analysis) -> int:
+    """The finished tasks a shard's history keeps (the `control` entry; 10,000 by default)."""
+    for _i, e in a.control_entries:
+        if e["kind"] == "control" and isinstance(e.get("history_limit"), int):
+            return int(e["history_limit"])
+    return 10_000
 
 
 def _skew(a: Analysis) -> tuple[int, int] | None:
@@ -267,8 +300,115 @@ class _Judge:
             )
 
 
+    def retry_type(self, cmd: Command) -> None:
+        reply, key = cmd.reply, cmd.target
+        if reply is None or reply.get("action") != "requeued" or reply.get("pending") != []:
+            return
+        limit = _history_limit(self.a)
+        for task, records in self.a.task_records.items():
+            if key is not None and self.types.get(task) != key:
+                continue
+            before = [r for r in records if r.accepted and r.t_durable < cmd.t]
+            if not before or not before[-1].tombstone:
+                continue
+            tomb = before[-1]
+            if ended_state(tombstone_outcome(dict(tomb.fields))) != FOUND_DEAD:
+                continue
+            if self.touched(task, tomb.t_durable, cmd) or self.pushed_out(tomb, cmd, limit):
+                continue
+            if not any(
+                r.accepted and not r.tombstone and r.t_queued > cmd.t
+                and r.t_queued <= cmd.t_answer
+                for r in records
+            ):
+                self.flag(
+                    RETRY_NOT_RUN, cmd,
+                    f"dead letters of {'the queue' if key is None else repr(key)} acked put "
+                    f"back at {at(cmd.t_answer)} by {cmd.node} ({reply.get('count')}), but "
+                    f"{task} (dead since {at(tomb.t_durable)}) was not",
+                )
+                return
+
+    def touched(self, task: str, since: int, cmd: Command) -> bool:
+        """Another command that may change `task` was in flight between `since` and `cmd`'s
+        answer."""
+        kind = self.types.get(task)
+        for other in self.cmds:
+            if other is cmd or other.t > cmd.t_answer or other.t_answer < since:
+                continue
+            if other.action in ("cancel", "retry") and other.target == task:
+                return True
+            if other.action in ("purge", "retry_type") and other.target in (None, kind):
+                return True
+        return False
+
+    def pushed_out(self, tomb: Record, cmd: Command, limit: int) -> bool:
+        """`limit` other tasks ended in the tombstone's shard after it, by `cmd`'s answer:
+        it may have left the shard's history."""
+        later = {
+            r.task_id for r in self.a.records
+            if r.shard == tomb.shard and r.accepted and r.tombstone and r.index > tomb.index
+            and r.t_durable <= cmd.t_answer and r.task_id != tomb.task_id
+        }
+        return len(later) >= limit
+
+    # -- 16
+
+    def purges(self) -> None:
+        stepped = any(
+            e["kind"] == "control" and e.get("steps") for _i, e in self.a.control_entries
+        )
+        latest: dict[tuple[int, str], Record] = {}
+        purged: dict[tuple[int, str], Record] = {}
+        for r in self.a.records:
+            if not r.accepted:
+                continue
+            if r.kind == KIND_PURGE:
+                self.purge_record(r, latest, purged, stepped)
+                continue
+            if r.task_id is None or r.kind not in (None, KIND_DISPATCH):
+                continue
+            key = (r.shard, r.task_id)
+            gone = purged.pop(key, None)
+            if gone is not None:
+                self.out.append(Violation(
+                    kind=PURGED_WRONG, index=r.index, t=r.t,
+                    message=f"{r.task_id} purged from shard {r.shard} at {at(gone.t)} by "
+                    f"{gone.node}, yet {r.node} wrote a record of it after",
+                ))
+            if r.kind is None:
+                latest[key] = r
+
+    def purge_record(
+        self, r: Record, latest: dict[tuple[int, str], Record],
+        purged: dict[tuple[int, str], Record], stepped: bool,
+    ) -> None:
+        task_type, before = r.fields.get(COMMAND_TYPE), r.fields.get(COMMAND_BEFORE)
+        for task in purged_ids(r.fields):
+            last = latest.get((r.shard, task))
+            why = None
+            if last is None or not last.tombstone:
+                why = "it was not ended"
+            else:
+                state = ended_state(tombstone_outcome(dict(last.fields)))
+                finished = finished_at_us(dict(last.fields), -1)
+                if state not in REQUEUEABLE:
+                    why = f"it ended {state}"
+                elif isinstance(task_type, str) and self.types.get(task) != task_type:
+                    why = f"it is of type {self.types.get(task)!r}, not {task_type!r}"
+                elif isinstance(before, int) and not stepped and finished >= before:
+                    why = f"it finished at {finished} µs, not before {before}"
+            if why is not None:
+                self.out.append(Violation(
+                    kind=PURGED_WRONG, index=r.index, t=r.t,
+                    message=f"{r.node} purged {task} from shard {r.shard} at {at(r.t)}, but {why}",
+                ))
+                continue
+            purged[(r.shard, task)] = r
+
+
 def judge_control(a: Analysis) -> tuple[list[Violation], int]:
-    """Invariants 13-15 on `a`, and the cancels acked while an attempt ran."""
+    """Invariants 13-16 on `a`, and the cancels acked while an attempt ran."""
     if not any(e["kind"] == "command" for _i, e in a.control_entries):
         return [], 0
     judge = _Judge(a)
@@ -278,6 +418,9 @@ def judge_control(a: Analysis) -> tuple[list[Violation], int]:
             judge.cancel(cmd)
         elif cmd.action == "retry":
             judge.retry(cmd)
+        elif cmd.action == "retry_type":
+            judge.retry_type(cmd)
         elif cmd.action == "pause":
             judge.pause(cmd, skew)
+    judge.purges()
     return judge.out, judge.running

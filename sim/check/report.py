@@ -28,6 +28,7 @@ __all__ = [
     "LOST_TASK",
     "PAUSED_RAN",
     "PRIORITY_INVERSION",
+    "PURGED_WRONG",
     "RATE_EXCEEDED",
     "RETRY_NOT_RUN",
     "STALE_OWNER_ACTED",
@@ -89,8 +90,13 @@ CANCELLED_RAN = "cancelled_ran"
 CANCEL_NOT_KEPT = "cancel_not_kept"
 #: A task of a type paused on every shard dispatched before a resume was sent (check 14).
 PAUSED_RAN = "paused_ran"
-#: A task acked retried that never ran again (check 15).
+#: A task acked retried that never ran again; a dead letter of a type whose retry was acked
+#: that was not put back (check 15).
 RETRY_NOT_RUN = "retry_not_run"
+#: A purge record naming a task whose latest record before it is not a dead-letter or
+#: cancelled tombstone of the purge's type that finished before its `before`; or a purged
+#: task's record after it (check 16).
+PURGED_WRONG = "purged_wrong"
 
 
 def at(t: int) -> str:

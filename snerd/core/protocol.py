@@ -512,6 +512,8 @@ def _parse_sweep(fields: _Fields, *, purge: bool) -> Sweep:
             before_us = parse_rfc3339(before)
         except ValueError as exc:
             raise fields.invalid(f"invalid before '{_show(before)}': {exc}") from None
+        if before_us < 0:
+            raise fields.invalid(f"invalid before '{_show(before)}': earlier than 1970")
     return Sweep(purge=purge, task_type=task_type, before_us=before_us)
 
 

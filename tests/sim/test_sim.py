@@ -31,6 +31,8 @@ CONTROLS = {
     "--unsafe-wrong-result": "wrong-result",
     "--unsafe-ignore-cancel": "ignore-cancel",
     "--unsafe-ignore-pause": "ignore-pause",
+    "--unsafe-purge-all": "purge-all",
+    "--unsafe-retry-skips-oldest": "retry-skips-oldest",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -156,6 +158,12 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
         if flag == "--unsafe-ignore-pause":
             # Caught as a task of a type paused everywhere dispatched before a resume.
             assert "first violation: [paused_ran]" in text, text[-2000:]
+        if flag == "--unsafe-purge-all":
+            # Caught as a purge record naming a task it may not forget.
+            assert "first violation: [purged_wrong]" in text, text[-2000:]
+        if flag == "--unsafe-retry-skips-oldest":
+            # Caught as a dead letter of the type a retry was acked for, not put back.
+            assert "first violation: [retry_not_run]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:

@@ -523,6 +523,8 @@ class Control:
             outcome = info.history[task_id][1]
             if task_id not in tasks and rule.swept(cmd, outcome, task_type, finished_us):
                 out.append(task_id)
+        if self.config.unsafe_retry_skips_oldest and not cmd.purge:  # (the control)
+            return out[1:]
         return out
 
     def _purge(self, shard: int, cmd: proto.Sweep, n: int) -> rule.Answer:

@@ -234,6 +234,9 @@ class NodeConfig:
     #: its `before` included. Only the simulator's negative control `--unsafe-purge-all`
     #: turns it on.
     unsafe_purge_all: bool = False
+    #: A retry of a type's dead letters leaves the oldest it selects where it is. Only the
+    #: simulator's negative control `--unsafe-retry-skips-oldest` turns it on.
+    unsafe_retry_skips_oldest: bool = False
     verdict_poll_us: int = 50_000
     #: While children wait on parents this node does not hold, how often it reads the
     #: queue's files for news of them (SNERD_WATCH_POLL_MS), and how much of a file at once.

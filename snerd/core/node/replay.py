@@ -103,6 +103,11 @@ class Replay:
         info.inbox_taken = dict(fold.inbox)
         info.inbox_locs = {node: loc(record) for node, record in fold.inbox_records.items()}
         retention, now = self.config.result_retention_us, self.node.now.wall
+        # The log is the history: what an earlier tenure of this node left in memory is not
+        # (another owner may have put a task back, or purged it, since).
+        info.history.clear()
+        info.completed_at.clear()
+        info.ended.clear()
         for task_id, record in list(fold.finished.items())[-self.config.history_limit :]:
             self._twin_from(shard, task_id, record.fields)
             outcome = tombstone_outcome(record.fields)
