@@ -140,7 +140,7 @@ STATES = (
 DETAIL_KEYS = (
     "task_id", "found", "state", "task_type", "shard", "attempts", "runs", "max_retries",
     "last_error", "enqueued_at", "started_at", "finished_at", "outcome", "result",
-    "has_result", "cron", "stale_records", "waiting_in_inbox",
+    "has_result", "cron", "stale_records", "waiting_in_inbox", "progress",
 )
 
 _LIVE_TO_STATE = {
@@ -627,7 +627,8 @@ def details(task_id: str, found: Iterable[Found], now_us: int) -> dict[str, Any]
     dead_letter, cancelled, or None while it lives); `result` and `has_result` (the handler's
     return value, stored with a completion); `cron`; `stale_records` (records of it fencing
     ignores); `waiting_in_inbox` (an inbox holds a copy the owner has neither taken in nor
-    dropped yet; the state is still what the logs say).
+    dropped yet; the state is still what the logs say); `progress` (None here: the files hold
+    none; the daemon running the task adds its latest).
     Times are RFC 3339 in UTC, None when unknown."""
     items = [f for f in found if _names(f.fields, task_id)]
     steps = story(items, task_id)

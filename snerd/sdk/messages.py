@@ -399,7 +399,8 @@ class TaskDetails:
     #: False when no file holds a record of it (`state` is `unknown`).
     found: bool
     #: `queued`, `delayed`, `blocked`, `running`, `retrying`, `succeeded`, `dead_letter`,
-    #: `cancelled`, `dropped` (an inbox copy its owner did not take in), or `unknown`.
+    #: `cancelled`, `dropped` (an inbox copy its owner did not take in), `purged` (an ended
+    #: task an operator's purge forgot), or `unknown`.
     state: str
     task_type: str | None = None
     #: The shard that holds it (`"shard-N"`).
@@ -417,15 +418,18 @@ class TaskDetails:
     result: Any = None
     #: True when a result is stored (`result` may be a stored None).
     has_result: bool = False
+    #: The latest progress its running attempt reported, when the daemon answering runs it.
+    progress: Any = None
 
     @property
     def finished(self) -> bool:
-        """True once the task has ended (succeeded, dead-lettered, cancelled or dropped)."""
+        """True once the task has ended (succeeded, dead-lettered, cancelled, dropped or
+        purged)."""
         return self.state in FINISHED_STATES
 
 
 #: The states of a task that has ended: `result()` stops waiting at one of them.
-FINISHED_STATES = frozenset({"succeeded", "dead_letter", "cancelled", "dropped"})
+FINISHED_STATES = frozenset({"succeeded", "dead_letter", "cancelled", "dropped", "purged"})
 
 #: What matches a reply to the calls that wait for it: the reply's action and what it names.
 ReplyKey: TypeAlias = tuple[str, str | None, bool]
@@ -567,4 +571,5 @@ def details_from_reply(message: dict[str, Any]) -> TaskDetails:
         outcome=_text(message.get("outcome")),
         result=message.get("result"),
         has_result=message.get("has_result") is True or message.get("result") is not None,
+        progress=message.get("progress"),
     )

@@ -113,6 +113,9 @@ class Control:
         #: Cancels waiting for their tombstone to land: task id -> (ask, the state it was
         #: found in, its shard).
         self.ending: dict[str, tuple[int, str, int]] = {}
+        #: The latest progress of each running task of this node, by the attempt that sent
+        #: it: task id -> (attempt, data); `get` shows it while that attempt runs.
+        self.progress: dict[str, tuple[int, Any]] = {}
 
     def invariants(self) -> None:
         for shard in self.paused_shards:
@@ -331,9 +334,17 @@ class Control:
             self.ending[task.task_id] = (n, found, task.shard)
         return rule.Answer(found, True)
 
+    def progressed(self, task_id: str, data: Any) -> None:
+        """A running task's handler reported progress (its latest is kept while it runs)."""
+        task = self.node.book.tasks.get(task_id)
+        if task is not None and task.state is RUNNING:
+            self.progress[task_id] = (task.attempt, data)
+
     def task_finished(self, task_id: str, outcome: str) -> None:
-        """A task of this node ended (`TaskBook.finished`): a cancel waiting for its
-        tombstone is answered."""
+        """A task of this node ended (`TaskBook.finished`): its progress is dropped, and a
+        cancel waiting for its tombstone is answered."""
+        if self.progress:
+            self.progress.pop(task_id, None)
         if not self.ending:
             return
         n, found, shard = self.ending.pop(task_id, (0, "", 0))
@@ -365,6 +376,9 @@ class Control:
         if task is not None and not self._in_transit(task):
             # This node holds it: its live state is known exactly, not only as the log says.
             details.update(found=True, state=self._found(task), shard=task.shard)
+            attempt, data = self.progress.get(task_id, (0, None))
+            if task.state is RUNNING and attempt == task.attempt:
+                details["progress"] = data
         if event.errors:
             details["errors"] = list(event.errors)
         self.out.send(proto.task_details(task_id, details))

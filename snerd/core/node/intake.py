@@ -611,7 +611,9 @@ class Intake:
         self._attempt_ended(task, event.ok, event.error or "Webhook failed")
 
     def on_progress(self, cmd: proto.Progress) -> None:
-        # Progress is a pass-through stream; it is not persisted (upstream does the same).
+        # Progress is a pass-through stream; it is not persisted (upstream does the same). The
+        # latest of a running task is kept while it runs, for `get` on this node.
+        self.node.control.progressed(cmd.task_id, cmd.data)
         self.out.send(proto.progress(cmd.task_id, cmd.data))
 
     def on_stats(self, cmd: proto.StatsRequested) -> None:

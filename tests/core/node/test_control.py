@@ -407,6 +407,23 @@ def test_get_of_a_running_task_on_its_owner_says_running_and_an_unknown_id_not_f
     assert (info["found"], info["state"]) == (False, "unknown")
 
 
+def test_get_of_a_running_task_shows_its_latest_progress_until_the_attempt_ends() -> None:
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_retries=1)
+    sh.line({"action": "get", "task_id": "a"})
+    assert answer(sh, "task")["progress"] is None
+    sh.line({"action": "progress", "task_id": "a", "data": {"done": 1}})
+    sh.line({"action": "progress", "task_id": "a", "data": {"done": 2}})
+    sh.line({"action": "get", "task_id": "a"})
+    assert answer(sh, "task")["progress"] == {"done": 2}
+    sh.result("a", ok=False, error="boom")  # the attempt ended: its progress is not shown
+    sh.line({"action": "get", "task_id": "a"})
+    assert answer(sh, "task")["progress"] is None
+    sh.line({"action": "progress", "task_id": "ghost", "data": 1})  # (not held: not kept)
+    assert "ghost" not in sh.node.control.progress
+
+
 def test_get_finds_a_task_another_daemon_holds_and_a_cancelled_one() -> None:
     owner, other = pair()
     owner.enqueue("a")
