@@ -36,7 +36,8 @@ records, and process pauses. What the design promises, and so all that is judged
     shard's history (fewer than `history_limit` other tasks, from the `control` entry, ended
     in the shard after it by a): an accepted live record of it is handed to its writer after
     s. A task some other command could have changed meanwhile (a cancel or retry of it, a
-    sweep of its type, in flight between its tombstone and a) is not judged.
+    sweep of its type, in flight between its tombstone and a) is not judged, nor one with
+    `auto_dedupe` (it is put back only while no live task holds its fingerprint).
 16. **Purge** (`PURGED_WRONG`). Every accepted `purge` record names only tasks whose latest
     accepted record before it in its shard is a dead-letter or cancelled tombstone of the
     record's `type` (any, when null) that finished (`deletedAt`) before its `before` (not
@@ -66,6 +67,7 @@ from sim.check.report import (
 )
 from snerd.core.control import CANCELLABLE, FOUND_DEAD, REQUEUEABLE, ended_state, purged_ids
 from snerd.core.schema import (
+    AUTO_DEDUPE,
     COMMAND_BEFORE,
     COMMAND_TYPE,
     DISPATCH_ATTEMPT,
@@ -314,6 +316,8 @@ class _Judge:
             tomb = before[-1]
             if ended_state(tombstone_outcome(dict(tomb.fields))) != FOUND_DEAD:
                 continue
+            if tomb.fields.get(AUTO_DEDUPE) is True:
+                continue  # (put back only while no live task holds its fingerprint)
             if self.touched(task, tomb.t_durable, cmd) or self.pushed_out(tomb, cmd, limit):
                 continue
             if not any(
