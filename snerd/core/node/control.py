@@ -450,6 +450,13 @@ class Control:
         ask = self.asks.get(n) if n else None
         info = self.shards.get(shard)
         usable = info is not None and info.phase is ACTIVE and task_id in info.history
+        if info is None or info.phase is not ACTIVE:
+            # The shard was given up meanwhile: its owner-to-be decides (the ask names it).
+            if ask is not None:
+                ask.local -= 1
+                ask.late.append(shard)
+                self._maybe_done(n, ask)
+            return
         if event.fields is None or not usable:
             if event.fields is None:
                 self.out.log("error", f"task {task_id}: its tombstone cannot be read "
