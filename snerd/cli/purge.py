@@ -163,8 +163,9 @@ def _purge(args: argparse.Namespace) -> int:
     free = [s for s in range(queue.shards) if s not in held]
     here, busy = _purge_offline(queue, free, sweep, now)
     held = sorted([*held, *busy])  # (a daemon took one since the probe: it purges it)
-    live = commands.purge(args.directory, sweep.task_type, before, args.wait, shards=held) \
-        if held else None
+    live = None
+    if held:
+        live = commands.purge(args.directory, sweep.task_type, before, args.wait, shards=held)
     answer = commands.SweepAnswer(
         sweep=sweep,
         count=sum(here.values()) + (live.count if live else 0),
@@ -236,8 +237,8 @@ def _what(sweep: proto.Sweep) -> str:
     kind = "of every type" if sweep.task_type is None else f"of type {sweep.task_type!r}"
     if sweep.before_us is None:
         return f"dead letters and cancelled tasks {kind}"
-    return f"dead letters and cancelled tasks {kind} that finished before " \
-        f"{format_rfc3339(sweep.before_us)}"
+    cutoff = format_rfc3339(sweep.before_us)
+    return f"dead letters and cancelled tasks {kind} that finished before {cutoff}"
 
 
 def _print(answer: commands.SweepAnswer, here: dict[int, int]) -> None:

@@ -1020,6 +1020,15 @@ def test_a_write_names_what_is_wrong_with_it(client: tuple[TestClient, Path]) ->
     # No daemon runs: the pause is durable in the inbox, and pending.
     assert r.json()["pending"] == ["shard-0"] and r.json()["unowned_shards"] == ["shard-0"]
     assert len(list(q.glob("shard-0/inbox/tool-*.log"))) == 1
+    # So is a purge: the dashboard never writes the log of a shard no daemon holds.
+    size = log(q).stat().st_size
+    r = c.post("/api/act/purge", json={"task_type": None, "older_than_s": 0},
+               headers={"content-type": "application/json", **ok})
+    assert r.status_code == 200, r.text
+    assert (r.json()["action"], r.json()["count"], r.json()["pending"]) == (
+        "purged", 0, ["shard-0"])
+    assert log(q).stat().st_size == size
+    assert len(list(q.glob("shard-0/inbox/tool-*.log"))) == 2
     # Without a daemon no owner can say an id is unknown: pending, a 200 (with a daemon, a
     # 404: `_actions_in_chromium`).
     assert act("cancel", b'{"task_id": "nope"}')[0] == 200
