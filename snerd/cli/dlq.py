@@ -132,7 +132,9 @@ def _dlq(args: argparse.Namespace) -> int:
         )
     print(
         f"Put them back with `snerdmq replay{' --type ' + args.task_type if args.task_type else ''}"
-        f" {args.directory}` (a daemon holding a shard puts its own back); --json shows the task data."
+        f" {args.directory}` (a daemon holding a shard puts its own back), or forget them with "
+        f"`snerdmq purge {args.directory} {'--type ' + args.task_type if args.task_type else '--all'}"
+        "`; --json shows the task data."
     )
     return 0
 
