@@ -25,7 +25,15 @@ if TYPE_CHECKING:
         SnerdError,
         TaskFailed,
     )
-    from snerd.sdk.messages import Cancelled, Enqueued, Paused, Retried, Scheduled, TaskDetails
+    from snerd.sdk.messages import (
+        Cancelled,
+        Enqueued,
+        Paused,
+        Retried,
+        Scheduled,
+        Swept,
+        TaskDetails,
+    )
 
 __all__ = [
     "Cancelled",
@@ -44,6 +52,7 @@ __all__ = [
     "Scheduled",
     "SnerdError",
     "SnerdQueue",
+    "Swept",
     "TaskDetails",
     "TaskFailed",
     "TaskInfo",
@@ -69,6 +78,7 @@ _LAZY = {
     "Paused": "snerd.sdk.messages",
     "Retried": "snerd.sdk.messages",
     "SnerdError": "snerd.sdk.errors",
+    "Swept": "snerd.sdk.messages",
     "TaskDetails": "snerd.sdk.messages",
     "TaskFailed": "snerd.sdk.errors",
     "TaskInfo": "snerd.sdk.context",

@@ -1,4 +1,5 @@
-"""Job control from outside a daemon: cancel, retry, pause and resume sent by a tool.
+"""Job control from outside a daemon: cancel, retry, pause and resume, and the sweeps (a
+purge, a retry of a type's dead letters), sent by a tool.
 
 A tool (`snerdmq cancel`, the dashboard's buttons) writes to a queue the way a daemon that
 does not own a shard does: it is an inbox writer. Each command becomes a `command` record
@@ -11,7 +12,8 @@ rule (`mark_at`, `command_answer`), exactly as a daemon's `Verdicts` does.
 
 The writer id (`tool-<host>@pid-<pid>-<random>`) is new for every invocation: an owner
 remembers how far it has read each writer's file, so a file is written once and never
-reused. Once an owner's answer is in its log the file is ingested and the tool removes it;
+reused. A sweep (`purge`, `retry_dead`) goes to every shard (or those the caller names) like
+a pause, and its answer sums the `count` of each owner's answer. Once an owner's answer is in its log the file is ingested and the tool removes it;
 a file whose shard did not answer stays (the command is durable there, and applied when a
 daemon next takes the shard: `pending`). Files of earlier tools that their owner has ingested
 in full are removed on the way (`_sweep`).
@@ -52,11 +54,14 @@ from snerd.queuedir import Queue, QueueError, UsageError, open_queue, probe_lock
 __all__ = [
     "DEFAULT_WAIT_S",
     "PauseAnswer",
+    "SweepAnswer",
     "TaskAnswer",
     "cancel",
     "pause",
+    "purge",
     "resume",
     "retry",
+    "retry_dead",
 ]
 
 #: How long a command waits for its owners' answers (the daemon's SNERD_COMMAND_WAIT_MS).
@@ -112,6 +117,27 @@ class PauseAnswer:
         return message
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepAnswer:
+    """The answer to a sweep: how many tasks it acted on (`count`: purged, or put back) in
+    the shards that answered; it waits in those `pending` (counted when their owners act)."""
+
+    sweep: proto.Sweep
+    count: int
+    #: How many shards the queue has.
+    shards: int
+    pending: tuple[int, ...] = ()
+    #: Of `pending`, the shards no daemon held when the command was written.
+    unowned: tuple[int, ...] = ()
+
+    def json(self) -> dict[str, Any]:
+        """The daemon's own answer to the same command (`proto.swept`), with the shards no
+        daemon held named."""
+        message = proto.swept(self.sweep, self.count, self.shards, list(self.pending))
+        message["unowned_shards"] = [shard_name(s) for s in self.unowned]
+        return message
+
+
 def cancel(root: str, task_id: str, wait_s: float = DEFAULT_WAIT_S) -> TaskAnswer:
     """Cancel `task_id` wherever it is: the command goes to every shard."""
     return _task_command(root, proto.Cancel(task_id=task_id), None, wait_s)
@@ -135,7 +161,38 @@ def resume(root: str, task_type: str | None, wait_s: float = DEFAULT_WAIT_S) -> 
     return _pause_command(root, proto.Pause(task_type=task_type, paused=False), wait_s)
 
 
-# -- the two kinds of command
+def purge(
+    root: str,
+    task_type: str | None,
+    before_us: int | None,
+    wait_s: float = DEFAULT_WAIT_S,
+    *,
+    shards: Sequence[int] | None = None,
+) -> SweepAnswer:
+    """Forget the dead letters and cancelled tasks of `task_type` (None: of every type) that
+    finished before `before_us` (wall µs; None: whenever), in every shard (or `shards`). A
+    shard no daemon holds is left pending: its next owner purges it when it reads its inbox
+    (`snerdmq purge` purges those itself, under their locks)."""
+    sweep = proto.Sweep(purge=True, task_type=task_type, before_us=before_us)
+    return _sweep_command(root, sweep, shards, wait_s)
+
+
+def retry_dead(
+    root: str,
+    task_type: str | None,
+    before_us: int | None,
+    wait_s: float = DEFAULT_WAIT_S,
+    *,
+    shards: Sequence[int] | None = None,
+) -> SweepAnswer:
+    """Put back in the queue every dead letter of `task_type` (None: of every type) that died
+    before `before_us` (None: whenever), attempts reset, in every shard (or `shards`); not
+    cancelled tasks (a cancel was meant: `retry` one by id). Pending where `purge` is."""
+    sweep = proto.Sweep(purge=False, task_type=task_type, before_us=before_us)
+    return _sweep_command(root, sweep, shards, wait_s)
+
+
+# -- the three kinds of command
 
 
 def _task_command(
@@ -175,6 +232,24 @@ def _pause_command(root: str, cmd: proto.Pause, wait_s: float) -> PauseAnswer:
                        pending=sent.unanswered(answers), unowned=sent.unowned())
 
 
+def _sweep_command(
+    root: str, sweep: proto.Sweep, shards: Sequence[int] | None, wait_s: float
+) -> SweepAnswer:
+    what = "purge" if sweep.purge else "retry of dead letters"
+    if sweep.task_type is not None and not sweep.task_type:
+        raise UsageError(f"a {what} needs a task type (or the whole queue), not an empty one")
+    queue = open_queue(root, allow_legacy=False)
+    targets = range(queue.shards) if shards is None else sorted(set(shards))
+    for shard in targets:
+        if not 0 <= shard < queue.shards:
+            raise QueueError(f"{shard_name(shard)} is not a shard of {queue.directory}")
+    sent = _Sent.write(queue, sweep, targets, (0, ""))
+    answers = sent.collect(wait_s, lambda _answers: False)
+    return SweepAnswer(sweep=sweep, count=sum(a.count for a in answers.values()),
+                       shards=queue.shards, pending=sent.unanswered(answers),
+                       unowned=sent.unowned())
+
+
 # -- writing the command, and reading the answers back
 
 
@@ -205,7 +280,7 @@ class _Sent:
     def write(
         cls,
         queue: Queue,
-        cmd: proto.Cancel | proto.Requeue | proto.Pause,
+        cmd: proto.Cancel | proto.Requeue | proto.Pause | proto.Sweep,
         shards: Sequence[int],
         stamp: rule.Stamp,
     ) -> _Sent:

@@ -19,6 +19,7 @@ stderr, never a traceback.
     snerdmq retry ID DIR [--wait S] [--json]       put a dead or cancelled task back, live
     snerdmq pause (TYPE | --all) DIR               stop dispatching a type on every daemon
     snerdmq resume (TYPE | --all) DIR              dispatch it again
+    snerdmq purge DIR (--type T | --all)           forget dead letters and cancelled tasks
     snerdmq fsck DIR [--repair] [--json]           check every shard log, byte by byte
     snerdmq compact DIR [--history N]              offline compaction of idle shards
     snerdmq demo [DIR]                             a guided tour
@@ -29,11 +30,11 @@ The subcommands read a queue directory the way a daemon would (`snerd.queuedir`:
 tasks, leases and health to the core (`snerd.core.status`, `health`, `ownership`, `story`).
 Read-only commands (stats, validate, dlq, schedules, status, fsck without --repair) never write
 and never take `.membership.lock`; the lock probe is a non-blocking flock released at once. A
-command that writes a shard log (replay, compact, fsck --repair) first takes that shard's lock
+command that writes a shard log (replay, purge, compact, fsck --repair) first takes that shard's lock
 as a daemon does, and refuses a shard a daemon holds, naming it; membership.json is only
 changed conditionally on the version read, under `.membership.lock`. Appends and compaction go
 through `GroupCommitLog`, with the daemon's crash-safety. The job-control commands (cancel,
-retry, pause, resume, and replay while a daemon holds a shard) write no shard log: they write a
+retry, pause, resume, and replay and purge while a daemon holds a shard) write no shard log: they write a
 command into the shards' inboxes, as a daemon that does not own a shard does, and the owner
 decides it (`snerd.commands`).
 
@@ -120,6 +121,12 @@ def _resume(argv: Sequence[str]) -> int:
     return pause.resume_main(argv)
 
 
+def _purge(argv: Sequence[str]) -> int:
+    from snerd.cli import purge
+
+    return purge.main(argv)
+
+
 def _fsck(argv: Sequence[str]) -> int:
     from snerd.cli import fsck
 
@@ -162,6 +169,7 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "retry": _retry,
     "pause": _pause,
     "resume": _resume,
+    "purge": _purge,
     "fsck": _fsck,
     "compact": _compact,
     "demo": _demo,

@@ -4,8 +4,10 @@ Which dead letters count, which of them a replay writes back and what it writes 
 rules (`snerd.core.shardlog.find_dead_letters`, `plan_replay`, `replay_record`); this module
 reads the shards, takes the locks of those it writes (as a daemon does), appends durably and
 prints. A replayed task goes back into the shard it died in. A shard a daemon holds is never
-written: its dead letters are sent to that daemon as `retry` commands through the shard's
-inbox (`snerd.commands`), and each answer is printed.
+written: it is sent one retry of the type's dead letters (`snerd.commands.retry_dead`; its
+daemon puts back each one it holds, by the same rule, and answers how many), or, for a replay
+by `--id` (or one that leaves out upstream look-alikes a daemon would take too), one `retry`
+command per dead letter, through the shard's inbox, each answer printed.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from snerd.queuedir import (
     wall_now_us,
 )
 
-__all__ = ["main", "replay_main"]
+__all__ = ["append_batches", "main", "replay_main"]
 
 
 def folds(scans: Sequence[ShardScan]) -> dict[int, ShardFold]:
@@ -130,7 +132,9 @@ def _dlq(args: argparse.Namespace) -> int:
         )
     print(
         f"Put them back with `snerdmq replay{' --type ' + args.task_type if args.task_type else ''}"
-        f" {args.directory}` (a daemon holding a shard puts its own back); --json shows the task data."
+        f" {args.directory}` (a daemon holding a shard puts its own back), or forget them with "
+        f"`snerdmq purge {args.directory} {'--type ' + args.task_type if args.task_type else '--all'}"
+        "`; --json shows the task data."
     )
     return 0
 
@@ -143,9 +147,10 @@ def replay_main(argv: Sequence[str]) -> int:
         "record (retryCount 0, errors cleared, executeAt now, the same task data) is appended "
         "to its shard's log and fsynced. Only real dead letters are replayed, never tasks that "
         "succeeded. Each shard written is locked first, as a daemon locks it. A dead letter in "
-        "a shard a daemon holds is sent to that daemon as a retry instead (through the "
-        "shard's inbox, as `snerdmq retry` does), and its answer printed; exit 4 when one is "
-        "still pending after --wait.",
+        "a shard a daemon holds is put back by that daemon instead: one retry of the type's "
+        "dead letters per shard (with --id, one `snerdmq retry` per dead letter), through "
+        "the shard's inbox, and its answer printed; exit 4 when one is still pending after "
+        "--wait.",
         "Tombstones from upstream SnerdMQ carry no outcome; those that look like dead letters "
         "are replayed only with --include-upstream (a success on the last attempt looks the "
         "same). A dead letter whose auto_dedupe fingerprint matches a pending task is skipped. "
@@ -184,12 +189,33 @@ def _replay(args: argparse.Namespace) -> int:
             "successes on their last attempt; --include-upstream replays them too"
         )
     live = {d.shard for d in found if probe_lock(queue.lock_path(d.shard)).state == "held"}
-    retried, pending = _retry_live(args, [d for d in found if d.shard in live])
+    if args.ids or (not args.include_upstream and any(d.shard in live for d in upstream)):
+        # By id, or with upstream look-alikes a daemon would put back too: one by one.
+        retried, pending = _retry_live(args, [d for d in found if d.shard in live])
+    else:
+        retried, pending = _retry_live_by_type(args, task_type, sorted(live))
     recovered = _replay_offline(args, queue, scans, [d for d in found if d.shard not in live],
                                 task_type)
     print(f"Replay complete. Recovered {recovered + retried} failed task(s) into the active "
           f"queue{f'; {pending} pending' if pending else ''}.")
     return EXIT_PENDING if pending else 0
+
+
+def _retry_live_by_type(
+    args: argparse.Namespace, task_type: str | None, shards: Sequence[int]
+) -> tuple[int, int]:
+    """Send the shards a daemon holds one retry of the type's dead letters each (its daemon
+    puts back every one it holds); how many were put back, and how many shards are pending."""
+    if not shards:
+        return 0, 0
+    answer = commands.retry_dead(args.directory, task_type, None, args.wait, shards=shards)
+    answered = [shard_name(s) for s in shards if s not in answer.pending]
+    if answered:
+        print(f"  retried {answer.count} dead letter(s) in {', '.join(answered)}, by their "
+              "daemons")
+    if answer.pending:
+        print(f"  {pending_text(answer.pending, answer.unowned)}")
+    return answer.count, len(answer.pending)
 
 
 def _retry_live(args: argparse.Namespace, found: Sequence[FoundDeadLetter]) -> tuple[int, int]:
@@ -244,7 +270,7 @@ def _replay_offline(
             batches.setdefault(d.shard, []).append(encode_record(fields))
             recovered.append((d.shard, d.letter))
         if batches:
-            _append_batches(queue, batches)
+            append_batches(queue, batches)
     for shard, letter in recovered:
         print(f"  replayed {letter.task_id} ({letter.task_type}) into {shard_name(shard)}")
     for text in skipped:
@@ -252,7 +278,7 @@ def _replay_offline(
     return len(recovered)
 
 
-def _append_batches(queue: Queue, batches: dict[int, list[bytes]]) -> None:
+def append_batches(queue: Queue, batches: dict[int, list[bytes]]) -> None:
     """Append each shard's lines durably (caller holds the shard locks): the last line is
     repaired first (a torn write cut, a lost newline written back), so no line is glued onto
     it; then one write and one fsync per shard. No file is reached through a link."""

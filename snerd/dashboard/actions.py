@@ -1,14 +1,21 @@
-"""The dashboard's writes: retry, cancel, pause and resume, and what guards them.
+"""The dashboard's writes: retry, cancel, pause and resume, the sweeps (purge, retry of a
+type's dead letters), and what guards them.
 
     GET  /api/session          {"csrf": TOKEN, "read_only": bool}; sets the session cookie
     POST /api/act/cancel       {"task_id": ID}
     POST /api/act/retry        {"task_id": ID[, "shard": N]}   (N: the dead letter's shard)
     POST /api/act/pause        {"task_type": TYPE | null}   (null: the whole queue)
     POST /api/act/resume       {"task_type": TYPE | null}
+    POST /api/act/purge        {"task_type": TYPE | null[, "before": DATE | "older_than_s": S]}
+    POST /api/act/retry_dead   {"task_type": TYPE | null[, "before": DATE | "older_than_s": S]}
 
 Each write is the same routed command `snerdmq cancel` (etc.) sends (`snerd.commands`): a
 `command` record in the shards' inboxes, decided by each shard's owner. The dashboard never
-writes a shard log. The answer is the command's (`TaskAnswer.json`, `PauseAnswer.json`).
+writes a shard log: a sweep of a shard no daemon holds is pending there (applied when a daemon
+takes it; `snerdmq purge` purges such a shard itself). The answer is the command's
+(`TaskAnswer.json`, `PauseAnswer.json`, `SweepAnswer.json`). A sweep must name its
+`task_type` (null, the whole queue, only when written so); its cutoff is RFC 3339 or a day
+(`before`), or an age in seconds on the server's clock (`older_than_s`); neither: whenever.
 
 A write is refused unless every guard passes, in this order (the access token, when there is
 one, was checked before, by `snerd.dashboard.app`):
@@ -25,7 +32,7 @@ one, was checked before, by `snerd.dashboard.app`):
   ever sent), so a forged request has the cookie at most, never the token (403).
 
 Bad input is a 4xx JSON `{"error": ...}` naming what is wrong, never a 500: an unknown action
-404, a body that is not a JSON object or a malformed id or type 400, an id no shard holds 404,
+404, a body that is not a JSON object or a malformed id, type or cutoff 400, an id no shard holds 404,
 a queue that cannot be written 409.
 """
 
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -45,14 +53,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from snerd import commands
+from snerd.config import ConfigError, load_tool_settings
 from snerd.core.control import FOUND_UNKNOWN
-from snerd.queuedir import QueueError, UsageError
+from snerd.core.timefmt import parse_rfc3339
+from snerd.queuedir import QueueError, UsageError, wall_now_us
 
 __all__ = ["ACTIONS", "SESSION_COOKIE", "Actions"]
 
 SESSION_COOKIE = "snerd_dashboard_session"
-ACTIONS = ("cancel", "retry", "pause", "resume")
+ACTIONS = ("cancel", "retry", "pause", "resume", "purge", "retry_dead")
 _BODY_LIMIT = 4096
+#: A day given as a sweep's cutoff (`YYYY-MM-DD`): its midnight, UTC.
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 #: Longest task id or type accepted (a task id is at most what a log line holds; a button's
 #: id is one the page showed).
 _MAX_NAME = 1024
@@ -177,11 +189,43 @@ class Actions:
                                       or shard < 0):
                 return _error("shard must be a shard number (0 or more)", 400)
             return lambda: commands.retry(root, task_id, wait, shard=shard)
+        if action in ("purge", "retry_dead") and "task_type" not in body:
+            return _error(f"a {action} must name task_type (null: every type)", 400)
         task_type = _name(body.get("task_type"), "task_type", optional=True)
         if isinstance(task_type, Response):
             return task_type
+        if action in ("purge", "retry_dead"):
+            before = _cutoff(body)
+            if isinstance(before, Response):
+                return before
+            sweep = commands.purge if action == "purge" else commands.retry_dead
+            return lambda: sweep(root, task_type, before, wait)
         send = commands.pause if action == "pause" else commands.resume
         return lambda: send(root, task_type, wait)
+
+
+def _cutoff(body: dict[str, Any]) -> int | Response | None:
+    """A sweep's cutoff (wall µs; None: none): `before`, RFC 3339 or a day, or
+    `older_than_s` seconds before now (the clock the tools share with the daemons)."""
+    before, age = body.get("before"), body.get("older_than_s")
+    if before is not None and age is not None:
+        return _error("give before or older_than_s, not both", 400)
+    if before is not None:
+        if not isinstance(before, str):
+            return _error("before must be an RFC 3339 time or a day (YYYY-MM-DD)", 400)
+        try:
+            return parse_rfc3339(before + "T00:00:00Z" if _DATE.fullmatch(before) else before)
+        except ValueError as exc:
+            return _error(f"before must be an RFC 3339 time or a day (YYYY-MM-DD): {exc}", 400)
+    if age is None:
+        return None
+    if not isinstance(age, int) or isinstance(age, bool) or not 0 <= age <= 100 * 365 * 86_400:
+        return _error("older_than_s must be a whole number of seconds, 0 to 100 years", 400)
+    try:
+        now = wall_now_us(load_tool_settings())
+    except ConfigError as exc:
+        return _error(str(exc), 409)
+    return now - age * 1_000_000
 
 
 def _same_origin(origin: str, host: str) -> bool:

@@ -15,7 +15,7 @@
                              sees them: `SnerdQueue.start_dashboard`; else 404)
     WS  /ws                  a snapshot at once, then one whenever the files change (at most
                              one a `refresh_s`) and at least every `push_every_s`
-    GET /api/session, POST /api/act/{cancel,retry,pause,resume}
+    GET /api/session, POST /api/act/{cancel,retry,pause,resume,purge,retry_dead}
                              the writes and their guards (`snerd.dashboard.actions`: an
                              Origin check and a per-session CSRF token; none when read-only)
 

@@ -1,16 +1,19 @@
-"""Job control from the SDK: `cancel`, `retry`, `pause` / `resume`, `get` and `result`, and
-matching the daemon's replies to the calls that asked (`JobControl`, a part of `QueueFace`).
+"""Job control from the SDK: `cancel`, `retry`, `pause` / `resume`, the sweeps (`purge`,
+`retry_dead` and their `_all` forms), `get` and `result`, and matching the daemon's replies
+to the calls that asked (`JobControl`, a part of `QueueFace`).
 
 A control line is checked by the daemon's own parser before it is sent
 (`messages.check_control_message`); each call waits on a `Waiter` filed under the key its
-reply will carry (`messages.request_key` / `reply_key`: the task id, or the type and
-direction of a pause), oldest first, so two calls about one task each get one answer and a
-call that gave up still takes its own. A refusal that names a task (a retry the owner could
+reply will carry (`messages.request_key` / `reply_key`: the task id, the type and direction
+of a pause, or the kind, type and cutoff of a sweep), oldest first, so two calls about one
+task (or two identical sweeps) each get one answer and a call that gave up still takes its
+own. A refusal that names a task (a retry the owner could
 not carry out, a command refused while the daemon drains) fails the oldest such call.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +26,7 @@ from snerd.sdk.messages import (
     Paused,
     ReplyKey,
     Retried,
+    Swept,
     TaskDetails,
     cancelled_from_reply,
     check_control_message,
@@ -33,6 +37,8 @@ from snerd.sdk.messages import (
     reply_key,
     request_key,
     retried_from_reply,
+    sweep_message,
+    swept_from_reply,
 )
 from snerd.sdk.signals import Signal, Waiter
 
@@ -48,8 +54,12 @@ _REPLY_VALUE: dict[str, Callable[[dict[str, Any]], Any]] = {
     "cancelled": cancelled_from_reply,
     "retried": retried_from_reply,
     "paused": paused_from_reply,
+    "purged": swept_from_reply,
+    "requeued": swept_from_reply,
     "task": details_from_reply,
 }
+#: The replies that name no task: a refusal without a task id fails the oldest such call.
+_WHOLE_QUEUE_REPLIES = ("paused", "purged", "requeued")
 #: The actions of the daemon's replies to control calls (`JobControl._on_control_reply`).
 REPLY_ACTIONS = frozenset(_REPLY_VALUE)
 #: `result()`'s polls of `get`: the first after this many seconds, each later one after
@@ -150,6 +160,56 @@ class JobControl:
         answer: Paused = await self._control(pause_message(None, False, whole_queue=True))
         return answer
 
+    async def purge(self, task_type: str, *, before: dt.datetime | None = None) -> Swept:
+        """Forget, for good, the dead letters and cancelled tasks of `task_type` that finished
+        before `before` (None: whenever), on every daemon of the directory. Only ended tasks
+        that wait for an operator: never a waiting or running task (unlike Celery's
+        `purge`), nor a succeeded one (results leave with the result retention). A purged
+        task leaves the dead-letter listings; its id may be enqueued again.
+
+        Returns:
+            `Swept("purged", task_type, before, count, shards, pending)`: `count` tasks
+            purged in the shards that applied it; `pending` names those whose owner had not
+            within the daemon's wait (durable in their inboxes, applied when read; their
+            tasks are not counted).
+
+        Raises:
+            ControlError: the daemon refuses it (an empty type); `message` is its text.
+            DaemonExited, QueueNotRunning: no daemon to ask.
+        """
+        answer: Swept = await self._control(sweep_message(True, task_type, before))
+        return answer
+
+    async def purge_all(self, *, before: dt.datetime | None = None) -> Swept:
+        """`purge` every type's dead letters and cancelled tasks (finished before `before`).
+        (A separate method, not `purge(None)`: a type that is None by mistake never purges
+        the whole queue.)"""
+        message = sweep_message(True, None, before, whole_queue=True)
+        answer: Swept = await self._control(message)
+        return answer
+
+    async def retry_dead(self, task_type: str, *, before: dt.datetime | None = None) -> Swept:
+        """Put every dead letter of `task_type` that died before `before` (None: whenever)
+        back in the queue, attempts reset, on every daemon of the directory (`retry` puts
+        back one task by id). Cancelled tasks are left: a cancel was meant.
+
+        Returns:
+            `Swept("requeued", task_type, before, count, shards, pending)`: `count` dead
+            letters put back; `pending` as for `purge`.
+
+        Raises:
+            ControlError: the daemon refuses it (an empty type); `message` is its text.
+            DaemonExited, QueueNotRunning: no daemon to ask.
+        """
+        answer: Swept = await self._control(sweep_message(False, task_type, before))
+        return answer
+
+    async def retry_all_dead(self, *, before: dt.datetime | None = None) -> Swept:
+        """`retry_dead` every type's dead letters (a separate method, as `purge_all` is)."""
+        message = sweep_message(False, None, before, whole_queue=True)
+        answer: Swept = await self._control(message)
+        return answer
+
     async def get(self, task_id: str, timeout: float | None = 10.0) -> TaskDetails:
         """Look a task up by id, whichever daemon owns it: its state, attempts, last error,
         times, shard, and the stored result of a success.
@@ -218,8 +278,9 @@ class JobControl:
     # -- the daemon's replies
 
     def _on_control_reply(self, message: dict[str, Any]) -> None:
-        """A `cancelled`, `retried`, `paused` or `task` reply: to the oldest call waiting
-        for a reply about the same task (or type and direction), if any."""
+        """A `cancelled`, `retried`, `paused`, `purged`, `requeued` or `task` reply: to the
+        oldest call waiting for a reply about the same task (or type and direction, or
+        sweep), if any."""
         key = reply_key(message)
         waiter = self._next_control_waiter(key) if key is not None else None
         if waiter is not None and not waiter.abandoned:
@@ -238,7 +299,7 @@ class JobControl:
     def _control_refused(self, task_id: Any, text: str) -> bool:
         """Fail the control call an `error` refuses, if it refuses one (True): a retry the
         owner could not carry out, or a command refused while the daemon drains (the oldest
-        cancel, retry or get of the task; a pause or resume when it names none)."""
+        cancel, retry or get of the task; a pause, resume or sweep when it names none)."""
         if isinstance(task_id, str):
             if text.startswith(_RETRY_REFUSED):
                 kinds: tuple[str, ...] = ("retried",)
@@ -248,7 +309,7 @@ class JobControl:
                 return False
             keys: list[ReplyKey] = [(kind, task_id, False) for kind in kinds]
         elif task_id is None and text.endswith(_COMMAND_REJECTED):
-            keys = [key for key in self._control_waiters if key[0] == "paused"][:1]
+            keys = [key for key in self._control_waiters if key[0] in _WHOLE_QUEUE_REPLIES][:1]
         else:
             return False
         for key in keys:

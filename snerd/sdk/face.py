@@ -4,11 +4,12 @@ daemon) and `Engine` (the same queue in-process).
 Owns: the lifecycle both faces share (`start_listening` / `start` ... `shutdown`, or `async
 with`), the handler registry (handlers, dead-letter handlers, progress callbacks), `enqueue`,
 `schedule` / `unschedule` and `stats` and the waiting calls behind them, job control (`cancel`,
-`retry`, `get`, `result`, `pause` / `resume` and `pause_all` / `resume_all`), the dispatch of
-each message from the daemon (`ack` / `scheduled` / `error` / `stats` / `cancelled` /
-`retried` / `paused` / `task` replies matched to their calls, `execute` handed to the workers
-and `cancel` of a running attempt too, dead letters, progress handed to the observers in
-order), the embedded dashboard, and the `SNERD_*` variables the faces' constructor arguments
+`retry`, `get`, `result`, `pause` / `resume`, `pause_all` / `resume_all`, `purge` /
+`purge_all` and `retry_dead` / `retry_all_dead`: `snerd.sdk.control`), the dispatch of each
+message from the daemon (`ack` / `scheduled` / `error` / `stats` / `cancelled` / `retried` /
+`paused` / `purged` / `requeued` / `task` replies matched to their calls, `execute` handed
+to the workers and `cancel` of a running attempt too, dead letters, progress handed to the
+observers in order), the embedded dashboard, and the `SNERD_*` variables the faces' constructor arguments
 stand for.
 
 Both faces speak the wire protocol (docs/protocol.md, "SDK → daemon" and "Daemon → SDK") as

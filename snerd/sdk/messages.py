@@ -10,10 +10,12 @@ handler's return value it carries (`result_value`), task data as handlers get it
 reported as (`describe_error`).
 
 Job control too (docs/protocol.md, "Job control"): the `cancel`, `retry`, `get`, `pause` and
-`resume` lines (`control_message`, `pause_message`), and the values their replies stand for
-(`Cancelled`, `Retried`, `Paused`, `TaskDetails`), with the key that matches a reply to the
-calls waiting for it (`reply_key`, `request_key`): the replies carry no request id, so a
-call is matched by what it asked about (the task id; the type and the direction of a pause).
+`resume` lines (`control_message`, `pause_message`), the sweeps (a `purge`, a `retry` of a
+type's dead letters: `sweep_message`), and the values their replies stand for (`Cancelled`,
+`Retried`, `Paused`, `Swept`, `TaskDetails`), with the key that matches a reply to the calls
+waiting for it (`reply_key`, `request_key`): the replies carry no request id, so a call is
+matched by what it asked about (the task id; the type and the direction of a pause; the kind,
+type and cutoff of a sweep).
 
 It must never: check option values (the daemon does, so its error texts reach the caller
 unchanged; only what JSON cannot carry is refused here), or do I/O. A handler's return value
@@ -50,7 +52,7 @@ from snerd.core.protocol import (
     result_too_large,
 )
 from snerd.core.slots import slot_constructor
-from snerd.core.timefmt import parse_rfc3339_or_none
+from snerd.core.timefmt import format_rfc3339, parse_rfc3339_or_none
 from snerd.sdk.errors import ControlError, EnqueueError, ScheduleError
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "ReplyKey",
     "Retried",
     "Scheduled",
+    "Swept",
     "TaskDetails",
     "build_enqueue_message",
     "build_schedule_message",
@@ -82,6 +85,8 @@ __all__ = [
     "result_value",
     "retried_from_reply",
     "scheduled_from_reply",
+    "sweep_message",
+    "swept_from_reply",
 ]
 
 
@@ -392,6 +397,26 @@ class Paused:
 
 
 @dataclass(frozen=True, slots=True)
+class Swept:
+    """What the daemon answered a purge or a retry of a type's dead letters."""
+
+    #: `purged`, or `requeued` (dead letters put back in the queue).
+    action: str
+    #: The type swept; None for every type.
+    task_type: str | None
+    #: The cutoff: only tasks that finished before it (UTC); None: whenever.
+    before: dt.datetime | None
+    #: How many tasks it purged or put back, in the shards that applied it.
+    count: int
+    #: How many shards the queue has.
+    shards: int
+    #: Shards whose owner had not applied it within the daemon's wait (`"shard-N"`): it is
+    #: durable in their inboxes and applied when they read them; their tasks are not in
+    #: `count`. Empty: applied everywhere.
+    pending: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TaskDetails:
     """What the daemon answered a `get`: one task as the queue's files tell it."""
 
@@ -431,8 +456,9 @@ class TaskDetails:
 #: The states of a task that has ended: `result()` stops waiting at one of them.
 FINISHED_STATES = frozenset({"succeeded", "dead_letter", "cancelled", "dropped", "purged"})
 
-#: What matches a reply to the calls that wait for it: the reply's action and what it names.
-ReplyKey: TypeAlias = tuple[str, str | None, bool]
+#: What matches a reply to the calls that wait for it: the reply's action and what it names
+#: (a task id, or a type), and a pause's direction or a sweep's cutoff (RFC 3339, or None).
+ReplyKey: TypeAlias = tuple[str, str | None, bool | str | None]
 
 
 def control_message(action: str, task_id: Any) -> dict[str, Any]:
@@ -448,6 +474,24 @@ def pause_message(task_type: Any, paused: bool, *, whole_queue: bool = False) ->
     if whole_queue:
         return {"action": action, "queue": True}
     return {"action": action, "task_type": task_type}
+
+
+def sweep_message(
+    purge: bool, task_type: Any, before: dt.datetime | None, *, whole_queue: bool = False
+) -> dict[str, Any]:
+    """The `purge` (or, `purge` False, the `retry` of a type's dead letters) line of
+    `task_type`, or of the whole queue (`"queue": true`), with its cutoff `before` (RFC 3339
+    in UTC; a naive datetime is local time). A `task_type` of None is sent as it is, for the
+    parser to refuse: it never stands for the whole queue."""
+    message: dict[str, Any] = {"action": "purge" if purge else "retry"}
+    if whole_queue:
+        message["queue"] = True
+    else:
+        message["task_type"] = task_type
+    if before is not None:
+        moment = before.astimezone(dt.UTC)
+        message["before"] = format_rfc3339((moment - _EPOCH) // dt.timedelta(microseconds=1))
+    return message
 
 
 def check_control_message(message: dict[str, Any]) -> None:
@@ -472,12 +516,33 @@ _REPLY_ACTION = {
     "get": "task",
     "pause": "paused",
     "resume": "paused",
+    "purge": "purged",
 }
+
+
+def _is_sweep(message: dict[str, Any]) -> bool:
+    """A `purge`, or a `retry` naming a type (or the queue) instead of a task (the parser's
+    rule, `snerd.core.protocol.parse_document`)."""
+    return message.get("action") == "purge" or (
+        message.get("action") == "retry"
+        and "task_id" not in message
+        and ("task_type" in message or "queue" in message)
+    )
+
+
+def _cutoff(value: Any) -> str | None:
+    """A sweep's `before` as one spelling of its instant (None: none, or not a time)."""
+    us = parse_rfc3339_or_none(value)
+    return None if us is None else format_rfc3339(us)
 
 
 def request_key(message: dict[str, Any]) -> ReplyKey:
     """The key of the reply that answers the control line `message` (checked already)."""
     action = message["action"]
+    if _is_sweep(message):
+        reply = "purged" if action == "purge" else "requeued"
+        whole = message.get("queue") is True
+        return reply, None if whole else message.get("task_type"), _cutoff(message.get("before"))
     reply = _REPLY_ACTION[action]
     if reply == "paused":
         return reply, message.get("task_type"), action == "pause"
@@ -492,6 +557,11 @@ def reply_key(message: dict[str, Any]) -> ReplyKey | None:
         if task_type is not None and not isinstance(task_type, str):
             return None
         return action, task_type, message.get("paused") is True
+    if action in ("purged", "requeued"):
+        task_type = message.get("task_type")
+        if task_type is not None and not isinstance(task_type, str):
+            return None
+        return action, task_type, _cutoff(message.get("before"))
     task_id = message.get("task_id")
     if action in ("cancelled", "retried", "task") and isinstance(task_id, str):
         return action, task_id, False
@@ -540,6 +610,20 @@ def paused_from_reply(message: dict[str, Any]) -> Paused:
     return Paused(
         _text(message.get("task_type")),
         message.get("paused") is True,
+        shards if type(shards) is int else 0,
+        tuple(s for s in pending if isinstance(s, str)) if isinstance(pending, list) else (),
+    )
+
+
+def swept_from_reply(message: dict[str, Any]) -> Swept:
+    """What the daemon's `purged` or `requeued` reply says (fields of the wrong type read as
+    absent)."""
+    count, shards, pending = message.get("count"), message.get("shards"), message.get("pending")
+    return Swept(
+        str(message.get("action")),
+        _text(message.get("task_type")),
+        _moment(message.get("before")),
+        count if type(count) is int else 0,
         shards if type(shards) is int else 0,
         tuple(s for s in pending if isinstance(s, str)) if isinstance(pending, list) else (),
     )

@@ -947,7 +947,8 @@ def test_replay_while_a_daemon_holds_the_shard_asks_it_to_retry(
     d = daemons(q)
     code, out, err = cli("replay", q)
     assert (code, err) == (0, "")
-    assert "retried d1 (job) in shard-0, by its daemon" in out
+    # One retry of every dead letter of the shard, answered by its daemon.
+    assert "retried 1 dead letter(s) in shard-0, by their daemons" in out
     assert "Recovered 1 failed task(s)" in out
     d.send({"action": "register", "task_type": "job"})
     again = d.execute()
@@ -963,8 +964,9 @@ def test_a_live_replay_not_answered_within_its_wait_is_pending_and_applied(
 ) -> None:
     q = plant(tmp_path / "q", {0: [claim(1), dead("d1")]})
     d = daemons(q)
-    code, out, _ = cli("replay", q, "--wait", "0")
+    code, out, _ = cli("replay", q, "--id", "d1", "--wait", "0")
     assert code == 4
+    # (By id: a retry of that task, not of the shard's dead letters.)
     assert "d1: pending on shard-0 (no answer within the wait)" in out
     assert "Recovered 0 failed task(s) into the active queue; 1 pending." in out
     # The command is durable in the inbox: the daemon puts the task back all the same.

@@ -896,6 +896,61 @@ def test_the_page_in_chromium_retries_cancels_and_pauses_and_refuses_a_forged_po
     anyio.run(_actions_in_chromium, tmp_path, backend="asyncio")
 
 
+async def _sweeps_in_chromium(tmp_path: Path) -> None:
+    q = hand_made_queue(tmp_path)  # dead-1: an export dead letter, of now
+    old = format_rfc3339(wall_us() - 10 * 86_400 * SECOND)
+    append(q, task("old-1", 5, taskType="export", retryCount=3, deletedAt=old,
+                   snerdOutcome="dead_letter", LastErrorObj="timeout"))
+    append(q, task("gone-1", 6, deletedAt=old, snerdOutcome="cancelled"))
+    with live_daemon(q), Server(q) as server:
+        async with browser_page() as page:
+            await page.goto(server.url)
+            await page.wait_for_selector('body[data-source="ws"]')
+            result = page.locator("#action-result")
+            dead = page.locator("#dead tbody tr")
+            await expect(dead).to_have_count(2)
+            await expect(page.locator("#dead-types tbody tr")).to_have_text(
+                ["export2retry all"])
+            asked: list[str] = []
+            answered = anyio.Event()
+
+            async def dismiss(dialog: Any) -> None:
+                asked.append(dialog.message)
+                await dialog.dismiss()
+                answered.set()
+
+            async def accept(dialog: Any) -> None:
+                asked.append(dialog.message)
+                await dialog.accept()
+
+            # Not confirmed: nothing is sent.
+            page.once("dialog", dismiss)
+            await page.locator("#purge-button").click()
+            with anyio.fail_after(10):
+                await answered.wait()
+            assert "of every type older than 7 days" in asked[0]
+            assert await result.text_content() == "" and list(q.glob("shard-0/inbox/*")) == []
+            # Confirmed, by default older than 7 days: the old dead letter and the old
+            # cancelled task go, the recent dead letter stays.
+            page.once("dialog", accept)
+            await page.locator("#purge-button").click()
+            await expect(result).to_have_text("purged 2 task(s)")
+            await expect(dead).to_have_count(1)
+            await expect(dead.first.locator("td").first).to_have_text("dead-1")
+            # "retry all" of the type: its daemon puts the rest back.
+            await page.locator("#dead-types button[data-action=retry_dead]").click()
+            await expect(result).to_have_text("put back 1 dead letter(s) of type export")
+            await expect(page.locator("#dead tbody td.empty")).to_have_text("no dead letters")
+        assert len(asked) == 2
+        report = httpx.get(f"{server.url}api/task/old-1").json()
+        assert report["state"] == "purged"
+        assert server.stop() == 0
+
+
+def test_the_page_in_chromium_purges_with_a_confirm_and_retries_a_type(tmp_path: Path) -> None:
+    anyio.run(_sweeps_in_chromium, tmp_path, backend="asyncio")
+
+
 async def _read_only_in_chromium(tmp_path: Path) -> None:
     q = hand_made_queue(tmp_path)
     with Server(q, "--read-only") as server:
@@ -913,6 +968,14 @@ async def _read_only_in_chromium(tmp_path: Path) -> None:
                 return [r.status, (await r.json()).error];
             }""")
             assert status == [403, "this dashboard is read-only (started with --read-only)"]
+            assert await page.locator("#dead-tools").count() == 0
+            status = await page.evaluate("""async () => {
+                const s = await (await fetch("/api/session")).json();
+                const r = await fetch("/api/act/purge", {method: "POST", body: '{"task_type":null}',
+                    headers: {"content-type": "application/json", "x-csrf-token": s.csrf}});
+                return r.status;
+            }""")
+            assert status == 403
         assert list(q.glob("shard-*/inbox/*")) == []
         assert server.stop() == 0
 
@@ -931,7 +994,13 @@ def test_a_write_names_what_is_wrong_with_it(client: tuple[TestClient, Path]) ->
                    headers={"content-type": "application/json", **ok, **headers})
         return r.status_code, r.json().get("error", "")
 
-    assert act("purge", b"{}")[0] == 404
+    assert act("explode", b"{}")[0] == 404
+    assert act("purge", b"{}") == (400, "a purge must name task_type (null: every type)")
+    assert act("retry_dead", b'{"task_type": ""}')[0] == 400
+    assert act("purge", b'{"task_type": null, "before": "2026-13-01"}')[0] == 400
+    assert act("purge", b'{"task_type": null, "older_than_s": -1}')[0] == 400
+    assert act("purge", b'{"task_type": null, "older_than_s": 1, "before": "2026-01-01"}') == (
+        400, "give before or older_than_s, not both")
     assert act("cancel", b'{"task_id": 7}') == (
         400, "task_id must be a non-empty string of at most 1024 characters")
     assert act("cancel", b'{"task_id": "a\\u0000b"}')[0] == 400
@@ -951,6 +1020,15 @@ def test_a_write_names_what_is_wrong_with_it(client: tuple[TestClient, Path]) ->
     # No daemon runs: the pause is durable in the inbox, and pending.
     assert r.json()["pending"] == ["shard-0"] and r.json()["unowned_shards"] == ["shard-0"]
     assert len(list(q.glob("shard-0/inbox/tool-*.log"))) == 1
+    # So is a purge: the dashboard never writes the log of a shard no daemon holds.
+    size = log(q).stat().st_size
+    r = c.post("/api/act/purge", json={"task_type": None, "older_than_s": 0},
+               headers={"content-type": "application/json", **ok})
+    assert r.status_code == 200, r.text
+    assert (r.json()["action"], r.json()["count"], r.json()["pending"]) == (
+        "purged", 0, ["shard-0"])
+    assert log(q).stat().st_size == size
+    assert len(list(q.glob("shard-0/inbox/tool-*.log"))) == 2
     # Without a daemon no owner can say an id is unknown: pending, a 200 (with a daemon, a
     # 404: `_actions_in_chromium`).
     assert act("cancel", b'{"task_id": "nope"}')[0] == 200
@@ -962,7 +1040,7 @@ def test_a_read_only_app_refuses_every_write(tmp_path: Path) -> None:
     with TestClient(app) as c:
         session = c.get("/api/session").json()
         assert session["read_only"] is True
-        for action in ("cancel", "retry", "pause", "resume"):
+        for action in ("cancel", "retry", "pause", "resume", "purge", "retry_dead"):
             r = c.post(f"/api/act/{action}", json={"task_id": "dead-1", "task_type": None},
                        headers={"origin": "http://testserver", "x-csrf-token": session["csrf"]})
             assert r.status_code == 403 and "read-only" in r.json()["error"]

@@ -31,6 +31,7 @@ from snerd import (
     Paused,
     Retried,
     SnerdQueue,
+    Swept,
     TaskDetails,
     TaskFailed,
     current_task,
@@ -269,6 +270,72 @@ def test_pause_holds_a_type_while_another_runs_and_resume_lets_it_go(
     run(_pause_holds_a_type, face, tmp_path)
 
 
+# --- sweeps: purge and retry by type -----------------------------------------------------------
+
+
+async def _sweeps(face: Face, tmp_path: Path) -> None:
+    calls, buried = Calls(), Calls()
+    healed = threading.Event()
+    async with face(tmp_path) as q:
+
+        @q.handler("boom")
+        async def boom(data: Any) -> None:
+            calls.add(current_task().task_id)
+            if not healed.is_set():
+                raise ValueError("boom")
+
+        @q.handler("other")
+        async def other(data: Any) -> None:
+            raise ValueError("other")
+
+        @q.max_retry_handler("boom")
+        @q.max_retry_handler("other")
+        async def dead(data: Any, error: str | None) -> None:
+            buried.add(error)
+
+        for task_id, task_type in (("b1", "boom"), ("b2", "boom"), ("o1", "other")):
+            await q.enqueue(task_id, task_type, None, max_retries=0)
+        await buried.wait(3)
+        later = datetime.now(UTC) + timedelta(hours=1)
+        await q.enqueue("c1", "boom", None, execute_at=later)
+        assert (await q.cancel("c1")).cancelled
+        # The type's dead letters go back (not the cancelled task), and run again.
+        healed.set()
+        assert await q.retry_dead("boom") == Swept("requeued", "boom", None, 2, 1)
+        assert sorted((await calls.wait(4))[2:]) == ["b1", "b2"]
+        await wait_for_stats(q, lambda s: s["total_executed"] == 5)
+        # A purge of the type takes the cancelled task, never the succeeded ones; two at
+        # once each get an answer of their own.
+        answers: list[Swept] = []
+        async with anyio.create_task_group() as tg:
+
+            async def purge() -> None:
+                answers.append(await q.purge("boom"))
+
+            tg.start_soon(purge)
+            tg.start_soon(purge)
+        assert sorted(a.count for a in answers) == [0, 1]
+        assert (await q.get("b1")).state == "succeeded"
+        # A cutoff before the dead letter died leaves it; the whole queue's purge takes it.
+        cutoff = datetime(2020, 1, 1, tzinfo=UTC)
+        assert await q.purge_all(before=cutoff) == Swept("purged", None, cutoff, 0, 1)
+        assert await q.purge_all() == Swept("purged", None, None, 1, 1)
+        assert (await q.get("o1")).state == "purged"
+        assert await q.retry_all_dead() == Swept("requeued", None, None, 0, 1)
+        # No accidental whole-queue sweep: a type of None or "" is refused.
+        for call in (q.purge, q.retry_dead):
+            with pytest.raises(ControlError, match=r"^Invalid JSON: missing field `task_type`"):
+                await call(None)  # type: ignore[arg-type]
+            with pytest.raises(ControlError, match=r"^Invalid JSON: field `task_type` must not"):
+                await call("")
+
+
+def test_purge_and_retry_by_type_count_what_they_took(
+    run: Runner, face: Face, tmp_path: Path
+) -> None:
+    run(_sweeps, face, tmp_path)
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 
@@ -491,6 +558,31 @@ def test_replies_go_to_the_calls_they_name_oldest_first_and_refusals_to_theirs()
             q.reply({"action": "error",
                      "message": "[Snerd] Daemon is shutting down; command rejected"})
         assert isinstance(got["all"], ControlError) and "shutting down" in got["all"].message
+        # Sweeps are matched by kind, type and cutoff: two identical ones oldest first, and
+        # one with another cutoff is not answered by their replies.
+        cutoff = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+        async with anyio.create_task_group() as tg:
+            sweeps: list[tuple[str, Callable[[], Any]]] = [
+                ("p1", lambda: q.purge("t")), ("p2", lambda: q.purge("t")),
+                ("cut", lambda: q.purge("t", before=cutoff)), ("r", lambda: q.retry_dead("t")),
+            ]
+            for name, sweep in sweeps:
+                tg.start_soon(call, name, sweep)
+                await anyio.wait_all_tasks_blocked()
+            assert q.sent[-1] == {"action": "retry", "task_type": "t"}
+            assert q.sent[-2] == {"action": "purge", "task_type": "t",
+                                  "before": "2026-01-02T03:04:05.000000Z"}
+            for count in (3, 4):
+                q.reply({"action": "purged", "task_type": "t", "before": None, "count": count,
+                         "shards": 2, "pending": []})
+            q.reply({"action": "requeued", "task_type": "t", "before": None, "count": 5,
+                     "shards": 2, "pending": ["shard-1"]})
+            await anyio.wait_all_tasks_blocked()
+            assert "cut" not in got
+            q.reply({"action": "purged", "task_type": "t", "before": "2026-01-02T03:04:05.000Z",
+                     "count": 6, "shards": 2, "pending": []})
+        assert [got.pop(k).count for k in ("p1", "p2", "cut")] == [3, 4, 6]
+        assert got.pop("r") == Swept("requeued", "t", None, 5, 2, ("shard-1",))
         # A call given up (cancelled) still takes its own reply; the next call gets its own.
         with anyio.move_on_after(1):
             await q.cancel("y")

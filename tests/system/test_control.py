@@ -2,7 +2,8 @@
 / `resume` is sent to the daemon that does *not* own the task's shard, is answered with what
 the owner decided (through the inboxes), and has its effect there: a cancelled task never
 runs (a running one is ended, and its SDK told to stop it), a retried dead letter runs again,
-a paused type is dispatched by neither daemon, before and after both restart, until resumed.
+a paused type is dispatched by neither daemon, before and after both restart, until resumed;
+a retry of a type's dead letters and a purge count what the owners of both shards took.
 
 Two daemons share two shards, one each (tests/support/cluster.py). Task ids are picked to land
 on the shard of the daemon the test means (`route_shard`, read against the daemons'
@@ -229,6 +230,42 @@ async def test_a_get_through_the_non_owner_reads_the_task_from_its_owners_files(
     assert (got["found"], got["state"]) == (False, "unknown")
     q.hold.clear()
     await q.daemons["a"].send({"action": "result", "task_id": live, "status": "success"})
+    await q.stop()
+
+
+async def test_a_retry_by_type_and_a_purge_through_the_non_owner_reach_both_shards(
+    queue_dir: Path, nursery: trio.Nursery
+) -> None:
+    q = Control(nursery, queue_dir)
+    await q.start("a", "b", types=("t", "p"))
+    # A dead letter of each type on each daemon's shard.
+    dead = {owner: [q.task_on(owner, "d-"), q.task_on(owner, "e-")] for owner in ("a", "b")}
+    for owner, (of_t, of_p) in dead.items():
+        q.fail.update((of_t, of_p))
+        await q.enqueue(owner, of_t, max_retries=0)
+        await q.enqueue(owner, of_p, task_type="p", max_retries=0)
+    buried = set(q.fail)
+    await q.until(lambda: all(q.has(None, "max_retries_reached", t) for t in buried))
+    q.fail.clear()
+    # Through b: b's shard puts its own back, a's is reached through its inbox.
+    got = await q.ask("b", {"action": "retry", "task_type": "p"}, "requeued")
+    assert got == {"action": "requeued", "task_type": "p", "before": None, "count": 2,
+                   "shards": 2, "pending": []}
+    back = [of_p for _of_t, of_p in dead.values()]
+    await q.until(lambda: all(len(q.runs(t)) == 2 for t in back))
+    for owner, (_of_t, of_p) in dead.items():
+        assert q.runs(of_p) == [owner, owner]
+    # A cutoff before they died takes none; without one, a's and b's dead letters of t go.
+    early = {"action": "purge", "task_type": "t", "before": "2020-01-01T00:00:00Z"}
+    got = await q.ask("a", early, "purged")
+    assert (got["count"], got["pending"]) == (0, [])
+    got = await q.ask("a", {"action": "purge", "task_type": "t"}, "purged")
+    assert (got["count"], got["shards"], got["pending"]) == (2, 2, [])
+    for owner, (of_t, _of_p) in dead.items():
+        got = await q.ask(q.other(owner), {"action": "get", "task_id": of_t}, "task")
+        assert got["state"] == "purged", (owner, got)
+    got = await q.ask("b", {"action": "purge", "queue": True}, "purged")
+    assert got["count"] == 0
     await q.stop()
 
 

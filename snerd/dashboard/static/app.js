@@ -1,8 +1,10 @@
 // The snerd dashboard page: renders /api/snapshot, then follows /ws (falling back to polling
 // /api/snapshot every 2 s while the WebSocket is down). Every value is set as text, never as
 // HTML. <body data-version="N" data-source="ws|http"> says what was rendered last and how it
-// arrived. The buttons (retry, cancel, pause, resume) POST to /api/act/<action> with the
-// session's CSRF token from /api/session; a read-only dashboard shows none.
+// arrived. The buttons (retry, cancel, pause, resume; on the dead letters, "retry all" of a
+// type and "Purge dead letters", which asks for a confirmation first) POST to
+// /api/act/<action> with the session's CSRF token from /api/session; a read-only dashboard
+// shows none.
 "use strict";
 
 const TOTALS = ["live", "waiting", "delayed", "retrying", "in_flight", "completed", "dead_letters"];
@@ -34,10 +36,34 @@ function button(action, label, field, value, shard) {
 async function act(b) {
   const body = { [b.dataset.field]: b.dataset.whole ? null : b.dataset.value };
   if (b.dataset.shard !== undefined) body.shard = Number(b.dataset.shard);
+  await send(b.dataset.action, body, b);
+}
+
+// "Purge dead letters": the type, and a day (if one is given) or an age; confirmed first.
+async function purge(b) {
+  const type = document.getElementById("purge-type").value;
+  const day = document.getElementById("purge-before").value;
+  const age = document.getElementById("purge-age");
+  const body = { task_type: type || null };
+  let when = "of any age";
+  if (day) {
+    body.before = day;
+    when = `that finished before ${day}`;
+  } else if (age.value !== "any") {
+    body.older_than_s = Number(age.value);
+    when = `older than ${age.selectedOptions[0].textContent}`;
+  }
+  const what = type ? `of type ${type}` : "of every type";
+  if (!window.confirm(`Purge the dead letters and cancelled tasks ${what} ${when}? ` +
+                      "They are forgotten for good.")) return;
+  await send("purge", body, b);
+}
+
+async function send(action, body, b) {
   const out = document.getElementById("action-result");
   b.disabled = true;
   try {
-    const response = await fetch(`/api/act/${b.dataset.action}`, {
+    const response = await fetch(`/api/act/${action}`, {
       method: "POST",
       credentials: "same-origin",
       headers: { "content-type": "application/json", "x-csrf-token": session.csrf || "" },
@@ -58,6 +84,12 @@ async function act(b) {
 function describe(a) {
   const pending = (a.pending_shards || a.pending || []);
   const later = pending.length ? `; pending on ${pending.join(", ")}` : "";
+  if (a.action === "purged" || a.action === "requeued") {
+    const what = a.task_type === null ? "" : ` of type ${a.task_type}`;
+    const done = a.action === "purged" ? `purged ${a.count} task(s)`
+      : `put back ${a.count} dead letter(s)`;
+    return `${done}${what}${later}`;
+  }
   if (a.action === "paused") {
     const what = a.task_type === null ? "the whole queue" : `type ${a.task_type}`;
     return `${what} ${a.paused ? "paused" : "resumed"}${later}`;
@@ -70,6 +102,29 @@ document.addEventListener("click", (event) => {
   const b = event.target.closest("button[data-action]");
   if (b) act(b);
 });
+document.getElementById("purge-button").addEventListener("click", (event) => purge(event.target));
+
+function option(value, text) {
+  const o = document.createElement("option");
+  o.value = value;
+  o.textContent = text;
+  return o;
+}
+
+// The types of the dead letters shown, each with a "retry all"; and the purge's type choice.
+function renderDeadTypes(dead) {
+  const counts = new Map();
+  for (const d of dead) counts.set(d.type, (counts.get(d.type) || 0) + 1);
+  const types = [...counts.keys()].sort();
+  fill("dead-types", types, (t) => [cell(t), cell(counts.get(t), "num"),
+    button("retry_dead", "retry all", "task_type", t)], "no dead letters");
+  const select = document.getElementById("purge-type");
+  if (!select) return;  // (read-only: the purge controls are gone)
+  const chosen = select.value;
+  select.replaceChildren(option("", "all types"), ...types.map((t) => option(t, t)));
+  select.value = chosen;
+  if (select.value !== chosen) select.value = "";
+}
 
 function renderTypes(stats) {
   const paused = new Map((stats.paused || []).map((p) => [p.task_type, p]));
@@ -186,6 +241,7 @@ function render(snap, source) {
     taskCell(d.id), cell(d.type), cell(d.attempts, "num"), cell(d.at), cell(`shard-${d.shard}`),
     cell(d.error || "(no error recorded)", "error-text"), button("retry", "retry", "task_id", d.id, d.shard),
   ], "no dead letters");
+  renderDeadTypes(snap.dead_letters || []);
   renderTypes(stats);
   // Progress messages: only a dashboard an SDK serves sees them (newest first).
   const section = document.getElementById("progress-section");
@@ -252,6 +308,8 @@ async function start() {
     showError(String(err));
   }
   document.body.dataset.readOnly = String(session.read_only);
+  const tools = document.getElementById("dead-tools");
+  if (session.read_only) tools.remove(); else tools.hidden = false;
   await poll();
   connect();
 }
