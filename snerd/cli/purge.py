@@ -211,7 +211,7 @@ def _purge_offline(
             step = rule.PURGE_RECORD_IDS
             meta = {SNERD_NODE: owner, SNERD_EPOCH: fold.log_epoch}
             batches[shard] = [
-                encode_record({**rule.purge_fields(ids[i : i + step], at), **meta})
+                encode_record({**rule.purge_fields(ids[i : i + step], sweep, at), **meta})
                 for i in range(0, len(ids), step)
             ]
         batches = {s: lines for s, lines in batches.items() if lines}
