@@ -240,9 +240,8 @@ class Outcomes:
         offsets, lengths = event.offsets, event.lengths
         at = 0
         for part in p.parts:
-            # An earlier part may have stepped the node down from the shard (mypy keeps the
-            # narrowing of the check above across the calls).
-            if info.phase is UNOWNED or part.tenure != info.tenure:  # type: ignore[comparison-overlap]
+            # An earlier part may have stepped the node down from the shard.
+            if info.phase is UNOWNED or part.tenure != info.tenure:
                 return
             end = at + part.count
             committed[type(part)](part, info, offsets[at:end], lengths[at:end])
