@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from snerd.core import dedupe
 from snerd.core import effects as fx
+from snerd.core import enqueue as enqueue_rule
 from snerd.core import events as ev
 from snerd.core import protocol as proto
-from snerd.core.cron import next_fire
 from snerd.core.node.model import (
     ACTIVE,
     ENQUEUING,
@@ -43,30 +42,18 @@ from snerd.core.node.model import (
 )
 from snerd.core.node.outbox import EnqueuePart, EnqueueRun, InboxPart
 from snerd.core.schema import (
-    AUTO_DEDUPE,
-    CRON_EXPRESSION,
     EXECUTE_AT,
-    MAX_EXECUTION_SECONDS,
-    MAX_PER_MINUTE,
     MAX_RETRIES,
-    PAYLOAD_HASH,
-    POOL,
-    RATE_LIMIT_GROUP,
     RETRY_AFTER_HOURS,
     RETRY_AFTER_TIME,
     RETRY_COUNT,
     SNERD_EPOCH,
     SNERD_NODE,
     SNERD_SEQ,
-    SNERD_UNIQUE_UNTIL,
     TASK_DATA,
     TASK_ID,
     TASK_TYPE,
-    TRIGGER_AFTER_IDS,
-    URGENCY_SCORE,
-    WEBHOOK_URL,
 )
-from snerd.core.timefmt import format_rfc3339
 
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
@@ -206,7 +193,7 @@ class Intake:
                 self._ack_duplicate(cmd.task_id, original)
                 return
         shards = self.node.tenure.shard_count()
-        key = cmd.rate_limit_group or payload_hash or cmd.task_id
+        key = enqueue_rule.routing_key(cmd, payload_hash)
         shard = route_shard(key, shards) if shards != 1 else 0  # x % 1 == 0: skip the hash
         info = self.shards.get(shard)
         if info is None or info.phase is not ACTIVE:
@@ -287,63 +274,16 @@ class Intake:
 
     @staticmethod
     def fingerprint(cmd: proto.Enqueue) -> str:
-        """The dedupe fingerprint of an enqueue with dedupe (`snerd.core.dedupe`)."""
-        if cmd.unique_key is not None:
-            return dedupe.unique_fingerprint(cmd.task_type, cmd.unique_key)
-        return dedupe.fingerprint(cmd.task_type, cmd.task_data)
+        """The dedupe fingerprint of an enqueue with dedupe (`snerd.core.enqueue`)."""
+        return enqueue_rule.fingerprint(cmd)
 
     def _enqueue_fields(
         self, cmd: proto.Enqueue, payload_hash: str | None
     ) -> tuple[dict[str, Any], int]:
-        """The task record of a new enqueue, without snerd's node, epoch and sequence keys,
-        and when it is due (µs): 0 without `execute_at` or `cron`, so it is ready as soon as
-        its record is durable even if the wall clock is stepped back meanwhile (its record's
-        `executeAt` says now, as upstream's does)."""
-        now = self.node.now
-        execute_at = cmd.execute_at_us
-        if execute_at is None and cmd.cron is not None:
-            execute_at = next_fire(cmd.cron, now.wall)
-        ready_at = 0 if execute_at is None else execute_at
-        if execute_at is None:
-            execute_at = now.wall
-        # Upstream's keys in upstream's order, optional ones only when set; built in one pass
-        # (this is the per-enqueue hot path: the keys every record has are literals, checked
-        # against the schema at import; the loop of `lines` builds the same record for a plain
-        # enqueue).
-        now_text = self.node.wall_text()
-        fields: dict[str, Any] = {
-            "taskId": cmd.task_id,
-            "retryCount": 0,
-            "maxRetries": cmd.max_retries,
-            "retryAfterHours": cmd.retry_after_hours,
-            "retryAfterTime": now_text,
-            "taskData": cmd.task_data,
-            "taskType": cmd.task_type,
-        }
-        if cmd.rate_limit_group is not None:
-            fields[RATE_LIMIT_GROUP] = cmd.rate_limit_group
-        if cmd.max_per_minute is not None:
-            fields[MAX_PER_MINUTE] = cmd.max_per_minute
-        if cmd.dedupes:
-            fields[AUTO_DEDUPE] = True
-            if cmd.unique_until != dedupe.FINISHED:
-                fields[SNERD_UNIQUE_UNTIL] = cmd.unique_until
-        if cmd.urgency_score:
-            fields[URGENCY_SCORE] = cmd.urgency_score
-        if payload_hash is not None:
-            fields[PAYLOAD_HASH] = payload_hash
-        fields[EXECUTE_AT] = now_text if execute_at == now.wall else format_rfc3339(execute_at)
-        if cmd.pool is not None:
-            fields[POOL] = cmd.pool
-        if cmd.trigger_after_ids:
-            fields[TRIGGER_AFTER_IDS] = list(cmd.trigger_after_ids)
-        if cmd.cron is not None:
-            fields[CRON_EXPRESSION] = cmd.cron
-        if cmd.webhook_url is not None:
-            fields[WEBHOOK_URL] = cmd.webhook_url
-        if cmd.max_execution_seconds is not None:
-            fields[MAX_EXECUTION_SECONDS] = cmd.max_execution_seconds
-        return fields, ready_at
+        """The task record of a new enqueue now (`snerd.core.enqueue.enqueue_fields`)."""
+        return enqueue_rule.enqueue_fields(
+            cmd, payload_hash, self.node.now.wall, self.node.wall_text()
+        )
 
     def lines(self, lines: Iterable[bytes]) -> None:
         """Lines from the SDK, each taken in turn as `line` takes it, with the commonest one,
