@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench import cluster, daemon, huey_bench, raw, sdk, sim
+from bench import cluster, daemon, huey_bench, producer, raw, sdk, sim
 from bench.common import Latency, Measurement, Rate, Scratch, Unavailable, percentile
 
 BenchFn = Callable[[Scratch, int, float], list[Measurement]]
@@ -48,6 +48,8 @@ BENCHES = [
     Bench("e2e", daemon.snerd_e2e, 80_000, 4.0, "snerd no-op jobs over the protocol"),
     Bench("sdk", sdk.sdk_e2e, 50_000, 4.0, "snerd no-op jobs through SnerdQueue"),
     Bench("exec", daemon.snerd_exec_latency, 3_000, 3.0, "snerd enqueue -> execute, idle"),
+    Bench("producer", producer.producer_enqueue, 20_000, 3.0,
+          "snerd.Producer: a blocking enqueue, no event loop, one thread then 8"),
     Bench("sim", sim.sim_events, 10_000_000, 6.0, "simulator world events per second, one core"),
     Bench("takeover", cluster.cluster_takeover, 6, 20.0,
           "kill -9 of a shard's owner to the standby announcing it, local filesystem"),
@@ -63,7 +65,7 @@ BENCHES = [
 GROUPS = {
     "raw": ["raw1", "raw1-paced", "raw64"],
     "huey": ["huey-enqueue", "huey-e2e"],
-    "snerd": ["pipelined", "seq", "e2e", "sdk", "exec"],
+    "snerd": ["pipelined", "seq", "e2e", "sdk", "exec", "producer"],
     "protocol": ["pipelined", "seq", "e2e", "exec"],
     "simulator": ["sim"],
     "cluster": ["takeover", "takeover-gluster", "rebalance", "lease-loop", "inbox"],
@@ -254,6 +256,19 @@ def build_rows(r: Results) -> list[Row]:
             _check(None if e50 is None else e50 <= 1000),
         )
     )
+    q50, q99 = r.pct_us("producer_enqueue", 50), r.pct_us("producer_enqueue", 99)
+    rows.append(
+        Row(
+            "snerd.Producer enqueue (blocking): p50",
+            na if q50 is None or q99 is None else
+            f"{_us(q50)} (p99 {_us(q99)}, n={len(r.latencies['producer_enqueue']):,})",
+            na if raw50 is None else f"raw fsync p50 {_us(raw50)}",
+            na if q50 is None or not raw50 else f"{q50 / raw50:.2f}x",
+            "≤ 3x",
+            _check(None if q50 is None or not raw50 else q50 / raw50 <= 3),
+        )
+    )
+    rows.append(Row("snerd.Producer enqueue, 8 threads", rate_text("producer_threads", "rec/s")))
     sim_rate, bare = r.rate("sim_events"), r.rate("sim_bare_loop")
     if sim_rate is not None:
         node_rate = r.rate("sim_node_events")

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from snerd.config import ConfigError
     from snerd.engine import Engine
     from snerd.io.datadir import DataDirectoryError
+    from snerd.producers import Producer, producer
     from snerd.sdk.context import TaskInfo, current_task, yield_progress
     from snerd.sdk.errors import (
         ControlError,
@@ -46,6 +47,7 @@ __all__ = [
     "EnqueueError",
     "Enqueued",
     "Paused",
+    "Producer",
     "QueueNotRunning",
     "Retried",
     "ScheduleError",
@@ -57,6 +59,7 @@ __all__ = [
     "TaskFailed",
     "TaskInfo",
     "current_task",
+    "producer",
     "yield_progress",
 ]
 __version__ = "0.1.0"
@@ -66,6 +69,8 @@ _LAZY = {
     "Engine": "snerd.engine",
     "ConfigError": "snerd.config",
     "DataDirectoryError": "snerd.io.datadir",
+    "Producer": "snerd.producers",
+    "producer": "snerd.producers",
     "Cancelled": "snerd.sdk.messages",
     "ControlError": "snerd.sdk.errors",
     "DaemonExited": "snerd.sdk.errors",

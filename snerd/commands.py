@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +53,12 @@ from snerd.queuedir import Queue, QueueError, UsageError, open_queue, probe_lock
 
 __all__ = [
     "DEFAULT_WAIT_S",
+    "LogSpot",
     "PauseAnswer",
     "SweepAnswer",
     "TaskAnswer",
     "cancel",
+    "owner_mark",
     "pause",
     "purge",
     "resume",
@@ -259,11 +261,16 @@ def _writer_id() -> str:
 
 
 @dataclass(slots=True)
-class _Shard:
-    """Where an owner's answer is looked for: its log's identity and how far it is read."""
+class LogSpot:
+    """Where an owner's answer is looked for: its log's identity and how far it is read
+    (taken before the write the answer is awaited for: `log_identity_and_size`)."""
 
     identity: int
     offset: int
+
+
+@dataclass(slots=True)
+class _Shard(LogSpot):
     #: A daemon held the shard's lock when the command was written (else none can answer).
     held: bool
 
@@ -324,27 +331,37 @@ class _Sent:
 
     def _read(self, shard: int, where: _Shard) -> rule.Answer | None:
         """The owner's answer in its log, read on from `where` (None: not there yet)."""
-        while True:
-            tail = read_log_tail(
-                self.queue.directory,
-                fx.ReadLogTail(shard=shard, identity=where.identity, offset=where.offset,
-                               max_bytes=_READ_BYTES, writers=frozenset({self.writer})),
-            )
-            if tail.error is not None:
-                raise QueueError(f"cannot read the answer of {shard_name(shard)}: {tail.error}")
-            where.identity, where.offset = tail.identity, tail.end
-            marks = [r.fields for r in tail.records if isinstance(r.fields.get(INBOX_FROM), int)]
-            mark = rule.mark_at(marks, 0)
-            if mark is not rule.LATER:
-                return rule.command_answer(mark, 0)
-            if not tail.start < tail.end < tail.size:
-                return None
+        mark = owner_mark(self.queue, shard, where, self.writer, 0)
+        return None if mark is None else rule.command_answer(mark, 0)
 
     def unanswered(self, answers: dict[int, rule.Answer]) -> tuple[int, ...]:
         return tuple(s for s in sorted(self.shards) if s not in answers)
 
     def unowned(self) -> tuple[int, ...]:
         return tuple(s for s in sorted(self.shards) if not self.shards[s].held)
+
+
+def owner_mark(
+    queue: Queue, shard: int, where: LogSpot, writer: str, at: int
+) -> Mapping[str, Any] | str | None:
+    """The mark of the owner's ingest that took byte `at` of `writer`'s inbox file for
+    `shard` (`snerd.core.control.mark_at`: a mark, or `GONE`), read in the shard's log on from
+    `where`, which moves on; None: no ingest has taken it yet."""
+    while True:
+        tail = read_log_tail(
+            queue.directory,
+            fx.ReadLogTail(shard=shard, identity=where.identity, offset=where.offset,
+                           max_bytes=_READ_BYTES, writers=frozenset({writer})),
+        )
+        if tail.error is not None:
+            raise QueueError(f"cannot read the answer of {shard_name(shard)}: {tail.error}")
+        where.identity, where.offset = tail.identity, tail.end
+        marks = [r.fields for r in tail.records if isinstance(r.fields.get(INBOX_FROM), int)]
+        mark = rule.mark_at(marks, at)
+        if mark is not rule.LATER:
+            return mark
+        if not tail.start < tail.end < tail.size:
+            return None
 
 
 def _write_new(queue: Queue, path: str, line: bytes) -> None:

@@ -244,6 +244,9 @@ class ToolSettings:
     #: SNERD_RESULT_RETENTION_SECONDS: how long completed tasks (and their results) are kept;
     #: 0, as long as the history limit keeps them.
     result_retention_s: float = 7 * 86_400.0
+    #: SNERD_DEDUPE_WAIT_MS: how long an enqueue with dedupe written into an inbox waits for
+    #: its owner's decision (0: acked at the write, undecided).
+    dedupe_wait_ms: int = 5000
 
     @property
     def result_retention_us(self) -> int:
@@ -272,6 +275,7 @@ def load_tool_settings(env: Mapping[str, str] | None = None) -> ToolSettings:
         clock_offset_s=seconds_setting(env, "SNERD_TEST_CLOCK_OFFSET", 0.0),
         mountinfo_path=env.get("SNERD_TEST_MOUNTINFO", "").strip() or MOUNTINFO,
         result_retention_s=seconds_setting(env, "SNERD_RESULT_RETENTION_SECONDS", 7 * 86_400.0),
+        dedupe_wait_ms=_int(env, "SNERD_DEDUPE_WAIT_MS", 5000),
     )
 
 
@@ -331,7 +335,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     inbox_idle_poll_ms = _int(env, "SNERD_INBOX_IDLE_POLL_MS", 1000)
     watch_poll_ms = _int(env, "SNERD_WATCH_POLL_MS", 250)
     unknown_parent = seconds_setting(env, "SNERD_UNKNOWN_PARENT_SECONDS", 60.0)
-    dedupe_wait_ms = _int(env, "SNERD_DEDUPE_WAIT_MS", 5000)
+    dedupe_wait_ms = shared.dedupe_wait_ms
     command_wait_ms = _int(env, "SNERD_COMMAND_WAIT_MS", 5000)
     history_limit = _int(env, "SNERD_HISTORY_LIMIT", 10_000)
     result_max = _result_max_bytes(env, max_line)

@@ -33,6 +33,7 @@ SNERD_PUBLIC = [
     "EnqueueError",
     "Enqueued",
     "Paused",
+    "Producer",
     "QueueNotRunning",
     "Retried",
     "ScheduleError",
@@ -44,6 +45,7 @@ SNERD_PUBLIC = [
     "TaskFailed",
     "TaskInfo",
     "current_task",
+    "producer",
     "yield_progress",
 ]
 

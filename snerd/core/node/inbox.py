@@ -30,6 +30,7 @@ from snerd.core.node.model import (
     SECOND,
     InboxSegment,
     ShardInfo,
+    inbox_segment_name,
     new_location,
     new_record,
     require,
@@ -434,7 +435,7 @@ class InboxIngest:
             current.closed = True
         n = self.next_segment.get(shard, 0)
         self.next_segment[shard] = n + 1
-        name = self.config.node_id if n == 0 else f"{self.config.node_id}~{n}"
+        name = inbox_segment_name(self.config.node_id, n)
         segment = self.current[shard] = InboxSegment(shard=shard, name=name)
         self.segments[(shard, name)] = segment
         return segment

@@ -59,6 +59,7 @@ __all__ = [
     "ShardInfo",
     "Task",
     "TaskState",
+    "inbox_segment_name",
     "new_ack_enqueued",
     "new_append",
     "new_based_record",
@@ -260,6 +261,12 @@ class NodeConfig:
     #: How long a drain waits, at most, for the owners to ingest this node's inboxes so that
     #: it can remove them (a shard nobody owns would hold the drain up to its timeout).
     inbox_drain_wait_us: int = 3 * SECOND
+
+
+def inbox_segment_name(writer: str, n: int) -> str:
+    """The name of a writer's `n`th inbox segment of a shard (0: the writer's id itself): one
+    rule for the daemon's segments and a producer's, so a file is always one writer's."""
+    return writer if n == 0 else f"{writer}~{n}"
 
 
 def route_shard(key: str, shards: int) -> int:

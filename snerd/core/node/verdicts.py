@@ -55,7 +55,7 @@ from snerd.core.schema import (
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
 
-__all__ = ["Verdicts"]
+__all__ = ["Verdicts", "verdict_at"]
 
 @dataclass(slots=True)
 class _Waiting:
@@ -174,7 +174,7 @@ class Verdicts:
             if w.ask:
                 self.node.control.answered(w.ask, event.shard, control.command_answer(mark, w.at))
             else:
-                self._answer(event.shard, w, _verdict(mark, w.at))
+                self._answer(event.shard, w, verdict_at(mark, w.at))
             answered.append(w)
         if event.start < event.end < event.size:
             # More to read: at once. (A read that took nothing, before a torn last line the
@@ -225,7 +225,7 @@ class Verdicts:
 _TAKEN = "taken"
 
 
-def _verdict(mark: Mapping[str, Any] | str, at: int) -> dict[str, Any] | str | None:
+def verdict_at(mark: Mapping[str, Any] | str, at: int) -> dict[str, Any] | str | None:
     """What the mark says of the enqueue at byte `at`: the `dropped` entry naming it,
     `_TAKEN`, or None (`control.GONE`: undecided)."""
     if not isinstance(mark, dict):
