@@ -1,6 +1,7 @@
 """`SnerdQueue`: the Python SDK. It spawns a `snerdmq` daemon and speaks the wire protocol.
 
-Owns: the daemon child process (spawn, SIGTERM drain, kill as a last resort), its pipes
+Owns: the daemon child process (spawn, in a session of its own; SIGTERM drain, kill as a last
+resort; it exits by itself when this process dies, at the end of its stdin), its pipes
 (newline-delimited JSON on stdin/stdout; its stderr relayed, prefixed, to this process's
 stderr), and the tasks that read and write them. Handlers, enqueue bookkeeping and the
 `execute` -> `result` round trip are shared with the embedded engine (`snerd.sdk`).
@@ -105,6 +106,7 @@ class SnerdQueue(QueueFace):
         pools: Mapping[str, int] | None = None,
         env: Mapping[str, str] | None = None,
         stderr_prefix: str = "[snerdmq] ",
+        isolation: str | None = None,
     ) -> None:
         """Describe the daemon to run; nothing starts until `start_listening()` / `async with`.
 
@@ -120,13 +122,18 @@ class SnerdQueue(QueueFace):
             pools: worker pools and their limits (`SNERD_POOLS`).
             env: extra environment for the daemon (applied before the arguments above).
             stderr_prefix: put before each daemon stderr line relayed to our stderr.
+            isolation: where sync handlers registered without one run: `thread` (default)
+                or `process` (`register_handler`).
 
         Raises:
             FileNotFoundError: no daemon binary.
+            ValueError: an unknown isolation.
         """
         merged_env = {**os.environ, **(env or {})}
         super().__init__(
-            max_workers=max_workers, result_max_bytes=result_max_bytes_from_env(merged_env)
+            max_workers=max_workers,
+            result_max_bytes=result_max_bytes_from_env(merged_env),
+            isolation=isolation,
         )
         self.binary_path = str(binary_path) if binary_path else default_binary()
         if not Path(self.binary_path).exists() and not shutil.which(self.binary_path):
@@ -151,6 +158,18 @@ class SnerdQueue(QueueFace):
         self._pipe_broken = False
         self._stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self._log_observers: list[Callable[[str], object]] = []
+
+    def _apply_limits(self, max_workers: int | None, pools: Mapping[str, int] | None) -> None:
+        """The daemon will read them from its environment (it validates them)."""
+        self.env.update(
+            env_overrides(
+                shards=None,
+                max_local_shards=None,
+                max_workers=max_workers,
+                drain_timeout=None,
+                pools=pools,
+            )
+        )
 
     def _dashboard_directory(self) -> Path:
         """The daemon's data directory (its default, `.snerdata`, when none was given)."""
@@ -222,6 +241,11 @@ class SnerdQueue(QueueFace):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self.env,
+            # A session of its own: a signal to this process's group (Ctrl-C in a terminal, a
+            # `kill` of the job) reaches this process only, which drains the daemon itself. A
+            # daemon that got it too would drain on its own and, once draining, wait its whole
+            # drain timeout for results this process may no longer send.
+            start_new_session=True,
         )
         # Only now is there something for `shutdown` to wait for.
         self._process = process

@@ -35,6 +35,7 @@ It must never: decide anything about the queue (the runtime's node does), block 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import weakref
@@ -225,6 +226,7 @@ class Engine(QueueFace):
         pools: Mapping[str, int] | None = None,
         env: Mapping[str, str] | None = None,
         settings: Settings | None = None,
+        isolation: str | None = None,
     ) -> None:
         """Describe the engine; nothing starts until `start()` / `async with`.
 
@@ -235,9 +237,12 @@ class Engine(QueueFace):
             env: the environment to read `SNERD_*` settings from (default `os.environ`); the
                 arguments above override it.
             settings: ready-made settings; then `env` and the arguments above are ignored.
+            isolation: where sync handlers registered without one run: `thread` (default)
+                or `process` (`register_handler`).
 
         Raises:
             snerd.config.ConfigError: a setting does not parse (the message names it).
+            ValueError: an unknown isolation.
         """
         overrides = env_overrides(
             shards=shards,
@@ -251,6 +256,7 @@ class Engine(QueueFace):
         super().__init__(
             max_workers=self.settings.node.max_workers,
             result_max_bytes=self.settings.node.result_max_bytes,
+            isolation=isolation,
         )
         self.directory = Path(directory)
         self._drain_timeout_s = (
@@ -296,6 +302,16 @@ class Engine(QueueFace):
             The runtime's exit code (None if it was never started).
         """
         return await self._shutdown(timeout)
+
+    def _apply_limits(self, max_workers: int | None, pools: Mapping[str, int] | None) -> None:
+        """The runtime will run with them (its settings, replaced)."""
+        node = self.settings.node
+        node = dataclasses.replace(
+            node,
+            max_workers=node.max_workers if max_workers is None else max_workers,
+            pools=node.pools if pools is None else dict(pools),
+        )
+        self.settings = dataclasses.replace(self.settings, node=node)
 
     def _dashboard_directory(self) -> Path:
         """The engine's data directory."""

@@ -8,6 +8,8 @@ spawns a daemon) and `Engine` (`snerd.engine`, the same queue in-process).
   the stop of a cancelled attempt.
 - `messages`: the protocol messages as the SDK writes and reads them (`build_enqueue_message`,
   `parse_task_data`, `Enqueued`, `Cancelled`, `TaskDetails`).
+- `isolation`: a sync handler's attempt in a child process of its own, killed at its deadline
+  or on a cancel.
 - `context`: the attempt a handler runs in (`current_task`, `yield_progress`).
 - `signals`: loop-neutral wake-ups of waiting calls and idle workers.
 - `errors`: `SnerdError` and its kinds.

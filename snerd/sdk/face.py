@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import is_not
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, Self, TypeAlias, TypeVar
 
 import anyio
@@ -65,7 +65,8 @@ from snerd.sdk.messages import (
     scheduled_from_reply,
 )
 from snerd.sdk.signals import Signal, Waiter, signal_factory
-from snerd.sdk.workers import DeadLetterHandler, Handler, HandlerWorkers
+from snerd.sdk.isolation import ISOLATIONS
+from snerd.sdk.workers import AttemptEnded, DeadLetterHandler, Handler, HandlerWorkers, is_async
 
 __all__ = [
     "EXIT_GRACE_S",
@@ -95,6 +96,8 @@ class _Registry:
     the progress observers in the order they came."""
 
     handlers: dict[str, Handler] = field(default_factory=dict)
+    #: The isolation asked for at registration (`thread` or `process`), by task type.
+    isolation: dict[str, str] = field(default_factory=dict)
     dead_letter: dict[str, DeadLetterHandler] = field(default_factory=dict)
     progress: list[ProgressCallback] = field(default_factory=list)
 
@@ -127,7 +130,11 @@ class QueueFace(JobControl):
     _drain_timeout_s: float
 
     def __init__(
-        self, *, max_workers: int | None = None, result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES
+        self,
+        *,
+        max_workers: int | None = None,
+        result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES,
+        isolation: str | None = None,
     ) -> None:
         """A face with nothing registered and nothing started.
 
@@ -136,6 +143,8 @@ class QueueFace(JobControl):
                 100).
             result_max_bytes: the daemon's SNERD_RESULT_MAX_BYTES (a larger return value
                 fails its attempt before it is sent).
+            isolation: where sync handlers registered without one run: `thread` (the
+                default) or `process` (`snerd.sdk.isolation`).
         """
         self._registry = _Registry()
         self._pending: dict[str, Waiter] = {}
@@ -162,7 +171,9 @@ class QueueFace(JobControl):
             spawn=self._spawn,
             log=self._log,
             result_max_bytes=result_max_bytes,
+            isolation=self._registry.isolation,
         )
+        self._workers.default_isolation = _check_isolation(isolation)
         self._outer: anyio.abc.TaskGroup | None = None
         self._background: _Background | None = None
         self._started = False
@@ -337,17 +348,101 @@ class QueueFace(JobControl):
         if self._accepting:
             self._post(_register_message(task_type))
 
-    def register_handler(self, task_type: str, handler: Handler) -> None:
+    def register_handler(
+        self, task_type: str, handler: Handler, *, isolation: str | None = None
+    ) -> None:
         """Run `handler(data)` for every task of `task_type`.
 
         Args:
             task_type: the task type, as given to `enqueue`.
             handler: an async function (runs on the event loop) or a plain function (runs in a
-                worker thread). It gets the task data parsed from JSON. Returning is success;
-                raising fails the attempt with `"<ExceptionType>: <message>"` as its error.
+                worker thread, or a process: `isolation`). It gets the task data parsed from
+                JSON. Returning is success; raising fails the attempt with
+                `"<ExceptionType>: <message>"` as its error.
+            isolation: for a plain function: `thread`, or `process`: each attempt in a child
+                process of its own, killed at its `max_execution_seconds` or on a cancel (the
+                function must be defined at the top level of a module, so that it pickles;
+                docs/architecture.md, "Process isolation"). Default: the face's.
+
+        Raises:
+            ValueError: an unknown isolation, or `process` for an async handler (it runs on
+                the event loop).
         """
+        if _check_isolation(isolation) == "process" and is_async(handler):
+            raise ValueError(
+                f"[Snerd] handler {handler!r} of {task_type!r} is async: it runs on the event "
+                "loop and cannot be isolated in a process"
+            )
         self._registry.handlers[task_type] = handler
+        if isolation is None:
+            self._registry.isolation.pop(task_type, None)
+        else:
+            self._registry.isolation[task_type] = isolation
         self._registered(task_type)
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        """The registered handlers by task type (read-only)."""
+        return MappingProxyType(self._registry.handlers)
+
+    def isolation_of(self, task_type: str) -> str | None:
+        """The isolation a sync handler of `task_type` was given (at its registration, else
+        the face's), None when neither said (it runs in a thread)."""
+        return self._registry.isolation.get(task_type) or self._workers.default_isolation
+
+    def keep_only(self, task_types: Iterable[str]) -> None:
+        """Drop every handler but those of `task_types` (before the start): this face then
+        takes only those types' tasks (`snerdmq worker --types`).
+
+        Raises:
+            KeyError: a type in `task_types` has no handler.
+            RuntimeError: already started.
+        """
+        keep = set(task_types)
+        if self._started:
+            raise RuntimeError(f"[Snerd] this {self._face_name} has started; choose types before")
+        missing = sorted(keep - set(self._registry.handlers))
+        if missing:
+            raise KeyError(", ".join(missing))
+        for task_type in list(self._registry.handlers):
+            if task_type not in keep:
+                del self._registry.handlers[task_type]
+                self._registry.isolation.pop(task_type, None)
+
+    def set_concurrency(
+        self, max_workers: int | None = None, pools: Mapping[str, int] | None = None
+    ) -> None:
+        """Set the concurrent executions (`SNERD_MAX_WORKERS`, and the threads of sync
+        handlers) and the worker pools (`SNERD_POOLS`) before the start, as the constructor's
+        `max_workers` and `pools` would (`snerdmq worker --concurrency / --pool`).
+
+        Raises:
+            RuntimeError: already started.
+        """
+        if self._started:
+            raise RuntimeError(f"[Snerd] this {self._face_name} has started; set limits before")
+        if max_workers is not None:
+            self._workers.set_max_workers(max_workers)
+        self._apply_limits(max_workers, pools)
+
+    def _apply_limits(self, max_workers: int | None, pools: Mapping[str, int] | None) -> None:
+        """Make the daemon or runtime use these limits (`set_concurrency`)."""
+        raise NotImplementedError
+
+    def on_attempt(self, callback: Callable[[AttemptEnded], object]) -> Callable[..., object]:
+        """Call `callback(ended)` after every attempt this face ran, with how it ended
+        (`snerd.sdk.workers.AttemptEnded`: id, type, attempt, outcome, seconds, error), on the
+        event loop (it must not block). Usable as a decorator."""
+        self._workers.observe(callback)
+        return callback
+
+    async def wait_exited(self) -> int | None:
+        """Wait until the daemon (or the engine's runtime) has exited, for whatever reason (a
+        `shutdown`, a crash, a kill); its exit code. Returns at once if it never started."""
+        if self._exited is None:
+            return None
+        await self._exited.wait()
+        return self.exit_code
 
     def register_max_retry_handler(self, task_type: str, handler: DeadLetterHandler) -> None:
         """Call `handler(data)` when a task of `task_type` has used all its attempts.
@@ -359,11 +454,12 @@ class QueueFace(JobControl):
         """
         self._registry.dead_letter[task_type] = handler
 
-    def handler(self, task_type: str) -> Callable[[_F], _F]:
-        """Decorator form of `register_handler`: `@q.handler("email")`."""
+    def handler(self, task_type: str, *, isolation: str | None = None) -> Callable[[_F], _F]:
+        """Decorator form of `register_handler`: `@q.handler("email")`,
+        `@q.handler("resize", isolation="process")`."""
 
         def register(fn: _F) -> _F:
-            self.register_handler(task_type, fn)
+            self.register_handler(task_type, fn, isolation=isolation)
             return fn
 
         return register
@@ -762,6 +858,19 @@ class QueueFace(JobControl):
                         self._log(f"progress callback {callback!r} failed: {describe_error(exc)}")
         finally:
             self._progress_draining = False
+
+
+def _check_isolation(isolation: str | None) -> str | None:
+    """`isolation`, if it is one (or None).
+
+    Raises:
+        ValueError: it is not.
+    """
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise ValueError(
+            f"[Snerd] isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}"
+        )
+    return isolation
 
 
 def _register_message(task_type: str) -> dict[str, Any]:

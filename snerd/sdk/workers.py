@@ -3,8 +3,9 @@
 
 Owns: the queue of jobs (`execute` messages not started yet), the worker tasks that run them
 and the idle ones kept for reuse, one attempt of a handler (async on the event loop, sync in a
-worker thread; in the context of its own `CURRENT_ATTEMPT`; cut short after its
-`max_execution_seconds`), and the thread limit sync handlers share.
+worker thread or, isolated, in a child process of its own (`snerd.sdk.isolation`); in the
+context of its own `CURRENT_ATTEMPT`; cut short after its `max_execution_seconds`), the thread
+limit sync handlers share, and the `AttemptEnded` report of each attempt to its observers.
 
 Jobs wait in one queue for a worker. A worker runs them one after another while they finish
 without waiting (a handler that does not await anything); when one waits, another worker is
@@ -16,7 +17,10 @@ not started yet, it never starts; running, the cancel scope of the worker that r
 cancelled, so an async handler gets the loop's cancellation where it awaits, and no `result`
 is sent (the daemon has ended the attempt). A sync handler's thread cannot be stopped: it
 runs to its end, unawaited (it no longer counts against the thread limit) and what it returns
-is dropped. A worker's scope spans the jobs it runs in a row, not one job: a job that waits
+is dropped; so after a timeout the daemon's retry may overlap it. A process-isolated one is
+killed, and the attempt ends once its process is reaped: it is really stopped, on a cancel as
+at its deadline, and a later attempt of the same task (the daemon's deadline passes a moment
+before this process's) first stops the earlier one's process and starts after it is gone. A worker's scope spans the jobs it runs in a row, not one job: a job that waits
 keeps its worker to itself (the jobs behind it go to another), so the scope then stands for
 that job alone, at no cost per job.
 
@@ -29,8 +33,10 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from dataclasses import dataclass
 from types import FunctionType
 from typing import Any, TypeAlias
 
@@ -39,10 +45,11 @@ import anyio.to_thread
 
 from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES, timed_out
 from snerd.sdk.context import CURRENT_ATTEMPT, RunningAttempt
+from snerd.sdk.isolation import AttemptProcessFailed, ChildAttempt, run_in_process
 from snerd.sdk.messages import describe_error, parse_task_data, result_message, result_value
 from snerd.sdk.signals import Signal
 
-__all__ = ["DeadLetterHandler", "Handler", "HandlerWorkers"]
+__all__ = ["AttemptEnded", "DeadLetterHandler", "Handler", "HandlerWorkers", "is_async"]
 
 #: A task handler: gets the parsed task data. Async functions run on the event loop; plain
 #: functions run in a worker thread. Returning normally is success (what it returns, unless
@@ -54,7 +61,28 @@ Handler: TypeAlias = Callable[[Any], Any]
 DeadLetterHandler: TypeAlias = Callable[..., Any]
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
+@dataclass(frozen=True, slots=True)
+class AttemptEnded:
+    """How one attempt ended in this process, for `QueueFace.on_attempt` (the worker
+    command's log lines)."""
+
+    task_id: str
+    task_type: str
+    #: As the `execute` said it (None from daemons that do not number attempts).
+    attempt: int | None
+    #: `succeeded`, `failed`, `timed out` (its `max_execution_seconds` passed), `cancelled`
+    #: (the daemon's `cancel`), or `handed back` (this face stopped with it running: the
+    #: daemon runs it again).
+    outcome: str
+    #: Seconds from its start here to its end.
+    seconds: float
+    #: The error text its `result` carried (None unless `failed` or `timed out`).
+    error: str | None
+    #: Where it ran: `loop` (an async handler), `thread` or `process`.
+    isolation: str
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
     """Whether calling `fn` gives a coroutine (an async function, or an object with an async
     `__call__`)."""
     if type(fn) is FunctionType:  # the common case, decided as inspect would, only sooner
@@ -140,6 +168,7 @@ class HandlerWorkers:
         spawn: Callable[..., None],
         log: Callable[[str], None],
         result_max_bytes: int = DEFAULT_RESULT_MAX_BYTES,
+        isolation: Mapping[str, str] | None = None,
     ) -> None:
         """Workers for `handlers`; none runs until the first `dispatch`.
 
@@ -153,6 +182,8 @@ class HandlerWorkers:
                 dead-letter handler).
             result_max_bytes: the daemon's SNERD_RESULT_MAX_BYTES: a handler's return
                 value larger than this fails its attempt before it is sent.
+            isolation: `thread` or `process` by task type, for sync handlers (read at each
+                `execute`); a type not in it runs as `default_isolation` says.
         """
         self._result_max_bytes = result_max_bytes
         self._handlers = handlers
@@ -173,6 +204,25 @@ class HandlerWorkers:
         #: The scope of the worker running each attempt, by (task id, attempt) as its
         #: `execute` says them.
         self._running: dict[tuple[Any, Any], anyio.CancelScope] = {}
+        #: How each attempt `stop` cancelled ended (`cancelled`, or `timed out` when a later
+        #: attempt of its task superseded it), until its worker sees the cancellation.
+        self._stopped: dict[tuple[Any, Any], str] = {}
+        #: Isolation chosen per task type at registration (`thread` or `process`); types not
+        #: in it use `default_isolation`, and None there means a thread.
+        self._isolation = isolation if isolation is not None else {}
+        self.default_isolation: str | None = None
+        #: The child process of the process-isolated attempt of each task id, while it lives.
+        self._children: dict[str, ChildAttempt] = {}
+        #: Called with an `AttemptEnded` after every attempt (`QueueFace.on_attempt`).
+        self._observers: list[Callable[[AttemptEnded], object]] = []
+
+    def set_max_workers(self, max_workers: int) -> None:
+        """Keep this many idle workers and threads for sync handlers (before the first job)."""
+        self._thread_limit = max_workers
+
+    def observe(self, observer: Callable[[AttemptEnded], object]) -> None:
+        """Call `observer` (on the event loop; it must not block) after every attempt."""
+        self._observers.append(observer)
 
     def bind_loop(self, loop_thread: int, new_signal: Callable[[], Signal]) -> None:
         """Handlers run on this thread's event loop, whose wake-ups `new_signal` makes."""
@@ -183,7 +233,7 @@ class HandlerWorkers:
         """What to await to run `fn(*args)`: an async one on the loop (its own coroutine, no
         frame around it), a sync one in a worker thread (abandoned on cancel, so a stuck sync
         handler never holds up a shutdown)."""
-        if _is_async(fn):
+        if is_async(fn):
             return fn(*args)  # type: ignore[no-any-return]
         return self._call_in_thread(fn, *args)
 
@@ -261,6 +311,7 @@ class HandlerWorkers:
         key = (task_id, attempt)
         scope = self._running.pop(key, None)
         if scope is not None:
+            self._stopped.setdefault(key, "cancelled")
             scope.cancel()
             return
         for job in self._jobs:
@@ -282,6 +333,10 @@ class HandlerWorkers:
         limit = limit if type(limit) is int or type(limit) is float else None
         error: str | None = None
         value: Any = None
+        observed = bool(self._observers)
+        started = time.monotonic() if observed else 0.0
+        outcome = "failed"
+        where = "loop"
         handler = self._handlers.get(task_type)
         if handler is None:
             error = f"No handler registered for task type '{task_type}'."
@@ -296,22 +351,85 @@ class HandlerWorkers:
                 self._post,
                 self._loop_thread,
             )
+            call: Awaitable[Any]
+            if is_async(handler):
+                call = handler(data)
+            elif (self._isolation.get(task_type) or self.default_isolation) == "process":
+                where = "process"
+                call = self._call_in_process(handler, data, running)
+            else:
+                where = "thread"
+                call = self._call_in_thread(handler, data)
             token = CURRENT_ATTEMPT.set(running)
             try:
                 if limit is None:
-                    value = await self._call(handler, data)
+                    value = await call
                 else:
                     with anyio.move_on_after(limit) as scope:
-                        value = await self._call(handler, data)
+                        value = await call
                     if scope.cancelled_caught:
                         error = timed_out(int(limit))
+                        outcome = "timed out"
+            except AttemptProcessFailed as exc:
+                error = exc.text
             except Exception as exc:
                 error = describe_error(exc)
+            except BaseException:
+                # Cancelled: stopped (`stop`), or the face is going away with it running.
+                ended = self._stopped.pop((task_id, attempt), "handed back")
+                if observed:
+                    self._ended(task_id, task_type, attempt, ended, started, None, where)
+                raise
             finally:
                 CURRENT_ATTEMPT.reset(token)
             if error is None:
                 value, error = result_value(task_id, value, self._result_max_bytes)
+                if error is None:
+                    outcome = "succeeded"
         self._post(result_message(task_id, error, attempt, value))
+        if observed:
+            self._ended(task_id, task_type, attempt, outcome, started, error, where)
+
+    async def _call_in_process(
+        self, handler: Handler, data: Any, running: RunningAttempt
+    ) -> Any:
+        """Run `handler(data)` in a child process (`snerd.sdk.isolation`), after the process
+        of any earlier attempt of the same task: the daemon sent this attempt, so it has ended
+        that one (its deadline passed there first), which is stopped now and waited for."""
+        task_id = running.task_id
+        prior = self._children.get(task_id)
+        if prior is not None:
+            if (task_id, prior.attempt) in self._running:
+                self._stopped[(task_id, prior.attempt)] = "timed out"
+            self.stop(task_id, prior.attempt)
+            await prior.reaped.wait()
+        child = ChildAttempt(running.attempt)
+        self._children[task_id] = child
+        try:
+            return await run_in_process(handler, data, running, child)
+        finally:
+            if self._children.get(task_id) is child:
+                del self._children[task_id]
+
+    def _ended(
+        self,
+        task_id: str,
+        task_type: str,
+        attempt: int | None,
+        outcome: str,
+        started: float,
+        error: str | None,
+        where: str,
+    ) -> None:
+        """Tell the observers how an attempt ended."""
+        ended = AttemptEnded(
+            task_id, task_type, attempt, outcome, time.monotonic() - started, error, where
+        )
+        for observer in list(self._observers):
+            try:
+                observer(ended)
+            except Exception as exc:
+                self._log(f"attempt observer {observer!r} failed: {describe_error(exc)}")
 
     # ------------------------------------------------------------------ dead letters
 

@@ -110,8 +110,22 @@ SDK_PUBLIC = {
         "sweep_message",
         "swept_from_reply",
     ],
+    "snerd.sdk.isolation": [
+        "AttemptProcessFailed",
+        "ChildAttempt",
+        "ISOLATIONS",
+        "forkable",
+        "preload",
+        "run_in_process",
+    ],
     "snerd.sdk.signals": ["Signal", "Waiter", "signal_factory"],
-    "snerd.sdk.workers": ["DeadLetterHandler", "Handler", "HandlerWorkers"],
+    "snerd.sdk.workers": [
+        "AttemptEnded",
+        "DeadLetterHandler",
+        "Handler",
+        "HandlerWorkers",
+        "is_async",
+    ],
 }
 
 SDK_DIR = Path(snerd.__file__).parent / "sdk"
