@@ -24,6 +24,7 @@ stderr, never a traceback.
     snerdmq compact DIR [--history N]              offline compaction of idle shards
     snerdmq demo [DIR]                             a guided tour
     snerdmq dashboard DIR [--host H] [--port P]    a live web dashboard
+    snerdmq worker MODULE:ATTR [--concurrency N]   run an application's handlers (`rq worker`)
 
 The subcommands read a queue directory the way a daemon would (`snerd.queuedir`: folded by
 `snerd.core.shardlog`, the same rules as the daemon's replay) and leave every rule about
@@ -151,6 +152,12 @@ def _dashboard(argv: Sequence[str]) -> int:
     return dashboard.main(argv)
 
 
+def _worker(argv: Sequence[str]) -> int:
+    from snerd.cli import worker
+
+    return worker.main(argv)
+
+
 def _daemon(argv: Sequence[str]) -> int:
     from snerd.cli import daemon
 
@@ -174,6 +181,7 @@ SUBCOMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "compact": _compact,
     "demo": _demo,
     "dashboard": _dashboard,
+    "worker": _worker,
 }
 
 
