@@ -315,7 +315,10 @@ async def _serve(face: SnerdQueue | Engine) -> int:
     # Signals are caught from before the start: a SIGTERM during it is a warm shutdown too.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         await face.start()
-        logger.info("worker %d: ready", os.getpid())
+        daemon = getattr(face, "pid", None)
+        logger.info(
+            "worker %d: ready%s", os.getpid(), f" (daemon pid {daemon})" if daemon else " (in-process engine)"
+        )
         async with anyio.create_task_group() as tg:
 
             async def on_signals() -> None:

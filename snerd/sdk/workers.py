@@ -378,7 +378,10 @@ class HandlerWorkers:
                 # Cancelled: stopped (`stop`), or the face is going away with it running.
                 ended = self._stopped.pop((task_id, attempt), "handed back")
                 if observed:
-                    self._ended(task_id, task_type, attempt, ended, started, None, where)
+                    # (`timed out`: superseded by the next attempt, the daemon's deadline
+                    # having passed first.)
+                    said = timed_out(int(limit)) if ended == "timed out" and limit else None
+                    self._ended(task_id, task_type, attempt, ended, started, said, where)
                 raise
             finally:
                 CURRENT_ATTEMPT.reset(token)
