@@ -30,6 +30,7 @@ daemon running after it exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
@@ -46,6 +47,7 @@ from snerd.cli.args import UsageError, command_parser, positive_int, run_command
 from snerd.client import SnerdQueue
 from snerd.config import ConfigError, parse_pools
 from snerd.engine import Engine
+from snerd.sdk.errors import SnerdError
 from snerd.sdk.isolation import forkable, preload
 from snerd.sdk.workers import AttemptEnded, is_async
 
@@ -308,6 +310,16 @@ def _log_attempt(ended: AttemptEnded) -> None:
     logger.log(logging.INFO if ended.outcome == "succeeded" else logging.WARNING, line)
 
 
+async def _say_ready(face: SnerdQueue | Engine) -> None:
+    """Log `ready` once the daemon answers (it has loaded its shards): from then on an
+    enqueue anywhere on the queue reaches this worker."""
+    with contextlib.suppress(SnerdError):
+        await face.stats(timeout=None)
+        daemon = face.pid if isinstance(face, SnerdQueue) else None
+        where = f"daemon pid {daemon}" if daemon is not None else "in-process engine"
+        logger.info("worker %d: ready (%s)", os.getpid(), where)
+
+
 async def _serve(face: SnerdQueue | Engine) -> int:
     """Run `face` until a signal stops it or its daemon dies; the exit code."""
     face.on_attempt(_log_attempt)
@@ -315,11 +327,8 @@ async def _serve(face: SnerdQueue | Engine) -> int:
     # Signals are caught from before the start: a SIGTERM during it is a warm shutdown too.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         await face.start()
-        daemon = getattr(face, "pid", None)
-        logger.info(
-            "worker %d: ready%s", os.getpid(), f" (daemon pid {daemon})" if daemon else " (in-process engine)"
-        )
         async with anyio.create_task_group() as tg:
+            tg.start_soon(_say_ready, face)
 
             async def on_signals() -> None:
                 nonlocal asked, stopped_now
