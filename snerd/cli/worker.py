@@ -201,7 +201,9 @@ def _load(target: str) -> SnerdQueue | Engine:
         raise TargetError(f"importing {module_name!r} failed: {exc}") from None
     except Exception as exc:
         _print_user_traceback()
-        raise TargetError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+        raise TargetError(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from None
     if not attribute:
         found = [
             name
@@ -356,7 +358,11 @@ async def _serve(face: SnerdQueue | Engine) -> int:
     if stopped_now:
         return EXIT_STOPPED
     if code != 0:
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        how = (
+            f"was killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exited with code {code}"
+        )
         logger.error("the daemon %s; stopping", how)
         return EXIT_STOPPED
     if not asked:

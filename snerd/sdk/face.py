@@ -52,6 +52,7 @@ from snerd.sdk.errors import (
     ScheduleError,
     SnerdError,
 )
+from snerd.sdk.isolation import ISOLATIONS
 from snerd.sdk.messages import (
     SCHEDULE_OPTIONS,
     Enqueued,
@@ -65,7 +66,6 @@ from snerd.sdk.messages import (
     scheduled_from_reply,
 )
 from snerd.sdk.signals import Signal, Waiter, signal_factory
-from snerd.sdk.isolation import ISOLATIONS
 from snerd.sdk.workers import AttemptEnded, DeadLetterHandler, Handler, HandlerWorkers, is_async
 
 __all__ = [

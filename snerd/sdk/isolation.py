@@ -135,13 +135,14 @@ def _child_main(
     )
     try:
         answer: tuple[str, Any] = ("ok", fn(data))
-    except BaseException as exc:  # noqa: BLE001 - every way out of the handler is its error
+    except BaseException as exc:
         answer = ("error", _describe(exc))
     with lock:
         try:
             conn.send(answer)
-        except Exception as exc:  # noqa: BLE001 - a value that does not pickle
-            conn.send(("error", f"the handler's return value cannot leave its process: {_describe(exc)}"))
+        except Exception as exc:
+            text = f"the handler's return value cannot leave its process: {_describe(exc)}"
+            conn.send(("error", text))
 
 
 def _describe(exc: BaseException) -> str:
@@ -156,10 +157,8 @@ def _describe(exc: BaseException) -> str:
 def _die_with_parent(conn: multiprocessing.connection.Connection) -> None:
     """Wait for the end of the parent's side of the pipe (the parent never writes): it came
     because the parent died or stopped waiting, so kill this process's group now."""
-    try:
+    with contextlib.suppress(EOFError, OSError):  # the parent is gone (or stopped waiting)
         conn.recv_bytes()
-    except BaseException:  # noqa: BLE001, S110 - EOF or a broken pipe: the parent is gone
-        pass
     os.killpg(0, signal.SIGKILL)
 
 
@@ -194,7 +193,12 @@ async def run_in_process(
     ours, theirs = ctx.Pipe(duplex=True)
     process = ctx.Process(
         target=_child_main,
-        args=(theirs, fn, data, (running.task_id, running.task_type, running.attempt, running.limit)),
+        args=(
+            theirs,
+            fn,
+            data,
+            (running.task_id, running.task_type, running.attempt, running.limit),
+        ),
         name=f"snerd {running.task_type} {running.task_id}",
         daemon=False,
     )

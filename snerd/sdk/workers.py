@@ -20,7 +20,8 @@ runs to its end, unawaited (it no longer counts against the thread limit) and wh
 is dropped; so after a timeout the daemon's retry may overlap it. A process-isolated one is
 killed, and the attempt ends once its process is reaped: it is really stopped, on a cancel as
 at its deadline, and a later attempt of the same task (the daemon's deadline passes a moment
-before this process's) first stops the earlier one's process and starts after it is gone. A worker's scope spans the jobs it runs in a row, not one job: a job that waits
+before this process's) first stops the earlier one's process and starts after it is gone. A
+worker's scope spans the jobs it runs in a row, not one job: a job that waits
 keeps its worker to itself (the jobs behind it go to another), so the scope then stands for
 that job alone, at no cost per job.
 

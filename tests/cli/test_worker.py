@@ -57,7 +57,9 @@ ENV = {
     **os.environ,
     "SNERD_INBOX_POLL_MS": "20",
     "SNERD_INBOX_IDLE_POLL_MS": "20",
-    "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+    "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
+    ),
 }
 
 
@@ -160,12 +162,16 @@ async def test_the_worker_runs_jobs_and_a_group_sigterm_lets_the_running_one_fin
     app: Path,
 ) -> None:
     async with anyio.create_task_group() as tg:
-        worker = await start_worker(tg, app, "--concurrency", "4", env={"SNERD_DRAIN_TIMEOUT": "30"})
+        worker = await start_worker(
+            tg, app, "--concurrency", "4", env={"SNERD_DRAIN_TIMEOUT": "30"}
+        )
         ready = await worker.line(r"ready \(daemon pid (\d+)\)")
         daemon = int(ready.group(1))
         assert "handlers: hello (event loop), sleepy (process)" in "\n".join(worker.lines)
         enqueue(app, "j1", 0)
-        await worker.line(r"job id=j1 type=sleepy attempt=1 outcome=succeeded duration=\S+ in=process")
+        await worker.line(
+            r"job id=j1 type=sleepy attempt=1 outcome=succeeded duration=\S+ in=process"
+        )
         enqueue(app, "j2", 1.5)
         await worker.line("started j2 attempt 1")
         os.killpg(worker.process.pid, signal.SIGTERM)  # the whole group, as a terminal's ^C

@@ -4,7 +4,6 @@ forkserver finds them by module and name (`snerd.sdk.isolation.forkable`)."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,19 +30,6 @@ def overstay(data: dict[str, Any]) -> dict[str, Any]:
     except ProcessLookupError:
         prior_alive = False
     return {"attempt": attempt, "prior_alive": prior_alive, "pid": os.getpid()}
-
-
-def announce_then_sleep(data: dict[str, Any]) -> int:
-    """Print `started <id>` on stderr (what a test awaits), sleep `seconds` unless the file
-    `quick` exists in `dir`, then write `done-<id>` there; return its pid."""
-    folder = Path(data["dir"])
-    task = current_task()
-    print(f"started {task.task_id} attempt {task.attempt} pid {os.getpid()}", file=sys.stderr, flush=True)
-    if not (folder / "quick").exists():
-        time.sleep(data["seconds"])
-    with open(folder / f"done-{task.task_id}", "a") as out:
-        out.write(f"{task.attempt}\n")
-    return os.getpid()
 
 
 def boom(data: dict[str, Any]) -> None:
