@@ -99,7 +99,9 @@ def preload(modules: Iterable[str]) -> None:
     new = set(modules) - _preloaded
     if new or not _preloaded:
         _preloaded.update(new)
-        multiprocessing.set_forkserver_preload(sorted(_preloaded | {__name__}))
+        # `__main__` too (multiprocessing's own default): a child would import the main
+        # script again otherwise, at every attempt.
+        multiprocessing.set_forkserver_preload(["__main__", __name__, *sorted(_preloaded)])
     multiprocessing.forkserver.ensure_running()
 
 
