@@ -68,6 +68,8 @@ ISOLATIONS = ("thread", "process")
 _EXIT_WAIT_S = 1.0
 
 _preloaded: set[str] = set()
+#: `preload` has run in this process (the forkserver is up, with our modules).
+_server_started = False
 
 
 class AttemptProcessFailed(Exception):
@@ -96,13 +98,15 @@ def preload(modules: Iterable[str]) -> None:
     """Have the forkserver import `modules` before it forks any attempt (call it before the
     first process attempt; later calls are too late for a server already running, and
     harmless). Starts the server now, while this process may have no threads yet."""
+    global _server_started
     new = set(modules) - _preloaded
-    if new or not _preloaded:
+    if new or not _server_started:
         _preloaded.update(new)
-        # `__main__` too (multiprocessing's own default): a child would import the main
-        # script again otherwise, at every attempt.
+        # `__main__` too, multiprocessing's own default (CPython 3.11's forkserver does not
+        # act on it for a script: a script is imported again in each child).
         multiprocessing.set_forkserver_preload(["__main__", __name__, *sorted(_preloaded)])
     multiprocessing.forkserver.ensure_running()
+    _server_started = True
 
 
 def _context() -> multiprocessing.context.ForkServerContext:
@@ -205,6 +209,10 @@ async def run_in_process(
         daemon=False,
     )
     try:
+        if not _server_started:
+            # The first attempt here: start the forkserver with this handler's module (and
+            # this one) imported once, not in every child.
+            await anyio.to_thread.run_sync(preload, [fn.__module__])
         # The start is a short exchange with the forkserver (blocking): in a worker thread,
         # never abandoned, so a cancel waits for the child to exist and then kills it.
         await anyio.to_thread.run_sync(process.start)

@@ -104,10 +104,14 @@ class Worker:
 
 
 async def start_worker(
-    tg: anyio.abc.TaskGroup, folder: Path, *args: str, env: dict[str, str] | None = None
+    tg: anyio.abc.TaskGroup,
+    folder: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    target: str = "app:queue",
 ) -> Worker:
     process = await anyio.open_process(
-        [*WORKER, "app:queue", *args],
+        [*WORKER, target, *args],
         cwd=folder,
         env={**ENV, **(env or {})},
         stdin=subprocess.DEVNULL,
@@ -247,6 +251,32 @@ async def test_the_worker_exits_nonzero_when_its_daemon_dies(app: Path) -> None:
         assert await worker.exit_code() == 1
     assert "the daemon was killed by signal 9; stopping" in "\n".join(worker.lines)
     assert processes_in(app) == []
+
+
+ENGINE_APP = """
+from pathlib import Path
+from snerd import Engine
+
+engine = Engine(Path(__file__).parent / "eq")
+
+
+@engine.handler("double")
+def double(data):
+    return data * 2
+"""
+
+
+async def test_the_worker_runs_an_engine_named_by_its_module_alone(tmp_path: Path) -> None:
+    (tmp_path / "eng.py").write_text(ENGINE_APP)
+    async with anyio.create_task_group() as tg:
+        worker = await start_worker(tg, tmp_path, "--types", "double", target="eng")
+        await worker.line(r"ready \(in-process engine\)")
+        with producer(tmp_path / "eq") as p:
+            p.enqueue("d1", "double", 21)
+        await worker.line(r"job id=d1 type=double attempt=1 outcome=succeeded .* in=process")
+        worker.process.send_signal(signal.SIGINT)
+        assert await worker.exit_code() == 0
+    assert processes_in(tmp_path) == []
 
 
 @pytest.mark.parametrize(
