@@ -102,6 +102,7 @@ __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_RESULT_MAX_BYTES",
     "ENQUEUE_OPTIONS",
+    "MAX_BATCH_TASKS",
     "MAX_CRON_CHARS",
     "MAX_EXECUTION_SECONDS",
     "MAX_NAME_BYTES",
@@ -117,6 +118,7 @@ __all__ = [
     "Command",
     "ControlCommand",
     "Enqueue",
+    "EnqueueBatch",
     "GetTask",
     "Pause",
     "PlainEnqueue",
@@ -162,6 +164,8 @@ __all__ = [
 
 #: Longest inbound line accepted, newline excluded.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+#: The most enqueues one `enqueue_batch` line may carry (the SDK splits a longer list).
+MAX_BATCH_TASKS = 10_000
 #: Largest result a handler may return by default (SNERD_RESULT_MAX_BYTES): 256 KiB of its
 #: compact JSON encoding, well within a line, yet small enough that a history of them stays
 #: a modest log.
@@ -232,6 +236,17 @@ class Enqueue(Event):
     def dedupes(self) -> bool:
         """The enqueue is checked for duplicates (`auto_dedupe` or a `unique_key`)."""
         return self.auto_dedupe or self.unique_key is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueBatch(Event):
+    """Many enqueues in one line: `{"action":"enqueue_batch","tasks":[...]}`, each item the
+    fields of an `enqueue` (without its `action`), parsed alone. An item that does not parse
+    is its own `ProtocolError` (with its task id when it has one, else its place: `tasks[3]`),
+    refusing only itself; each other item is taken as an `enqueue` line is, and answered as
+    one (`ack`, or `error` naming its id)."""
+
+    items: tuple[Enqueue | ProtocolError, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,6 +349,7 @@ ControlCommand: TypeAlias = Cancel | Requeue | Pause | Sweep | GetTask
 Command: TypeAlias = (
     Register
     | Enqueue
+    | EnqueueBatch
     | Result
     | Progress
     | StatsRequested
@@ -471,6 +487,8 @@ def parse_document(doc: Any) -> Command:
         raise fields.invalid(f"field `action` must be a string, got {_type_name(action)}")
     if action == "enqueue":
         return _parse_enqueue(fields)
+    if action == "enqueue_batch":
+        return _parse_batch(fields)
     if action == "result":
         return _parse_result(fields)
     if action == "progress":
@@ -499,6 +517,42 @@ def parse_document(doc: Any) -> Command:
     if action in ("pause", "resume"):
         return Pause(task_type=_paused_type(fields), paused=action == "pause")
     raise fields.invalid(f"unknown action '{_show(action)}'")
+
+
+def _parse_batch(fields: _Fields) -> EnqueueBatch:
+    """An `enqueue_batch` line: its `tasks`, a list of 1 to `MAX_BATCH_TASKS` objects, each
+    parsed as an `enqueue` line (`EnqueueBatch`)."""
+    tasks = fields.doc.get("tasks")
+    if not isinstance(tasks, list):
+        raise fields.invalid(
+            f"field `tasks` must be a list of enqueues, got {_type_name(tasks)}"
+        )
+    if not tasks:
+        raise fields.invalid("field `tasks` must not be empty")
+    if len(tasks) > MAX_BATCH_TASKS:
+        raise fields.invalid(
+            f"field `tasks` holds {len(tasks)} enqueues, more than {MAX_BATCH_TASKS}"
+        )
+    items: list[Enqueue | ProtocolError] = []
+    for i, task in enumerate(tasks):
+        try:
+            if not isinstance(task, dict):
+                raise ProtocolError(failed_to_enqueue(
+                    f"each of `tasks` must be an object, got {_type_name(task)}"))
+            action = task.get("action", "enqueue")
+            if action != "enqueue":
+                raise ProtocolError(
+                    failed_to_enqueue(f"an item of `tasks` is an enqueue, not '{_show(str(action))}'"),
+                    task_id=task.get("task_id") if isinstance(task.get("task_id"), str) else None,
+                )
+            command = parse_document({**task, "action": "enqueue"})
+            assert isinstance(command, Enqueue)
+            items.append(command)
+        except ProtocolError as exc:
+            if exc.task_id is None:
+                exc = ProtocolError(f"{exc.message} (tasks[{i}])")
+            items.append(exc)
+    return EnqueueBatch(items=tuple(items))
 
 
 def _parse_sweep(fields: _Fields, *, purge: bool) -> Sweep:

@@ -208,6 +208,16 @@ class Intake:
                 return
         self._enqueue_here(cmd, shard, info, payload_hash)
 
+    def on_enqueue_batch(self, cmd: proto.EnqueueBatch) -> None:
+        """Each item of a batch in turn, as `on_enqueue` takes one enqueue line: their
+        records join one append per shard (the appends of one call are merged), and each is
+        answered alone once durable; an item that did not parse is refused alone."""
+        for item in cmd.items:
+            if isinstance(item, proto.ProtocolError):
+                self.out.send(proto.error(item.task_id, item.message))
+            else:
+                self.on_enqueue(item)
+
     def _refuse(self, task_id: str, why: str) -> None:
         self.out.send(proto.error(task_id, proto.failed_to_enqueue(why)))
 
