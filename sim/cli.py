@@ -30,7 +30,7 @@ _PROBS = (
     "lock-loss-silent-prob",
 )
 #: Settings the command line can set, with their flags (float ones and int ones).
-_FLOAT_FLAGS = (*_RATES, *_PROBS, "enqueue-rate", "fail-prob", "deps-prob")
+_FLOAT_FLAGS = (*_RATES, *_PROBS, "enqueue-rate", "fail-prob", "deps-prob", "batch-prob")
 _INT_FLAGS = ("steps", "nodes", "shards", "drift-max-ppm", "history-limit")
 
 
@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enqueue-rate", type=float, help="enqueues per second (the workload)")
     p.add_argument("--fail-prob", type=float, help="probability that a handler fails")
     p.add_argument("--deps-prob", type=float, help="probability that a task waits for parents")
+    p.add_argument("--batch-prob", type=float,
+                   help="probability that an enqueue is a batch of several (0: none)")
     p.add_argument("--drift-max-ppm", type=int)
     p.add_argument(
         "--history-limit", type=int, help="finished tasks compaction keeps per log (0: drawn)"
@@ -110,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
         help="a retry of a type's dead letters leaves the oldest where it is (a control)",
     )
     p.add_argument(
+        "--unsafe-batch-ack-early",
+        action="store_true",
+        help="each task of a batch is acked as it is read, before it is durable (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
             "no-margin",
@@ -124,6 +131,7 @@ def _parser() -> argparse.ArgumentParser:
             "ignore-pause",
             "purge-all",
             "retry-skips-oldest",
+            "batch-ack-early",
             "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
@@ -171,6 +179,7 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_ignore_pause"] = args.unsafe_ignore_pause
     given["unsafe_purge_all"] = args.unsafe_purge_all
     given["unsafe_retry_skips_oldest"] = args.unsafe_retry_skips_oldest
+    given["unsafe_batch_ack_early"] = args.unsafe_batch_ack_early
     return given
 
 
@@ -211,6 +220,7 @@ def repro_command(settings: Settings) -> str:
         unsafe_ignore_pause=settings.unsafe_ignore_pause,
         unsafe_purge_all=settings.unsafe_purge_all,
         unsafe_retry_skips_oldest=settings.unsafe_retry_skips_oldest,
+        unsafe_batch_ack_early=settings.unsafe_batch_ack_early,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

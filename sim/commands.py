@@ -34,6 +34,7 @@ import orjson
 from sim.process import COMMAND, Proc
 from sim.settings import SECOND, exp
 from snerd.core import events as ev
+from snerd.core.schema import OUTCOME_CANCELLED, SNERD_OUTCOME, TASK_ID
 from snerd.core.timefmt import format_rfc3339
 
 if TYPE_CHECKING:
@@ -268,4 +269,10 @@ class Commands:
             elif kind == "execute":
                 self.last_execute[e["task"]] = e["t"]
                 self.awaiting.pop(e["task"], None)
+            elif kind == "record" and self.awaiting:
+                # A cancel sent before the retry, still in flight (or pending in an inbox),
+                # may end the retried task: then it need not run.
+                fields = e["fields"]
+                if fields.get(SNERD_OUTCOME) == OUTCOME_CANCELLED:
+                    self.awaiting.pop(fields.get(TASK_ID), None)
         self._seen = len(history)

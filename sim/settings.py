@@ -54,6 +54,16 @@ def _draw_commands(seed: int, deps_prob: float) -> dict[str, Any]:
     return {"command_rate": rate if on and not deps_prob else 0.0, "cancellable": cancellable}
 
 
+def _draw_batches(seed: int) -> dict[str, Any]:
+    """The bulk-enqueue settings of seed `seed`, from a generator of their own (as
+    `_draw_commands`): batches in about 30 % of the worlds."""
+    rng = random.Random(f"batches-{seed}")
+    on = rng.random() < 0.3
+    prob = 0.2 + rng.random() * 0.6
+    size = 2 + int(rng.random() * 7)
+    return {"batch_prob": prob if on else 0.0, "batch_max": size}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Everything one run depends on besides its seed; drawn from the seed unless given."""
@@ -156,6 +166,11 @@ class Settings:
     #: The second task type's handler registers `cancellable` (a cancelled running attempt
     #: is told to stop, `StopAttempt`).
     cancellable: bool = False
+    #: How often a producer sends an `enqueue_batch` line of 2 to `batch_max` tasks instead
+    #: of one `enqueue` (`sim.workload`); 0: never, and nothing is drawn for it. Drawn from a
+    #: generator of its own (`_draw_batches`).
+    batch_prob: float = 0.0
+    batch_max: int = 2
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -185,10 +200,13 @@ class Settings:
     #: A retry of a type's dead letters leaves the oldest where it is
     #: (`NodeConfig.unsafe_retry_skips_oldest`).
     unsafe_retry_skips_oldest: bool = False
+    #: Each task of an `enqueue_batch` line is acked as it is read, before its record is
+    #: durable (`NodeConfig.unsafe_batch_ack_early`).
+    unsafe_batch_ack_early: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
     #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
     #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result", "ignore-cancel",
-    #: "ignore-pause", "purge-all", "retry-skips-oldest" or "nfsv3".
+    #: "ignore-pause", "purge-all", "retry-skips-oldest", "batch-ack-early" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -263,6 +281,7 @@ class Settings:
         drawn["unknown_parent_wait_us"] = int(pick(2, 20) * SECOND)
         drawn["schedules"] = 1 + int(rng.random() * 2) if on(0.3) else 0
         drawn |= _draw_commands(seed, drawn["deps_prob"])
+        drawn |= _draw_batches(seed)
         drawn.update(given)
         if "max_shards" not in given and cap_room is not None:
             drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
@@ -346,6 +365,14 @@ class Settings:
         ):
             # Commands often, in a world without dependencies (`_draw_commands`).
             changes |= {"command_rate": max(self.command_rate, 0.5), "deps_prob": 0.0}
+        if self.unsafe_batch_ack_early or twin == "batch-ack-early":
+            # Batches often, and crashes that lose appends still in flight: an item acked
+            # before its record was durable is then lost.
+            changes |= {
+                "batch_prob": max(self.batch_prob, 0.6),
+                "batch_max": max(self.batch_max, 6),
+                "crash_rate": max(self.crash_rate, 0.05),
+            }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
             # membership.json): the lock file is what keeps a second owner paused, and NFSv3
@@ -412,6 +439,8 @@ class Settings:
             out.append("--unsafe-purge-all")
         if self.unsafe_retry_skips_oldest:
             out.append("--unsafe-retry-skips-oldest")
+        if self.unsafe_batch_ack_early:
+            out.append("--unsafe-batch-ack-early")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

@@ -88,6 +88,9 @@ class Workload:
         #: The schedule lines the app declares at boot, by name (removed ones are dropped).
         self.schedules: dict[str, bytes] = {}
         self.rng_sched = rng_sched
+        #: Whether the next enqueues go in one `enqueue_batch` line, and how many (drawn only
+        #: in worlds with `batch_prob`, so that other worlds stay as they were).
+        self.rng_batch = random.Random(f"batch-{self.s.seed}")
         if self.s.schedules:
             self._draw_schedules()
 
@@ -157,12 +160,16 @@ class Workload:
     # ------------------------------------------------------------------ producers
 
     def produce(self) -> None:
-        """A producer enqueues one task (and the next enqueue is scheduled)."""
+        """A producer enqueues one task, or in worlds with batches now and then several in
+        one `enqueue_batch` line (and the next enqueue is scheduled)."""
         world = self.world
         if world.liveness:
             return
         s, rng = self.s, self.rng
         world.at(world.t + exp(rng, s.enqueue_rate), PRODUCE)
+        if s.batch_prob and self.rng_batch.random() < s.batch_prob:
+            self._produce_batch(2 + int(self.rng_batch.random() * (s.batch_max - 1)))
+            return
         self.next_task += 1
         task = f"t{self.next_task}"
         msg, attrs = self._draw_task(task)
@@ -189,6 +196,38 @@ class Workload:
         )
         target.outstanding[task] = None
         self.write_line(target, orjson.dumps(msg))
+
+    def _produce_batch(self, size: int) -> None:
+        """`size` tasks drawn as `produce` draws one, sent in one `enqueue_batch` line to the
+        process the first one's shard picks; each is its own invoke (and gets its own
+        answer: the checker judges each as an enqueue)."""
+        world, s, rng = self.world, self.s, self.rng
+        drawn = []
+        for _ in range(size):
+            self.next_task += 1
+            task = f"t{self.next_task}"
+            msg, attrs = self._draw_task(task)
+            if s.deps_prob:
+                self._draw_dependencies(task, msg, attrs)
+            delay = uniform(rng, SECOND, 20 * SECOND) if rng.random() < s.delay_prob else 0
+            attrs["delay_us"] = delay
+            drawn.append((task, msg, attrs))
+        first_task, _msg, first = drawn[0]
+        target = self._target(first.get("group") or first["fingerprint"] or first_task)
+        if target is None:
+            return
+        items = []
+        for task, msg, attrs in drawn:
+            if attrs["delay_us"]:
+                msg["execute_at"] = format_rfc3339(target.clock.wall(world.t) + attrs["delay_us"])
+            del msg["action"]
+            items.append(msg)
+            world.counters["enqueues"] += 1
+            world.counters["batched"] += 1
+            world.record({"kind": "enqueue", "phase": "invoke", "task": task,
+                          "node": target.name, "attrs": attrs})
+            target.outstanding[task] = None
+        self.write_line(target, orjson.dumps({"action": "enqueue_batch", "tasks": items}))
 
     def _draw_dependencies(self, task: str, msg: dict[str, Any], attrs: dict[str, Any]) -> None:
         """Whether `task` waits for parents, and which (into `msg` and `attrs`); and whether

@@ -479,6 +479,10 @@ def parse_document(doc: Any) -> Command:
             return fast_result
     raw_id = doc.get("task_id")
     fields = _Fields(doc, raw_id if isinstance(raw_id, str) else None)
+    if action == "enqueue_batch":
+        # (Before the depth check of the whole line: each item is checked alone, so an item
+        # is held to the depth an enqueue line is, not two levels less.)
+        return _parse_batch(fields)
     if _nests_deeper(doc, MAX_NESTING):
         raise fields.invalid(f"nested deeper than {MAX_NESTING} levels")
     if action is None:
@@ -487,8 +491,6 @@ def parse_document(doc: Any) -> Command:
         raise fields.invalid(f"field `action` must be a string, got {_type_name(action)}")
     if action == "enqueue":
         return _parse_enqueue(fields)
-    if action == "enqueue_batch":
-        return _parse_batch(fields)
     if action == "result":
         return _parse_result(fields)
     if action == "progress":

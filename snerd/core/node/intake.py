@@ -216,6 +216,8 @@ class Intake:
             if isinstance(item, proto.ProtocolError):
                 self.out.send(proto.error(item.task_id, item.message))
             else:
+                if self.config.unsafe_batch_ack_early:  # the control: acked before durable
+                    self.out.send(proto.ack_enqueued(item.task_id, 0))
                 self.on_enqueue(item)
 
     def _refuse(self, task_id: str, why: str) -> None:
