@@ -64,6 +64,15 @@ def _draw_batches(seed: int) -> dict[str, Any]:
     return {"batch_prob": prob if on else 0.0, "batch_max": size}
 
 
+def _draw_finals(seed: int) -> dict[str, Any]:
+    """How often a failure is final (`"retry": false`), from a generator of its own: in about
+    30 % of the worlds."""
+    rng = random.Random(f"finals-{seed}")
+    on = rng.random() < 0.3
+    prob = 0.2 + rng.random() * 0.6
+    return {"final_prob": prob if on else 0.0}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Everything one run depends on besides its seed; drawn from the seed unless given."""
@@ -171,6 +180,9 @@ class Settings:
     #: generator of its own (`_draw_batches`).
     batch_prob: float = 0.0
     batch_max: int = 2
+    #: Of the handlers' failures, how many their SDK marks final (`"retry": false`: no retry
+    #: whatever attempts are left; check 4b). Drawn from a generator of its own.
+    final_prob: float = 0.0
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -203,10 +215,13 @@ class Settings:
     #: Each task of an `enqueue_batch` line is acked as it is read, before its record is
     #: durable (`NodeConfig.unsafe_batch_ack_early`).
     unsafe_batch_ack_early: bool = False
+    #: A failure marked final is retried as any other (`NodeConfig.unsafe_retry_final`).
+    unsafe_retry_final: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
     #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
     #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result", "ignore-cancel",
-    #: "ignore-pause", "purge-all", "retry-skips-oldest", "batch-ack-early" or "nfsv3".
+    #: "ignore-pause", "purge-all", "retry-skips-oldest", "batch-ack-early", "retry-final" or
+    #: "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -282,6 +297,7 @@ class Settings:
         drawn["schedules"] = 1 + int(rng.random() * 2) if on(0.3) else 0
         drawn |= _draw_commands(seed, drawn["deps_prob"])
         drawn |= _draw_batches(seed)
+        drawn |= _draw_finals(seed)
         drawn.update(given)
         if "max_shards" not in given and cap_room is not None:
             drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
@@ -373,6 +389,13 @@ class Settings:
                 "batch_max": max(self.batch_max, 6),
                 "crash_rate": max(self.crash_rate, 0.05),
             }
+        if self.unsafe_retry_final or twin == "retry-final":
+            # Failures often, most of them final, with attempts left to retry them.
+            changes |= {
+                "final_prob": max(self.final_prob, 0.7),
+                "fail_prob": max(self.fail_prob, 0.3),
+                "retries_max": max(self.retries_max, 2),
+            }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
             # membership.json): the lock file is what keeps a second owner paused, and NFSv3
@@ -441,6 +464,8 @@ class Settings:
             out.append("--unsafe-retry-skips-oldest")
         if self.unsafe_batch_ack_early:
             out.append("--unsafe-batch-ack-early")
+        if self.unsafe_retry_final:
+            out.append("--unsafe-retry-final")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

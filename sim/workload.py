@@ -91,6 +91,8 @@ class Workload:
         #: Whether the next enqueues go in one `enqueue_batch` line, and how many (drawn only
         #: in worlds with `batch_prob`, so that other worlds stay as they were).
         self.rng_batch = random.Random(f"batch-{self.s.seed}")
+        #: Whether a failure is final (drawn only in worlds with `final_prob`).
+        self.rng_final = random.Random(f"final-{self.s.seed}")
         if self.s.schedules:
             self._draw_schedules()
 
@@ -401,6 +403,9 @@ class Workload:
         result["status"] = "success" if ok else "error"
         if not ok:
             result["error_msg"] = "simulated failure"
+            if self.s.final_prob and self.rng_final.random() < self.s.final_prob:
+                result["retry"] = False
+                entry["final"] = True
         else:
             value = returned_value(task, attempt)
             if value is not None:

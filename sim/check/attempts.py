@@ -6,6 +6,15 @@
    (`Metrics.re_executions`). Cron tasks (attrs `cron`) re-arm with their attempt count reset,
    so they are skipped. A schedule's run has no invoke: its budget is its record's
    `maxRetries` (`Analysis.run_schedule`).
+4b. **Final failures** (`FINAL_RETRIED`): a failure its SDK marked final (`"retry": false`;
+   `handler_done` with `final`) of attempt n on node N is not retried by N: the first accepted
+   task record of the task that N decides (`t_queued`) after it, in the epoch of the execute
+   it answered, is not a retry's record (`retryCount` n, not a tombstone). (Only the first: a
+   retry command may put the dead letter back, and its new attempts fail as they may.) Another node,
+   or N in a later tenure, may run attempt n again after a takeover (the result never reached
+   a live owner) and retry a failure of that run that was not final. Tasks with a hard
+   timeout are not judged: N may fail the attempt at its deadline, and retry it, while the
+   result is on its way.
 5. **Rate windows** (`RATE_EXCEEDED`): per rate-limit group (tasks with `group` and
    `max_per_minute`), the first execute of each (task, attempt) counts at its true time; any
    `m + 1` of them less than 60 s minus `window_slack_us` apart are a violation (`m`: the
@@ -23,11 +32,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sim.check.history import Analysis, Execute, Invoke
-from sim.check.report import ATTEMPTS_EXCEEDED, RATE_EXCEEDED, Params, Violation, at
+from sim.check.report import (
+    ATTEMPTS_EXCEEDED,
+    FINAL_RETRIED,
+    RATE_EXCEEDED,
+    Params,
+    Violation,
+    at,
+)
 from snerd.core.retry import attempts_allowed
+from snerd.core.schema import MAX_EXECUTION_SECONDS, RETRY_COUNT
 from snerd.core.shardlog import RATE_WINDOW_US
 
-__all__ = ["Runs", "judge_attempts", "judge_rate_windows", "task_runs"]
+__all__ = ["Runs", "judge_attempts", "judge_finals", "judge_rate_windows", "task_runs"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,4 +151,33 @@ def judge_rate_windows(params: Params, runs: list[Runs]) -> list[Violation]:
                         ),
                     )
                 )
+    return out
+
+
+def judge_finals(a: Analysis) -> list[Violation]:
+    """Check 4b (the module's header): a failure marked final is never retried by the node
+    it reached."""
+    out: list[Violation] = []
+    for index, t, task, attempt, node in a.finals:
+        records = a.task_records.get(task, [])
+        if any(MAX_EXECUTION_SECONDS in r.fields for r in records):
+            continue  # (a hard timeout may fail the attempt while the result is on its way)
+        ran = [x for x in a.executes if x.task == task and x.attempt == attempt
+               and x.node == node and x.t <= t]
+        if not ran:
+            continue
+        epoch = ran[-1].epoch
+        # The node's decision on that failure: its first record of the task after it (a
+        # later one may be of a new life: a retry command puts a dead letter back).
+        decision = next((r for r in records if r.accepted and r.node == node
+                         and r.epoch == epoch and r.t_queued > t), None)
+        for r in () if decision is None else (decision,):
+            if not r.tombstone and r.fields.get(RETRY_COUNT) == attempt:
+                out.append(Violation(
+                    kind=FINAL_RETRIED,
+                    message=f"{task} attempt {attempt} failed final on {node} at {at(t)}, yet "
+                    f"{node} wrote a retry of it at {at(r.t_queued)}",
+                    index=index, t=t,
+                ))
+                break
     return out

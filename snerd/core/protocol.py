@@ -260,6 +260,10 @@ class Result(Event):
     attempt: int | None = None
     #: snerd extra: the handler's return value (any JSON value) on a success; None: none.
     result: Any = None
+    #: snerd extra: False on a failure that must not be retried (`"retry": false`: the
+    #: handler raised an error its SDK marks final): the task is dead-lettered now, whatever
+    #: attempts it has left.
+    retry: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -909,8 +913,10 @@ def _parse_result(f: _Fields) -> Result:
         raise f.invalid(f"field `attempt` must be at least 1, got {attempt}")
     # A failure's result is ignored (see the module's header).
     result = f.doc.get("result") if success else None
+    retry = f.optional_bool("retry")
     return Result(
-        task_id=task_id, success=success, error_msg=error_msg, attempt=attempt, result=result
+        task_id=task_id, success=success, error_msg=error_msg, attempt=attempt, result=result,
+        retry=retry is not False,
     )
 
 

@@ -154,7 +154,8 @@ FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "unique_until": ("str_or_int", False),
     },
     # `success` is read only without `status`, `error_msg` takes any value: no type to break.
-    "result": {"task_id": ("str", True), "status": ("str", True), "attempt": ("int", False)},
+    "result": {"task_id": ("str", True), "status": ("str", True), "attempt": ("int", False),
+               "retry": ("bool", False)},
     "progress": {"task_id": ("str", True)},
     "stats": {},
 }

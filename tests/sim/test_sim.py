@@ -34,6 +34,7 @@ CONTROLS = {
     "--unsafe-purge-all": "purge-all",
     "--unsafe-retry-skips-oldest": "retry-skips-oldest",
     "--unsafe-batch-ack-early": "batch-ack-early",
+    "--unsafe-retry-final": "retry-final",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -168,6 +169,9 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
         if flag == "--unsafe-batch-ack-early":
             # Caught as a task of a batch acked before any record of it was durable.
             assert "first violation: [ack_not_durable]" in text, text[-2000:]
+        if flag == "--unsafe-retry-final":
+            # Caught as a retry record written for a failure marked final.
+            assert "first violation: [final_retried]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:

@@ -510,7 +510,10 @@ class Intake:
                 error = proto.result_too_large(task.task_id, size, limit)
                 self._attempt_ended(task, False, error)
                 return
-        self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error", result)
+        self._attempt_ended(
+            task, cmd.success, cmd.error_msg or "Unknown error", result,
+            retry=cmd.retry or self.config.unsafe_retry_final,
+        )
 
     def _plain_success(self, result: proto.PlainResult) -> bool:
         """`on_result` for the commonest result, a success of a running attempt of a task
@@ -525,15 +528,18 @@ class Intake:
         self._attempt_ended(task, True, "")
         return True
 
-    def _attempt_ended(self, task: Task, ok: bool, error: str, result: Any = None) -> None:
+    def _attempt_ended(
+        self, task: Task, ok: bool, error: str, result: Any = None, *, retry: bool = True
+    ) -> None:
         """The outcome of a running attempt, from the SDK or from a webhook; `result`: a
-        success's return value (None: none)."""
+        success's return value (None: none); `retry`: False for a failure the SDK marked
+        final."""
         self.node.stats["total_executed"] += 1
         if ok:
             self.node.book.succeeded(task, result)
         else:
             self.node.stats["total_failed"] += 1
-            self.node.book.failed(task, error)
+            self.node.book.failed(task, error, retry=retry)
 
     def on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
         flight = self.node.book.inflight.get(event.task_id)

@@ -238,6 +238,9 @@ class NodeConfig:
     #: Each task of an `enqueue_batch` line is acked as it is read, before its record is
     #: durable. Only the simulator's negative control `--unsafe-batch-ack-early` sets it.
     unsafe_batch_ack_early: bool = False
+    #: A failure marked final (`"retry": false`) is retried as any other. Only the
+    #: simulator's negative control `--unsafe-retry-final` sets it.
+    unsafe_retry_final: bool = False
     #: A retry of a type's dead letters leaves the oldest it selects where it is. Only the
     #: simulator's negative control `--unsafe-retry-skips-oldest` turns it on.
     unsafe_retry_skips_oldest: bool = False

@@ -678,11 +678,13 @@ class TaskBook:
         )
         return True
 
-    def failed(self, task: Task, error: str) -> None:
+    def failed(self, task: Task, error: str, *, retry: bool = True) -> None:
+        """A failed attempt: retried after its backoff while attempts are left and `retry`
+        (False: a failure its SDK marked final), else dead-lettered (a cron task re-armed)."""
         now = self.node.now
         self._end_flight(task)
         task.last_error = error
-        if task.attempt < attempts_allowed(task.max_retries):
+        if retry and task.attempt < attempts_allowed(task.max_retries):
             delay = retry_delay_us(
                 retry_after_hours=task.retry_after_hours,
                 failures=task.attempt,
