@@ -189,7 +189,3 @@ class CommandMix:
         entry["node"] = node
         entry["reply"] = msg
         return entry, sent
-
-    def forget(self, node: str) -> None:
-        """`node` is gone (crashed): its unanswered commands never will be."""
-        self.outstanding.pop(node, None)
