@@ -12,7 +12,7 @@ a record became durable is not observable from outside, so each gets an estimate
   controller knows every step it made);
 - clamped to what the clients saw: an enqueue record of the acking node lies between the
   invoke and the ack, a dispatch record no later than the first execute of that attempt on its
-  writer, a tombstone or retry record no earlier than the handler's return (not a `cancelled`
+  writer after it (attempt numbers start again after a retry), a tombstone or retry record no earlier than the handler's return (not a `cancelled`
   tombstone: a cancel does not wait for the handler; nor a return much later than the
   tombstone's own time: a run after a retry);
 - records without a timestamp (inbox progress records, copies of inbox tasks) take the time of
@@ -280,8 +280,12 @@ def build_history(
                     (writer, str(f.get(DISPATCH_TASK)), int(f.get(DISPATCH_ATTEMPT, 0)))
                 )
                 if seen and est is not None:
-                    later = [t for t in seen if t >= est - 2_000_000]
-                    est = min(est, later[0] if later else seen[-1])
+                    # The first execute after the record, or (the clock correction may be a
+                    # little off) just before it: attempt numbers start again after a retry,
+                    # so an earlier run's execute of the same attempt may be close too.
+                    after = [t for t in seen if t >= est]
+                    near = [t for t in seen if t >= est - 2_000_000]
+                    est = min(est, after[0] if after else near[0] if near else seen[-1])
                 elif seen:
                     est = seen[0]
             elif kind is None:
@@ -293,12 +297,9 @@ def build_history(
                         # (A cancel ends the task without waiting for its handler, and a
                         # later return is another run's, after a retry.)
                         est = _after_return(est, done.get((writer, task), []))
-                elif (
-                    f.get(SNERD_REPLAYED_AT) is not None
-                    and SNERD_VIA not in f
-                    and f.get(RETRY_COUNT, 0) == 0
-                ):
-                    # Put back by a retry: written when it says, not at the enqueue.
+                elif f.get(SNERD_REPLAYED_AT) is not None and f.get(RETRY_COUNT, 0) == 0:
+                    # Put back by a retry (keeping the `snerdVia` of its first enqueue):
+                    # written when it says, not at the enqueue.
                     raw = _time(f.get(SNERD_REPLAYED_AT))
                     est = clocks.true_time(writer, raw, prev) if raw is not None else None
                 elif SNERD_VIA in f:
