@@ -158,9 +158,10 @@ def finished_tasks(directory: Path) -> set[str]:
 
 
 def _after_return(est: int | None, returns: list[tuple[int, int]]) -> int | None:
-    """A tombstone's estimate `est`, no earlier than the latest handler return of its task on
-    its writer that could be the one it records: not one later than the estimate by more than
-    the clock correction's slack (that one belongs to a later run, after a retry)."""
+    """A tombstone's or retry record's estimate `est`, no earlier than the latest handler
+    return (of `returns`: its task's on its writer) that could be the one it records: not one
+    later than the estimate by more than the clock correction's slack (that one belongs to a
+    later run, after a retry)."""
     if est is None:
         return max((t + 1 for _a, t in returns), default=None)
     fits = [t for _a, t in returns if t <= est + _STEP_SLACK_US]
@@ -316,9 +317,8 @@ def build_history(
                     if raw is not None and isinstance(hours, int | float):
                         est = clocks.true_time(writer, raw - int(hours * 3_600_000_000), prev)
                     attempt = f.get(RETRY_COUNT)
-                    returns = [t for a, t in done.get((writer, task), []) if a == attempt]
-                    if returns:
-                        est = max(est if est is not None else 0, returns[-1] + 1)
+                    returns = [(a, t) for a, t in done.get((writer, task), []) if a == attempt]
+                    est = _after_return(est, returns)
             durable = est if est is not None else prev
             t = max(prev, durable)
             prev = t
