@@ -225,11 +225,13 @@ class NodeConfig:
     #: for their owners' answers before it is answered `pending` (SNERD_COMMAND_WAIT_MS).
     command_wait_us: int = 5 * SECOND
     #: A cancel of a live task is answered `cancelled: true` and changes nothing: the task
-    #: stays queued (or running) and is dispatched all the same. Only the simulator's
-    #: negative control `--unsafe-ignore-cancel` turns it on.
+    #: stays queued (or running) and is dispatched all the same. Only the negative controls
+    #: turn it on: the simulator's `--unsafe-ignore-cancel`, jepsen-lite's
+    #: (SNERD_TEST_UNSAFE_IGNORE_CANCEL=1).
     unsafe_ignore_cancel: bool = False
-    #: Pause records are written but dispatch does not look at them. Only the simulator's
-    #: negative control `--unsafe-ignore-pause` turns it on.
+    #: Pause records are written but dispatch does not look at them. Only the negative
+    #: controls turn it on: the simulator's `--unsafe-ignore-pause`, jepsen-lite's
+    #: (SNERD_TEST_UNSAFE_IGNORE_PAUSE=1).
     unsafe_ignore_pause: bool = False
     #: A purge forgets every ended task of the shard, succeeded ones and those finished after
     #: its `before` included. Only the simulator's negative control `--unsafe-purge-all`
