@@ -160,6 +160,8 @@ class Producer:
         trigger_after_ids: Iterable[str] | None = None,
         unique_key: str | None = None,
         unique_until: str | int | None = None,
+        backoff: str | None = None,
+        backoff_max_seconds: int | None = None,
     ) -> Enqueued:
         """Store a task and return once it is durable: `SnerdQueue.enqueue`'s arguments and
         answer, blocking.
@@ -175,7 +177,7 @@ class Producer:
             task_id = uuid.uuid4().hex
         given = (rate_limit_group, max_per_minute, auto_dedupe, urgency_score, execute_at, cron,
                  webhook_url, max_execution_seconds, pool, trigger_after_ids, unique_key,
-                 unique_until)
+                 unique_until, backoff, backoff_max_seconds)
         options = {k: v for k, v in zip(proto.ENQUEUE_OPTIONS, given, strict=True)
                    if v is not None}
         message = build_enqueue_message(

@@ -231,6 +231,10 @@ class Enqueue(Event):
     unique_key: str | None = None
     #: How long a twin makes this enqueue a duplicate: `started`, `finished` or seconds.
     unique_until: str | int = "finished"
+    #: snerd extra: the task's retry policy (`constant`, `exponential`); None: the daemon's.
+    backoff: str | None = None
+    #: snerd extra: the cap on an exponential retry delay, in seconds; None: 7 days.
+    backoff_max_seconds: int | None = None
 
     @property
     def dedupes(self) -> bool:
@@ -687,6 +691,10 @@ def validate_enqueue(cmd: Enqueue) -> None:
             rule.check_not_empty("unique_key", cmd.unique_key)
             rule.check_size("unique_key", cmd.unique_key, rule.MAX_TASK_ID_BYTES)
         rule.check_unique_until("unique_until", cmd.unique_until, cmd.dedupes)
+        if cmd.backoff is not None:
+            rule.check_backoff("backoff", cmd.backoff)
+        if cmd.backoff_max_seconds is not None:
+            rule.check_backoff_max_seconds("backoff_max_seconds", cmd.backoff_max_seconds)
     except BadField as bad:
         raise ProtocolError(failed_to_enqueue(bad.detail), task_id=cmd.task_id) from None
 
@@ -706,6 +714,8 @@ ENQUEUE_OPTIONS = (
     "trigger_after_ids",
     "unique_key",
     "unique_until",
+    "backoff",
+    "backoff_max_seconds",
 )
 #: `_plain_enqueue` takes only lines where all of them are absent or null.
 _ENQUEUE_OPTIONAL = frozenset(ENQUEUE_OPTIONS)
@@ -837,6 +847,8 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
     pool = f.optional_str("pool")
     trigger_after_ids = f.optional_str_list("trigger_after_ids")
     unique_key = f.optional_str("unique_key")
+    backoff = f.optional_str("backoff")
+    backoff_max_seconds = f.optional_int("backoff_max_seconds")
     unique_until = f.doc.get("unique_until")
     if unique_until is None:
         unique_until = dedupe.FINISHED
@@ -863,6 +875,8 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
         trigger_after_ids=tuple(dict.fromkeys(trigger_after_ids or ())),
         unique_key=unique_key,
         unique_until=unique_until,
+        backoff=backoff or None,
+        backoff_max_seconds=backoff_max_seconds,
     )
     # The plain fields first (empty id, negative retries, ...), then the two that need parsing.
     validate_enqueue(cmd)

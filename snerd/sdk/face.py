@@ -465,6 +465,8 @@ class QueueFace(JobControl):
         trigger_after_ids: Iterable[str] | None = None,
         unique_key: str | None = None,
         unique_until: str | int | None = None,
+        backoff: str | None = None,
+        backoff_max_seconds: int | None = None,
     ) -> Enqueued:
         """Store a task and return once the daemon says it is durable.
 
@@ -493,6 +495,10 @@ class QueueFace(JobControl):
             unique_until: how long a twin counts, with `auto_dedupe` or `unique_key`:
                 `"started"` (until it starts running), `"finished"` (the default: until it
                 ends) or a number of seconds after it ended.
+            backoff: this task's retry policy, `"constant"` (every retry waits
+                `retry_after_hours`) or `"exponential"` (doubling from it, with jitter);
+                None: the daemon's `SNERD_BACKOFF`.
+            backoff_max_seconds: where exponential backoff stops growing (default 7 days).
 
         Returns:
             `Enqueued(task_id, shard, deduplicated, duplicate_of)`: `deduplicated` is True
@@ -522,6 +528,8 @@ class QueueFace(JobControl):
             trigger_after_ids,
             unique_key,
             unique_until,
+            backoff,
+            backoff_max_seconds,
         )
         # (Most enqueues set none of them: no dict to build and walk then. By identity: a value
         # such as an array may not compare with None.)

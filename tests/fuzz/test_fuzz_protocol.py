@@ -152,6 +152,8 @@ FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "trigger_after_ids": ("str_list", False),
         "unique_key": ("str", False),
         "unique_until": ("str_or_int", False),
+        "backoff": ("str", False),
+        "backoff_max_seconds": ("int", False),
     },
     # `success` is read only without `status`, `error_msg` takes any value: no type to break.
     "result": {"task_id": ("str", True), "status": ("str", True), "attempt": ("int", False),
@@ -225,6 +227,8 @@ def valid_docs(
             "trigger_after_ids": st.lists(ids.filter(lambda i: i != task_id), max_size=4),
             "unique_key": names,
             "unique_until": st.sampled_from(["started", "finished"]) | st.integers(1, 604_800),
+            "backoff": st.sampled_from(["constant", "exponential"]),
+            "backoff_max_seconds": st.integers(1, proto.MAX_EXECUTION_SECONDS),
         }
         for name in draw(st.sets(st.sampled_from(sorted(options)))):
             doc[name] = draw(options[name] | st.none())
@@ -306,6 +310,8 @@ _OUT_OF_RANGE: list[tuple[str, st.SearchStrategy[Any], str]] = [
     ("trigger_after_ids", st.just(["a", ""]), "must not contain an empty id"),
     ("trigger_after_ids", st.just([f"p{i}" for i in range(proto.MAX_PARENTS + 1)]), "limit"),
     ("trigger_after_ids", st.just(["y" * 1025]), "trigger_after_ids holds an id"),
+    ("backoff", st.sampled_from(["linear", "Exponential", "fibonacci"]), "backoff must be one of"),
+    ("backoff_max_seconds", st.integers(-(2**63), 0), "backoff_max_seconds must be at least 1"),
 ]
 
 

@@ -41,6 +41,7 @@ from snerd.core.node.model import (
     route_shard,
 )
 from snerd.core.node.outbox import EnqueuePart, EnqueueRun, InboxPart
+from snerd.core.retry import task_backoff
 from snerd.core.schema import (
     EXECUTE_AT,
     MAX_RETRIES,
@@ -279,6 +280,8 @@ class Intake:
             None,  # loc
             1,  # attempt
         )
+        if cmd.backoff is not None or cmd.backoff_max_seconds is not None:
+            task.backoff = task_backoff(cmd.backoff, cmd.backoff_max_seconds)
         book.tasks[cmd.task_id] = task
         book.add_fingerprint(task)
         self.node.stats["total_enqueued"] += 1

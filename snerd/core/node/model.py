@@ -329,6 +329,9 @@ class Task:
     #: Location of the dispatch record of the running attempt.
     dispatch_loc: fx.Location | None = None
     last_error: str | None = None
+    #: The task's own retry policy and exponential cap (µs), from its record; None: the
+    #: daemon's (`NodeConfig.backoff`, 7 days).
+    backoff: tuple[str | None, int] | None = None
 
 
 @dataclass(slots=True)
