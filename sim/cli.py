@@ -125,6 +125,11 @@ def _parser() -> argparse.ArgumentParser:
         help="a failure marked final (retry: false) is retried as any other (a control)",
     )
     p.add_argument(
+        "--unsafe-ignore-task-backoff",
+        action="store_true",
+        help="retries wait the daemon's policy, not the task's own (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
             "no-margin",
@@ -141,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
             "retry-skips-oldest",
             "batch-ack-early",
             "retry-final",
+            "ignore-task-backoff",
             "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
@@ -190,6 +196,7 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_retry_skips_oldest"] = args.unsafe_retry_skips_oldest
     given["unsafe_batch_ack_early"] = args.unsafe_batch_ack_early
     given["unsafe_retry_final"] = args.unsafe_retry_final
+    given["unsafe_ignore_task_backoff"] = args.unsafe_ignore_task_backoff
     return given
 
 
@@ -232,6 +239,7 @@ def repro_command(settings: Settings) -> str:
         unsafe_retry_skips_oldest=settings.unsafe_retry_skips_oldest,
         unsafe_batch_ack_early=settings.unsafe_batch_ack_early,
         unsafe_retry_final=settings.unsafe_retry_final,
+        unsafe_ignore_task_backoff=settings.unsafe_ignore_task_backoff,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

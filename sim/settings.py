@@ -64,6 +64,16 @@ def _draw_batches(seed: int) -> dict[str, Any]:
     return {"batch_prob": prob if on else 0.0, "batch_max": size}
 
 
+def _draw_backoff(seed: int) -> dict[str, Any]:
+    """Retry waits of the tasks' own, from a generator of their own: in about 30 % of the
+    worlds some tasks wait 0.2-3 s between attempts, a share of them with an exponential
+    policy and a cap (`sim.workload`, check 4c)."""
+    rng = random.Random(f"backoff-{seed}")
+    on = rng.random() < 0.3
+    prob = 0.3 + rng.random() * 0.7
+    return {"backoff_prob": prob if on else 0.0}
+
+
 def _draw_finals(seed: int) -> dict[str, Any]:
     """How often a failure is final (`"retry": false`), from a generator of its own: in about
     30 % of the worlds."""
@@ -183,6 +193,10 @@ class Settings:
     #: Of the handlers' failures, how many their SDK marks final (`"retry": false`: no retry
     #: whatever attempts are left; check 4b). Drawn from a generator of its own.
     final_prob: float = 0.0
+    #: How many tasks wait between attempts (`retry_after_hours` 0.2-3 s), half of them with
+    #: an exponential `backoff` and a `backoff_max_seconds`; 0: every task retries at once.
+    #: Drawn from a generator of its own.
+    backoff_prob: float = 0.0
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -217,11 +231,13 @@ class Settings:
     unsafe_batch_ack_early: bool = False
     #: A failure marked final is retried as any other (`NodeConfig.unsafe_retry_final`).
     unsafe_retry_final: bool = False
+    #: Retries wait the daemon's policy, ignoring the task's (`NodeConfig.unsafe_ignore_task_backoff`).
+    unsafe_ignore_task_backoff: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
     #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
     #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result", "ignore-cancel",
-    #: "ignore-pause", "purge-all", "retry-skips-oldest", "batch-ack-early", "retry-final" or
-    #: "nfsv3".
+    #: "ignore-pause", "purge-all", "retry-skips-oldest", "batch-ack-early", "retry-final",
+    #: "ignore-task-backoff" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -298,6 +314,7 @@ class Settings:
         drawn |= _draw_commands(seed, drawn["deps_prob"])
         drawn |= _draw_batches(seed)
         drawn |= _draw_finals(seed)
+        drawn |= _draw_backoff(seed)
         drawn.update(given)
         if "max_shards" not in given and cap_room is not None:
             drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
@@ -396,6 +413,14 @@ class Settings:
                 "fail_prob": max(self.fail_prob, 0.3),
                 "retries_max": max(self.retries_max, 2),
             }
+        if self.unsafe_ignore_task_backoff or twin == "ignore-task-backoff":
+            # Tasks with waits of their own that fail and retry, clocks that stay put.
+            changes |= {
+                "backoff_prob": max(self.backoff_prob, 0.8),
+                "fail_prob": max(self.fail_prob, 0.3),
+                "retries_max": max(self.retries_max, 3),
+                "step_rate": 0.0,
+            }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
             # membership.json): the lock file is what keeps a second owner paused, and NFSv3
@@ -466,6 +491,8 @@ class Settings:
             out.append("--unsafe-batch-ack-early")
         if self.unsafe_retry_final:
             out.append("--unsafe-retry-final")
+        if self.unsafe_ignore_task_backoff:
+            out.append("--unsafe-ignore-task-backoff")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

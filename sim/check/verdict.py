@@ -10,7 +10,13 @@ into one `Report`. `check` is `judge` of a whole history; each `check_*` is one 
 
 from __future__ import annotations
 
-from sim.check.attempts import judge_attempts, judge_finals, judge_rate_windows, task_runs
+from sim.check.attempts import (
+    judge_attempts,
+    judge_finals,
+    judge_rate_windows,
+    judge_retry_waits,
+    task_runs,
+)
 from sim.check.control import judge_control
 from sim.check.delivery import is_satisfied, judge_at_least_once
 from sim.check.deps import judge_dependencies
@@ -37,6 +43,7 @@ __all__ = [
     "check_priority",
     "check_rate_windows",
     "check_results",
+    "check_retry_waits",
     "check_schedule_runs",
     "judge",
 ]
@@ -71,6 +78,7 @@ def judge(a: Analysis) -> Report:
         *judge_schedule_runs(a),
         *judge_results(a),
         *judge_finals(a),
+        *judge_retry_waits(a),
         *control,
         *belief,
     ]
@@ -194,6 +202,12 @@ def check_finals(history: History) -> list[Violation]:
     """A failure marked final (`"retry": false`) is not retried by the node it reached (the
     rule is in `sim.check.attempts`'s header, 4b)."""
     return judge_finals(analyse(history))
+
+
+def check_retry_waits(history: History) -> list[Violation]:
+    """A task's next attempt does not start before its retry's wait has passed (the rule is
+    in `sim.check.attempts`'s header, 4c)."""
+    return judge_retry_waits(analyse(history))
 
 
 def check_control(history: History) -> list[Violation]:

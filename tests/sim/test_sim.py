@@ -35,6 +35,7 @@ CONTROLS = {
     "--unsafe-retry-skips-oldest": "retry-skips-oldest",
     "--unsafe-batch-ack-early": "batch-ack-early",
     "--unsafe-retry-final": "retry-final",
+    "--unsafe-ignore-task-backoff": "ignore-task-backoff",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -172,6 +173,9 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
         if flag == "--unsafe-retry-final":
             # Caught as a retry record written for a failure marked final.
             assert "first violation: [final_retried]" in text, text[-2000:]
+        if flag == "--unsafe-ignore-task-backoff":
+            # Caught as an attempt started before its task's own backoff had passed.
+            assert "first violation: [retried_early]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:

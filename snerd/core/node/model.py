@@ -243,6 +243,9 @@ class NodeConfig:
     #: A failure marked final (`"retry": false`) is retried as any other. Only the
     #: simulator's negative control `--unsafe-retry-final` sets it.
     unsafe_retry_final: bool = False
+    #: Retries wait the daemon's policy, whatever the task's. Only the simulator's negative
+    #: control `--unsafe-ignore-task-backoff` sets it.
+    unsafe_ignore_task_backoff: bool = False
     #: A retry of a type's dead letters leaves the oldest it selects where it is. Only the
     #: simulator's negative control `--unsafe-retry-skips-oldest` turns it on.
     unsafe_retry_skips_oldest: bool = False

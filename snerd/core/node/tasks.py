@@ -688,7 +688,8 @@ class TaskBook:
         self._end_flight(task)
         task.last_error = error
         if retry and task.attempt < attempts_allowed(task.max_retries):
-            policy, cap_us = task.backoff or (None, EXPONENTIAL_CAP_US)
+            own = None if self.config.unsafe_ignore_task_backoff else task.backoff
+            policy, cap_us = own or (None, EXPONENTIAL_CAP_US)
             delay = retry_delay_us(
                 retry_after_hours=task.retry_after_hours,
                 failures=task.attempt,
