@@ -11,6 +11,7 @@ It must never: run anything of the queue in the caller's thread, or outlive `clo
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import inspect
@@ -114,10 +115,8 @@ class TestQueue:
         if thread is None or not thread.is_alive():
             return
         if self._token is not None and self._stop is not None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
         thread.join()
         if self._error is not None:
             error, self._error = self._error, None

@@ -196,6 +196,8 @@ class AsyncTestQueue:
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
         self._runs: list[Run] = []
+        #: How many of `_runs` `run_until_idle` and `advance` have returned.
+        self._reported = 0
         #: Sync handlers (and dead-letter handlers) running in their thread now.
         self._threads = 0
 
@@ -265,12 +267,13 @@ class AsyncTestQueue:
     async def run_until_idle(self) -> list[Run]:
         """Run everything that is due at the current virtual time, retries due now and
         children whose parents end included, until nothing more is under way; the clock does
-        not move. Returns the handler calls made meanwhile, in the order they ended.
+        not move. Returns the handler calls that ended since the last `run_until_idle` or
+        `advance` returned (a task runs as soon as it is due: maybe already during its
+        `enqueue`), in the order they ended.
 
         A handler that waits on trio's clock (a `sleep`) is left waiting: `advance` it."""
-        before = len(self._runs)
         await self._settle()
-        return self._runs[before:]
+        return self._new_runs()
 
     async def advance(
         self, *, days: float = 0, hours: float = 0, minutes: float = 0, seconds: float = 0
@@ -278,7 +281,8 @@ class AsyncTestQueue:
         """Move the virtual clock forward by this much, stopping at every deadline on the way
         (a delayed task, a retry, a cron or schedule tick, a rate window, a lease renewal, a
         handler's sleep) and running what it made due before going on; returns the handler
-        calls made meanwhile. Takes microseconds of real time per deadline, not the span.
+        calls that ended since the last `run_until_idle` or `advance` returned. Real time
+        goes on the deadlines met, not on the span (docs/testing.md, "What it costs").
 
         Raises:
             ValueError: a negative span.
@@ -287,7 +291,6 @@ class AsyncTestQueue:
         if span < 0 or not math.isfinite(span):
             raise ValueError(f"advance() moves the clock forward, not by {span!r} s")
         clock = self._mock()
-        before = len(self._runs)
         target = trio.current_time() + span
         while True:
             await self._settle()
@@ -298,7 +301,12 @@ class AsyncTestQueue:
             # that lands a rounding error short of a deadline would find it again.)
             gap = trio.lowlevel.current_statistics().seconds_to_next_deadline
             clock.jump(min(max(gap, 1e-6), target - now))
-        return self._runs[before:]
+        return self._new_runs()
+
+    def _new_runs(self) -> list[Run]:
+        """The runs since the last call, and the mark moved past them."""
+        new, self._reported = self._runs[self._reported :], len(self._runs)
+        return new
 
     async def _settle(self) -> None:
         """Wait until nothing is under way: every trio task blocked, the runtime settled, no
