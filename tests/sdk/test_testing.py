@@ -280,6 +280,15 @@ def test_the_snerd_queue_fixture_gives_a_started_queue(pytester: pytest.Pytester
     result.assert_outcomes(passed=1)
 
 
+def test_the_example_of_docs_testing_md_passes_as_written(pytester: pytest.Pytester) -> None:
+    text = (ROOT / "docs" / "testing.md").read_text()
+    example = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "def test_" in example and "snerd_queue" in example
+    pytester.makepyfile(example)
+    result = pytester.runpytest("-p", "no:snerd", "-p", "snerd.testing.plugin")
+    result.assert_outcomes(passed=1)
+
+
 def test_a_virtual_day_meets_each_deadline_once(tmp_path: Path) -> None:
     # What a day costs: one step per deadline the node (or a handler) has, not per second.
     jumps: list[float] = []
