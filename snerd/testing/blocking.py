@@ -98,6 +98,11 @@ class TestQueue:
         """
         if self._thread is not None:
             raise RuntimeError("[Snerd] this TestQueue was already started; make a new one")
+        if trio.lowlevel.in_trio_run():
+            raise RuntimeError(
+                "[Snerd] TestQueue blocks, and this thread runs trio: in a trio test use "
+                "snerd.testing.AsyncTestQueue (with pytest-trio's mock_clock)"
+            )
         self._thread = threading.Thread(target=self._host, name="snerd test queue", daemon=True)
         self._thread.start()
         self._started.wait()
@@ -156,6 +161,11 @@ class TestQueue:
         """Run `fn(*args, **kwargs)` in the queue's run; block until it returns."""
         if self._token is None or not self._started.is_set() or self._queue is None:
             raise RuntimeError("[Snerd] the TestQueue is not started: use `with` or start()")
+        if trio.lowlevel.in_trio_run():
+            raise RuntimeError(
+                "[Snerd] TestQueue blocks, and this thread runs trio: in a trio test use "
+                "snerd.testing.AsyncTestQueue (with pytest-trio's mock_clock)"
+            )
         return trio.from_thread.run(functools.partial(fn, *args, **kwargs), trio_token=self._token)
 
     def _call_sync(self, fn: Callable[..., _T], *args: Any) -> _T:

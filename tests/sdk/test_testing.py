@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from snerd.sdk.context import yield_progress
 from snerd.sdk.errors import TaskFailed
 from snerd.testing import AsyncTestQueue, TaskNotFinished, TestQueue
 
@@ -165,6 +166,20 @@ def test_run_until_idle_waits_for_a_sync_handler_in_its_thread(queue: TestQueue)
     assert queue.get("s1").state == "succeeded"
 
 
+def test_progress_of_a_sync_handler_reaches_the_observers(queue: TestQueue) -> None:
+    seen: list[tuple[str, Any]] = []
+    queue.on_progress(lambda task_id, data: seen.append((task_id, data)))
+
+    @queue.handler("import")
+    def load(data: Any) -> None:
+        for step in range(3):
+            yield_progress({"step": step})
+
+    queue.enqueue("i1", "import", None)
+    queue.run_until_idle()
+    assert seen == [("i1", {"step": 0}), ("i1", {"step": 1}), ("i1", {"step": 2})]
+
+
 def test_eager_mode_runs_the_handler_before_enqueue_returns(tmp_path: Path) -> None:
     with TestQueue(tmp_path / "q", start=START, eager=True) as q:
         seen: list[Any] = []
@@ -222,6 +237,11 @@ async def test_the_async_queue_refuses_the_host_clock(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="MockClock"):
         async with AsyncTestQueue(tmp_path / "q"):
             pass
+
+
+async def test_the_blocking_queue_says_to_take_the_async_one_inside_trio(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="AsyncTestQueue"):
+        TestQueue(tmp_path / "q").start()
 
 
 def test_shutdown_does_not_wait_for_a_handler_sleeping_on_the_virtual_clock(
