@@ -30,7 +30,7 @@ import inspect
 import math
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -100,6 +100,8 @@ class Run:
     result: Any = None
     #: `"<ExceptionType>: <message>"` when the handler raised (the attempt's error), else None.
     error: str | None = None
+    #: The exception the handler raised, with its traceback (None when it returned).
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -401,7 +403,8 @@ class AsyncTestQueue:
             assert attempt is not None  # (the SDK's worker sets it around every call)
             started = self.now()
 
-            def run(result: Any = None, error: str | None = None) -> Run:
+            def run(result: Any = None, error: BaseException | None = None) -> Run:
+                text = None if error is None else describe_error(error)
                 return Run(
                     attempt.task_id,
                     attempt.task_type,
@@ -410,16 +413,14 @@ class AsyncTestQueue:
                     started,
                     self.now(),
                     result,
+                    text if isinstance(error, Exception) or error is None else "cancelled",
                     error,
                 )
 
             try:
                 value = await fn(data)
-            except Exception as exc:
-                self._runs.append(run(error=describe_error(exc)))
-                raise
-            except BaseException:
-                self._runs.append(run(error="cancelled"))
+            except BaseException as exc:  # (cancelled too: recorded, then on its way)
+                self._runs.append(run(error=exc))
                 raise
             self._runs.append(run(value))
             return value

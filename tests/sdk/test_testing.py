@@ -52,6 +52,7 @@ def test_a_three_hour_backoff_runs_its_attempts_an_hour_apart_on_the_virtual_clo
     queue.enqueue("t1", "flaky", {}, max_retries=2, retry_after_hours=1)
     (first,) = queue.run_until_idle()
     assert (first.attempt, first.error) == (1, "ValueError: failure 1")
+    assert isinstance(first.exception, ValueError) and first.exception.__traceback__
     # Nothing more happens without the clock: the retry waits for its hour.
     assert queue.run_until_idle() == []
     details = queue.get("t1")
@@ -223,6 +224,19 @@ async def test_the_async_queue_runs_on_the_trio_tests_mock_clock(
         assert (run.started_at, run.ended_at) == (START, START + dt.timedelta(seconds=90))
         assert await q.result("p1") == 1.5
         assert mock_clock.current_time() == pytest.approx(120, abs=1e-3)
+
+
+def test_a_hard_timeout_cuts_an_attempt_at_its_virtual_deadline(queue: TestQueue) -> None:
+    @queue.handler("stuck")
+    async def stuck(data: Any) -> None:
+        await trio.sleep(600)
+
+    queue.enqueue("s1", "stuck", None, max_retries=0, max_execution_seconds=30)
+    assert queue.run_until_idle() == []
+    (run,) = queue.advance(minutes=1)
+    assert (run.error, run.ended_at) == ("cancelled", START + dt.timedelta(seconds=30))
+    details = queue.get("s1")
+    assert details.state == "dead_letter" and "30" in (details.last_error or "")
 
 
 async def test_the_async_queue_refuses_a_clock_that_jumps_by_itself(
