@@ -342,5 +342,13 @@ def test_a_virtual_day_meets_each_deadline_once(tmp_path: Path) -> None:
     assert len(jumps) <= 24 * 6 + 5
 
 
+def test_snerd_testing_exports_exactly_the_pinned_names() -> None:
+    import snerd.testing
+
+    pinned = ["TEST_ENV", "AsyncTestQueue", "Run", "TaskNotFinished", "TestQueue"]
+    assert snerd.testing.__all__ == pinned
+    assert all(hasattr(snerd.testing, name) for name in pinned)
+
+
 def test_a_test_queue_is_not_collected_as_a_test_class() -> None:
     assert TestQueue.__test__ is False and AsyncTestQueue.__test__ is False
