@@ -313,7 +313,16 @@ class AsyncTestQueue:
     async def _settle(self) -> None:
         """Wait until nothing is under way: every trio task blocked, the runtime settled, no
         sync handler in its thread (waiting real time, a fraction of a millisecond at a
-        time, while a thread works)."""
+        time, while a thread works).
+
+        Raises:
+            RuntimeError: called from a handler, which it would wait for.
+        """
+        if CURRENT_ATTEMPT.get() is not None:
+            raise RuntimeError(
+                "[Snerd] a handler cannot wait for the test queue to be idle (it would wait "
+                "for itself): call the engine's face (`q.engine.get`, `q.engine.enqueue`)"
+            )
         cushion = 0.0
         while True:
             await trio.testing.wait_all_tasks_blocked(cushion)

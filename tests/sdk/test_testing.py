@@ -181,6 +181,18 @@ def test_progress_of_a_sync_handler_reaches_the_observers(queue: TestQueue) -> N
     assert seen == [("i1", {"step": 0}), ("i1", {"step": 1}), ("i1", {"step": 2})]
 
 
+def test_a_handler_that_waits_for_idle_fails_its_attempt_instead_of_hanging(
+    queue: TestQueue,
+) -> None:
+    @queue.handler("impatient")
+    def impatient(data: Any) -> None:
+        queue.run_until_idle()  # (it would wait for itself)
+
+    queue.enqueue("i1", "impatient", None, max_retries=0)
+    (run,) = queue.run_until_idle()
+    assert run.error is not None and "wait for itself" in run.error
+
+
 def test_eager_mode_runs_the_handler_before_enqueue_returns(tmp_path: Path) -> None:
     with TestQueue(tmp_path / "q", start=START, eager=True) as q:
         seen: list[Any] = []
