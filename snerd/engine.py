@@ -237,8 +237,8 @@ class Engine(QueueFace):
             env: the environment to read `SNERD_*` settings from (default `os.environ`); the
                 arguments above override it.
             settings: ready-made settings; then `env` and the arguments above are ignored.
-            clock: the clock the runtime hands the node (default: the host's, `Clock`);
-                `snerd.testing` passes a `DrivenClock`, made inside the trio run it follows.
+            clock: the clock the runtime reads for the node (default: the host's, `Clock`);
+                `snerd.testing` passes a `DrivenClock`, which a `MockClock` moves.
 
         Raises:
             snerd.config.ConfigError: a setting does not parse (the message names it).
@@ -304,8 +304,8 @@ class Engine(QueueFace):
 
     @property
     def runtime(self) -> Runtime | None:
-        """The runtime once started (None before): what `snerd.testing` asks whether it has
-        settled (`Runtime.settled`) and reads the node's live tasks from."""
+        """The runtime once started (None before): `snerd.testing` asks it whether it has
+        settled (`Runtime.settled`)."""
         return self._runtime
 
     def _dashboard_directory(self) -> Path:

@@ -127,7 +127,7 @@ class Clock:
 
 class DrivenClock(Clock):
     """Both readings from trio's clock: the monotonic one as `Clock` reads it, and the wall
-    clock as `start_wall_us` plus the trio time elapsed since this clock was made. Under a
+    clock as `start_wall_us` plus the trio time elapsed since its first reading. Under a
     `trio.testing.MockClock` nothing moves until the test moves it (`MockClock.jump`), and then
     both move together, as they would on a host whose time passed: `snerd.testing` runs an
     engine on it, so that hours of delays and backoff pass in no real time.
