@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from snerd.io.datadir import DataDirectoryError
 from snerd.sdk.context import yield_progress
 from snerd.sdk.errors import TaskFailed
 from snerd.testing import AsyncTestQueue, TaskNotFinished, TestQueue
@@ -206,6 +207,15 @@ def test_eager_mode_runs_the_handler_before_enqueue_returns(tmp_path: Path) -> N
         q.enqueue("e1", "email", "ada")
         assert seen == ["ada", ("audit", "ada")]
         assert q.get("e1").state == "succeeded"
+
+
+def test_a_directory_that_cannot_hold_a_queue_is_raised_by_start_as_it_is(
+    tmp_path: Path,
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.raises(DataDirectoryError):
+        TestQueue(not_a_dir).start()
 
 
 def test_the_queue_starts_at_the_time_it_is_given_and_advance_refuses_to_go_back(
