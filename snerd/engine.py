@@ -53,6 +53,7 @@ import trio
 from snerd.config import Settings, load_settings
 from snerd.core import events as ev
 from snerd.core import protocol as proto
+from snerd.io.clock import Clock
 from snerd.io.datadir import prepare_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
@@ -225,6 +226,7 @@ class Engine(QueueFace):
         pools: Mapping[str, int] | None = None,
         env: Mapping[str, str] | None = None,
         settings: Settings | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """Describe the engine; nothing starts until `start()` / `async with`.
 
@@ -235,6 +237,8 @@ class Engine(QueueFace):
             env: the environment to read `SNERD_*` settings from (default `os.environ`); the
                 arguments above override it.
             settings: ready-made settings; then `env` and the arguments above are ignored.
+            clock: the clock the runtime reads for the node (default: the host's, `Clock`);
+                `snerd.testing` passes a `DrivenClock`, which a `MockClock` moves.
 
         Raises:
             snerd.config.ConfigError: a setting does not parse (the message names it).
@@ -264,6 +268,7 @@ class Engine(QueueFace):
         self._loop: Any = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._runtime_done = False
+        self._clock = clock
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -296,6 +301,12 @@ class Engine(QueueFace):
             The runtime's exit code (None if it was never started).
         """
         return await self._shutdown(timeout)
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The runtime once started (None before): `snerd.testing` asks it whether it has
+        settled (`Runtime.settled`)."""
+        return self._runtime
 
     def _dashboard_directory(self) -> Path:
         """The engine's data directory."""
@@ -357,7 +368,7 @@ class Engine(QueueFace):
 
     def _new_runtime(self) -> Runtime:
         """The runtime on this engine's directory, with this engine as its peer."""
-        runtime = Runtime(self.directory, self.settings, _EnginePeer(self))
+        runtime = Runtime(self.directory, self.settings, _EnginePeer(self), clock=self._clock)
         self._runtime = runtime
         return runtime
 
