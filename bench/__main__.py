@@ -44,6 +44,8 @@ BENCHES = [
     Bench("huey-enqueue", huey_bench.huey_enqueue, 50_000, 2.0, "Huey SqliteHuey enqueue"),
     Bench("huey-e2e", huey_bench.huey_e2e, 50_000, 4.0, "Huey enqueue + in-process drain"),
     Bench("pipelined", daemon.snerd_enqueue_pipelined, 150_000, 3.0, "snerd windowed enqueue"),
+    Bench("batch", daemon.snerd_enqueue_batch, 300_000, 3.0,
+          "snerd enqueue_batch lines of 1,000, 4 in flight"),
     Bench("seq", daemon.snerd_enqueue_seq, 50_000, 3.0, "snerd one enqueue at a time"),
     Bench("e2e", daemon.snerd_e2e, 80_000, 4.0, "snerd no-op jobs over the protocol"),
     Bench("sdk", sdk.sdk_e2e, 50_000, 4.0, "snerd no-op jobs through SnerdQueue"),
@@ -65,8 +67,8 @@ BENCHES = [
 GROUPS = {
     "raw": ["raw1", "raw1-paced", "raw64"],
     "huey": ["huey-enqueue", "huey-e2e"],
-    "snerd": ["pipelined", "seq", "e2e", "sdk", "exec", "producer"],
-    "protocol": ["pipelined", "seq", "e2e", "exec"],
+    "snerd": ["pipelined", "batch", "seq", "e2e", "sdk", "exec", "producer"],
+    "protocol": ["pipelined", "batch", "seq", "e2e", "exec"],
     "simulator": ["sim"],
     "cluster": ["takeover", "takeover-gluster", "rebalance", "lease-loop", "inbox"],
 }
@@ -211,6 +213,10 @@ def build_rows(r: Results) -> list[Row]:
     rows.append(
         ratio_row("snerd enqueue, pipelined (protocol)", "snerd_enqueue_pipelined", "rec/s",
                   "raw_fsync64", "raw 64/fsync", 0.35)
+    )
+    rows.append(
+        ratio_row("snerd enqueue_batch (protocol)", "snerd_enqueue_batch", "rec/s",
+                  "raw_fsync64", "raw 64/fsync", 0.5)
     )
     p50, raw50 = r.pct_us("snerd_enqueue_seq", 50), r.pct_us("raw_fsync1", 50)
     ratio = p50 / raw50 if p50 is not None and raw50 else None

@@ -254,6 +254,48 @@ def pipelined(
     return acked, time.perf_counter() - start, daemon.cpu_seconds() - cpu0
 
 
+def snerd_enqueue_batch(
+    scratch: Scratch, count: int, seconds: float, size: int = 1000, window: int = 4
+) -> list[Measurement]:
+    """Enqueues in `enqueue_batch` lines of `size` tasks, up to `window` lines unacknowledged
+    (each ack means its task's record is fsynced): acks/s and daemon CPU per task, the
+    daemon's cost of a bulk enqueue against the raw loop with one fsync per 64 records."""
+    lines = []
+    for start in range(0, count, size):
+        items = [orjson.loads(enqueue_line(f"b{i}", "parked")) for i in range(start, start + size)]
+        for item in items:
+            del item["action"]
+        lines.append(orjson.dumps({"action": "enqueue_batch", "tasks": items},
+                                  option=orjson.OPT_APPEND_NEWLINE))
+    with scratch.directory("snerd-batch") as d, Daemon(d) as daemon:
+        for i in range(64):  # warm-up, as `snerd_enqueue_pipelined`
+            daemon.send(enqueue_line(f"w{i}", "parked"))
+        acked = 0
+        while acked < 64:
+            chunk = daemon.read_chunk(10.0)
+            _check_errors(chunk)
+            acked += chunk.count(_ACK)
+        sent = acked = 0
+        budget = Budget(len(lines), seconds)
+        cpu0 = daemon.cpu_seconds()
+        start = time.perf_counter()
+        while True:
+            if sent - acked < window * size and budget.more(sent // size) and sent // size < len(lines):
+                daemon.send(lines[sent // size])
+                sent += size
+                continue
+            if acked >= sent:
+                break
+            chunk = daemon.read_chunk(30.0)
+            if not chunk:
+                raise DaemonError(f"no ack for 30 s; stderr: {daemon.stderr_tail()}")
+            _check_errors(chunk)
+            acked += chunk.count(_ACK)
+        elapsed = time.perf_counter() - start
+        cpu = daemon.cpu_seconds() - cpu0
+    return [Rate("snerd_enqueue_batch", acked, elapsed, f"lines of {size}, window {window}", cpu)]
+
+
 def snerd_enqueue_seq(scratch: Scratch, count: int, seconds: float) -> list[Measurement]:
     lines = [enqueue_line(f"s{i}", "parked") for i in range(count)]
     with scratch.directory("snerd-seq") as d, Daemon(d) as daemon:

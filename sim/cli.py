@@ -30,7 +30,8 @@ _PROBS = (
     "lock-loss-silent-prob",
 )
 #: Settings the command line can set, with their flags (float ones and int ones).
-_FLOAT_FLAGS = (*_RATES, *_PROBS, "enqueue-rate", "fail-prob", "deps-prob")
+_FLOAT_FLAGS = (*_RATES, *_PROBS, "enqueue-rate", "fail-prob", "deps-prob", "batch-prob",
+                "final-prob")
 _INT_FLAGS = ("steps", "nodes", "shards", "drift-max-ppm", "history-limit")
 
 
@@ -54,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enqueue-rate", type=float, help="enqueues per second (the workload)")
     p.add_argument("--fail-prob", type=float, help="probability that a handler fails")
     p.add_argument("--deps-prob", type=float, help="probability that a task waits for parents")
+    p.add_argument("--final-prob", type=float,
+                   help="probability that a failure is marked final (retry: false)")
+    p.add_argument("--batch-prob", type=float,
+                   help="probability that an enqueue is a batch of several (0: none)")
     p.add_argument("--drift-max-ppm", type=int)
     p.add_argument(
         "--history-limit", type=int, help="finished tasks compaction keeps per log (0: drawn)"
@@ -110,6 +115,21 @@ def _parser() -> argparse.ArgumentParser:
         help="a retry of a type's dead letters leaves the oldest where it is (a control)",
     )
     p.add_argument(
+        "--unsafe-batch-ack-early",
+        action="store_true",
+        help="each task of a batch is acked as it is read, before it is durable (a control)",
+    )
+    p.add_argument(
+        "--unsafe-retry-final",
+        action="store_true",
+        help="a failure marked final (retry: false) is retried as any other (a control)",
+    )
+    p.add_argument(
+        "--unsafe-ignore-task-backoff",
+        action="store_true",
+        help="retries wait the daemon's policy, not the task's own (a control)",
+    )
+    p.add_argument(
         "--faults-of",
         choices=(
             "no-margin",
@@ -124,6 +144,9 @@ def _parser() -> argparse.ArgumentParser:
             "ignore-pause",
             "purge-all",
             "retry-skips-oldest",
+            "batch-ack-early",
+            "retry-final",
+            "ignore-task-backoff",
             "nfsv3",
         ),
         help="the world of a negative control, without its unsafe switch (its safe twin)",
@@ -171,6 +194,9 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     given["unsafe_ignore_pause"] = args.unsafe_ignore_pause
     given["unsafe_purge_all"] = args.unsafe_purge_all
     given["unsafe_retry_skips_oldest"] = args.unsafe_retry_skips_oldest
+    given["unsafe_batch_ack_early"] = args.unsafe_batch_ack_early
+    given["unsafe_retry_final"] = args.unsafe_retry_final
+    given["unsafe_ignore_task_backoff"] = args.unsafe_ignore_task_backoff
     return given
 
 
@@ -211,6 +237,9 @@ def repro_command(settings: Settings) -> str:
         unsafe_ignore_pause=settings.unsafe_ignore_pause,
         unsafe_purge_all=settings.unsafe_purge_all,
         unsafe_retry_skips_oldest=settings.unsafe_retry_skips_oldest,
+        unsafe_batch_ack_early=settings.unsafe_batch_ack_early,
+        unsafe_retry_final=settings.unsafe_retry_final,
+        unsafe_ignore_task_backoff=settings.unsafe_ignore_task_backoff,
     )
     for flag in (*_INT_FLAGS, *_FLOAT_FLAGS):
         key = flag.replace("-", "_")

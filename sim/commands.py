@@ -19,34 +19,31 @@ lasts: pause stamps are latest-wins on the sender's wall clock, so a pause stamp
 clock beats a resume sent later by a slow one until the slow clock passes it. A retried task
 must run again: the world's liveness phase waits for it (`awaiting`).
 
-Commands draw from a generator of their own, and worlds without commands make no draw and no
-history entry here: their runs are as they were before commands existed.
+Which command comes next, its line, its history entries and which reply answers it are
+`sim.command_mix.CommandMix`'s (jepsen-lite's workload shares them); this module schedules the
+commands in the world's time, sends them to live processes, and keeps what the liveness phase
+waits for. Commands draw from a generator of their own, and worlds without commands make no
+draw and no history entry here: their runs are as they were before commands existed.
 """
 
 from __future__ import annotations
 
 import random
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from sim.command_mix import OTHER_TYPE, CommandMix
 from sim.process import COMMAND, Proc
 from sim.settings import SECOND, exp
 from snerd.core import events as ev
-from snerd.core.timefmt import format_rfc3339
+from snerd.core.schema import OUTCOME_CANCELLED, SNERD_OUTCOME, TASK_ID
 
 if TYPE_CHECKING:
     from sim.world import World
 
 __all__ = ["OTHER_TYPE", "Commands"]
 
-#: The second task type of worlds with commands (the first is `sim.workload.TASK_TYPE`).
-OTHER_TYPE = "u"
-#: The replies that answer a command, and the command each answers.
-_REPLIES = {"cancelled": "cancel", "retried": "retry"}
-#: The replies that answer a sweep (by its type), and the command each answers.
-_SWEEP_REPLIES = {"purged": "purge", "requeued": "retry_type"}
 #: How often the liveness phase resumes everything again, and for how long at most.
 _END_EVERY_US = 10 * SECOND
 _END_FOR_US = 600 * SECOND
@@ -60,22 +57,13 @@ class Commands:
         self.s = world.s
         self.rng = rng
         self.on = world.s.command_rate > 0
-        self.types = (first_type, OTHER_TYPE)
-        #: Per process name: when the commands it was sent and has not answered were sent,
-        #: by (action, target).
-        self.outstanding: dict[str, dict[tuple[str, str | None], deque[int]]] = {}
-        #: Dead letters seen, and ids the app knows of (most recent last).
-        self.dead: deque[str] = deque(maxlen=16)
+        self.mix = CommandMix(rng, first_type)
         #: Retried tasks (answered `retried: true`) with no execute since the retry was sent.
         self.awaiting: dict[str, int] = {}
         #: When a cancel of each task was last sent.
         self.cancel_sent: dict[str, int] = {}
         #: Each task's latest execute (true time).
         self.last_execute: dict[str, int] = {}
-        #: The keys the app paused last (a type, or None: the queue), and every key it ever
-        #: paused (resumed at the end).
-        self.paused: set[str | None] = set()
-        self.ever_paused: set[str | None] = set()
         self._seen = 0
         self._end_from = 0
 
@@ -84,8 +72,8 @@ class Commands:
     def task_type(self) -> str:
         """The type of the next task the workload enqueues."""
         if not self.on:
-            return self.types[0]
-        return self.types[0] if self.rng.random() < 0.5 else OTHER_TYPE
+            return self.mix.types[0]
+        return self.mix.task_type()
 
     def register(self, proc: Proc) -> None:
         """`proc`'s SDK client also registers the second type (cancellable in some worlds)."""
@@ -126,23 +114,7 @@ class Commands:
             return
         world.at(world.t + exp(self.rng, self.s.command_rate), COMMAND, "next")
         self._catch_up()
-        r = self.rng.random()
-        if r < 0.35:
-            self._send("cancel", self._known_id())
-        elif r < 0.5:
-            dead = self.dead
-            use_dead = dead and self.rng.random() < 0.8
-            task = dead[int(self.rng.random() * len(dead))] if use_dead else self._known_id()
-            self._send("retry", task)
-        elif r < 0.56:
-            # (Of the second type only: schedules' runs are of the first, and a run retried is
-            # a tick run twice, which the schedule check forbids.)
-            self._send("retry_type", OTHER_TYPE)
-        elif r < 0.62:
-            self._send("purge", self._pause_key())
-        else:
-            key = self._pause_key()
-            self._send("resume" if key in self.paused else "pause", key)
+        self._send(*self.mix.choose(world.workload.next_task))
 
     def end(self) -> None:
         """The liveness phase starts: everything is resumed, now and every 10 s."""
@@ -151,61 +123,21 @@ class Commands:
             self.fire("end")
 
     def _resume_all(self) -> None:
-        for key in sorted(self.ever_paused, key=lambda k: k or ""):
-            self._send("resume", key)
-
-    def _known_id(self) -> str:
-        """A task id: mostly recent, sometimes older, now and then one nobody enqueued."""
-        rng, last = self.rng, self.world.workload.next_task
-        r = rng.random()
-        if r < 0.05 or not last:
-            return f"nobody{int(rng.random() * 1000)}"
-        back = int(rng.random() * 5) if r < 0.7 else int(rng.random() * min(last, 200))
-        return f"t{max(1, last - back)}"
-
-    def _pause_key(self) -> str | None:
-        r = self.rng.random()
-        if r < 0.2:
-            return None
-        return self.types[0] if r < 0.6 else OTHER_TYPE
+        for action, key in self.mix.resumes():
+            self._send(action, key)
 
     def _send(self, action: str, target: str | None) -> None:
         world = self.world
         live = [p for p in world.procs if p.state != "down"]
-        if not live:
+        sent = self.mix.send(action, target, [p.name for p in live], world.t)
+        if sent is None:
             return
-        proc = live[int(self.rng.random() * len(live))]
-        msg: dict[str, Any] = {"action": action}
-        entry: dict[str, Any] = {"kind": "command", "phase": "invoke", "action": action}
-        if action in ("cancel", "retry"):
-            msg["task_id"] = entry["task"] = target
-            if action == "cancel" and target is not None:
-                self.awaiting.pop(target, None)  # (a retried task cancelled need not run)
-                self.cancel_sent[target] = world.t
-        else:
-            entry["type"] = target
-            if target is None:
-                msg["queue"] = True
-            else:
-                msg["task_type"] = target
-            if action == "retry_type":
-                msg["action"] = "retry"
-            elif action == "purge" and self.rng.random() < 0.7:
-                # A little in the past: some dead letters finished before it, some after.
-                back = int(self.rng.random() * 30 * SECOND)
-                msg["before"] = entry["before"] = format_rfc3339(max(0, world.t - back))
-            if action == "pause":
-                self.paused.add(target)
-                self.ever_paused.add(target)
-            elif action == "resume":
-                self.paused.discard(target)
-        entry["node"] = proc.name
+        if action == "cancel" and target is not None:
+            self.awaiting.pop(target, None)  # (a retried task cancelled need not run)
+            self.cancel_sent[target] = world.t
         world.counters["commands"] = world.counters.get("commands", 0) + 1
-        world.record(entry)
-        self.outstanding.setdefault(proc.name, {}).setdefault((action, target), deque()).append(
-            world.t
-        )
-        world.workload.write_line(proc, orjson.dumps(msg))
+        world.record(sent.entry)
+        world.workload.write_line(live[sent.node], orjson.dumps(sent.message))
 
     # -- answers (`Shell._send`)
 
@@ -213,32 +145,13 @@ class Commands:
         """`proc` sent `msg` to its SDK: if it answers a command of its, recorded (True)."""
         if not self.on:
             return False
-        reply = msg.get("action")
-        task = msg.get("task_id")
-        if reply in _REPLIES:
-            key: tuple[str, str | None] = (_REPLIES[reply], task)
-        elif reply in _SWEEP_REPLIES:
-            key = (_SWEEP_REPLIES[reply], msg.get("task_type"))
-        elif reply == "paused":
-            key = ("pause" if msg.get("paused") else "resume", msg.get("task_type"))
-        elif reply == "error" and isinstance(task, str):
-            key = ("cancel", task)
-            waiting = self.outstanding.get(proc.name, {})
-            if not waiting.get(key):
-                key = ("retry", task)
-        else:
+        got = self.mix.answer(proc.name, msg)
+        if got is None:
             return False
-        waiting = self.outstanding.get(proc.name, {})
-        if not waiting.get(key):
-            return False
-        sent = waiting[key].popleft()
-        entry: dict[str, Any] = {"kind": "command", "phase": "fail" if reply == "error" else "ok"}
-        entry["action"], target = key
-        entry["task" if key[0] in ("cancel", "retry") else "type"] = target
-        entry["node"] = proc.name
-        entry["reply"] = msg
+        entry, sent = got
         self.world.record(entry)
-        if reply == "retried" and msg.get("retried") is True and isinstance(task, str):
+        task = msg.get("task_id")
+        if msg.get("action") == "retried" and msg.get("retried") is True and isinstance(task, str):
             self._catch_up()
             later = max(self.last_execute.get(task, -1), self.cancel_sent.get(task, -1))
             if later <= sent:
@@ -264,8 +177,14 @@ class Commands:
             if kind == "dead_letter" and "@" not in e["task"]:
                 # (Not a schedule's run: one retried is a tick run twice, which the schedule
                 # check forbids; a run's retry is not judged yet.)
-                self.dead.append(e["task"])
+                self.mix.dead_letter(e["task"])
             elif kind == "execute":
                 self.last_execute[e["task"]] = e["t"]
                 self.awaiting.pop(e["task"], None)
+            elif kind == "record" and self.awaiting:
+                # A cancel sent before the retry, still in flight (or pending in an inbox),
+                # may end the retried task: then it need not run.
+                fields = e["fields"]
+                if fields.get(SNERD_OUTCOME) == OUTCOME_CANCELLED:
+                    self.awaiting.pop(fields.get(TASK_ID), None)
         self._seen = len(history)

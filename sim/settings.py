@@ -54,6 +54,35 @@ def _draw_commands(seed: int, deps_prob: float) -> dict[str, Any]:
     return {"command_rate": rate if on and not deps_prob else 0.0, "cancellable": cancellable}
 
 
+def _draw_batches(seed: int) -> dict[str, Any]:
+    """The bulk-enqueue settings of seed `seed`, from a generator of their own (as
+    `_draw_commands`): batches in about 30 % of the worlds."""
+    rng = random.Random(f"batches-{seed}")
+    on = rng.random() < 0.3
+    prob = 0.2 + rng.random() * 0.6
+    size = 2 + int(rng.random() * 7)
+    return {"batch_prob": prob if on else 0.0, "batch_max": size}
+
+
+def _draw_backoff(seed: int) -> dict[str, Any]:
+    """Retry waits of the tasks' own, from a generator of their own: in about 30 % of the
+    worlds some tasks wait 0.2-3 s between attempts, a share of them with an exponential
+    policy and a cap (`sim.workload`, check 4c)."""
+    rng = random.Random(f"backoff-{seed}")
+    on = rng.random() < 0.3
+    prob = 0.3 + rng.random() * 0.7
+    return {"backoff_prob": prob if on else 0.0}
+
+
+def _draw_finals(seed: int) -> dict[str, Any]:
+    """How often a failure is final (`"retry": false`), from a generator of its own: in about
+    30 % of the worlds."""
+    rng = random.Random(f"finals-{seed}")
+    on = rng.random() < 0.3
+    prob = 0.2 + rng.random() * 0.6
+    return {"final_prob": prob if on else 0.0}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Everything one run depends on besides its seed; drawn from the seed unless given."""
@@ -156,6 +185,18 @@ class Settings:
     #: The second task type's handler registers `cancellable` (a cancelled running attempt
     #: is told to stop, `StopAttempt`).
     cancellable: bool = False
+    #: How often a producer sends an `enqueue_batch` line of 2 to `batch_max` tasks instead
+    #: of one `enqueue` (`sim.workload`); 0: never, and nothing is drawn for it. Drawn from a
+    #: generator of its own (`_draw_batches`).
+    batch_prob: float = 0.0
+    batch_max: int = 2
+    #: Of the handlers' failures, how many their SDK marks final (`"retry": false`: no retry
+    #: whatever attempts are left; check 4b). Drawn from a generator of its own.
+    final_prob: float = 0.0
+    #: How many tasks wait between attempts (`retry_after_hours` 0.2-3 s), half of them with
+    #: an exponential `backoff` and a `backoff_max_seconds`; 0: every task retries at once.
+    #: Drawn from a generator of its own.
+    backoff_prob: float = 0.0
     # negative controls
     unsafe_no_margin: bool = False
     unsafe_no_fence: bool = False
@@ -185,10 +226,18 @@ class Settings:
     #: A retry of a type's dead letters leaves the oldest where it is
     #: (`NodeConfig.unsafe_retry_skips_oldest`).
     unsafe_retry_skips_oldest: bool = False
+    #: Each task of an `enqueue_batch` line is acked as it is read, before its record is
+    #: durable (`NodeConfig.unsafe_batch_ack_early`).
+    unsafe_batch_ack_early: bool = False
+    #: A failure marked final is retried as any other (`NodeConfig.unsafe_retry_final`).
+    unsafe_retry_final: bool = False
+    #: Retries wait the daemon's policy, ignoring the task's (`NodeConfig.unsafe_ignore_task_backoff`).
+    unsafe_ignore_task_backoff: bool = False
     #: Build the world of this negative control without its unsafe switch (its safe twin):
     #: "no-margin", "no-fence", "wall-clock-only", "no-cap", "absent-parents-done",
     #: "dedupe-ack-at-write", "fire-unmarked", "wrong-result", "ignore-cancel",
-    #: "ignore-pause", "purge-all", "retry-skips-oldest" or "nfsv3".
+    #: "ignore-pause", "purge-all", "retry-skips-oldest", "batch-ack-early", "retry-final",
+    #: "ignore-task-backoff" or "nfsv3".
     faults_of: str = ""
 
     @classmethod
@@ -263,6 +312,9 @@ class Settings:
         drawn["unknown_parent_wait_us"] = int(pick(2, 20) * SECOND)
         drawn["schedules"] = 1 + int(rng.random() * 2) if on(0.3) else 0
         drawn |= _draw_commands(seed, drawn["deps_prob"])
+        drawn |= _draw_batches(seed)
+        drawn |= _draw_finals(seed)
+        drawn |= _draw_backoff(seed)
         drawn.update(given)
         if "max_shards" not in given and cap_room is not None:
             drawn["max_shards"] = -(-drawn["shards"] // drawn["nodes"]) + cap_room
@@ -346,6 +398,29 @@ class Settings:
         ):
             # Commands often, in a world without dependencies (`_draw_commands`).
             changes |= {"command_rate": max(self.command_rate, 0.5), "deps_prob": 0.0}
+        if self.unsafe_batch_ack_early or twin == "batch-ack-early":
+            # Batches often, and crashes that lose appends still in flight: an item acked
+            # before its record was durable is then lost.
+            changes |= {
+                "batch_prob": max(self.batch_prob, 0.6),
+                "batch_max": max(self.batch_max, 6),
+                "crash_rate": max(self.crash_rate, 0.05),
+            }
+        if self.unsafe_retry_final or twin == "retry-final":
+            # Failures often, most of them final, with attempts left to retry them.
+            changes |= {
+                "final_prob": max(self.final_prob, 0.7),
+                "fail_prob": max(self.fail_prob, 0.3),
+                "retries_max": max(self.retries_max, 2),
+            }
+        if self.unsafe_ignore_task_backoff or twin == "ignore-task-backoff":
+            # Tasks with waits of their own that fail and retry, clocks that stay put.
+            changes |= {
+                "backoff_prob": max(self.backoff_prob, 0.8),
+                "fail_prob": max(self.fail_prob, 0.3),
+                "retries_max": max(self.retries_max, 3),
+                "step_rate": 0.0,
+            }
         if (self.fs_mode == "nfsv3" and not changes) or twin == "nfsv3":
             # Timing assumptions broken (clock rates far apart, owners cut off from
             # membership.json): the lock file is what keeps a second owner paused, and NFSv3
@@ -412,6 +487,12 @@ class Settings:
             out.append("--unsafe-purge-all")
         if self.unsafe_retry_skips_oldest:
             out.append("--unsafe-retry-skips-oldest")
+        if self.unsafe_batch_ack_early:
+            out.append("--unsafe-batch-ack-early")
+        if self.unsafe_retry_final:
+            out.append("--unsafe-retry-final")
+        if self.unsafe_ignore_task_backoff:
+            out.append("--unsafe-ignore-task-backoff")
         if self.faults_of:
             out.append(f"--faults-of {self.faults_of}")
         elif self.fs_mode != "posix" and not (

@@ -88,12 +88,26 @@ class Workload:
         #: The schedule lines the app declares at boot, by name (removed ones are dropped).
         self.schedules: dict[str, bytes] = {}
         self.rng_sched = rng_sched
+        #: Whether the next enqueues go in one `enqueue_batch` line, and how many (drawn only
+        #: in worlds with `batch_prob`, so that other worlds stay as they were).
+        self.rng_batch = random.Random(f"batch-{self.s.seed}")
+        #: A task's own retry wait and policy (drawn only in worlds with `backoff_prob`).
+        self.rng_backoff = random.Random(f"backoff-{self.s.seed}")
+        #: Whether a failure is final (drawn only in worlds with `final_prob`).
+        self.rng_final = random.Random(f"final-{self.s.seed}")
         if self.s.schedules:
             self._draw_schedules()
 
     def start(self) -> None:
         """Schedule the first enqueue (and the late removal of a schedule, if any)."""
         self.world.at(exp(self.rng, self.s.enqueue_rate), PRODUCE)
+        if self.s.backoff_prob and not self.s.command_rate:
+            # The clocks' bound, which check 4c judges retry waits with (worlds with commands
+            # record it already: `sim.commands`).
+            s = self.s
+            self.world.record({"kind": "control", "offset_max_us": s.offset_max_us,
+                               "drift_max_ppm": s.drift_max_ppm, "steps": s.step_rate > 0,
+                               "history_limit": self.world.node_history_limit()})
         if self.s.schedules and self.rng_sched.random() < 0.3:
             late = uniform(self.rng_sched, self.s.safety_us * 6 // 10, self.s.safety_us * 9 // 10)
             self.world.at(late, SCHEDULES, "late")
@@ -157,12 +171,16 @@ class Workload:
     # ------------------------------------------------------------------ producers
 
     def produce(self) -> None:
-        """A producer enqueues one task (and the next enqueue is scheduled)."""
+        """A producer enqueues one task, or in worlds with batches now and then several in
+        one `enqueue_batch` line (and the next enqueue is scheduled)."""
         world = self.world
         if world.liveness:
             return
         s, rng = self.s, self.rng
         world.at(world.t + exp(rng, s.enqueue_rate), PRODUCE)
+        if s.batch_prob and self.rng_batch.random() < s.batch_prob:
+            self._produce_batch(2 + int(self.rng_batch.random() * (s.batch_max - 1)))
+            return
         self.next_task += 1
         task = f"t{self.next_task}"
         msg, attrs = self._draw_task(task)
@@ -189,6 +207,38 @@ class Workload:
         )
         target.outstanding[task] = None
         self.write_line(target, orjson.dumps(msg))
+
+    def _produce_batch(self, size: int) -> None:
+        """`size` tasks drawn as `produce` draws one, sent in one `enqueue_batch` line to the
+        process the first one's shard picks; each is its own invoke (and gets its own
+        answer: the checker judges each as an enqueue)."""
+        world, s, rng = self.world, self.s, self.rng
+        drawn = []
+        for _ in range(size):
+            self.next_task += 1
+            task = f"t{self.next_task}"
+            msg, attrs = self._draw_task(task)
+            if s.deps_prob:
+                self._draw_dependencies(task, msg, attrs)
+            delay = uniform(rng, SECOND, 20 * SECOND) if rng.random() < s.delay_prob else 0
+            attrs["delay_us"] = delay
+            drawn.append((task, msg, attrs))
+        first_task, _msg, first = drawn[0]
+        target = self._target(first.get("group") or first["fingerprint"] or first_task)
+        if target is None:
+            return
+        items = []
+        for task, msg, attrs in drawn:
+            if attrs["delay_us"]:
+                msg["execute_at"] = format_rfc3339(target.clock.wall(world.t) + attrs["delay_us"])
+            del msg["action"]
+            items.append(msg)
+            world.counters["enqueues"] += 1
+            world.counters["batched"] += 1
+            world.record({"kind": "enqueue", "phase": "invoke", "task": task,
+                          "node": target.name, "attrs": attrs})
+            target.outstanding[task] = None
+        self.write_line(target, orjson.dumps({"action": "enqueue_batch", "tasks": items}))
 
     def _draw_dependencies(self, task: str, msg: dict[str, Any], attrs: dict[str, Any]) -> None:
         """Whether `task` waits for parents, and which (into `msg` and `attrs`); and whether
@@ -245,6 +295,13 @@ class Workload:
             "max_retries": attrs["max_retries"],
             "retry_after_hours": 0.0,
         }
+        if s.backoff_prob and self.rng_backoff.random() < s.backoff_prob:
+            r = self.rng_backoff
+            wait_s = 0.2 + r.random() * 2.8
+            msg["retry_after_hours"] = attrs["retry_after_hours"] = wait_s / 3600
+            if r.random() < 0.5:
+                msg["backoff"] = attrs["backoff"] = "exponential"
+                msg["backoff_max_seconds"] = attrs["backoff_max_seconds"] = 2 + int(r.random() * 8)
         fingerprint = None
         if rng.random() < s.dedupe_prob:
             if self.dedupe_payloads and rng.random() < 0.5:
@@ -362,6 +419,9 @@ class Workload:
         result["status"] = "success" if ok else "error"
         if not ok:
             result["error_msg"] = "simulated failure"
+            if self.s.final_prob and self.rng_final.random() < self.s.final_prob:
+                result["retry"] = False
+                entry["final"] = True
         else:
             value = returned_value(task, attempt)
             if value is not None:

@@ -172,6 +172,8 @@ class World:
             "locks_lost": 0,
             "disk_full": 0,
             "enqueues": 0,
+            #: Of `enqueues`, those sent in `enqueue_batch` lines.
+            "batched": 0,
             "executions": 0,
             "node_errors": 0,
             "inbox_reads": 0,
@@ -258,6 +260,9 @@ class World:
             unsafe_ignore_cancel=self.s.unsafe_ignore_cancel,
             unsafe_ignore_pause=self.s.unsafe_ignore_pause,
             unsafe_purge_all=self.s.unsafe_purge_all,
+            unsafe_batch_ack_early=self.s.unsafe_batch_ack_early,
+            unsafe_retry_final=self.s.unsafe_retry_final,
+            unsafe_ignore_task_backoff=self.s.unsafe_ignore_task_backoff,
             unsafe_retry_skips_oldest=self.s.unsafe_retry_skips_oldest,
             # (The daemon's 5 s; 0, upstream's ack at the inbox write, for the control.)
             dedupe_wait_us=0 if self.s.unsafe_dedupe_ack_at_write else 5 * SECOND,

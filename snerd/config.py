@@ -344,6 +344,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     # Test hook, for chaos tests' negative control only: replay accepts records of stale
     # owners (no fencing), so a double ownership corrupts the log's state.
     unsafe_no_fence = _flag(env, "SNERD_TEST_UNSAFE_NO_FENCE")
+    # Test hooks, for jepsen-lite's negative controls of job control only: a cancel answered
+    # and not kept, pauses written and not obeyed.
+    unsafe_ignore_cancel = _flag(env, "SNERD_TEST_UNSAFE_IGNORE_CANCEL")
+    unsafe_ignore_pause = _flag(env, "SNERD_TEST_UNSAFE_IGNORE_PAUSE")
     # Test hooks: a small cache and early compaction, so that a short test meets both.
     recent_bytes = _int(env, "SNERD_TEST_RECENT_BYTES", 8 * 1024 * 1024)
     compact_min = _int(env, "SNERD_TEST_COMPACT_MIN_BYTES", 8 * 1024 * 1024)
@@ -368,6 +372,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         result_max_bytes=result_max,
         result_retention_us=shared.result_retention_us,
         fence=not unsafe_no_fence,
+        unsafe_ignore_cancel=unsafe_ignore_cancel,
+        unsafe_ignore_pause=unsafe_ignore_pause,
         compact_min_bytes=compact_min,
     )
     return Settings(

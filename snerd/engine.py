@@ -54,6 +54,7 @@ import trio
 from snerd.config import Settings, load_settings
 from snerd.core import events as ev
 from snerd.core import protocol as proto
+from snerd.io.clock import Clock
 from snerd.io.datadir import prepare_data_directory
 from snerd.io.layout import adopt_legacy_layout
 from snerd.io.runtime import Runtime
@@ -226,6 +227,7 @@ class Engine(QueueFace):
         pools: Mapping[str, int] | None = None,
         env: Mapping[str, str] | None = None,
         settings: Settings | None = None,
+        clock: Clock | None = None,
         isolation: str | None = None,
     ) -> None:
         """Describe the engine; nothing starts until `start()` / `async with`.
@@ -237,6 +239,8 @@ class Engine(QueueFace):
             env: the environment to read `SNERD_*` settings from (default `os.environ`); the
                 arguments above override it.
             settings: ready-made settings; then `env` and the arguments above are ignored.
+            clock: the clock the runtime reads for the node (default: the host's, `Clock`);
+                `snerd.testing` passes a `DrivenClock`, which a `MockClock` moves.
             isolation: where sync handlers registered without one run: `thread` (default)
                 or `process` (`register_handler`).
 
@@ -270,6 +274,7 @@ class Engine(QueueFace):
         self._loop: Any = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._runtime_done = False
+        self._clock = clock
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -312,6 +317,12 @@ class Engine(QueueFace):
             pools=node.pools if pools is None else dict(pools),
         )
         self.settings = dataclasses.replace(self.settings, node=node)
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The runtime once started (None before): `snerd.testing` asks it whether it has
+        settled (`Runtime.settled`)."""
+        return self._runtime
 
     def _dashboard_directory(self) -> Path:
         """The engine's data directory."""
@@ -373,7 +384,7 @@ class Engine(QueueFace):
 
     def _new_runtime(self) -> Runtime:
         """The runtime on this engine's directory, with this engine as its peer."""
-        runtime = Runtime(self.directory, self.settings, _EnginePeer(self))
+        runtime = Runtime(self.directory, self.settings, _EnginePeer(self), clock=self._clock)
         self._runtime = runtime
         return runtime
 

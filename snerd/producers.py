@@ -49,7 +49,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +75,7 @@ from snerd.io.inbox import (
 )
 from snerd.queuedir import Queue, QueueError, UsageError, open_queue, probe_lock, wall_now_us
 from snerd.sdk.errors import EnqueueError
-from snerd.sdk.messages import Enqueued, build_enqueue_message
+from snerd.sdk.messages import Enqueued, build_enqueue_message, task_spec_message
 
 __all__ = ["Producer", "producer"]
 
@@ -160,6 +160,8 @@ class Producer:
         trigger_after_ids: Iterable[str] | None = None,
         unique_key: str | None = None,
         unique_until: str | int | None = None,
+        backoff: str | None = None,
+        backoff_max_seconds: int | None = None,
     ) -> Enqueued:
         """Store a task and return once it is durable: `SnerdQueue.enqueue`'s arguments and
         answer, blocking.
@@ -175,40 +177,96 @@ class Producer:
             task_id = uuid.uuid4().hex
         given = (rate_limit_group, max_per_minute, auto_dedupe, urgency_score, execute_at, cron,
                  webhook_url, max_execution_seconds, pool, trigger_after_ids, unique_key,
-                 unique_until)
+                 unique_until, backoff, backoff_max_seconds)
         options = {k: v for k, v in zip(proto.ENQUEUE_OPTIONS, given, strict=True)
                    if v is not None}
         message = build_enqueue_message(
             task_id, task_type, data, max_retries, retry_after_hours, options
         )
-        try:
-            cmd = proto.parse_document(message)
-        except proto.ProtocolError as exc:
-            raise EnqueueError(exc.message, task_id=task_id) from None
-        assert isinstance(cmd, proto.Enqueue)
+        (outcome,) = self._write([message])
+        if isinstance(outcome, EnqueueError):
+            raise outcome
+        return outcome
+
+    def enqueue_many(self, tasks: Iterable[Mapping[str, Any]]) -> list[Enqueued | EnqueueError]:
+        """Store many tasks at once, blocking: `SnerdQueue.enqueue_many`'s tasks (mappings of
+        `enqueue`'s arguments by name) and answer. The tasks of each shard are one `write(2)`
+        and one `fsync(2)`; a task that is refused (a bad value, or its shard's write failed)
+        is answered with its `EnqueueError`, not raised.
+
+        Raises:
+            TypeError: a task with an argument `enqueue` does not have, or no `task_type`
+                (nothing is written).
+            UsageError: the producer is closed, or the directory is not a queue.
+        """
+        messages: list[dict[str, Any] | EnqueueError] = []
+        for spec in tasks:
+            try:
+                messages.append(task_spec_message(spec))
+            except EnqueueError as exc:
+                messages.append(exc)
+        return self._write(messages)
+
+    def _write(
+        self, messages: Sequence[dict[str, Any] | EnqueueError]
+    ) -> list[Enqueued | EnqueueError]:
+        """Each enqueue message parsed by the daemon's rules, its record written to its
+        shard's segment (one write and fsync per shard), and its outcome, in order."""
         if os.getpid() != self._pid:
             self._forget_after_fork()  # forked without `os.fork` (no at-fork hook ran)
         if self._closed:
             raise UsageError("this producer is closed")
-        payload_hash = enqueue_rule.fingerprint(cmd) if cmd.dedupes else None
         queue = self._current_queue()
-        key = enqueue_rule.routing_key(cmd, payload_hash)
-        shard = route_shard(key, queue.shards) if queue.shards != 1 else 0
         now = wall_now_us(self._settings)
-        fields, _ = enqueue_rule.enqueue_fields(cmd, payload_hash, now, format_rfc3339(now))
-        fields[SNERD_NODE] = self.writer
-        line = encode_record(fields)
-        if len(line) > proto.DEFAULT_MAX_LINE_BYTES:
-            raise EnqueueError(proto.failed_to_enqueue(
-                f"the task's record is {len(line)} bytes, more than a line may hold "
-                f"({proto.DEFAULT_MAX_LINE_BYTES})"), task_id=task_id)
-        spot = None
-        if cmd.dedupes:
-            spot = LogSpot(*log_identity_and_size(str(queue.log_path(shard))))
-        name, at = self._append(queue, shard, line, task_id)
-        if spot is None:
-            return Enqueued(task_id, shard_name(shard))
-        return self._verdict(queue, shard, spot, name, at, task_id)
+        now_text = format_rfc3339(now)
+        outcomes: list[Enqueued | EnqueueError | None] = [None] * len(messages)
+        by_shard: dict[int, list[tuple[int, str, bytes, bool]]] = {}
+        for i, message in enumerate(messages):
+            if isinstance(message, EnqueueError):
+                outcomes[i] = message
+                continue
+            task_id = message["task_id"]
+            try:
+                cmd = proto.parse_document(message)
+            except proto.ProtocolError as exc:
+                outcomes[i] = EnqueueError(exc.message, task_id=task_id)
+                continue
+            assert isinstance(cmd, proto.Enqueue)
+            payload_hash = enqueue_rule.fingerprint(cmd) if cmd.dedupes else None
+            key = enqueue_rule.routing_key(cmd, payload_hash)
+            shard = route_shard(key, queue.shards) if queue.shards != 1 else 0
+            fields, _ = enqueue_rule.enqueue_fields(cmd, payload_hash, now, now_text)
+            fields[SNERD_NODE] = self.writer
+            line = encode_record(fields)
+            if len(line) > proto.DEFAULT_MAX_LINE_BYTES:
+                outcomes[i] = EnqueueError(proto.failed_to_enqueue(
+                    f"the task's record is {len(line)} bytes, more than a line may hold "
+                    f"({proto.DEFAULT_MAX_LINE_BYTES})"), task_id=task_id)
+                continue
+            by_shard.setdefault(shard, []).append((i, task_id, line, cmd.dedupes))
+        waits: list[tuple[int, str, int, LogSpot, str, int]] = []
+        for shard, items in by_shard.items():
+            # The log as it is before the write: the owner's decisions come after it.
+            spot = (LogSpot(*log_identity_and_size(str(queue.log_path(shard))))
+                    if any(dedupes for *_, dedupes in items) else None)
+            try:
+                name, offsets = self._append(queue, shard, [line for _i, _t, line, _d in items])
+            except OSError as exc:
+                for i, task_id, _line, _d in items:
+                    outcomes[i] = EnqueueError(proto.failed_to_enqueue(str(exc)), task_id=task_id)
+                continue
+            for (i, task_id, _line, dedupes), at in zip(items, offsets, strict=True):
+                if dedupes and spot is not None:
+                    waits.append((i, task_id, shard, LogSpot(spot.identity, spot.offset), name, at))
+                else:
+                    outcomes[i] = Enqueued(task_id, shard_name(shard))
+        until = time.monotonic() + self.dedupe_wait_s
+        for i, task_id, shard, where, name, at in waits:
+            try:
+                outcomes[i] = self._verdict(queue, shard, where, name, at, task_id, until)
+            except EnqueueError as exc:
+                outcomes[i] = exc
+        return [o for o in outcomes if o is not None]
 
     def _current_queue(self) -> Queue:
         """The queue, opened at the first enqueue (a producer may be made before any daemon
@@ -223,30 +281,34 @@ class Producer:
                 self._queue_read = time.monotonic()
             return self._queue
 
-    def _append(self, queue: Queue, shard: int, line: bytes, task_id: str) -> tuple[str, int]:
-        """Append `line` to this writer's segment for `shard`, fsynced: (segment, offset)."""
+    def _append(self, queue: Queue, shard: int, lines: list[bytes]) -> tuple[str, list[int]]:
+        """Append `lines` to this writer's segment for `shard` in one write, fsynced: the
+        segment and the offset of each line. Raises OSError naming the file (which is closed:
+        the next append starts a new segment)."""
         with self._lock:
             lock = self._shard_locks.setdefault(shard, threading.Lock())
         with lock:
             f = self._files.get(shard)
             if f is None or f.size >= SEGMENT_BYTES:
-                f = self._open(queue, shard, task_id)
+                f = self._open(queue, shard)
+            offsets = []
             at = f.size
+            for line in lines:
+                offsets.append(at)
+                at += len(line)
             try:
-                write_all(f.fd, line)
+                write_all(f.fd, b"".join(lines))
                 os.fsync(f.fd)
             except OSError as exc:
                 self._close_file(shard)
-                raise EnqueueError(
-                    proto.failed_to_enqueue(f"cannot write {inbox_path(self.directory, shard, f.name)}: {exc}"),
-                    task_id=task_id,
-                ) from None
-            f.size += len(line)
-            return f.name, at
+                path = inbox_path(self.directory, shard, f.name)
+                raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
+            f.size = at
+            return f.name, offsets
 
-    def _open(self, queue: Queue, shard: int, task_id: str) -> _File:
+    def _open(self, queue: Queue, shard: int) -> _File:
         """A new segment for `shard` (the last one, if any, closed): created, flocked shared
-        while this producer lives, its directory entry fsynced."""
+        while this producer lives, its directory entry fsynced. Raises OSError naming it."""
         self._close_file(shard)
         n = self._segments.get(shard, -1) + 1
         self._segments[shard] = n
@@ -265,8 +327,7 @@ class Producer:
                 os.close(fd)
                 raise
         except (OSError, portalocker.exceptions.LockException) as exc:
-            raise EnqueueError(proto.failed_to_enqueue(f"cannot create {path}: {exc}"),
-                               task_id=task_id) from None
+            raise OSError(getattr(exc, "errno", None) or 0, f"cannot create {path}: {exc}") from None
         f = self._files[shard] = _File(name, fd, 0)
         return f
 
@@ -277,13 +338,12 @@ class Producer:
                 os.close(f.fd)
 
     def _verdict(self, queue: Queue, shard: int, spot: LogSpot, name: str, at: int,
-                 task_id: str) -> Enqueued:
-        """The owner's decision on the enqueue at byte `at` of segment `name`, awaited at most
-        `dedupe_wait_s` (the module docstring)."""
+                 task_id: str, until: float) -> Enqueued:
+        """The owner's decision on the enqueue at byte `at` of segment `name`, awaited until
+        `until` (monotonic; the module docstring)."""
         where = shard_name(shard)
         if probe_lock(queue.lock_path(shard)).state != "held":
             return Enqueued(task_id, where, None)
-        until = time.monotonic() + self.dedupe_wait_s
         while True:
             mark = owner_mark(queue, shard, spot, name, at)
             if mark is not None:

@@ -4,8 +4,8 @@ checker the simulator uses (`sim.check`). See docs/chaos.md.
 
 Modules:
 
-- `worker`: one node: a process running `SnerdQueue`, its handlers, and the enqueues the
-  controller asks for; everything it sees goes to stdout as JSON lines, stamped with the
+- `worker`: one node: a process running `SnerdQueue`, its handlers, and the enqueues and
+  job-control lines the controller asks for; everything it sees goes to stdout as JSON lines, stamped with the
   host's wall clock (one host: that is true time). With `--hosts` it runs on another host,
   started through a command template (ssh), and the hosts' clocks must agree.
 - `phases`: one run, phase by phase: the filesystem, setup, chaos, heal, drain, and the
@@ -14,6 +14,8 @@ Modules:
 - `cluster`: the worker processes: started, stopped, killed, sent commands; what they print
   recorded as history entries.
 - `load`: the client enqueues of the chaos phase.
+- `commands`: the job-control commands of the chaos phase (the simulator's mix,
+  `sim.command_mix`), their answers, and the resumes of the drain.
 - `faults`: every fault, one routine each (`FAULTS`, the only list of their names), each
   verified to have happened; `nemesis`: the low-level tools they use.
 - `history`: the shard logs and inbox files read back into `record` / `inbox_record` entries

@@ -57,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
         "through other nodes (0: none)",
     )
     p.add_argument(
+        "--command-rate",
+        type=float,
+        default=1.0,
+        help="job-control commands per second (cancel, retry, purge, pause/resume) to random "
+        "nodes (0: none)",
+    )
+    p.add_argument(
         "--unknown-parent",
         type=float,
         default=10.0,
@@ -83,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
         "--unsafe-no-fence",
         action="store_true",
         help="negative control: daemons run with SNERD_TEST_UNSAFE_NO_FENCE=1",
+    )
+    p.add_argument(
+        "--unsafe-ignore-cancel",
+        action="store_true",
+        help="negative control: daemons answer cancels and keep the task "
+        "(SNERD_TEST_UNSAFE_IGNORE_CANCEL=1)",
+    )
+    p.add_argument(
+        "--unsafe-ignore-pause",
+        action="store_true",
+        help="negative control: daemons dispatch paused types (SNERD_TEST_UNSAFE_IGNORE_PAUSE=1)",
     )
     p.add_argument(
         "--expect-violation",
@@ -148,12 +166,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         out=out,
         rate=args.rate,
         deps_share=args.deps_share,
+        command_rate=args.command_rate,
         unknown_parent_s=args.unknown_parent,
         schedule_cron=args.schedule,
         ttl_s=args.ttl,
         margin_s=args.margin,
         gap_s=args.gap,
         unsafe_no_fence=args.unsafe_no_fence,
+        unsafe_ignore_cancel=args.unsafe_ignore_cancel,
+        unsafe_ignore_pause=args.unsafe_ignore_pause,
         drain_timeout=args.drain_timeout,
         dirs=tuple(args.dir),
         loop_size_mib=args.loop_size,

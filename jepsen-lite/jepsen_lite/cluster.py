@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,9 @@ class Cluster:
         self.events: list[dict[str, Any]] = []
         self.problems: list[str] = []
         self.clocks = ClockSteps()
+        #: Who hears the answers to job-control commands (`control` events): (node name,
+        #: the daemon's line, the worker's time).
+        self.on_control: Callable[[str, dict[str, Any], int], None] | None = None
         self.nodes = [self._node(i) for i in range(config.nodes)]
         self.daemon_env = {
             "SNERD_SHARDS": str(config.shards),
@@ -100,6 +104,10 @@ class Cluster:
         }
         if config.unsafe_no_fence:
             self.daemon_env["SNERD_TEST_UNSAFE_NO_FENCE"] = "1"
+        if config.unsafe_ignore_cancel:
+            self.daemon_env["SNERD_TEST_UNSAFE_IGNORE_CANCEL"] = "1"
+        if config.unsafe_ignore_pause:
+            self.daemon_env["SNERD_TEST_UNSAFE_IGNORE_PAUSE"] = "1"
 
     def _node(self, i: int) -> Node:
         """Node i: on this host, or (`hosts`) on host i mod len(hosts) through the launcher."""
@@ -248,6 +256,9 @@ class Cluster:
             self.record("daemon_log", t, node=name, line=e.get("line"))
         elif ev == "daemon_exit":
             self.record("daemon_exit", t, node=name, code=e.get("code"))
+        elif ev == "control" and isinstance(e.get("message"), dict):
+            if self.on_control is not None:
+                self.on_control(name, e["message"], t)
         elif ev == "scheduled" and e.get("error"):
             node.logs.append(f"schedule {e.get('name')}: {e.get('error')}")
 

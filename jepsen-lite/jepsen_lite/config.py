@@ -35,8 +35,16 @@ class RunConfig:
     margin_s: float = 0.5
     #: Seconds between the end of one fault and the start of the next.
     gap_s: float = 3.0
+    #: Job-control commands per second across the cluster (`jepsen_lite.commands`: cancels,
+    #: retries, sweeps, pauses of a type or of the queue; 0: none).
+    command_rate: float = 1.0
     #: The negative control: daemons without fencing (SNERD_TEST_UNSAFE_NO_FENCE=1).
     unsafe_no_fence: bool = False
+    #: Negative controls of the commands: daemons that answer a cancel `cancelled` and leave
+    #: the task as it was (SNERD_TEST_UNSAFE_IGNORE_CANCEL=1), or whose dispatch does not look
+    #: at pauses (SNERD_TEST_UNSAFE_IGNORE_PAUSE=1).
+    unsafe_ignore_cancel: bool = False
+    unsafe_ignore_pause: bool = False
     #: The two directories (mount A, mount B) of a GlusterFS run; found or brought up if None.
     gluster_dirs: tuple[Path, Path] | None = None
     #: The volume behind `gluster_dirs`, for the partition, monkey-unlock and clear-locks
@@ -94,6 +102,10 @@ def config_problem(config: RunConfig) -> str | None:
     for name, share in shares.items():
         if not 0.0 <= share <= 1.0:
             return f"{name} {share:g} is not a share: give one from 0 to 1"
+    if config.command_rate < 0:
+        return f"command_rate {config.command_rate:g}: give commands per second, 0 for none"
+    if (config.unsafe_ignore_cancel or config.unsafe_ignore_pause) and config.command_rate <= 0:
+        return "the unsafe ignore-cancel and ignore-pause controls need commands: a command_rate"
     if config.unknown_parent_s <= 0:
         return f"unknown_parent_s {config.unknown_parent_s:g}: give a number of seconds above 0"
     if config.deps_share > 0 and config.drain_timeout <= config.unknown_parent_s:

@@ -7,11 +7,14 @@ is read back after the run from the files themselves: every `shard-N/tasks/tasks
 a record became durable is not observable from outside, so each gets an estimate:
 
 - the writer's own timestamp in the record (`at` of a claim or dispatch, `retryAfterTime` of
-  an enqueue or retry record, `deletedAt` of a tombstone), less the clock nemesis' offset on
-  that host at the time (the controller knows every step it made);
+  an enqueue or retry record, `snerdReplayedAt` of a task a `retry` command put back,
+  `deletedAt` of a tombstone), less the clock nemesis' offset on that host at the time (the
+  controller knows every step it made);
 - clamped to what the clients saw: an enqueue record of the acking node lies between the
   invoke and the ack, a dispatch record no later than the first execute of that attempt on its
-  writer, a tombstone or retry record no earlier than the handler's return;
+  writer after it (attempt numbers start again after a retry), a tombstone or retry record no earlier than the handler's return (not a `cancelled`
+  tombstone: a cancel does not wait for the handler; nor a return much later than the
+  tombstone's own time: a run after a retry);
 - records without a timestamp (inbox progress records, copies of inbox tasks) take the time of
   the record before them in the file.
 
@@ -37,6 +40,7 @@ from snerd.core.schema import (
     DISPATCH_TASK,
     KIND_CLAIM,
     KIND_DISPATCH,
+    OUTCOME_CANCELLED,
     RECORD_AT,
     RETRY_AFTER_HOURS,
     RETRY_AFTER_TIME,
@@ -46,10 +50,12 @@ from snerd.core.schema import (
     SNERD_KIND,
     SNERD_NODE,
     SNERD_OUTCOME,
+    SNERD_REPLAYED_AT,
     SNERD_SEQ,
     SNERD_VIA,
     TASK_ID,
 )
+from snerd.core.shardlog import tombstone_outcome
 from snerd.core.timefmt import parse_rfc3339
 
 __all__ = ["ClockSteps", "build_history", "finished_tasks", "node_name", "read_logs"]
@@ -149,6 +155,17 @@ def finished_tasks(directory: Path) -> set[str]:
                 if isinstance(task, str):
                     done.add(task)
     return done
+
+
+def _after_return(est: int | None, returns: list[tuple[int, int]]) -> int | None:
+    """A tombstone's or retry record's estimate `est`, no earlier than the latest handler
+    return (of `returns`: its task's on its writer) that could be the one it records: not one
+    later than the estimate by more than the clock correction's slack (that one belongs to a
+    later run, after a retry)."""
+    if est is None:
+        return max((t + 1 for _a, t in returns), default=None)
+    fits = [t for _a, t in returns if t <= est + _STEP_SLACK_US]
+    return max(est, max(fits) + 1) if fits else est
 
 
 def _clean(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -264,8 +281,12 @@ def build_history(
                     (writer, str(f.get(DISPATCH_TASK)), int(f.get(DISPATCH_ATTEMPT, 0)))
                 )
                 if seen and est is not None:
-                    later = [t for t in seen if t >= est - 2_000_000]
-                    est = min(est, later[0] if later else seen[-1])
+                    # The first execute after the record, or (the clock correction may be a
+                    # little off) just before it: attempt numbers start again after a retry,
+                    # so an earlier run's execute of the same attempt may be close too.
+                    after = [t for t in seen if t >= est]
+                    near = [t for t in seen if t >= est - 2_000_000]
+                    est = min(est, after[0] if after else near[0] if near else seen[-1])
                 elif seen:
                     est = seen[0]
             elif kind is None:
@@ -273,9 +294,15 @@ def build_history(
                 if f.get(DELETED_AT) is not None:
                     raw = _time(f.get(DELETED_AT))
                     est = clocks.true_time(writer, raw, prev) if raw is not None else None
-                    returns = [t for _a, t in done.get((writer, task), [])]
-                    if returns:
-                        est = max(est if est is not None else 0, max(returns) + 1)
+                    if tombstone_outcome(f) != OUTCOME_CANCELLED:
+                        # (A cancel ends the task without waiting for its handler, and a
+                        # later return is another run's, after a retry.)
+                        est = _after_return(est, done.get((writer, task), []))
+                elif f.get(SNERD_REPLAYED_AT) is not None and f.get(RETRY_COUNT, 0) == 0:
+                    # Put back by a retry (keeping the `snerdVia` of its first enqueue):
+                    # written when it says, not at the enqueue.
+                    raw = _time(f.get(SNERD_REPLAYED_AT))
+                    est = clocks.true_time(writer, raw, prev) if raw is not None else None
                 elif SNERD_VIA in f:
                     # Copied from an inbox after the writer's record was durable.
                     at = inbox_at.get((shard, task))
@@ -290,9 +317,8 @@ def build_history(
                     if raw is not None and isinstance(hours, int | float):
                         est = clocks.true_time(writer, raw - int(hours * 3_600_000_000), prev)
                     attempt = f.get(RETRY_COUNT)
-                    returns = [t for a, t in done.get((writer, task), []) if a == attempt]
-                    if returns:
-                        est = max(est if est is not None else 0, returns[-1] + 1)
+                    returns = [(a, t) for a, t in done.get((writer, task), []) if a == attempt]
+                    est = _after_return(est, returns)
             durable = est if est is not None else prev
             t = max(prev, durable)
             prev = t

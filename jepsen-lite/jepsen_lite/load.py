@@ -3,7 +3,12 @@
 is not known: no answer within 10 s, the node gone). The acked tasks are what the drain
 waits for.
 
-A task's handler sleeps a little and fails some attempts on purpose (the worker does what its
+A task is of type `t` or, when the run sends job-control commands, `u` for about half of
+them (`jepsen_lite.commands`: pausing one type leaves the other running). Children and their
+parents are all of type `t`, which the sweep of dead letters (`retry_type`, of `u`) leaves
+alone, and cancels and retries by id leave them alone too (`in_deps`): the dependency check
+(`sim.check.deps`) does not judge a child or parent that job control ended or put back. A task's handler
+sleeps a little and fails some attempts on purpose (the worker does what its
 `data` says); a share of the tasks (`rl_share`) is in a rate-limited group.
 
 A share of the enqueues (`deps_share`) are children (`trigger_after_ids`, recorded as the
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jepsen_lite.cluster import Cluster, Node, now_us
@@ -39,8 +45,16 @@ RECENT = 30
 
 
 class Load:
-    def __init__(self, cluster: Cluster, config: RunConfig, rng: random.Random) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        config: RunConfig,
+        rng: random.Random,
+        task_type: Callable[[], str] = lambda: "t",
+    ) -> None:
         self.cluster = cluster
+        #: Draws the type of each task (`jepsen_lite.commands.Commands.task_type`).
+        self.task_type = task_type
         self.c = config
         #: Shared with the nemesis: one seed draws both.
         self.rng = rng
@@ -56,6 +70,8 @@ class Load:
         self.ghosts = 0
         #: The parents each child named (children only).
         self.parents_of: dict[str, list[str]] = {}
+        #: Every child and every parent named: the tasks job control leaves alone.
+        self.in_deps: set[str] = set()
 
     async def run(self) -> None:
         """Enqueue, as a Poisson stream at `rate`, to random running nodes until `stop` is set."""
@@ -76,10 +92,18 @@ class Load:
             }
             group = RL_GROUP if self.rng.random() < self.c.rl_share else None
             parents = [] if task == self.promised else self.parents(node)
-            self.recent.append((task, node.host))
+            kind = self.task_type()
+            if parents or task == self.promised:
+                kind = "t"  # (the dependency workload keeps to the first type)
+            if kind == "t":
+                self.recent.append((task, node.host))
             if parents:
                 self.parents_of[task] = parents
-            op = asyncio.create_task(self.enqueue(node, task, data, max_retries, group, parents))
+                self.in_deps.add(task)
+                self.in_deps.update(parents)
+            op = asyncio.create_task(
+                self.enqueue(node, task, data, max_retries, group, parents, kind)
+            )
             self.ops.add(op)
             op.add_done_callback(self.ops.discard)
 
@@ -109,10 +133,11 @@ class Load:
         max_retries: int,
         group: str | None,
         parents: list[str],
+        task_type: str = "t",
     ) -> None:
         name = node.name
         attrs = {
-            "type": "t",
+            "type": task_type,
             "max_retries": max_retries,
             "urgency": 0,
             "group": group,
@@ -128,6 +153,7 @@ class Load:
         cmd = {
             "op": "enqueue",
             "task": task,
+            "type": task_type,
             "data": data,
             "max_retries": max_retries,
             "group": group,

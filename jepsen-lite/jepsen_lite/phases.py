@@ -9,12 +9,14 @@ Phases (all bounded in time):
    which spawns its daemon through `SnerdQueue`). Nodes alternate mounts on GlusterFS. With
    `hosts` each worker runs on its host through the `remote` command template, and the
    nemesis reaches its processes and clock file there the same way (`nemesis.Machine`).
-2. **chaos** (`duration` s): clients enqueue to random running nodes; the nemesis runs its
+2. **chaos** (`duration` s): clients enqueue to random running nodes and send job-control
+   commands (cancel, retry, purge, pause/resume) to random live ones; the nemesis runs its
    faults one after another on random victims, each recorded as `fault` entries with start and
    end and verified to have happened.
 3. **heal**: every fault undone (SIGCONT, clock files back to 0, filler deleted, killed nodes
    restarted); the load stops.
-4. **drain**: wait (bounded) until every acked task has a tombstone, then stop every worker
+4. **drain**: every pause lifted (again every few seconds while it lasts); wait (bounded)
+   until every acked task has a tombstone and every retried one ran again, then stop every worker
    (its SDK drains its daemon). A child (`trigger_after_ids`) is an acked task like any other:
    it ends when it has run, or dead-lettered through a failed parent or one no file holds
    (after `unknown_parent_s`, which the drain must outlast); a dead letter is an end.
@@ -23,7 +25,8 @@ Phases (all bounded in time):
 
 The phases are the only part that knows the order; the parts they drive each own their state:
 `cluster.Cluster` the worker processes and the record, `load.Load` the enqueues and their acks,
-`faults.Nemesis` the faults and what is left to undo.
+`commands.Commands` the job-control commands and their answers, `faults.Nemesis` the faults
+and what is left to undo.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 
 from jepsen_lite import nemesis as nem
 from jepsen_lite.cluster import REPO, SCHEDULE_NAME, SECOND, Cluster, now_us
+from jepsen_lite.commands import RESUME_EVERY_S, Commands
 from jepsen_lite.config import RunConfig, config_problem
 from jepsen_lite.faults import Fault, Nemesis
 from jepsen_lite.history import build_history, finished_tasks
@@ -87,7 +91,9 @@ class Run:
         self.c = config
         rng = random.Random(config.seed)
         self.cluster = Cluster(config, directories, out)
-        self.load = Load(self.cluster, config, rng)
+        self.commands = Commands(self.cluster, config)
+        self.load = Load(self.cluster, config, rng, self.commands.task_type)
+        self.commands.spared = self.load.in_deps
         self.nemesis = Nemesis(self.cluster, config, rng, gluster)
         #: The signals that end the run (set by `run`), and whether one (or Ctrl-C) did.
         self.signals: nem.Signals | None = None
@@ -150,7 +156,9 @@ class Run:
             shards=c.shards,
             seed=c.seed,
             nemesis=list(c.nemesis),
+            command_rate=c.command_rate,
         )
+        self.commands.start()
         for node in cluster.nodes:
             if not await asyncio.to_thread(node.machine.write_clock, node.clock_file, 0.0):
                 raise RuntimeError(
@@ -167,6 +175,9 @@ class Run:
         cluster.record("phase", name="chaos")
         deadline = time.monotonic() + c.duration
         load_task = asyncio.create_task(load.run())
+        commands_task = asyncio.create_task(
+            self.commands.run(load.stop, lambda: load.seq)
+        )
         chaos = asyncio.create_task(self.nemesis.run(deadline))
         try:
             await asyncio.wait_for(asyncio.shield(chaos), c.duration + 5)
@@ -191,6 +202,10 @@ class Run:
                 await asyncio.sleep(remaining)
             load.stop.set()
             await load_task
+            if self.interrupted:
+                commands_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await commands_task
             if load.ops and self.interrupted:
                 for op in load.ops:
                     op.cancel()
@@ -208,8 +223,12 @@ class Run:
 
     async def drain(self) -> tuple[bool, list[str]]:
         """Wait (bounded) until every acked task has a tombstone (completed or dead-lettered,
-        children too): whether all did, and those that did not."""
+        children too) and every retried task has run again, every pause lifted now and every
+        `RESUME_EVERY_S` meanwhile: whether all did, and those that did not."""
         end = time.monotonic() + self.c.drain_timeout
+        commands = self.commands
+        resumed = time.monotonic()
+        await commands.resume_all()
         if self.c.schedule_cron:
             # Its runs stop: the drain waits for the acked tasks only (a run is owed to none).
             for node in self.cluster.nodes:
@@ -220,10 +239,13 @@ class Run:
         left = sorted(self.load.acked)
         while time.monotonic() < end:
             done = await asyncio.to_thread(finished_tasks, self.cluster.dirs[0])
-            left = sorted(self.load.acked - done)
+            left = sorted((self.load.acked - done) | set(commands.waiting()))
             if not left:
                 return True, []
             await asyncio.sleep(1.0)
+            if time.monotonic() - resumed >= RESUME_EVERY_S:
+                resumed = time.monotonic()
+                await commands.resume_all()
         return False, left
 
     def waiting_children(self, unfinished: list[str]) -> str:

@@ -6,8 +6,12 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sim.check.control import Command, commands
+from sim.check.history import analyse
+
 __all__ = [
     "PARENT_REASONS",
+    "command_figures",
     "dead_letter_reasons",
     "dependencies",
     "percentile",
@@ -115,6 +119,53 @@ def dependencies(history: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     }
 
 
+def _took_effect(cmd: Command) -> bool:
+    """Whether a command's answer says it did what it asked (the answers the checker holds the
+    daemons to): cancelled, retried, paused or resumed on every shard, a sweep on every
+    shard."""
+    reply = cmd.reply
+    if reply is None:
+        return False
+    if cmd.action == "cancel":
+        return reply.get("cancelled") is True
+    if cmd.action == "retry":
+        return reply.get("retried") is True
+    return reply.get("pending") == []
+
+
+def command_figures(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The job-control figures (`jepsen_lite.commands`): commands sent and answered (an
+    answer, or an error reply), per action also those whose answer says they took effect;
+    how long answers took; sweeps' task counts. Commands are paired with their answers as
+    `sim.check.control` pairs them."""
+    cmds = commands(analyse(history))
+    per: dict[str, dict[str, int]] = {}
+    took: list[int] = []
+    swept = 0
+    for cmd in cmds:
+        row = per.setdefault(cmd.action, {"sent": 0, "answered": 0, "error": 0, "effect": 0})
+        row["sent"] += 1
+        if cmd.t_answer == _NEVER:
+            continue
+        row["answered"] += 1
+        took.append(cmd.t_answer - cmd.t)
+        if cmd.reply is None:
+            row["error"] += 1
+            continue
+        row["effect"] += int(_took_effect(cmd))
+        if cmd.action in ("purge", "retry_type") and isinstance(cmd.reply.get("count"), int):
+            swept += cmd.reply["count"]
+    return {
+        "commands": len(cmds),
+        "commands_answered": len(took),
+        "commands_by_action": dict(sorted(per.items())),
+        "command_answer_p50_ms": _ms(percentile(took, 50)),
+        "command_answer_p99_ms": _ms(percentile(took, 99)),
+        "command_answer_max_ms": _ms(max(took, default=None)),
+        "swept_tasks": swept,
+    }
+
+
 def summary(outcome: Any) -> dict[str, Any]:
     """The figures of a run (`outcome`: a `jepsen_lite.phases.Outcome`)."""
     h = outcome.history
@@ -143,6 +194,8 @@ def summary(outcome: Any) -> dict[str, Any]:
         "dead_letters": m.dead_letters,
         "dead_letters_by_reason": dead_letter_reasons(h),
         **dependencies(h),
+        **command_figures(h),
+        "cancels_running": m.cancels_running,
         "executions": m.executions,
         "schedule_runs": m.schedule_runs,
         "re_executions": m.re_executions,
@@ -163,6 +216,10 @@ def summary(outcome: Any) -> dict[str, Any]:
         "problems": list(outcome.problems),
         "seconds": round((outcome.ended - outcome.started) / 1e6, 1),
     }
+
+
+#: `Command.t_answer` of a command never answered.
+_NEVER = Command(index=0, t=0, node="", action="", target=None).t_answer
 
 
 def _ms(us: int | None) -> float | None:
@@ -194,6 +251,25 @@ def summary_table(s: Mapping[str, Any]) -> str:
             f"{s['children_across_nodes']} ended on another node than a parent, "
             f"{s['children_sent_first']} sent before a parent; "
             f"{s['parents_never_enqueued']} parents never enqueued",
+        ),
+        (
+            "commands",
+            f"{s['commands']} sent, {s['commands_answered']} answered: "
+            + (
+                ", ".join(
+                    f"{a} {r['sent']}/{r['answered']}/{r['effect']}"
+                    for a, r in s["commands_by_action"].items()
+                )
+                + " (sent/answered/took effect)"
+                if s["commands_by_action"]
+                else "none"
+            ),
+        ),
+        (
+            "command answers",
+            f"p50 {s['command_answer_p50_ms']} ms, p99 {s['command_answer_p99_ms']} ms, max "
+            f"{s['command_answer_max_ms']} ms; {s['swept_tasks']} tasks swept; "
+            f"{s['cancels_running']} cancels of a running attempt (judged by invariants 13-16)",
         ),
         ("schedule runs", f"{s.get('schedule_runs', 0)} (one per tick, judged by invariant 11)"),
         (

@@ -10,6 +10,12 @@ Commands arrive on stdin, one JSON object a line:
   `reply` event (`status` ok / fail / info).
 - `{"op": "owned"}`: ask the daemon (`stats`) which shards it owns now; an `owned` event.
 - `{"op": "unschedule", "name"}`: remove a schedule; a `scheduled` event.
+- `{"op": "command", "message"}`: write a job-control line (`cancel`, `retry`, `pause`,
+  `purge`, as `docs/protocol.md` has them) to the daemon as it is; its answer comes back as
+  a `control` event.
+
+Tasks are of type `t` or `u` (the enqueue's `type`): two types, so that a pause of one leaves
+the other running. Both handlers are cancellable, as every handler of the SDK is.
 
 With `--schedule NAME=CRON` the worker declares that schedule (type `t`, runs that succeed)
 as it starts, every start: an app declaring its schedules at boot; a `scheduled` event says
@@ -25,6 +31,9 @@ clock synchronisation) and `ev`:
 - `execute` / `handler_done` (`task`, `attempt`, `ok`) around each handler call;
 - `dead_letter` (`task`, `error`: the reason of the daemon's `max_retries_reached`, such as
   `blocked_by_failed_parent: <id>`); `reply`; `owned`; `log` (daemon stderr lines of interest);
+- `control` (`message`: the daemon's line as sent) for each answer to a job-control command
+  (`cancelled`, `retried`, `paused`, `purged`, `requeued`) and each `error` naming a task
+  (the refusal of a cancel or retry, or of an enqueue: the controller tells them apart);
 - `daemon_exit` (`code`), after which this process exits.
 
 stdin closing drains the daemon (`shutdown`) and exits. Each line is written with one
@@ -46,6 +55,8 @@ import orjson
 
 from snerd import DaemonExited, EnqueueError, SnerdError, current_task
 from snerd.client import SnerdQueue
+from snerd.sdk.control import REPLY_ACTIONS
+from snerd.sdk.messages import check_control_message
 
 #: Daemon stderr lines forwarded as `log` events (the rest stay in the worker's stderr file).
 _LOG_MARKS = (
@@ -59,6 +70,8 @@ _LOG_MARKS = (
     "Transport endpoint is not connected",
     "ERROR",
 )
+#: The task types a worker runs (`t`: the load's first type and the schedule's).
+TASK_TYPES = ("t", "u")
 #: Refusals whose enqueue may still have been stored: an `info`, not a `fail`.
 _UNKNOWN_MARKS = ("may or may not", "changed owner")
 
@@ -85,6 +98,10 @@ class RecordingQueue(SnerdQueue):
                 if isinstance(s, str) and s.startswith("shard-")
             ]
             emit({"ev": "membership", "owned": owned, "version": message.get("version")})
+        elif message.get("action") in REPLY_ACTIONS or (
+            message.get("action") == "error" and isinstance(message.get("task_id"), str)
+        ):
+            emit({"ev": "control", "message": message})
         super()._on_message(message)
 
 
@@ -119,7 +136,7 @@ async def _enqueue(q: SnerdQueue, cmd: dict[str, Any]) -> None:
     try:
         done = await q.enqueue(
             task,
-            "t",
+            str(cmd.get("type") or "t"),
             cmd.get("data"),
             max_retries=int(cmd.get("max_retries", 0)),
             rate_limit_group=cmd.get("group"),
@@ -178,6 +195,21 @@ async def _commands(q: SnerdQueue, tg: anyio.abc.TaskGroup) -> None:
             tg.start_soon(_owned, q)
         elif op == "unschedule":
             tg.start_soon(_unschedule, q, str(cmd.get("name")))
+        elif op == "command":
+            _command(q, cmd.get("message"))
+
+
+def _command(q: SnerdQueue, message: Any) -> None:
+    """Write a job-control line to the daemon as the controller made it. Its answer is read
+    by `RecordingQueue._on_message`, not waited for here: no SDK call waits on it."""
+    if not isinstance(message, dict):
+        return
+    try:
+        check_control_message(message)
+    except SnerdError as exc:
+        emit({"ev": "log", "line": f"command refused before sending: {exc}"})
+        return
+    q._post(message)
 
 
 async def _declare(q: SnerdQueue, spec: str) -> None:
@@ -211,8 +243,9 @@ async def _watch_exit(q: SnerdQueue, stop: anyio.CancelScope) -> None:
 
 async def run(directory: str, env: dict[str, str], schedule: str | None = None) -> int:
     q = RecordingQueue(storage_path=directory, env=env, stderr_prefix="")
-    q.register_handler("t", _handle)
-    q.register_max_retry_handler("t", _dead_letter)
+    for task_type in TASK_TYPES:
+        q.register_handler(task_type, _handle)
+        q.register_max_retry_handler(task_type, _dead_letter)
 
     @q.on_daemon_log
     def _log(line: str) -> None:

@@ -6,6 +6,23 @@
    (`Metrics.re_executions`). Cron tasks (attrs `cron`) re-arm with their attempt count reset,
    so they are skipped. A schedule's run has no invoke: its budget is its record's
    `maxRetries` (`Analysis.run_schedule`).
+4b. **Final failures** (`FINAL_RETRIED`): a failure its SDK marked final (`"retry": false`;
+   `handler_done` with `final`) of attempt n on node N is not retried by N: the first accepted
+   task record of the task that N decides (`t_queued`) after it, in the epoch of the execute
+   it answered, is not a retry's record (`retryCount` n, not a tombstone). (Only the first: a
+   retry command may put the dead letter back, and its new attempts fail as they may.) Another node,
+   or N in a later tenure, may run attempt n again after a takeover (the result never reached
+   a live owner) and retry a failure of that run that was not final. Tasks with a hard
+   timeout are not judged: N may fail the attempt at its deadline, and retry it, while the
+   result is on its way.
+4c. **Retry waits** (`RETRIED_EARLY`): after an accepted retry record (`retryCount` n, not a
+   tombstone) of a task whose `retryAfterHours` is above 0, its attempt n + 1 is not
+   executed before the wait the core's rule gives (`snerd.core.retry.retry_delay_us` with the
+   record's `retryAfterHours`, `snerdBackoff` (else the simulated daemon's `constant`) and
+   `snerdBackoffMax`) has passed since attempt n began (the earliest the node can have
+   decided it: the record's own write may come later, after a failed append), less the most
+   two wall clocks can differ by then (the `control` entry: `2 offset_max + drift` over the wait
+   and the run so far, and 5 ms for the hand-off). Not judged when clocks were stepped.
 5. **Rate windows** (`RATE_EXCEEDED`): per rate-limit group (tasks with `group` and
    `max_per_minute`), the first execute of each (task, attempt) counts at its true time; any
    `m + 1` of them less than 60 s minus `window_slack_us` apart are a violation (`m`: the
@@ -23,11 +40,33 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sim.check.history import Analysis, Execute, Invoke
-from sim.check.report import ATTEMPTS_EXCEEDED, RATE_EXCEEDED, Params, Violation, at
-from snerd.core.retry import attempts_allowed
+from sim.check.report import (
+    ATTEMPTS_EXCEEDED,
+    FINAL_RETRIED,
+    RATE_EXCEEDED,
+    RETRIED_EARLY,
+    Params,
+    Violation,
+    at,
+)
+from snerd.core.retry import EXPONENTIAL_CAP_US, attempts_allowed, retry_delay_us
+from snerd.core.schema import (
+    MAX_EXECUTION_SECONDS,
+    RETRY_AFTER_HOURS,
+    RETRY_COUNT,
+    SNERD_BACKOFF,
+    SNERD_BACKOFF_MAX,
+)
 from snerd.core.shardlog import RATE_WINDOW_US
 
-__all__ = ["Runs", "judge_attempts", "judge_rate_windows", "task_runs"]
+__all__ = [
+    "Runs",
+    "judge_attempts",
+    "judge_finals",
+    "judge_rate_windows",
+    "judge_retry_waits",
+    "task_runs",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,4 +173,81 @@ def judge_rate_windows(params: Params, runs: list[Runs]) -> list[Violation]:
                         ),
                     )
                 )
+    return out
+
+
+def judge_finals(a: Analysis) -> list[Violation]:
+    """Check 4b (the module's header): a failure marked final is never retried by the node
+    it reached."""
+    out: list[Violation] = []
+    for index, t, task, attempt, node in a.finals:
+        records = a.task_records.get(task, [])
+        if any(MAX_EXECUTION_SECONDS in r.fields for r in records):
+            continue  # (a hard timeout may fail the attempt while the result is on its way)
+        ran = [x for x in a.executes if x.task == task and x.attempt == attempt
+               and x.node == node and x.t <= t]
+        if not ran:
+            continue
+        epoch = ran[-1].epoch
+        # The node's decision on that failure: its first record of the task after it (a
+        # later one may be of a new life: a retry command puts a dead letter back).
+        decision = next((r for r in records if r.accepted and r.node == node
+                         and r.epoch == epoch and r.t_queued > t), None)
+        for r in () if decision is None else (decision,):
+            if not r.tombstone and r.fields.get(RETRY_COUNT) == attempt:
+                out.append(Violation(
+                    kind=FINAL_RETRIED,
+                    message=f"{task} attempt {attempt} failed final on {node} at {at(t)}, yet "
+                    f"{node} wrote a retry of it at {at(r.t_queued)}",
+                    index=index, t=t,
+                ))
+                break
+    return out
+
+
+def judge_retry_waits(a: Analysis) -> list[Violation]:
+    """Check 4c (the module's header): a retry waits what the task's policy says."""
+    bound = next(
+        ((e["offset_max_us"], e["drift_max_ppm"], bool(e.get("steps")))
+         for _i, e in a.control_entries if e["kind"] == "control"),
+        None,
+    )
+    if bound is None or bound[2]:
+        return []
+    offset_max, drift_ppm, _ = bound
+    out: list[Violation] = []
+    by_task: dict[str, list[Execute]] = defaultdict(list)
+    for x in a.executes:
+        by_task[x.task].append(x)
+    for task, records in a.task_records.items():
+        for r in records:
+            hours = r.fields.get(RETRY_AFTER_HOURS)
+            n = r.fields.get(RETRY_COUNT)
+            if (not r.accepted or r.tombstone or r.kind is not None or type(n) is not int
+                    or n < 1 or not isinstance(hours, int | float) or hours <= 0):
+                continue
+            cap = r.fields.get(SNERD_BACKOFF_MAX)
+            wait = retry_delay_us(
+                retry_after_hours=hours, failures=n,
+                policy=r.fields.get(SNERD_BACKOFF) or "constant", task_id=task,
+                cap_us=cap * 1_000_000 if type(cap) is int else EXPONENTIAL_CAP_US,
+            )
+            # The node decided the wait when attempt n ended, after it began: its execute is
+            # the earliest the decision can be (the record itself may have been written again
+            # later, after a failed append: `t_queued` is that write's).
+            runs = by_task.get(task, ())
+            began = [x.t for x in runs if x.attempt == n and x.t <= r.t_queued]
+            if not began:
+                continue
+            since = began[-1]
+            slack = 2 * offset_max + drift_ppm * (since + wait) // 1_000_000 + 5_000
+            nxt = next((x for x in runs if x.attempt == n + 1 and x.t >= r.t_queued), None)
+            if nxt is not None and nxt.t < since + wait - slack:
+                out.append(Violation(
+                    kind=RETRIED_EARLY,
+                    message=f"{task} attempt {n + 1} ran {at(nxt.t)}, "
+                    f"{(since + wait - nxt.t) / 1e6:.3f} s before its retry's wait "
+                    f"({wait / 1e6:.3f} s from attempt {n}'s start {at(since)}) had passed",
+                    index=nxt.index, t=nxt.t,
+                ))
     return out

@@ -28,8 +28,8 @@ records, and process pauses. What the design promises, and so all that is judged
     clocks were stepped. A node stopped (SIGSTOP) at some time between s and a may carry out a
     dispatch decided before the pause reached it: its executes are not judged.
 15. **Retry** (`RETRY_NOT_RUN`). A retry answered `"retried": true` (sent at s) put the task
-    back: it has an execute after s by the end of the history, unless a cancel of it was
-    sent after s. `"retried": true` names a retryable state (dead, cancelled).
+    back: it has an execute after s by the end of the history, unless a cancel of it may act
+    after s (sent after s, answered after s or never, or answered pending). `"retried": true` names a retryable state (dead, cancelled).
     A retry of a type's dead letters (`retry_type`, answered `requeued` with `"pending": []`,
     sent at s, answered at a) puts back every task of that type (of any, for the queue)
     whose latest accepted record at s was a durable dead-letter tombstone still in its
@@ -96,6 +96,18 @@ class Command:
     t_answer: int = _NEVER
     #: A purge's `before`, as sent (RFC 3339).
     before: str | None = None
+
+
+def _in_force_after(other: Command, t: int) -> bool:
+    """`other` may still act after `t`: sent after it, answered after it (or never), or
+    answered pending (durable in the inboxes of shards that had not answered, it acts when
+    their next owner reads them: seed 68 of the batch worlds, a cancel sent before a retry
+    whose sender was paused, applied to the retried task)."""
+    return (
+        other.t > t
+        or other.t_answer > t
+        or (other.reply is not None and other.reply.get("pending") is True)
+    )
 
 
 def commands(a: Analysis) -> list[Command]:
@@ -293,7 +305,8 @@ class _Judge:
             return
         if reply.get("found") not in REQUEUEABLE:
             self.flag(RETRY_NOT_RUN, cmd, f"retry of {task} acked but found {reply.get('found')!r}")
-        if any(r.action == "cancel" and r.target == task and r.t > cmd.t for r in self.cmds):
+        if any(r.action == "cancel" and r.target == task and _in_force_after(r, cmd.t)
+               for r in self.cmds):
             return
         if not any(x.task == task and x.t > cmd.t for x in self.a.executes):
             self.flag(

@@ -35,7 +35,8 @@ int µs) and `"kind"`. Kinds not listed here are ignored (a newer recorder may a
   (the process crashed before the reply). Neither obliges the task to finish. Every outcome
   follows an invoke of the same task.
 - `{"kind": "execute", "task", "attempt", "node", "shard", "epoch"}` — a handler was handed an
-  attempt. `{"kind": "handler_done", "task", "attempt", "node", "ok": bool}` — it returned;
+  attempt. `{"kind": "handler_done", "task", "attempt", "node", "ok": bool}` — it returned
+  (a failure its SDK marked final, sent with `"retry": false`, has `"final": true`);
   optional: `result` (any JSON value), what a successful attempt returned, which its `result`
   line carried (absent: it returned nothing).
 - `{"kind": "stored_result", "task", "shard"}` — at the end of a run, a completed task's
@@ -307,6 +308,9 @@ class Analysis:
     succeeded: dict[str, int] = field(default_factory=dict)
     #: Per task: what each of its successful attempts returned (None: nothing), in order.
     returned: dict[str, list[Any]] = field(default_factory=dict)
+    #: Failures an SDK marked final (`handler_done` with `final`): (index, t, task, attempt,
+    #: node), in history order.
+    finals: list[tuple[int, int, str, int, str]] = field(default_factory=list)
     #: The completed tasks' results read back at the end (`stored_result`).
     stored: list[StoredResult] = field(default_factory=list)
     #: Task records (accepted or fenced) by task id, in file order.
@@ -453,6 +457,9 @@ class Analysis:
                 task = _need(e, "task", str, i)
                 self.succeeded.setdefault(task, t)
                 self.returned.setdefault(task, []).append(e.get("result"))
+            elif e.get("final") is True:
+                self.finals.append((i, t, _need(e, "task", str, i), _need(e, "attempt", int, i),
+                                    _need(e, "node", str, i)))
         elif kind == "stored_result":
             self.stored.append(
                 StoredResult(

@@ -24,12 +24,14 @@ __all__ = [
     "DOUBLE_OWNERSHIP",
     "DUPLICATE_PENDING",
     "FALSE_DUPLICATE",
+    "FINAL_RETRIED",
     "INVENTED_TASK",
     "LOST_TASK",
     "PAUSED_RAN",
     "PRIORITY_INVERSION",
     "PURGED_WRONG",
     "RATE_EXCEEDED",
+    "RETRIED_EARLY",
     "RETRY_NOT_RUN",
     "STALE_OWNER_ACTED",
     "TICK_FIRED_TWICE",
@@ -54,6 +56,10 @@ STALE_OWNER_ACTED = "stale_owner_acted"
 ACK_NOT_DURABLE = "ack_not_durable"
 #: More distinct attempts than `1 + max_retries` (check 4).
 ATTEMPTS_EXCEEDED = "attempts_exceeded"
+#: A failure its SDK marked final (`"retry": false`) that its node retried (check 4).
+FINAL_RETRIED = "final_retried"
+#: A task's next attempt started before its retry's wait had passed (check 4c).
+RETRIED_EARLY = "retried_early"
 #: More than `max_per_minute` first executions of a group in one window (check 5).
 RATE_EXCEEDED = "rate_exceeded"
 #: A ready task passed over for a less urgent one while a slot was free (check 6).

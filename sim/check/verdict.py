@@ -10,7 +10,13 @@ into one `Report`. `check` is `judge` of a whole history; each `check_*` is one 
 
 from __future__ import annotations
 
-from sim.check.attempts import judge_attempts, judge_rate_windows, task_runs
+from sim.check.attempts import (
+    judge_attempts,
+    judge_finals,
+    judge_rate_windows,
+    judge_retry_waits,
+    task_runs,
+)
 from sim.check.control import judge_control
 from sim.check.delivery import is_satisfied, judge_at_least_once
 from sim.check.deps import judge_dependencies
@@ -32,10 +38,12 @@ __all__ = [
     "check_dedupe_honesty",
     "check_dependencies",
     "check_fenced_acts",
+    "check_finals",
     "check_ownership",
     "check_priority",
     "check_rate_windows",
     "check_results",
+    "check_retry_waits",
     "check_schedule_runs",
     "judge",
 ]
@@ -69,6 +77,8 @@ def judge(a: Analysis) -> Report:
         *judge_dependencies(a),
         *judge_schedule_runs(a),
         *judge_results(a),
+        *judge_finals(a),
+        *judge_retry_waits(a),
         *control,
         *belief,
     ]
@@ -188,6 +198,18 @@ def check_results(history: History) -> list[Violation]:
     as a value); tasks with no successful attempt recorded are not judged (the rule is in
     `sim.check.results`'s header)."""
     return judge_results(analyse(history))
+def check_finals(history: History) -> list[Violation]:
+    """A failure marked final (`"retry": false`) is not retried by the node it reached (the
+    rule is in `sim.check.attempts`'s header, 4b)."""
+    return judge_finals(analyse(history))
+
+
+def check_retry_waits(history: History) -> list[Violation]:
+    """A task's next attempt does not start before its retry's wait has passed (the rule is
+    in `sim.check.attempts`'s header, 4c)."""
+    return judge_retry_waits(analyse(history))
+
+
 def check_control(history: History) -> list[Violation]:
     """Job control: an acked cancel ends its task for good, an acked pause holds until a
     resume is sent, an acked retry runs again (the rules are stated once, in

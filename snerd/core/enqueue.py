@@ -32,6 +32,8 @@ from snerd.core.schema import (
     RETRY_AFTER_HOURS,
     RETRY_AFTER_TIME,
     RETRY_COUNT,
+    SNERD_BACKOFF,
+    SNERD_BACKOFF_MAX,
     SNERD_UNIQUE_UNTIL,
     TASK_DATA,
     TASK_ID,
@@ -113,4 +115,8 @@ def enqueue_fields(
         fields[WEBHOOK_URL] = cmd.webhook_url
     if cmd.max_execution_seconds is not None:
         fields[MAX_EXECUTION_SECONDS] = cmd.max_execution_seconds
+    if cmd.backoff is not None:
+        fields[SNERD_BACKOFF] = cmd.backoff
+    if cmd.backoff_max_seconds is not None:
+        fields[SNERD_BACKOFF_MAX] = cmd.backoff_max_seconds
     return fields, ready_at

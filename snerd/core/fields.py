@@ -181,6 +181,25 @@ def check_max_execution_seconds(name: str, n: int) -> None:
         raise BadField(f"{name} {n} is more than 100 years")
 
 
+#: The retry policies a task may name (`snerd.core.retry.POLICIES`; spelled here too so that
+#: this module imports no rule it checks; `tests/core/test_retry.py` holds the two equal).
+BACKOFF_POLICIES = ("constant", "exponential")
+
+
+def check_backoff(name: str, policy: str) -> None:
+    if policy not in BACKOFF_POLICIES:
+        raise BadField(
+            f"{name} must be one of {', '.join(BACKOFF_POLICIES)}, got '{show(policy)}'"
+        )
+
+
+def check_backoff_max_seconds(name: str, n: int) -> None:
+    if n < 1:
+        raise BadField(f"{name} must be at least 1, got {n}")
+    if n > MAX_EXECUTION_SECONDS:
+        raise BadField(f"{name} {n} is more than 100 years")
+
+
 def check_urgency(name: str, score: float) -> None:
     if not math.isfinite(score):
         raise BadField(f"{name} must be a finite number, got {score}")

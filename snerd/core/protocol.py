@@ -102,6 +102,7 @@ __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_RESULT_MAX_BYTES",
     "ENQUEUE_OPTIONS",
+    "MAX_BATCH_TASKS",
     "MAX_CRON_CHARS",
     "MAX_EXECUTION_SECONDS",
     "MAX_NAME_BYTES",
@@ -117,6 +118,7 @@ __all__ = [
     "Command",
     "ControlCommand",
     "Enqueue",
+    "EnqueueBatch",
     "GetTask",
     "Pause",
     "PlainEnqueue",
@@ -162,6 +164,8 @@ __all__ = [
 
 #: Longest inbound line accepted, newline excluded.
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+#: The most enqueues one `enqueue_batch` line may carry (the SDK splits a longer list).
+MAX_BATCH_TASKS = 10_000
 #: Largest result a handler may return by default (SNERD_RESULT_MAX_BYTES): 256 KiB of its
 #: compact JSON encoding, well within a line, yet small enough that a history of them stays
 #: a modest log.
@@ -227,11 +231,26 @@ class Enqueue(Event):
     unique_key: str | None = None
     #: How long a twin makes this enqueue a duplicate: `started`, `finished` or seconds.
     unique_until: str | int = "finished"
+    #: snerd extra: the task's retry policy (`constant`, `exponential`); None: the daemon's.
+    backoff: str | None = None
+    #: snerd extra: the cap on an exponential retry delay, in seconds; None: 7 days.
+    backoff_max_seconds: int | None = None
 
     @property
     def dedupes(self) -> bool:
         """The enqueue is checked for duplicates (`auto_dedupe` or a `unique_key`)."""
         return self.auto_dedupe or self.unique_key is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueBatch(Event):
+    """Many enqueues in one line: `{"action":"enqueue_batch","tasks":[...]}`, each item the
+    fields of an `enqueue` (without its `action`), parsed alone. An item that does not parse
+    is its own `ProtocolError` (with its task id when it has one, else its place: `tasks[3]`),
+    refusing only itself; each other item is taken as an `enqueue` line is, and answered as
+    one (`ack`, or `error` naming its id)."""
+
+    items: tuple[Enqueue | ProtocolError, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -245,6 +264,10 @@ class Result(Event):
     attempt: int | None = None
     #: snerd extra: the handler's return value (any JSON value) on a success; None: none.
     result: Any = None
+    #: snerd extra: False on a failure that must not be retried (`"retry": false`: the
+    #: handler raised an error its SDK marks final): the task is dead-lettered now, whatever
+    #: attempts it has left.
+    retry: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,6 +357,7 @@ ControlCommand: TypeAlias = Cancel | Requeue | Pause | Sweep | GetTask
 Command: TypeAlias = (
     Register
     | Enqueue
+    | EnqueueBatch
     | Result
     | Progress
     | StatsRequested
@@ -463,6 +487,10 @@ def parse_document(doc: Any) -> Command:
             return fast_result
     raw_id = doc.get("task_id")
     fields = _Fields(doc, raw_id if isinstance(raw_id, str) else None)
+    if action == "enqueue_batch":
+        # (Before the depth check of the whole line: each item is checked alone, so an item
+        # is held to the depth an enqueue line is, not two levels less.)
+        return _parse_batch(fields)
     if _nests_deeper(doc, MAX_NESTING):
         raise fields.invalid(f"nested deeper than {MAX_NESTING} levels")
     if action is None:
@@ -499,6 +527,42 @@ def parse_document(doc: Any) -> Command:
     if action in ("pause", "resume"):
         return Pause(task_type=_paused_type(fields), paused=action == "pause")
     raise fields.invalid(f"unknown action '{_show(action)}'")
+
+
+def _parse_batch(fields: _Fields) -> EnqueueBatch:
+    """An `enqueue_batch` line: its `tasks`, a list of 1 to `MAX_BATCH_TASKS` objects, each
+    parsed as an `enqueue` line (`EnqueueBatch`)."""
+    tasks = fields.doc.get("tasks")
+    if not isinstance(tasks, list):
+        raise fields.invalid(
+            f"field `tasks` must be a list of enqueues, got {_type_name(tasks)}"
+        )
+    if not tasks:
+        raise fields.invalid("field `tasks` must not be empty")
+    if len(tasks) > MAX_BATCH_TASKS:
+        raise fields.invalid(
+            f"field `tasks` holds {len(tasks)} enqueues, more than {MAX_BATCH_TASKS}"
+        )
+    items: list[Enqueue | ProtocolError] = []
+    for i, task in enumerate(tasks):
+        try:
+            if not isinstance(task, dict):
+                raise ProtocolError(failed_to_enqueue(
+                    f"each of `tasks` must be an object, got {_type_name(task)}"))
+            action = task.get("action", "enqueue")
+            if action != "enqueue":
+                raise ProtocolError(
+                    failed_to_enqueue(f"an item of `tasks` is an enqueue, not '{_show(str(action))}'"),
+                    task_id=task.get("task_id") if isinstance(task.get("task_id"), str) else None,
+                )
+            command = parse_document({**task, "action": "enqueue"})
+            assert isinstance(command, Enqueue)
+            items.append(command)
+        except ProtocolError as exc:
+            if exc.task_id is None:
+                exc = ProtocolError(f"{exc.message} (tasks[{i}])")
+            items.append(exc)
+    return EnqueueBatch(items=tuple(items))
 
 
 def _parse_sweep(fields: _Fields, *, purge: bool) -> Sweep:
@@ -627,6 +691,10 @@ def validate_enqueue(cmd: Enqueue) -> None:
             rule.check_not_empty("unique_key", cmd.unique_key)
             rule.check_size("unique_key", cmd.unique_key, rule.MAX_TASK_ID_BYTES)
         rule.check_unique_until("unique_until", cmd.unique_until, cmd.dedupes)
+        if cmd.backoff is not None:
+            rule.check_backoff("backoff", cmd.backoff)
+        if cmd.backoff_max_seconds is not None:
+            rule.check_backoff_max_seconds("backoff_max_seconds", cmd.backoff_max_seconds)
     except BadField as bad:
         raise ProtocolError(failed_to_enqueue(bad.detail), task_id=cmd.task_id) from None
 
@@ -646,6 +714,8 @@ ENQUEUE_OPTIONS = (
     "trigger_after_ids",
     "unique_key",
     "unique_until",
+    "backoff",
+    "backoff_max_seconds",
 )
 #: `_plain_enqueue` takes only lines where all of them are absent or null.
 _ENQUEUE_OPTIONAL = frozenset(ENQUEUE_OPTIONS)
@@ -777,6 +847,8 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
     pool = f.optional_str("pool")
     trigger_after_ids = f.optional_str_list("trigger_after_ids")
     unique_key = f.optional_str("unique_key")
+    backoff = f.optional_str("backoff")
+    backoff_max_seconds = f.optional_int("backoff_max_seconds")
     unique_until = f.doc.get("unique_until")
     if unique_until is None:
         unique_until = dedupe.FINISHED
@@ -803,6 +875,8 @@ def _parse_enqueue(f: _Fields) -> Enqueue:
         trigger_after_ids=tuple(dict.fromkeys(trigger_after_ids or ())),
         unique_key=unique_key,
         unique_until=unique_until,
+        backoff=backoff or None,
+        backoff_max_seconds=backoff_max_seconds,
     )
     # The plain fields first (empty id, negative retries, ...), then the two that need parsing.
     validate_enqueue(cmd)
@@ -853,8 +927,10 @@ def _parse_result(f: _Fields) -> Result:
         raise f.invalid(f"field `attempt` must be at least 1, got {attempt}")
     # A failure's result is ignored (see the module's header).
     result = f.doc.get("result") if success else None
+    retry = f.optional_bool("retry")
     return Result(
-        task_id=task_id, success=success, error_msg=error_msg, attempt=attempt, result=result
+        task_id=task_id, success=success, error_msg=error_msg, attempt=attempt, result=result,
+        retry=retry is not False,
     )
 
 

@@ -58,6 +58,8 @@ from snerd.core.fields import (
     MAX_NESTING,
     BadField,
     adopt_cron,
+    check_backoff,
+    check_backoff_max_seconds,
     check_max_execution_seconds,
     check_max_per_minute,
     check_max_retries,
@@ -129,6 +131,8 @@ from snerd.core.schema import (
     SCHEDULE_REMOVED,
     SCHEDULE_TASK,
     SCHEDULE_TIMEZONE,
+    SNERD_BACKOFF,
+    SNERD_BACKOFF_MAX,
     SNERD_CRC,
     SNERD_EPOCH,
     SNERD_KIND,
@@ -596,6 +600,18 @@ def _any_json(key: str, value: Any) -> None:
     `MAX_NESTING` as every key's is."""
 
 
+def _backoff(key: str, value: Any) -> None:
+    if type(value) is not str:
+        raise _WrongType(value, "a string")
+    check_backoff(key, value)
+
+
+def _backoff_max(key: str, value: Any) -> None:
+    if type(value) is not int:
+        raise _WrongType(value, "an integer")
+    check_backoff_max_seconds(key, value)
+
+
 def _unique_until(key: str, value: Any) -> None:
     if type(value) is not str and type(value) is not int:
         raise _WrongType(value, "a string or an integer")
@@ -700,6 +716,8 @@ _TASK_VALUES: dict[str, _Check] = {
     SNERD_OUTCOME: _str,
     SNERD_REPLAYED_AT: _time,
     SNERD_UNIQUE_UNTIL: _unique_until,
+    SNERD_BACKOFF: _backoff,
+    SNERD_BACKOFF_MAX: _backoff_max,
 }
 #: What a live task cannot run without.
 _LIVE_REQUIRED = (TASK_TYPE, TASK_DATA)

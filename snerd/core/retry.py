@@ -30,6 +30,7 @@ __all__ = [
     "POLICIES",
     "attempts_allowed",
     "retry_delay_us",
+    "task_backoff",
 ]
 
 #: The policies `retry_delay_us` knows.
@@ -54,6 +55,7 @@ def retry_delay_us(
     policy: str = "constant",
     jitter_seed: int = 0,
     task_id: str = "",
+    cap_us: int = EXPONENTIAL_CAP_US,
 ) -> int:
     """The wait before the next attempt, after `failures` failed attempts.
 
@@ -63,6 +65,8 @@ def retry_delay_us(
         policy: `constant` or `exponential`.
         jitter_seed: seeds the exponential jitter; 0 <= seed < 2**64.
         task_id: mixed into the jitter so tasks failing together spread out.
+        cap_us: where exponential growth stops (7 days unless the task names its own); a
+            cap below `base` is `base`.
 
     Returns:
         Microseconds to wait, rounded to the nearest microsecond; never negative.
@@ -92,7 +96,7 @@ def retry_delay_us(
     if policy != "exponential":
         raise ValueError(f"unknown retry policy {policy!r}; known: {', '.join(POLICIES)}")
 
-    ceiling = max(EXPONENTIAL_CAP_US, base)
+    ceiling = max(cap_us, base)
     grown = min(ceiling, base << min(failures - 1, _MAX_SHIFT))
     span = grown - base
     if span == 0:
@@ -102,6 +106,14 @@ def retry_delay_us(
     )
     # Integer scaling of a uniform 64-bit value onto [0, span]: exact, no float rounding.
     return base + (digest * (span + 1) >> 64)
+
+
+def task_backoff(policy: str | None, cap_seconds: int | None) -> tuple[str | None, int] | None:
+    """A task's own retry policy (None: the daemon's) and exponential cap in µs, as an
+    enqueue or its record names them; None when it names neither."""
+    if policy is None and cap_seconds is None:
+        return None
+    return policy, EXPONENTIAL_CAP_US if cap_seconds is None else cap_seconds * 1_000_000
 
 
 def attempts_allowed(max_retries: int) -> int:

@@ -83,6 +83,8 @@ __all__ = [
     "SCHEDULE_REMOVED",
     "SCHEDULE_TASK",
     "SCHEDULE_TIMEZONE",
+    "SNERD_BACKOFF",
+    "SNERD_BACKOFF_MAX",
     "SNERD_CRC",
     "SNERD_EPOCH",
     "SNERD_KIND",
@@ -133,6 +135,8 @@ SNERD_NODE: Final = "snerdNode"  # the owner id of the node that wrote the recor
 SNERD_EPOCH: Final = "snerdEpoch"  # the shard epoch its writer held (fencing)
 SNERD_SEQ: Final = "snerdSeq"  # the task's enqueue position in its shard (1, 2, ...): FIFO order
 SNERD_VIA: Final = "snerdVia"  # a task copied from an inbox: the node that wrote it there
+SNERD_BACKOFF: Final = "snerdBackoff"  # the task's retry policy, "constant" or "exponential" (absent: the daemon's SNERD_BACKOFF)
+SNERD_BACKOFF_MAX: Final = "snerdBackoffMax"  # the task's cap on an exponential retry delay, whole seconds (absent: 7 days)
 SNERD_UNIQUE_UNTIL: Final = "snerdUniqueUntil"  # with dedupe: "started", or seconds after the twin finished ("finished", the default, is not written)
 SNERD_OUTCOME: Final = "snerdOutcome"  # on a tombstone: "completed" or "dead_letter"
 SNERD_REPLAYED_AT: Final = "snerdReplayedAt"  # RFC 3339: when `dlq replay` (or `retry`) put it back

@@ -3,7 +3,9 @@
 Owns every clock reading the trio shell hands the core: the wall clock (shifted by the test
 offsets, SNERD_TEST_CLOCK_OFFSET and SNERD_TEST_CLOCK_FILE) and the monotonic clock, which is
 trio's own inside a trio run, so the runtime's timer and the node's deadlines use one clock and
-`trio.testing.MockClock` drives both in tests.
+`trio.testing.MockClock` drives both in tests. `DrivenClock` reads the wall clock from trio's
+clock too, for `snerd.testing`: a test that moves a `MockClock` moves the node's wall clock with
+it (delays, backoff, cron, schedules and rate windows are wall-clock deadlines).
 
 It must never: shift the monotonic clock, or read a clock anywhere but here for the node (the
 core takes time only as `Now`).
@@ -19,7 +21,7 @@ import trio
 from snerd.core import events as ev
 from snerd.core.slots import slot_constructor
 
-__all__ = ["Clock"]
+__all__ = ["Clock", "DrivenClock"]
 
 #: `ev.Now(wall, mono)` without the frozen dataclass's `__init__` (the core's generated
 #: constructor: about half the cost of the class call, and the identical object).
@@ -121,3 +123,36 @@ class Clock:
             os.write(2, text.encode("utf-8", "replace"))
         except OSError:
             return
+
+
+class DrivenClock(Clock):
+    """Both readings from trio's clock: the monotonic one as `Clock` reads it, and the wall
+    clock as `start_wall_us` plus the trio time elapsed since its first reading. Under a
+    `trio.testing.MockClock` nothing moves until the test moves it (`MockClock.jump`), and then
+    both move together, as they would on a host whose time passed: `snerd.testing` runs an
+    engine on it, so that hours of delays and backoff pass in no real time.
+
+    Its origin is its first reading, inside the trio run whose clock it follows. The test
+    hooks of `Clock` (the offset, the clock file) do not apply: the test moves this clock.
+    """
+
+    def __init__(self, start_wall_us: int) -> None:
+        # (Not `Clock.__init__`: it would read SNERD_TEST_CLOCK_FILE, which this clock ignores.)
+        self.offset_us = 0
+        self.file = None
+        self.file_offset_us = 0
+        self._origin_mono: int | None = None
+        self._start_wall = start_wall_us
+
+    def now(self) -> ev.Now:
+        mono = round(_trio_time() * 1_000_000)
+        return _new_now(self._wall(mono), mono)
+
+    def wall_us(self) -> int:
+        """The wall clock the node reads now (µs since the epoch; call inside the run)."""
+        return self._wall(round(_trio_time() * 1_000_000))
+
+    def _wall(self, mono: int) -> int:
+        if self._origin_mono is None:
+            self._origin_mono = mono
+        return self._start_wall + mono - self._origin_mono

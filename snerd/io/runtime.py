@@ -122,6 +122,8 @@ class Runtime:
         #: how many records that is.
         self._outbox: dict[str, _Outgoing] = {}
         self._outbox_records = 0
+        #: Jobs handed to the log whose outcome has not come back (`settled`).
+        self._appends_out = 0
         #: `_process` is running (it is not re-entered), and an error it raised outside the
         #: driver (in `pump`), re-raised by the driver.
         self._processing = False
@@ -195,6 +197,22 @@ class Runtime:
             else:
                 # What was handled may have moved the node's next deadline earlier.
                 self._set_deadline(self.node.wake_in(self.clock.now()))
+
+    def settled(self) -> bool:
+        """Whether this runtime waits only for its clock or a new event: none queued or being
+        handled, the driver parked until its next deadline, every append handed to the log
+        back, and no I/O task of its own running (log, membership and inbox reads, queue
+        scans, webhooks: the timer is the only task left). Under a clock that moves only when
+        told (`snerd.testing`), nothing more happens here until it moves or an event comes."""
+        nursery = self._nursery
+        return (
+            self._parked is not None
+            and not self.events
+            and not self._processing
+            and not self._appends_out
+            and nursery is not None
+            and len(nursery.child_tasks) <= 1
+        )
 
     def log_path(self, shard: int) -> str:
         path = self._log_paths.get(shard)
@@ -355,6 +373,7 @@ class Runtime:
         assert self._log is not None
         outbox, self._outbox = self._outbox, {}
         self._outbox_records = 0
+        self._appends_out += len(outbox)
         self._log.submit_many(
             [(path, out.lines, out.done) for path, out in outbox.items()], inline=inline
         )
@@ -853,6 +872,7 @@ class _Outgoing:
 
     def done(self, result: logio.AppendOutcome) -> None:
         runtime = self.runtime
+        runtime._appends_out -= 1
         if isinstance(result, OSError):
             if not self.inbox:
                 recent = runtime._recent

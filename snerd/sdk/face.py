@@ -42,7 +42,12 @@ import anyio
 import anyio.abc
 import sniffio
 
-from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES, ENQUEUE_OPTIONS, unknown_result
+from snerd.core.protocol import (
+    DEFAULT_RESULT_MAX_BYTES,
+    ENQUEUE_OPTIONS,
+    MAX_BATCH_TASKS,
+    unknown_result,
+)
 from snerd.sdk.context import yield_progress
 from snerd.sdk.control import REPLY_ACTIONS, JobControl
 from snerd.sdk.errors import (
@@ -58,12 +63,14 @@ from snerd.sdk.messages import (
     Enqueued,
     ReplyKey,
     Scheduled,
+    batch_message,
     build_enqueue_message,
     build_schedule_message,
     build_unschedule_message,
     describe_error,
     enqueued_from_ack,
     scheduled_from_reply,
+    task_spec_message,
 )
 from snerd.sdk.signals import Signal, Waiter, signal_factory
 from snerd.sdk.workers import AttemptEnded, DeadLetterHandler, Handler, HandlerWorkers, is_async
@@ -554,6 +561,8 @@ class QueueFace(JobControl):
         trigger_after_ids: Iterable[str] | None = None,
         unique_key: str | None = None,
         unique_until: str | int | None = None,
+        backoff: str | None = None,
+        backoff_max_seconds: int | None = None,
     ) -> Enqueued:
         """Store a task and return once the daemon says it is durable.
 
@@ -582,6 +591,10 @@ class QueueFace(JobControl):
             unique_until: how long a twin counts, with `auto_dedupe` or `unique_key`:
                 `"started"` (until it starts running), `"finished"` (the default: until it
                 ends) or a number of seconds after it ended.
+            backoff: this task's retry policy, `"constant"` (every retry waits
+                `retry_after_hours`) or `"exponential"` (doubling from it, with jitter);
+                None: the daemon's `SNERD_BACKOFF`.
+            backoff_max_seconds: where exponential backoff stops growing (default 7 days).
 
         Returns:
             `Enqueued(task_id, shard, deduplicated, duplicate_of)`: `deduplicated` is True
@@ -611,6 +624,8 @@ class QueueFace(JobControl):
             trigger_after_ids,
             unique_key,
             unique_until,
+            backoff,
+            backoff_max_seconds,
         )
         # (Most enqueues set none of them: no dict to build and walk then. By identity: a value
         # such as an array may not compare with None.)
@@ -641,6 +656,62 @@ class QueueFace(JobControl):
             raise waiter.error
         result: Enqueued = waiter.value
         return result
+
+    async def enqueue_many(
+        self, tasks: Iterable[Mapping[str, Any]]
+    ) -> list[Enqueued | SnerdError]:
+        """Store many tasks at once: each a mapping of `enqueue`'s arguments by name
+        (`task_type` required; `task_id` made when absent), sent in `enqueue_batch` lines
+        of at most `MAX_BATCH_TASKS` (the daemon writes each line's tasks in one append
+        per shard, one fsync each). Returns once every task is answered.
+
+        Returns:
+            Each task's outcome, in order: an `Enqueued`, or the error that refused it, not
+            raised (a bad task refuses only itself): an `EnqueueError` with the daemon's text,
+            or `DuplicateTaskId` for an id already waiting here.
+
+        Raises:
+            TypeError: a task with an argument `enqueue` does not have, or no `task_type`
+                (nothing is sent).
+            DaemonExited, QueueNotRunning: no daemon to answer.
+        """
+        outcomes: list[Enqueued | SnerdError | None] = []
+        messages: list[tuple[int, dict[str, Any]]] = []
+        for spec in tasks:
+            try:
+                messages.append((len(outcomes), task_spec_message(spec)))
+                outcomes.append(None)
+            except EnqueueError as exc:
+                outcomes.append(exc)
+        if not self._accepting:
+            raise self._not_running_error()
+        waiting: list[tuple[int, str, Waiter]] = []
+        try:
+            for start in range(0, len(messages), MAX_BATCH_TASKS):
+                line = []
+                for i, message in messages[start : start + MAX_BATCH_TASKS]:
+                    task_id = message["task_id"]
+                    if task_id in self._pending:
+                        outcomes[i] = DuplicateTaskId(
+                            f"[Snerd] An enqueue of task '{task_id}' is already waiting for "
+                            "its ack", task_id=task_id)
+                        continue
+                    waiter = Waiter(self._new_signal())
+                    self._pending[task_id] = waiter
+                    waiting.append((i, task_id, waiter))
+                    line.append(message)
+                if line:
+                    self._post(batch_message(line))
+            for i, _task_id, waiter in waiting:
+                await waiter.event.wait()
+                if waiter.error is not None and not isinstance(waiter.error, EnqueueError):
+                    raise waiter.error  # the daemon is gone: no task's answer is known
+                outcomes[i] = waiter.error if waiter.error is not None else waiter.value
+        finally:
+            for _i, task_id, waiter in waiting:
+                if self._pending.get(task_id) is waiter:
+                    del self._pending[task_id]
+        return [o for o in outcomes if o is not None]
 
     async def schedule(
         self,

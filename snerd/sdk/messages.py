@@ -32,7 +32,8 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from json.encoder import (  # type: ignore[attr-defined]
     JSONEncoder,
@@ -56,6 +57,7 @@ from snerd.core.timefmt import format_rfc3339, parse_rfc3339_or_none
 from snerd.sdk.errors import ControlError, EnqueueError, ScheduleError
 
 __all__ = [
+    "ENQUEUE_ARGS",
     "FINISHED_STATES",
     "SCHEDULE_OPTIONS",
     "Cancelled",
@@ -66,6 +68,7 @@ __all__ = [
     "Scheduled",
     "Swept",
     "TaskDetails",
+    "batch_message",
     "build_enqueue_message",
     "build_schedule_message",
     "build_unschedule_message",
@@ -87,6 +90,7 @@ __all__ = [
     "scheduled_from_reply",
     "sweep_message",
     "swept_from_reply",
+    "task_spec_message",
 ]
 
 
@@ -228,6 +232,43 @@ def build_enqueue_message(
             value = list(value)
         message[key] = value
     return message
+
+
+#: The arguments of `enqueue` by name: what each task of `enqueue_many` may hold.
+ENQUEUE_ARGS = ("task_id", "task_type", "data", "max_retries", "retry_after_hours",
+                *ENQUEUE_OPTIONS)
+_ENQUEUE_ARGS = frozenset(ENQUEUE_ARGS)
+
+
+def task_spec_message(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The `enqueue` message of one task of `enqueue_many`: `spec` holds `enqueue`'s
+    arguments by name (`task_type` required; `task_id` made, uuid4 hex, when absent or None).
+
+    Raises:
+        TypeError: an argument `enqueue` does not have, or no `task_type` (a mistake in the
+            calling code, raised before anything is sent).
+        EnqueueError: as `build_enqueue_message` (this task only).
+    """
+    unknown = sorted(set(spec) - _ENQUEUE_ARGS)
+    if unknown:
+        raise TypeError(f"a task of enqueue_many() has an unexpected argument {unknown[0]!r}")
+    task_type = spec.get("task_type")
+    if task_type is None:
+        raise TypeError("each task of enqueue_many() needs a task_type")
+    task_id = spec.get("task_id")
+    if task_id is None:
+        task_id = uuid.uuid4().hex
+    options = {key: spec[key] for key in ENQUEUE_OPTIONS if spec.get(key) is not None}
+    return build_enqueue_message(
+        task_id, task_type, spec.get("data"), spec.get("max_retries", 3),
+        spec.get("retry_after_hours", 0.0), options,
+    )
+
+
+def batch_message(messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One `enqueue_batch` line of `enqueue` messages (at most `MAX_BATCH_TASKS`)."""
+    return {"action": "enqueue_batch",
+            "tasks": [{k: v for k, v in m.items() if k != "action"} for m in messages]}
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

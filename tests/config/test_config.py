@@ -168,3 +168,14 @@ def test_the_result_retention_defaults_to_seven_days_and_0_keeps_them() -> None:
     for value in ("-1", "forever"):
         with pytest.raises(ConfigError, match="SNERD_RESULT_RETENTION_SECONDS"):
             load_settings({"SNERD_RESULT_RETENTION_SECONDS": value})
+
+
+def test_the_job_control_test_hooks_are_off_by_default_and_follow_their_variables() -> None:
+    """jepsen-lite's negative controls of job control: a daemon that ignores cancels, or
+    pauses, only when its test hook says so."""
+    node = load_settings({}).node
+    assert not node.unsafe_ignore_cancel and not node.unsafe_ignore_pause
+    node = load_settings({"SNERD_TEST_UNSAFE_IGNORE_CANCEL": "1"}).node
+    assert node.unsafe_ignore_cancel and not node.unsafe_ignore_pause
+    node = load_settings({"SNERD_TEST_UNSAFE_IGNORE_PAUSE": "1"}).node
+    assert node.unsafe_ignore_pause and not node.unsafe_ignore_cancel

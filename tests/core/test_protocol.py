@@ -74,6 +74,8 @@ OPTIONAL_FIELDS = (
     "trigger_after_ids",
     "unique_key",
     "unique_until",
+    "backoff",
+    "backoff_max_seconds",
 )
 
 

@@ -170,3 +170,24 @@ def test_attempts_allowed_is_one_plus_max_retries(max_retries: int, attempts: in
 def test_attempts_allowed_refuses_bad_input(bad: object) -> None:
     with pytest.raises(ValueError, match="max_retries"):
         attempts_allowed(bad)  # type: ignore[arg-type]
+
+
+def test_a_tasks_cap_stops_the_growth_and_a_cap_below_the_base_is_the_base() -> None:
+    from snerd.core.fields import BACKOFF_POLICIES
+    from snerd.core.retry import POLICIES, task_backoff
+
+    assert BACKOFF_POLICIES == POLICIES  # (the field rule spells the policies too)
+    base_h = 1 / 3600  # 1 s
+    cap = 10 * 1_000_000
+    delays = [
+        retry_delay_us(retry_after_hours=base_h, failures=n, policy="exponential",
+                       task_id="t", cap_us=cap)
+        for n in range(1, 40)
+    ]
+    assert max(delays) <= cap and min(delays) >= 1_000_000
+    assert max(delays) > 5_000_000  # it grew up to near the cap
+    below = retry_delay_us(retry_after_hours=1.0, failures=9, policy="exponential", cap_us=1)
+    assert below == 3600 * 1_000_000
+    assert task_backoff(None, None) is None
+    assert task_backoff("exponential", None) == ("exponential", EXPONENTIAL_CAP_US)
+    assert task_backoff(None, 5) == (None, 5_000_000)

@@ -152,9 +152,12 @@ FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "trigger_after_ids": ("str_list", False),
         "unique_key": ("str", False),
         "unique_until": ("str_or_int", False),
+        "backoff": ("str", False),
+        "backoff_max_seconds": ("int", False),
     },
     # `success` is read only without `status`, `error_msg` takes any value: no type to break.
-    "result": {"task_id": ("str", True), "status": ("str", True), "attempt": ("int", False)},
+    "result": {"task_id": ("str", True), "status": ("str", True), "attempt": ("int", False),
+               "retry": ("bool", False)},
     "progress": {"task_id": ("str", True)},
     "stats": {},
 }
@@ -224,6 +227,8 @@ def valid_docs(
             "trigger_after_ids": st.lists(ids.filter(lambda i: i != task_id), max_size=4),
             "unique_key": names,
             "unique_until": st.sampled_from(["started", "finished"]) | st.integers(1, 604_800),
+            "backoff": st.sampled_from(["constant", "exponential"]),
+            "backoff_max_seconds": st.integers(1, proto.MAX_EXECUTION_SECONDS),
         }
         for name in draw(st.sets(st.sampled_from(sorted(options)))):
             doc[name] = draw(options[name] | st.none())
@@ -305,6 +310,8 @@ _OUT_OF_RANGE: list[tuple[str, st.SearchStrategy[Any], str]] = [
     ("trigger_after_ids", st.just(["a", ""]), "must not contain an empty id"),
     ("trigger_after_ids", st.just([f"p{i}" for i in range(proto.MAX_PARENTS + 1)]), "limit"),
     ("trigger_after_ids", st.just(["y" * 1025]), "trigger_after_ids holds an id"),
+    ("backoff", st.sampled_from(["linear", "Exponential", "fibonacci"]), "backoff must be one of"),
+    ("backoff_max_seconds", st.integers(-(2**63), 0), "backoff_max_seconds must be at least 1"),
 ]
 
 
@@ -886,3 +893,51 @@ def test_a_daemon_fed_hostile_lines_keeps_answering_and_loses_nothing_acked(
 def _chunks(items: list[bytes], size: int) -> Iterator[list[bytes]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+# --- enqueue_batch ---------------------------------------------------------------------------
+
+
+@st.composite
+def batch_items(draw: st.DrawFn) -> Any:
+    """An item of an `enqueue_batch` line: a valid enqueue (without its action), a valid
+    message of another action, an enqueue with a field missing or of the wrong type, or any
+    JSON value."""
+    kind = draw(st.sampled_from(["valid", "valid", "other", "broken", "value"]))
+    if kind == "value":
+        return draw(json_values)
+    doc = draw(valid_docs(CORE_TYPES, CORE_TYPES))
+    if kind == "other" or doc["action"] != "enqueue":
+        return doc
+    del doc["action"]
+    if kind == "broken":
+        name = draw(st.sampled_from(sorted(FIELDS["enqueue"])))
+        if draw(st.booleans()):
+            doc.pop(name, None)
+        else:
+            doc[name] = draw(wrong_for(FIELDS["enqueue"][name][0]))
+    return doc
+
+
+@given(st.lists(batch_items(), min_size=1, max_size=20))
+def test_each_item_of_a_batch_is_answered_once_and_a_bad_one_refuses_only_itself(
+    items: list[Any],
+) -> None:
+    sh = running_node()
+    before = len(sh.sent)
+    sh.burst([ev.LineReceived(line=orjson.dumps({"action": "enqueue_batch", "tasks": items}))])
+    sh.node.invariants()
+    replies = sh.sent[before:]
+    for message in replies:
+        proto.encode_message(message)
+    answers = [m for m in replies if m["action"] in ("ack", "error")
+               and not str(m.get("message", "")).startswith("Registered")]
+    # One answer per item: the node parsed each alone (a refused item names its id, or its
+    # place in the list when it has none).
+    assert len(answers) == len(items), (items, answers)
+    for i, item in enumerate(items):
+        task_id = item.get("task_id") if isinstance(item, dict) else None
+        if isinstance(task_id, str) and task_id:
+            assert any(a.get("task_id") == task_id for a in answers), (item, answers)
+        else:
+            assert any(f"(tasks[{i}])" in a.get("message", "") for a in answers), (i, answers)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -354,4 +355,44 @@ async def test_an_inbox_write_with_dedupe_notes_the_log_before_it_and_reads_the_
             await peer.wait_for(lambda: bool(acked("fresh")))
         (ack,) = acked("fresh")
         assert ack["action"] == "ack" and "deduplicated" not in ack
+        runtime.submit(ev.DrainRequested(reason="test"))
+
+
+async def test_the_runtime_is_settled_only_once_what_it_started_has_come_back(
+    tmp_path: Path, mock_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `settled()` is what snerd.testing moves its clock on: it must not hold while an event
+    # waits or an append is in the log's thread. The writer thread's fsync is held here (40
+    # records: more than a burst commits in the trio thread), so every trio task is blocked
+    # while the append is out; once it is let go and `settled()` holds, every enqueue's record
+    # has been written and acked, and the clock never moved.
+    gate = threading.Event()
+    real_fsync = os.fsync
+
+    def held(fd: int) -> None:
+        if threading.current_thread().name == "snerd-log-writer":
+            gate.wait(10)
+        real_fsync(fd)
+
+    peer = _Peer()
+    runtime = Runtime(tmp_path, load_settings({"SNERD_LEASE_TTL": "600"}), peer)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(runtime.run)
+        await runtime.ready.wait()
+        while not runtime.settled():  # (the start's own reads and writes)
+            await trio.testing.wait_all_tasks_blocked(0.0002)
+        monkeypatch.setattr(os, "fsync", held)
+        try:
+            runtime.submit(ev.LinesReceived(lines=[_enqueue(f"t{i}") for i in range(40)]))
+            assert not runtime.settled()  # an event queued
+            await trio.testing.wait_all_tasks_blocked(0.01)
+            assert not runtime.settled()  # every task blocked, the append still out
+            assert not any(m["action"] == "ack" for m in peer.out)
+        finally:
+            gate.set()
+        while not runtime.settled():
+            await trio.testing.wait_all_tasks_blocked(0.0002)
+        acked = [m["task_id"] for m in peer.out if m["action"] == "ack"]
+        assert acked == [f"t{i}" for i in range(40)]
+        assert trio.current_time() == 0
         runtime.submit(ev.DrainRequested(reason="test"))

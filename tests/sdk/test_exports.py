@@ -79,6 +79,7 @@ SDK_PUBLIC = {
     ],
     "snerd.sdk.messages": [
         "Cancelled",
+        "ENQUEUE_ARGS",
         "Enqueued",
         "FINISHED_STATES",
         "Paused",
@@ -88,6 +89,7 @@ SDK_PUBLIC = {
         "Scheduled",
         "Swept",
         "TaskDetails",
+        "batch_message",
         "build_enqueue_message",
         "build_schedule_message",
         "build_unschedule_message",
@@ -109,6 +111,7 @@ SDK_PUBLIC = {
         "scheduled_from_reply",
         "sweep_message",
         "swept_from_reply",
+        "task_spec_message",
     ],
     "snerd.sdk.isolation": [
         "AttemptProcessFailed",

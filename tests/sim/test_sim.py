@@ -33,6 +33,9 @@ CONTROLS = {
     "--unsafe-ignore-pause": "ignore-pause",
     "--unsafe-purge-all": "purge-all",
     "--unsafe-retry-skips-oldest": "retry-skips-oldest",
+    "--unsafe-batch-ack-early": "batch-ack-early",
+    "--unsafe-retry-final": "retry-final",
+    "--unsafe-ignore-task-backoff": "ignore-task-backoff",
     "--fs nfsv3": "nfsv3",
 }
 
@@ -164,6 +167,15 @@ def test_every_negative_control_is_caught_within_200_seeds() -> None:
         if flag == "--unsafe-retry-skips-oldest":
             # Caught as a dead letter of the type a retry was acked for, not put back.
             assert "first violation: [retry_not_run]" in text, text[-2000:]
+        if flag == "--unsafe-batch-ack-early":
+            # Caught as a task of a batch acked before any record of it was durable.
+            assert "first violation: [ack_not_durable]" in text, text[-2000:]
+        if flag == "--unsafe-retry-final":
+            # Caught as a retry record written for a failure marked final.
+            assert "first violation: [final_retried]" in text, text[-2000:]
+        if flag == "--unsafe-ignore-task-backoff":
+            # Caught as an attempt started before its task's own backoff had passed.
+            assert "first violation: [retried_early]" in text, text[-2000:]
 
 
 def test_the_safe_twin_of_every_control_passes() -> None:

@@ -41,6 +41,7 @@ from snerd.core.node.model import (
     route_shard,
 )
 from snerd.core.node.outbox import EnqueuePart, EnqueueRun, InboxPart
+from snerd.core.retry import task_backoff
 from snerd.core.schema import (
     EXECUTE_AT,
     MAX_RETRIES,
@@ -208,6 +209,18 @@ class Intake:
                 return
         self._enqueue_here(cmd, shard, info, payload_hash)
 
+    def on_enqueue_batch(self, cmd: proto.EnqueueBatch) -> None:
+        """Each item of a batch in turn, as `on_enqueue` takes one enqueue line: their
+        records join one append per shard (the appends of one call are merged), and each is
+        answered alone once durable; an item that did not parse is refused alone."""
+        for item in cmd.items:
+            if isinstance(item, proto.ProtocolError):
+                self.out.send(proto.error(item.task_id, item.message))
+            else:
+                if self.config.unsafe_batch_ack_early:  # the control: acked before durable
+                    self.out.send(proto.ack_enqueued(item.task_id, 0))
+                self.on_enqueue(item)
+
     def _refuse(self, task_id: str, why: str) -> None:
         self.out.send(proto.error(task_id, proto.failed_to_enqueue(why)))
 
@@ -267,6 +280,8 @@ class Intake:
             None,  # loc
             1,  # attempt
         )
+        if cmd.backoff is not None or cmd.backoff_max_seconds is not None:
+            task.backoff = task_backoff(cmd.backoff, cmd.backoff_max_seconds)
         book.tasks[cmd.task_id] = task
         book.add_fingerprint(task)
         self.node.stats["total_enqueued"] += 1
@@ -498,7 +513,10 @@ class Intake:
                 error = proto.result_too_large(task.task_id, size, limit)
                 self._attempt_ended(task, False, error)
                 return
-        self._attempt_ended(task, cmd.success, cmd.error_msg or "Unknown error", result)
+        self._attempt_ended(
+            task, cmd.success, cmd.error_msg or "Unknown error", result,
+            retry=cmd.retry or self.config.unsafe_retry_final,
+        )
 
     def _plain_success(self, result: proto.PlainResult) -> bool:
         """`on_result` for the commonest result, a success of a running attempt of a task
@@ -513,15 +531,18 @@ class Intake:
         self._attempt_ended(task, True, "")
         return True
 
-    def _attempt_ended(self, task: Task, ok: bool, error: str, result: Any = None) -> None:
+    def _attempt_ended(
+        self, task: Task, ok: bool, error: str, result: Any = None, *, retry: bool = True
+    ) -> None:
         """The outcome of a running attempt, from the SDK or from a webhook; `result`: a
-        success's return value (None: none)."""
+        success's return value (None: none); `retry`: False for a failure the SDK marked
+        final."""
         self.node.stats["total_executed"] += 1
         if ok:
             self.node.book.succeeded(task, result)
         else:
             self.node.stats["total_failed"] += 1
-            self.node.book.failed(task, error)
+            self.node.book.failed(task, error, retry=retry)
 
     def on_payload_unreadable(self, event: ev.PayloadUnreadable) -> None:
         flight = self.node.book.inflight.get(event.task_id)

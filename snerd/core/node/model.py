@@ -225,16 +225,27 @@ class NodeConfig:
     #: for their owners' answers before it is answered `pending` (SNERD_COMMAND_WAIT_MS).
     command_wait_us: int = 5 * SECOND
     #: A cancel of a live task is answered `cancelled: true` and changes nothing: the task
-    #: stays queued (or running) and is dispatched all the same. Only the simulator's
-    #: negative control `--unsafe-ignore-cancel` turns it on.
+    #: stays queued (or running) and is dispatched all the same. Only the negative controls
+    #: turn it on: the simulator's `--unsafe-ignore-cancel`, jepsen-lite's
+    #: (SNERD_TEST_UNSAFE_IGNORE_CANCEL=1).
     unsafe_ignore_cancel: bool = False
-    #: Pause records are written but dispatch does not look at them. Only the simulator's
-    #: negative control `--unsafe-ignore-pause` turns it on.
+    #: Pause records are written but dispatch does not look at them. Only the negative
+    #: controls turn it on: the simulator's `--unsafe-ignore-pause`, jepsen-lite's
+    #: (SNERD_TEST_UNSAFE_IGNORE_PAUSE=1).
     unsafe_ignore_pause: bool = False
     #: A purge forgets every ended task of the shard, succeeded ones and those finished after
     #: its `before` included. Only the simulator's negative control `--unsafe-purge-all`
     #: turns it on.
     unsafe_purge_all: bool = False
+    #: Each task of an `enqueue_batch` line is acked as it is read, before its record is
+    #: durable. Only the simulator's negative control `--unsafe-batch-ack-early` sets it.
+    unsafe_batch_ack_early: bool = False
+    #: A failure marked final (`"retry": false`) is retried as any other. Only the
+    #: simulator's negative control `--unsafe-retry-final` sets it.
+    unsafe_retry_final: bool = False
+    #: Retries wait the daemon's policy, whatever the task's. Only the simulator's negative
+    #: control `--unsafe-ignore-task-backoff` sets it.
+    unsafe_ignore_task_backoff: bool = False
     #: A retry of a type's dead letters leaves the oldest it selects where it is. Only the
     #: simulator's negative control `--unsafe-retry-skips-oldest` turns it on.
     unsafe_retry_skips_oldest: bool = False
@@ -321,6 +332,9 @@ class Task:
     #: Location of the dispatch record of the running attempt.
     dispatch_loc: fx.Location | None = None
     last_error: str | None = None
+    #: The task's own retry policy and exponential cap (µs), from its record; None: the
+    #: daemon's (`NodeConfig.backoff`, 7 days).
+    backoff: tuple[str | None, int] | None = None
 
 
 @dataclass(slots=True)

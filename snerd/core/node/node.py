@@ -349,6 +349,7 @@ class Node:
             ev.InboxProgress: self.inbox.on_inbox_progress,
             proto.Register: self.intake.on_register,
             proto.Enqueue: self.intake.on_enqueue,
+            proto.EnqueueBatch: self.intake.on_enqueue_batch,
             proto.Result: self.intake.on_result,
             proto.Progress: self.intake.on_progress,
             proto.StatsRequested: self.intake.on_stats,

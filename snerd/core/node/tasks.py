@@ -53,7 +53,7 @@ from snerd.core.node.model import (
 from snerd.core.node.outbox import DispatchRun, FinishPart, FinishRun, RearmPart, RetryPart
 from snerd.core.rate_limit import RateWindows
 from snerd.core.ready_queue import DueQueue, ReadyQueue
-from snerd.core.retry import attempts_allowed, retry_delay_us
+from snerd.core.retry import EXPONENTIAL_CAP_US, attempts_allowed, retry_delay_us, task_backoff
 from snerd.core.schema import (
     CRON_EXPRESSION,
     DELETED_AT,
@@ -77,6 +77,8 @@ from snerd.core.schema import (
     RETRY_AFTER_HOURS,
     RETRY_AFTER_TIME,
     RETRY_COUNT,
+    SNERD_BACKOFF,
+    SNERD_BACKOFF_MAX,
     SNERD_EPOCH,
     SNERD_KIND,
     SNERD_NODE,
@@ -385,6 +387,7 @@ class TaskBook:
             loc=loc,
             attempt=retry_count + 1,
             last_error=f.get(LAST_ERROR_OBJ),
+            backoff=task_backoff(f.get(SNERD_BACKOFF), f.get(SNERD_BACKOFF_MAX)),
         )
 
     def twin(self, payload_hash: str, until: UniqueUntil) -> Task | FinishedTwin | None:
@@ -678,17 +681,22 @@ class TaskBook:
         )
         return True
 
-    def failed(self, task: Task, error: str) -> None:
+    def failed(self, task: Task, error: str, *, retry: bool = True) -> None:
+        """A failed attempt: retried after its backoff while attempts are left and `retry`
+        (False: a failure its SDK marked final), else dead-lettered (a cron task re-armed)."""
         now = self.node.now
         self._end_flight(task)
         task.last_error = error
-        if task.attempt < attempts_allowed(task.max_retries):
+        if retry and task.attempt < attempts_allowed(task.max_retries):
+            own = None if self.config.unsafe_ignore_task_backoff else task.backoff
+            policy, cap_us = own or (None, EXPONENTIAL_CAP_US)
             delay = retry_delay_us(
                 retry_after_hours=task.retry_after_hours,
                 failures=task.attempt,
-                policy=self.config.backoff,
+                policy=policy or self.config.backoff,
                 jitter_seed=self.config.jitter_seed,
                 task_id=task.task_id,
+                cap_us=cap_us,
             )
             fields = {
                 RETRY_COUNT: task.attempt,

@@ -431,3 +431,50 @@ def test_acks_leave_in_the_order_of_their_enqueues_across_appends() -> None:
     sh.hold_appends = False
     sh.release_held()
     assert [m["task_id"] for m in sh.sent if m["action"] == "ack"] == ["k0", "k1", "k2"]
+
+
+def _batch(*items: Any) -> bytes:
+    return orjson.dumps({"action": "enqueue_batch", "tasks": list(items)})
+
+
+def _item(task_id: str, **extra: Any) -> dict[str, Any]:
+    return {"task_id": task_id, "task_type": "nobody", "task_data": "{}", "max_retries": 0,
+            "retry_after_hours": 0, **extra}
+
+
+def test_a_batch_is_one_append_and_each_item_is_answered_alone() -> None:
+    # 100 good items, a bad value, a non-object, an id twice: one append with the good
+    # records, an ack each once durable, an error each for the three others at once.
+    sh = started()
+    sh.hold_appends = True
+    good = [_item(f"b{i}") for i in range(100)]
+    effects = sh.burst([ev.LineReceived(line=_batch(
+        *good[:50], _item("bad", max_retries=-1), 7, _item("b0"), *good[50:]))])
+    (append,) = [e for e in effects if isinstance(e, fx.Append)]
+    assert [r.fields["taskId"] for r in append.records] == [f"b{i}" for i in range(100)]
+    errors = sh.messages("error")
+    assert [m.get("task_id") for m in errors] == ["bad", None, "b0"]
+    assert "max_retries must be 0 or more" in errors[0]["message"]
+    assert errors[1]["message"].endswith("(tasks[51])")
+    assert "already pending" in errors[2]["message"]
+    assert not sh.messages("ack")  # nothing acked before its record is durable
+    sh.hold_appends = False
+    sh.release_held()
+    assert [m["task_id"] for m in sh.messages("ack")] == [f"b{i}" for i in range(100)]
+    assert {sh.node.tasks[f"b{i}"].state for i in range(100)} == {TaskState.PARKED}
+
+
+def test_a_batch_line_that_is_not_a_list_of_enqueues_is_refused_whole() -> None:
+    sh = started()
+    for line, why in (
+        (orjson.dumps({"action": "enqueue_batch", "tasks": {}}), "must be a list"),
+        (orjson.dumps({"action": "enqueue_batch"}), "must be a list"),
+        (orjson.dumps({"action": "enqueue_batch", "tasks": []}), "must not be empty"),
+        (_batch(*[_item(f"x{i}") for i in range(proto.MAX_BATCH_TASKS + 1)]), "more than"),
+        (_batch(_item("r", action="result")), "not 'result'"),
+    ):
+        before = len(sh.messages("error"))
+        sh.burst([ev.LineReceived(line=line)])
+        (error,) = sh.messages("error")[before:]
+        assert why in error["message"], (why, error)
+    assert not sh.node.tasks

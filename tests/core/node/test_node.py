@@ -1144,3 +1144,54 @@ def test_registered_types_are_bounded_because_membership_lists_them() -> None:
     ]
     assert "one-too-many" not in sh.node.book.registered
     assert proto.too_many_task_types("x").startswith("[Snerd] Cannot register task type 'x'")
+
+
+def _retry_waits(sh: FakeShell, task_id: str) -> list[float]:
+    """Each retry record's wait (retryAfterTime minus the wall time of the failure), in s."""
+    from snerd.core.timefmt import parse_rfc3339
+
+    waits = []
+    for r in sh.log_records():
+        if r.get("taskId") == task_id and "LastErrorObj" in r and "deletedAt" not in r:
+            waits.append(r["retryAfterTime"])
+    return [parse_rfc3339(w) / SECOND for w in waits]
+
+
+def test_a_task_names_its_own_backoff_and_cap_and_keeps_them_across_a_restart() -> None:
+    # The daemon's policy is constant; this task's is exponential, capped at 4 s, from a 1 s
+    # base: its n-th retry waits in [1, min(2**(n-1), 4)] s (the core's jittered rule).
+    sh = started()
+    sh.register("t")
+    sh.enqueue("a", max_retries=5, retry_after_hours=1 / 3600, backoff="exponential",
+               backoff_max_seconds=4)
+    sh.enqueue("c", max_retries=1, retry_after_hours=1 / 3600)  # the daemon's: constant
+    record = next(r for r in sh.log_records() if r.get("taskId") == "a")
+    assert (record["snerdBackoff"], record["snerdBackoffMax"]) == ("exponential", 4)
+    assert "snerdBackoff" not in next(r for r in sh.log_records() if r.get("taskId") == "c")
+    failed_at = []
+    for attempt in range(1, 4):
+        failed_at.append(sh.now().wall / SECOND)
+        sh.result("a", ok=False, error=f"boom {attempt}")
+        sh.advance(4.1)
+    sh.result("c", ok=False, error="once")
+    waits = [w - f for w, f in zip(_retry_waits(sh, "a"), failed_at, strict=True)]
+    assert 0.99 <= waits[0] <= 1.01  # the first retry waits the base
+    assert all(1 <= w <= min(2 ** n, 4) + 0.01 for n, w in enumerate(waits))
+    assert any(w > 1.01 for w in waits[1:])  # it grew (jitter above the base)
+    # A restart (the process gone, its lease lapsed) reads the policy back from the record.
+    sh.disk["locks"].clear()
+    sh2 = FakeShell(NodeConfig(node_id="n2@pid-2-b", lock_proves_liveness=True), disk=sh.disk)
+    sh2.wall = sh.wall + 40 * SECOND
+    sh2.start()
+    assert sh2.node.tasks["a"].backoff == ("exponential", 4 * SECOND)
+    assert sh2.node.tasks["c"].backoff is None
+
+
+def test_a_bad_backoff_is_refused_naming_the_field() -> None:
+    sh = started()
+    sh.enqueue("a", backoff="linear")
+    sh.enqueue("b", backoff="exponential", backoff_max_seconds=0)
+    errors = {m["task_id"]: m["message"] for m in sh.messages("error")}
+    assert "backoff must be one of constant, exponential, got 'linear'" in errors["a"]
+    assert "backoff_max_seconds must be at least 1, got 0" in errors["b"]
+    assert not sh.node.tasks

@@ -158,3 +158,28 @@ def _enqueue(task_id: str) -> ev.Event:
             }
         )
     )
+
+
+def test_a_failure_marked_final_is_dead_lettered_at_once_and_others_are_retried() -> None:
+    sh = started()
+    for task_id in ("final", "retried", "ok-final"):
+        sh.enqueue(task_id, max_retries=3)
+    sh.line({"action": "result", "task_id": "final", "status": "error",
+             "error_msg": "bad input", "retry": False})
+    sh.line({"action": "result", "task_id": "retried", "status": "error",
+             "error_msg": "flaky", "retry": True})
+    sh.line({"action": "result", "task_id": "ok-final", "status": "success", "retry": False})
+    dead = tombstones(sh)
+    assert dead["final"]["snerdOutcome"] == "dead_letter"
+    assert dead["final"]["retryCount"] == 1  # one attempt, three retries left unused
+    assert "bad input" in str(dead["final"])  # its error kept on the tombstone
+    assert "retried" not in dead and sh.node.tasks["retried"].retry_count == 1
+    assert dead["ok-final"]["snerdOutcome"] == "completed"  # (a success's `retry` is moot)
+
+
+def test_a_results_retry_must_be_a_boolean() -> None:
+    sh = started()
+    sh.enqueue("a")
+    sh.line({"action": "result", "task_id": "a", "status": "error", "retry": "no"})
+    (error,) = sh.messages("error")
+    assert error["task_id"] == "a" and "field `retry` must be" in error["message"]
