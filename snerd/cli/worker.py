@@ -83,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--concurrency",
         type=positive_int("--concurrency"),
+        metavar="N",
         help="attempts run at once (SNERD_MAX_WORKERS; default: the queue's, else 100)",
     )
     parser.add_argument(

@@ -105,7 +105,21 @@ def preload(modules: Iterable[str]) -> None:
         # `__main__` too, multiprocessing's own default (CPython 3.11's forkserver does not
         # act on it for a script: a script is imported again in each child).
         multiprocessing.set_forkserver_preload(["__main__", __name__, *sorted(_preloaded)])
-    multiprocessing.forkserver.ensure_running()
+    # The server is in this process's group, and a signal to the group (a supervisor's
+    # SIGTERM) would kill it, SIGTERM's default: then the children's exit codes could no
+    # longer be read, nor new attempts forked, during the warm shutdown that signal starts.
+    # An ignored signal stays ignored across exec(2), so the server starts with SIGTERM
+    # ignored (SIGINT it ignores itself); each child restores it (`_child_main`). Only the
+    # main thread may change a handler: started from another, the server keeps the default.
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:
+        previous = None
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     _server_started = True
 
 
@@ -128,6 +142,7 @@ def _child_main(
     `("error", text)` (and `("progress", data)` for each `yield_progress`), and exit."""
     os.setpgrp()  # out of reach of the terminal's signals: the worker decides
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     threading.Thread(target=_die_with_parent, args=(conn,), daemon=True).start()
     lock = threading.Lock()
 

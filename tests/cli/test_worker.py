@@ -10,12 +10,14 @@ be cut short (a drain, a kill), and a marker file makes the re-run quick.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -61,6 +63,19 @@ ENV = {
         [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]
     ),
 }
+
+
+#: The process groups of the workers started (each leads its own); those of a test that failed
+#: midway are killed at its end (`kill_leftover_workers`).
+STARTED: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_workers() -> Iterator[None]:
+    yield
+    while STARTED:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(STARTED.pop(), signal.SIGKILL)  # its daemon then reads the end of stdin
 
 
 class Worker:
@@ -119,6 +134,7 @@ async def start_worker(
         stderr=subprocess.PIPE,
         start_new_session=True,  # a process group of its own, as a shell job has
     )
+    STARTED.append(process.pid)
     worker = Worker(process)
     tg.start_soon(worker.read_stderr)
     return worker
@@ -207,7 +223,7 @@ async def test_a_job_longer_than_the_drain_is_handed_back_and_runs_again_later(
         await worker.line("ready")
         enqueue(app, "long", 30)
         started = await worker.line(r"started long attempt 1 pid (\d+)")
-        worker.process.send_signal(signal.SIGTERM)
+        os.killpg(worker.process.pid, signal.SIGTERM)  # the forkserver gets it too
         assert await worker.exit_code() == 0
         await gone(int(started.group(1)))  # its process was killed, not left to finish
         assert "outcome=handed_back" in "\n".join(worker.lines)
