@@ -67,15 +67,17 @@ ENV = {
 
 #: The process groups of the workers started (each leads its own); those of a test that failed
 #: midway are killed at its end (`kill_leftover_workers`).
-STARTED: list[int] = []
+STARTED: list[anyio.abc.Process] = []
 
 
 @pytest.fixture(autouse=True)
 def kill_leftover_workers() -> Iterator[None]:
     yield
     while STARTED:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(STARTED.pop(), signal.SIGKILL)  # its daemon then reads the end of stdin
+        process = STARTED.pop()
+        if process.returncode is None:  # not reaped: its pid, and so its group, is still its
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its daemon reads the end of stdin
 
 
 class Worker:
@@ -134,7 +136,7 @@ async def start_worker(
         stderr=subprocess.PIPE,
         start_new_session=True,  # a process group of its own, as a shell job has
     )
-    STARTED.append(process.pid)
+    STARTED.append(process)
     worker = Worker(process)
     tg.start_soon(worker.read_stderr)
     return worker
