@@ -49,9 +49,10 @@ from snerd.config import ConfigError, parse_pools
 from snerd.engine import Engine
 from snerd.sdk.errors import SnerdError
 from snerd.sdk.isolation import forkable, preload
+from snerd.sdk.messages import describe_error
 from snerd.sdk.workers import AttemptEnded, is_async
 
-__all__ = ["EXIT_STOPPED", "TargetError", "main"]
+__all__ = ["EXIT_STOPPED", "EXIT_USAGE", "TargetError", "main"]
 
 logger = logging.getLogger("snerd.worker")
 
@@ -62,7 +63,7 @@ signals:
   a second one      stop now: the daemon and the attempts' processes are killed; exit 1
 
 exit codes: 0 after a warm shutdown; 1 when the daemon died or after a second signal;
-2 for a bad argument, module or attribute.
+2 for a bad argument, module or attribute, or a queue that cannot start.
 
 example:
   snerdmq worker app.tasks:queue --concurrency 8 --pool video=2 --types resize,thumbnail
@@ -70,6 +71,8 @@ example:
 
 #: Exit code of a worker whose daemon died, or that was stopped by a second signal.
 EXIT_STOPPED = 1
+#: Exit code of a bad argument, target, or a queue that cannot start on its directory.
+EXIT_USAGE = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,7 +136,7 @@ def _run_checked(args: argparse.Namespace) -> int:
         return _run(args)
     except TargetError as exc:
         print(f"snerdmq worker: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -329,7 +332,11 @@ async def _serve(face: SnerdQueue | Engine) -> int:
     asked = stopped_now = False
     # Signals are caught from before the start: a SIGTERM during it is a warm shutdown too.
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        await face.start()
+        try:
+            await face.start()
+        except Exception as exc:  # a directory that cannot hold a queue, no daemon binary
+            logger.error("the queue did not start: %s", describe_error(exc))
+            return EXIT_USAGE
         async with anyio.create_task_group() as tg:
             tg.start_soon(_say_ready, face)
 
