@@ -9,7 +9,9 @@ with`), the handler registry (handlers, dead-letter handlers, progress callbacks
 message from the daemon (`ack` / `scheduled` / `error` / `stats` / `cancelled` / `retried` /
 `paused` / `purged` / `requeued` / `task` replies matched to their calls, `execute` handed
 to the workers and `cancel` of a running attempt too, dead letters, progress handed to the
-observers in order), the embedded dashboard, and the `SNERD_*` variables the faces' constructor arguments
+observers in order), the attempt observers (`on_attempt`) and the settings `snerdmq worker`
+applies before the start (`keep_only`, `set_concurrency`, a handler's `isolation`), the
+embedded dashboard, and the `SNERD_*` variables the faces' constructor arguments
 stand for.
 
 Both faces speak the wire protocol (docs/protocol.md, "SDK → daemon" and "Daemon → SDK") as
