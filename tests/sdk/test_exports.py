@@ -113,6 +113,7 @@ SDK_PUBLIC = {
         "swept_from_reply",
         "task_spec_message",
     ],
+    "snerd.sdk.producer": ["PREFIX", "Producer", "SEGMENT_BYTES", "producer"],
     "snerd.sdk.signals": ["Signal", "Waiter", "signal_factory"],
     "snerd.sdk.workers": ["DeadLetterHandler", "Handler", "HandlerWorkers"],
 }
