@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from snerd.config import ConfigError
     from snerd.engine import Engine
     from snerd.io.datadir import DataDirectoryError
-    from snerd.producers import Producer, producer
     from snerd.sdk.context import TaskInfo, current_task, yield_progress
     from snerd.sdk.errors import (
         ControlError,
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
         Swept,
         TaskDetails,
     )
+    from snerd.sdk.producer import Producer, producer
 
 __all__ = [
     "Cancelled",
@@ -69,8 +69,8 @@ _LAZY = {
     "Engine": "snerd.engine",
     "ConfigError": "snerd.config",
     "DataDirectoryError": "snerd.io.datadir",
-    "Producer": "snerd.producers",
-    "producer": "snerd.producers",
+    "Producer": "snerd.sdk.producer",
+    "producer": "snerd.sdk.producer",
     "Cancelled": "snerd.sdk.messages",
     "ControlError": "snerd.sdk.errors",
     "DaemonExited": "snerd.sdk.errors",

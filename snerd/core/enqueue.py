@@ -2,7 +2,7 @@
 
 Three writers turn an enqueue into a task record: the daemon taking it into a shard it owns
 (`snerd.core.node.intake`), the daemon writing it into its inbox for a shard another daemon
-owns, and a producer without a daemon (`snerd.producers`) writing it into an inbox of its own.
+owns, and a producer without a daemon (`snerd.sdk.producer`) writing it into an inbox of its own.
 They build the record here (`enqueue_fields`), pick its shard by the same key
 (`routing_key`, then `snerd.core.node.model.route_shard`) and its dedupe fingerprint the same
 way (`fingerprint`), so a task enqueued through any of them is the same record in the same

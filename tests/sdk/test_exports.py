@@ -121,6 +121,7 @@ SDK_PUBLIC = {
         "preload",
         "run_in_process",
     ],
+    "snerd.sdk.producer": ["PREFIX", "Producer", "SEGMENT_BYTES", "producer"],
     "snerd.sdk.signals": ["Signal", "Waiter", "signal_factory"],
     "snerd.sdk.workers": [
         "AttemptEnded",

@@ -22,8 +22,8 @@ import pytest
 from snerd import EnqueueError, Producer, SnerdQueue, current_task, producer
 from snerd.core.node.model import route_shard
 from snerd.io.inbox import inbox_files, inbox_progress
-from snerd.producers import PREFIX
 from snerd.queuedir import UsageError
+from snerd.sdk.producer import PREFIX
 
 SHARDS = 2
 THREADS = 8

@@ -77,7 +77,7 @@ from snerd.queuedir import Queue, QueueError, UsageError, open_queue, probe_lock
 from snerd.sdk.errors import EnqueueError
 from snerd.sdk.messages import Enqueued, build_enqueue_message, task_spec_message
 
-__all__ = ["Producer", "producer"]
+__all__ = ["PREFIX", "SEGMENT_BYTES", "Producer", "producer"]
 
 #: The prefix of a producer's writer id (and of its inbox files' names).
 PREFIX = "producer-"
