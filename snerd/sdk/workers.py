@@ -403,9 +403,11 @@ class HandlerWorkers:
         task_id = running.task_id
         prior = self._children.get(task_id)
         if prior is not None:
-            if (task_id, prior.attempt) in self._running:
-                self._stopped[(task_id, prior.attempt)] = "timed out"
-            self.stop(task_id, prior.attempt)
+            # (The same attempt number twice, or none said: not this one's to stop; it waits.)
+            if prior.attempt != running.attempt:
+                if (task_id, prior.attempt) in self._running:
+                    self._stopped[(task_id, prior.attempt)] = "timed out"
+                self.stop(task_id, prior.attempt)
             await prior.reaped.wait()
         child = ChildAttempt(running.attempt)
         self._children[task_id] = child
