@@ -909,10 +909,15 @@ class QueueFace(JobControl):
                 return
         if self._control_waiters and self._control_refused(task_id, text):
             return
-        if isinstance(task_id, str) and not text.startswith(_UNKNOWN_RESULT):
-            waiter = self._pending.pop(task_id, None)
-            if waiter is not None:
-                waiter.fail(EnqueueError(text, task_id=task_id))
+        if isinstance(task_id, str):
+            if not text.startswith(_UNKNOWN_RESULT):
+                waiter = self._pending.pop(task_id, None)
+                if waiter is not None:
+                    waiter.fail(EnqueueError(text, task_id=task_id))
+                    return
+            elif self._workers.timed_out_here(task_id):
+                # The result of an attempt this SDK ended at its deadline: the daemon's
+                # deadline (counted from its `execute`) passed first and ended it already.
                 return
         self._log(f"Error from daemon: {text}")
 

@@ -52,6 +52,9 @@ from snerd.sdk.signals import Signal
 
 __all__ = ["AttemptEnded", "DeadLetterHandler", "Handler", "HandlerWorkers", "is_async"]
 
+#: Timed-out task ids remembered for `timed_out_here` (a refusal comes within moments).
+_TIMED_OUT_KEPT = 1024
+
 #: A task handler: gets the parsed task data. Async functions run on the event loop; plain
 #: functions run in a worker thread. Returning normally is success (what it returns, unless
 #: None, is the task's stored result: JSON, within SNERD_RESULT_MAX_BYTES, or the attempt
@@ -214,6 +217,9 @@ class HandlerWorkers:
         self.default_isolation: str | None = None
         #: The child process of the process-isolated attempt of each task id, while it lives.
         self._children: dict[str, ChildAttempt] = {}
+        #: Task ids whose attempt this process ended at its deadline, with a result sent
+        #: that the daemon may refuse as late (`timed_out_here`); the latest few only.
+        self._timed_out: dict[str, None] = {}
         #: Called with an `AttemptEnded` after every attempt (`QueueFace.on_attempt`).
         self._observers: list[Callable[[AttemptEnded], object]] = []
 
@@ -306,6 +312,24 @@ class HandlerWorkers:
             if wake is not None and wake in idle:
                 idle.remove(wake)
 
+    def _note_timed_out(self, task_id: str) -> None:
+        """Remember that this attempt's result is a timeout the daemon may have decided
+        first (a bounded memory: the oldest are forgotten)."""
+        timed = self._timed_out
+        timed.pop(task_id, None)
+        timed[task_id] = None
+        if len(timed) > _TIMED_OUT_KEPT:
+            del timed[next(iter(timed))]
+
+    def timed_out_here(self, task_id: str) -> bool:
+        """Whether the daemon's refusal of a `result` of `task_id` as unknown is the late
+        timeout result of an attempt this process ended at its deadline (then it is
+        expected, and forgotten now)."""
+        if task_id not in self._timed_out:
+            return False
+        del self._timed_out[task_id]
+        return True
+
     def stop(self, task_id: str, attempt: int | None) -> None:
         """The daemon ended this attempt (a cancel): drop it if it has not started, or
         cancel the scope of the worker running it (see the module's header)."""
@@ -371,6 +395,7 @@ class HandlerWorkers:
                     if scope.cancelled_caught:
                         error = timed_out(int(limit))
                         outcome = "timed out"
+                        self._note_timed_out(task_id)
             except AttemptProcessFailed as exc:
                 error = exc.text
             except Exception as exc:
