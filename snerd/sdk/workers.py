@@ -39,6 +39,7 @@ import anyio.to_thread
 
 from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES, timed_out
 from snerd.sdk.context import CURRENT_ATTEMPT, RunningAttempt
+from snerd.sdk.errors import FinalError
 from snerd.sdk.messages import describe_error, parse_task_data, result_message, result_value
 from snerd.sdk.signals import Signal
 
@@ -281,6 +282,7 @@ class HandlerWorkers:
         limit = message.get("max_execution_seconds")
         limit = limit if type(limit) is int or type(limit) is float else None
         error: str | None = None
+        final = False
         value: Any = None
         handler = self._handlers.get(task_type)
         if handler is None:
@@ -305,13 +307,15 @@ class HandlerWorkers:
                         value = await self._call(handler, data)
                     if scope.cancelled_caught:
                         error = timed_out(int(limit))
+            except FinalError as exc:
+                error, final = str(exc) or "FinalError", True
             except Exception as exc:
                 error = describe_error(exc)
             finally:
                 CURRENT_ATTEMPT.reset(token)
             if error is None:
                 value, error = result_value(task_id, value, self._result_max_bytes)
-        self._post(result_message(task_id, error, attempt, value))
+        self._post(result_message(task_id, error, attempt, value, retry=not final))
 
     # ------------------------------------------------------------------ dead letters
 

@@ -32,6 +32,7 @@ SNERD_PUBLIC = [
     "Engine",
     "EnqueueError",
     "Enqueued",
+    "FinalError",
     "Paused",
     "Producer",
     "QueueNotRunning",
@@ -43,6 +44,7 @@ SNERD_PUBLIC = [
     "Swept",
     "TaskDetails",
     "TaskFailed",
+    "TaskFunction",
     "TaskInfo",
     "current_task",
     "producer",
@@ -64,6 +66,7 @@ SDK_PUBLIC = {
         "DaemonExited",
         "DuplicateTaskId",
         "EnqueueError",
+        "FinalError",
         "QueueNotRunning",
         "ScheduleError",
         "SnerdError",
@@ -115,6 +118,7 @@ SDK_PUBLIC = {
     ],
     "snerd.sdk.producer": ["PREFIX", "Producer", "SEGMENT_BYTES", "producer"],
     "snerd.sdk.signals": ["Signal", "Waiter", "signal_factory"],
+    "snerd.sdk.tasks": ["TaskFunction", "task_options"],
     "snerd.sdk.workers": ["DeadLetterHandler", "Handler", "HandlerWorkers"],
 }
 
