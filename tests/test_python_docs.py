@@ -1,0 +1,32 @@
+"""docs/python.md runs as written: each `python` block, as its own process, prints the lines of
+the `text` block after it, in order (the tour's machinery, tests/test_tour.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.test_tour import Block, blocks, missing, run_block
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "python.md"
+BLOCKS = blocks(PAGE.read_text())
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
+def test_an_example_of_the_python_page_runs_as_written(block: Block) -> None:
+    output = run_block(block)
+    assert block.expected is not None
+    gone = missing(block.expected, output)
+    assert gone is None, f"{block.name}: no output line matches {gone!r}:\n{output[-3000:]}"
+
+
+def test_the_page_shows_each_part_and_its_links_resolve() -> None:
+    assert [b.lang for b in BLOCKS] == ["python"] * 4
+    assert all(b.expected for b in BLOCKS)
+    text = PAGE.read_text()
+    for needed in ("@queue.task(", "never_retry=", "snerd.producer(", "enqueue_many("):
+        assert needed in text, needed
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links and all((PAGE.parent / link).exists() for link in links), links
