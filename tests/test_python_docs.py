@@ -3,12 +3,11 @@ the `text` block after it, in order (the tour's machinery, tests/test_tour.py)."
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.test_tour import Block, blocks, missing, run_block
+from tests.test_tour import Block, blocks, check_block, check_links
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "python.md"
 BLOCKS = blocks(PAGE.read_text())
@@ -16,10 +15,7 @@ BLOCKS = blocks(PAGE.read_text())
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_an_example_of_the_python_page_runs_as_written(block: Block) -> None:
-    output = run_block(block)
-    assert block.expected is not None
-    gone = missing(block.expected, output)
-    assert gone is None, f"{block.name}: no output line matches {gone!r}:\n{output[-3000:]}"
+    check_block(block)
 
 
 def test_the_page_shows_each_part_and_its_links_resolve() -> None:
@@ -28,5 +24,4 @@ def test_the_page_shows_each_part_and_its_links_resolve() -> None:
     text = PAGE.read_text()
     for needed in ("@queue.task(", "never_retry=", "snerd.producer(", "enqueue_many("):
         assert needed in text, needed
-    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
-    assert links and all((PAGE.parent / link).exists() for link in links), links
+    check_links(PAGE)
