@@ -213,19 +213,24 @@ def _check_errors(chunk: bytes) -> None:
         raise DaemonError(f"daemon refused a message: {bad.decode()}")
 
 
+def _warm_up(daemon: Daemon) -> None:
+    """64 enqueues, all acked: the first append has opened and created the file and fsynced
+    the directory."""
+    for i in range(64):
+        daemon.send(enqueue_line(f"w{i}", "parked"))
+    acked = 0
+    while acked < 64:
+        chunk = daemon.read_chunk(10.0)
+        _check_errors(chunk)
+        acked += chunk.count(_ACK)
+
+
 def snerd_enqueue_pipelined(
     scratch: Scratch, count: int, seconds: float, window: int = 1024
 ) -> list[Measurement]:
     lines = [enqueue_line(f"p{i}", "parked") for i in range(count)]
     with scratch.directory("snerd-pipelined") as d, Daemon(d) as daemon:
-        # Warm-up (first append opens and creates the file, fsyncs the directory).
-        for i in range(64):
-            daemon.send(enqueue_line(f"w{i}", "parked"))
-        acked = 0
-        while acked < 64:
-            chunk = daemon.read_chunk(10.0)
-            _check_errors(chunk)
-            acked += chunk.count(_ACK)
+        _warm_up(daemon)
         acked, elapsed, cpu = pipelined(daemon, lines, Budget(count, seconds), window)
     return [Rate("snerd_enqueue_pipelined", acked, elapsed, f"window {window}", cpu)]
 
@@ -268,13 +273,7 @@ def snerd_enqueue_batch(
         lines.append(orjson.dumps({"action": "enqueue_batch", "tasks": items},
                                   option=orjson.OPT_APPEND_NEWLINE))
     with scratch.directory("snerd-batch") as d, Daemon(d) as daemon:
-        for i in range(64):  # warm-up, as `snerd_enqueue_pipelined`
-            daemon.send(enqueue_line(f"w{i}", "parked"))
-        acked = 0
-        while acked < 64:
-            chunk = daemon.read_chunk(10.0)
-            _check_errors(chunk)
-            acked += chunk.count(_ACK)
+        _warm_up(daemon)
         sent = acked = 0
         budget = Budget(len(lines), seconds)
         cpu0 = daemon.cpu_seconds()

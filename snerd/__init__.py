@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         DaemonExited,
         DuplicateTaskId,
         EnqueueError,
+        FinalError,
         QueueNotRunning,
         ScheduleError,
         SnerdError,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         TaskDetails,
     )
     from snerd.sdk.producer import Producer, producer
+    from snerd.sdk.tasks import TaskFunction
 
 __all__ = [
     "Cancelled",
@@ -46,6 +48,7 @@ __all__ = [
     "Engine",
     "EnqueueError",
     "Enqueued",
+    "FinalError",
     "Paused",
     "Producer",
     "QueueNotRunning",
@@ -57,6 +60,7 @@ __all__ = [
     "Swept",
     "TaskDetails",
     "TaskFailed",
+    "TaskFunction",
     "TaskInfo",
     "current_task",
     "producer",
@@ -76,6 +80,8 @@ _LAZY = {
     "DaemonExited": "snerd.sdk.errors",
     "DuplicateTaskId": "snerd.sdk.errors",
     "EnqueueError": "snerd.sdk.errors",
+    "FinalError": "snerd.sdk.errors",
+    "TaskFunction": "snerd.sdk.tasks",
     "Enqueued": "snerd.sdk.messages",
     "QueueNotRunning": "snerd.sdk.errors",
     "ScheduleError": "snerd.sdk.errors",

@@ -493,6 +493,7 @@ class Engine(QueueFace):
                 error_msg=message.get("error_msg"),
                 attempt=message.get("attempt"),
                 result=message.get("result"),
+                retry=message.get("retry") is not False,
             )
         elif action == "progress":
             event = proto.Progress(task_id=message["task_id"], data=message.get("data"))

@@ -83,6 +83,21 @@ def commands(block: Block) -> list[tuple[str, int]]:
     return out
 
 
+def check_block(block: Block) -> None:
+    """`block` runs, and prints the lines of the `text` block after it, in order (a page's
+    test: tests/test_workflows.py, tests/test_python_docs.py)."""
+    output = run_block(block)
+    assert block.expected is not None
+    gone = missing(block.expected, output)
+    assert gone is None, f"{block.name}: no output line matches {gone!r}:\n{output[-3000:]}"
+
+
+def check_links(page: Path) -> None:
+    """Every relative link of `page` names a file beside it."""
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text())
+    assert links and all((page.parent / link).exists() for link in links), links
+
+
 def run_block(block: Block) -> str:
     """Run `block` as the tour says; returns its output (stdout and stderr)."""
     if block.lang == "python":

@@ -4,12 +4,11 @@ of the `text` block after it, in order (`...` matching any text). The machinery 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 
-from tests.test_tour import Block, blocks, missing, run_block
+from tests.test_tour import Block, blocks, check_block, check_links
 
 WORKFLOWS = Path(__file__).resolve().parent.parent / "docs" / "workflows.md"
 BLOCKS = blocks(WORKFLOWS.read_text())
@@ -17,10 +16,7 @@ BLOCKS = blocks(WORKFLOWS.read_text())
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_an_example_of_the_workflows_page_runs_as_written(block: Block) -> None:
-    output = run_block(block)
-    assert block.expected is not None
-    gone = missing(block.expected, output)
-    assert gone is None, f"{block.name}: no output line matches {gone!r}:\n{output[-3000:]}"
+    check_block(block)
 
 
 def test_the_page_has_an_example_of_each_workflow_and_its_links_resolve() -> None:
@@ -29,5 +25,4 @@ def test_the_page_has_an_example_of_each_workflow_and_its_links_resolve() -> Non
     text = WORKFLOWS.read_text()
     for needed in ("trigger_after_ids=parts", "q.schedule(", "unique_key=", "max_retry_handler"):
         assert needed in text, needed
-    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
-    assert links and all((WORKFLOWS.parent / link).exists() for link in links), links
+    check_links(WORKFLOWS)

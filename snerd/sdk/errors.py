@@ -16,6 +16,7 @@ __all__ = [
     "DaemonExited",
     "DuplicateTaskId",
     "EnqueueError",
+    "FinalError",
     "QueueNotRunning",
     "ScheduleError",
     "SnerdError",
@@ -43,6 +44,12 @@ class SnerdError(RuntimeError):
 class EnqueueError(SnerdError):
     """The daemon refused an enqueue (bad input, shutting down, disk full...); `message` is the
     daemon's `error` text, e.g. `Failed to enqueue: max_retries must be 0 or more, got -1`."""
+
+
+class FinalError(SnerdError):
+    """Raise it in a handler to fail the attempt for good: no retry, whatever attempts are
+    left; the task goes to the dead letter queue with this error (the `result` says
+    `"retry": false`). A task function's `never_retry` exceptions become one."""
 
 
 class DaemonExited(SnerdError):

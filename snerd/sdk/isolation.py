@@ -50,6 +50,7 @@ import anyio
 import anyio.to_thread
 
 from snerd.sdk.context import CURRENT_ATTEMPT, RunningAttempt
+from snerd.sdk.errors import FinalError
 
 __all__ = [
     "ISOLATIONS",
@@ -74,11 +75,13 @@ _server_started = False
 
 class AttemptProcessFailed(Exception):
     """The attempt failed in its child: `text` is the attempt's error text, as the child
-    described its exception (or how the child died)."""
+    described its exception (or how the child died); `final` when it was a `FinalError` (no
+    retry)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, *, final: bool = False) -> None:
         super().__init__(text)
         self.text = text
+        self.final = final
 
 
 def forkable(fn: Callable[..., Any]) -> bool:
@@ -156,7 +159,9 @@ def _child_main(
     )
     try:
         answer: tuple[str, Any] = ("ok", fn(data))
-    except BaseException as exc:
+    except FinalError as exc:  # a failure for good, as in a thread (`snerd.sdk.workers`)
+        answer = ("final", str(exc) or "FinalError")
+    except BaseException as exc:  # every way out of the handler is its error
         answer = ("error", _describe(exc))
     with lock:
         try:
@@ -251,7 +256,7 @@ async def run_in_process(
             answered = True
             if kind == "ok":
                 return payload
-            raise AttemptProcessFailed(str(payload))
+            raise AttemptProcessFailed(str(payload), final=kind == "final")
         await _reap(process)
         raise AttemptProcessFailed(_death(process.exitcode))
     finally:

@@ -338,11 +338,12 @@ def build_unschedule_message(name: str) -> dict[str, Any]:
 
 
 def result_message(
-    task_id: str, error: str | None, attempt: int | None, value: Any = None
+    task_id: str, error: str | None, attempt: int | None, value: Any = None, *,
+    retry: bool = True,
 ) -> dict[str, Any]:
     """The `result` of one attempt: success when `error` is None, with the handler's return
     `value` unless it is None (`result_value` made it JSON); `attempt` echoed when the
-    `execute` carried one."""
+    `execute` carried one; a failure with `retry` False is final (`"retry": false`)."""
     result: dict[str, Any] = {
         "action": "result",
         "task_id": task_id,
@@ -350,6 +351,8 @@ def result_message(
     }
     if error is not None:
         result["error_msg"] = error
+        if not retry:
+            result["retry"] = False
     elif value is not None:
         result["result"] = value
     if attempt is not None:

@@ -46,6 +46,7 @@ import anyio.to_thread
 
 from snerd.core.protocol import DEFAULT_RESULT_MAX_BYTES, timed_out
 from snerd.sdk.context import CURRENT_ATTEMPT, RunningAttempt
+from snerd.sdk.errors import FinalError
 from snerd.sdk.isolation import AttemptProcessFailed, ChildAttempt, run_in_process
 from snerd.sdk.messages import describe_error, parse_task_data, result_message, result_value
 from snerd.sdk.signals import Signal
@@ -357,6 +358,7 @@ class HandlerWorkers:
         limit = message.get("max_execution_seconds")
         limit = limit if type(limit) is int or type(limit) is float else None
         error: str | None = None
+        final = False
         value: Any = None
         observed = bool(self._observers)
         started = time.monotonic() if observed else 0.0
@@ -397,7 +399,9 @@ class HandlerWorkers:
                         outcome = "timed out"
                         self._note_timed_out(task_id)
             except AttemptProcessFailed as exc:
-                error = exc.text
+                error, final = exc.text, exc.final
+            except FinalError as exc:
+                error, final = str(exc) or "FinalError", True
             except Exception as exc:
                 error = describe_error(exc)
             except BaseException:
@@ -415,7 +419,7 @@ class HandlerWorkers:
                 value, error = result_value(task_id, value, self._result_max_bytes)
                 if error is None:
                     outcome = "succeeded"
-        self._post(result_message(task_id, error, attempt, value))
+        self._post(result_message(task_id, error, attempt, value, retry=not final))
         if observed:
             self._ended(task_id, task_type, attempt, outcome, started, error, where)
 

@@ -95,6 +95,22 @@ def test_a_failing_process_attempt_reports_the_handlers_error(tmp_path: Path) ->
     anyio.run(scenario, backend="trio")
 
 
+def test_a_final_error_in_a_process_is_a_failure_for_good(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        ended = Calls()
+        with anyio.fail_after(30):
+            async with Engine(tmp_path / "q") as engine:
+                engine.register_handler("refuse", handlers.refuse, isolation="process")
+                engine.on_attempt(ended.add)
+                await engine.enqueue("f1", "refuse", {"text": "bad address"}, max_retries=5)
+                (end,) = await ended.wait(1)
+                details = await engine.get("f1")
+        assert (end.outcome, end.error, end.isolation) == ("failed", "bad address", "process")
+        assert details.state == "dead_letter"  # not retried, with 5 retries left
+
+    anyio.run(scenario, backend="trio")
+
+
 def test_which_handlers_can_run_in_a_process() -> None:
     def nested(data: Any) -> None: ...
 

@@ -35,3 +35,10 @@ def overstay(data: dict[str, Any]) -> dict[str, Any]:
 def boom(data: dict[str, Any]) -> None:
     """Fail with the text in `data`."""
     raise OSError(data["text"])
+
+
+def refuse(data: dict[str, Any]) -> None:
+    """Fail for good (no retry)."""
+    from snerd import FinalError
+
+    raise FinalError(data["text"])

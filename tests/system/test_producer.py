@@ -205,3 +205,98 @@ async def test_files_of_a_producer_gone_are_removed_once_ingested(tmp_path: Path
         assert [n for n in names if n.startswith(live.writer)]
         live.close()
         third.close()
+
+
+#: A WSGI app as a pre-fork server runs it: the producer made at import (module level, as a
+#: Flask app makes its extensions), the listening socket opened, then two workers forked,
+#: each serving requests from threads. Each request enqueues the task its path names.
+_WSGI_SERVER = r'''
+import os, socket, sys, threading
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import snerd
+
+QUEUE = snerd.producer(sys.argv[1])
+QUEUE.enqueue("boot", "t", {"at": "import"})  # the parent's own, before the fork
+
+
+def app(environ, start_response):
+    task = environ["PATH_INFO"].strip("/")
+    done = QUEUE.enqueue(task, "t", {"pid": os.getpid()})
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [f"{done.task_id} {os.getpid()}".encode()]
+
+
+class Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class Quiet(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+server = make_server("127.0.0.1", 0, app, server_class=Server, handler_class=Quiet)
+print(server.server_address[1], flush=True)
+children = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        server.serve_forever()
+        os._exit(0)
+    children.append(pid)
+sys.stdin.read()  # until the test closes it
+for pid in children:
+    os.kill(pid, 15)
+'''
+
+
+async def test_a_prefork_wsgi_app_enqueues_from_threads_in_each_worker(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import httpx
+
+    root = tmp_path / "q"
+    script = tmp_path / "server.py"
+    script.write_text(_WSGI_SERVER)
+    want = {"boot"} | {f"req{i}" for i in range(40)}
+    ran: Counter[str] = Counter()
+    all_ran = anyio.Event()
+    async with _queue(root) as queue:
+
+        @queue.handler("t")
+        async def t(data: dict[str, object]) -> None:
+            ran[current_task().task_id] += 1
+            if set(ran) >= want:
+                all_ran.set()
+
+        await _made(root)
+        server = subprocess.Popen([sys.executable, str(script), str(root)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            port = int(await anyio.to_thread.run_sync(server.stdout.readline))
+            pids: set[str] = set()
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                async def get(i: int) -> None:
+                    reply = await client.get(f"/req{i}", timeout=30)
+                    assert reply.status_code == 200, reply.text
+                    task_id, pid = reply.text.split()
+                    assert task_id == f"req{i}"
+                    pids.add(pid)
+
+                async with anyio.create_task_group() as tg:
+                    for i in range(40):
+                        tg.start_soon(get, i)
+            with anyio.fail_after(30):
+                await all_ran.wait()
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()
+            server.wait(timeout=30)
+    assert set(ran) == want and max(ran.values()) == 1
+    # The parent and each worker that served wrote files of their own (a writer per process).
+    writers = {name.split("~")[0] for name in _producer_files(root)}
+    assert len(writers) == 1 + len(pids), (writers, pids)
