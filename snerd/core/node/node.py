@@ -451,6 +451,10 @@ class Node:
 
     def _on_drain(self, event: ev.DrainRequested) -> None:
         if self.phase in (DRAINING, STOPPED):
+            # Already draining (a signal): stdin closing now means no result can arrive any
+            # more (the SDK is gone, killed in its own warm shutdown, say): stop waiting.
+            if event.input_closed and self.phase is DRAINING:
+                self.input_closed = True
             return
         if self.phase is STARTING:
             # Commands that came before the drain request are answered first, as upstream

@@ -711,6 +711,20 @@ def test_stdin_eof_does_not_wait_for_results_that_cannot_come() -> None:
     assert not [r for r in sh.log_records() if r.get("deletedAt")]
 
 
+def test_stdin_eof_during_a_signal_drain_stops_waiting_for_results() -> None:
+    # SIGTERM first (the SDK may still answer), then the SDK dies: its results cannot come.
+    sh = started()
+    sh.register("t")
+    sh.enqueue("running")
+    sh.feed(ev.DrainRequested(reason="SIGTERM"))
+    sh.advance(1)
+    assert sh.exit_code is None  # waits for the running attempt's result
+    sh.feed(ev.DrainRequested(reason="stdin closed", input_closed=True))
+    sh.advance(0.1)
+    assert sh.exit_code == 0  # at once, not after SNERD_DRAIN_TIMEOUT
+    assert any("will run again" in m for _, m in sh.logs_out)
+
+
 def test_commands_before_a_drain_during_startup_are_still_answered() -> None:
     sh = FakeShell()
     sh.line({"action": "stats"})
