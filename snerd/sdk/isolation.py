@@ -88,7 +88,11 @@ def forkable(fn: Callable[..., Any]) -> bool:
     """Whether `fn` can run in a child process: a plain (not async) function defined at the
     top level of an importable module (not `__main__`), found there under its own name, so it
     pickles by reference. Lambdas, closures, nested functions, methods, `functools.partial`
-    and callable objects do not qualify."""
+    and callable objects do not qualify, but for a sync task function's handler, which pickles
+    as its task's module and name when the task is found there (`TaskHandler.forkable`)."""
+    ask = getattr(fn, "forkable", None)
+    if type(fn) is not FunctionType and callable(ask):
+        return bool(ask())
     if type(fn) is not FunctionType or fn.__code__.co_flags & 0x80:  # CO_COROUTINE
         return False
     module = sys.modules.get(fn.__module__)

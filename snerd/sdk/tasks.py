@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import importlib
 import inspect
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
@@ -41,7 +43,7 @@ from snerd.sdk.messages import ENQUEUE_ARGS, Enqueued
 if TYPE_CHECKING:
     from snerd.sdk.face import QueueFace
 
-__all__ = ["TaskFunction", "task_options"]
+__all__ = ["TaskFunction", "TaskHandler", "task_options"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -167,13 +169,49 @@ class TaskFunction(Generic[_P, _R]):
 
             return run_async
 
-        def run(data: Any) -> Any:
-            try:
-                return fn(**_kwargs(data))
-            except final as exc:
-                raise FinalError(f"{type(exc).__name__}: {exc}") from exc
+        return TaskHandler(self)
 
-        return run
+    def reachable(self) -> bool:
+        """Whether another process finds this task by importing its module: defined at the
+        top level of an importable module (not `__main__`), under its own name there."""
+        module = sys.modules.get(self.fn.__module__)
+        name = getattr(self.fn, "__name__", "")
+        return (
+            module is not None
+            and self.fn.__module__ != "__main__"
+            and name == getattr(self.fn, "__qualname__", None)
+            and getattr(module, name, None) is self
+        )
+
+
+class TaskHandler:
+    """The handler of a sync task function: the function called with the task's data as
+    keywords, an exception of `never_retry` raised as a `FinalError`. It pickles as its
+    task's module and name, so that a worker may run it in a process of its own
+    (`snerd.sdk.isolation.forkable` asks `forkable`)."""
+
+    def __init__(self, task: TaskFunction[Any, Any]) -> None:
+        self.task = task
+        self.__module__ = task.fn.__module__
+        self.__name__ = getattr(task.fn, "__name__", task.name)
+
+    def __call__(self, data: Any) -> Any:
+        try:
+            return self.task.fn(**_kwargs(data))
+        except self.task.never_retry as exc:
+            raise FinalError(f"{type(exc).__name__}: {exc}") from exc
+
+    def forkable(self) -> bool:
+        return self.task.reachable()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_handler_of, (self.task.fn.__module__, self.__name__))
+
+
+def _handler_of(module: str, name: str) -> Callable[[Any], Any]:
+    """In a child process: the handler of the task function `name` of `module`."""
+    task: TaskFunction[Any, Any] = getattr(importlib.import_module(module), name)
+    return task.handler()
 
 
 def _kwargs(data: Any) -> dict[str, Any]:

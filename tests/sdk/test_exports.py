@@ -126,7 +126,7 @@ SDK_PUBLIC = {
     ],
     "snerd.sdk.producer": ["PREFIX", "Producer", "SEGMENT_BYTES", "producer"],
     "snerd.sdk.signals": ["Signal", "Waiter", "signal_factory"],
-    "snerd.sdk.tasks": ["TaskFunction", "task_options"],
+    "snerd.sdk.tasks": ["TaskFunction", "TaskHandler", "task_options"],
     "snerd.sdk.workers": [
         "AttemptEnded",
         "DeadLetterHandler",

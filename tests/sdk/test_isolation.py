@@ -135,3 +135,32 @@ def test_an_async_handler_cannot_be_isolated_and_an_unknown_isolation_is_refused
         engine.register_handler("a", handlers.overstay, isolation="fork")
     with pytest.raises(ValueError, match="isolation must be one of"):
         Engine(tmp_path / "q", isolation="processes")
+
+
+def test_a_sync_task_function_runs_in_a_process_killed_at_its_deadline(
+    run: Any, tmp_path: Path
+) -> None:
+    task = handlers.overstay_task
+    handler = task.handler()
+    assert forkable(handler)  # it pickles as its module and name
+
+    async def scenario() -> None:
+        ended = Calls()
+        async with Engine(tmp_path / "q", isolation="process", drain_timeout=1) as engine:
+            engine.register_handler(task.name, handler)
+            engine.on_attempt(ended.add)
+            await engine.enqueue("t1", task.name, task.payload(str(tmp_path)), max_retries=1,
+                                 max_execution_seconds=1)
+            await engine.enqueue("t2", task.name, task.payload(str(tmp_path), bad=True),
+                                 max_retries=3)
+            seen = await ended.wait(3)
+            result = await engine.result("t1", timeout=10)
+        by = {(e.task_id, e.attempt): e for e in seen}
+        assert by[("t1", 1)].outcome == "timed out" and by[("t1", 1)].isolation == "process"
+        assert (result["attempt"], result["prior_alive"]) == (2, False)
+        assert not (tmp_path / "late").exists()
+        assert by[("t2", 1)].isolation == "process"
+        assert ("t2", 2) not in by  # a ValueError is never retried, in a process too
+        assert "ValueError: not a number" in (by[("t2", 1)].error or "")
+
+    run(scenario)

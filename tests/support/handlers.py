@@ -42,3 +42,19 @@ def refuse(data: dict[str, Any]) -> None:
     from snerd import FinalError
 
     raise FinalError(data["text"])
+
+
+# Task functions (`@queue.task`), found by a child process through their module and name
+# (`snerd.sdk.tasks.TaskHandler`). The queue here is only their registry: a test registers
+# their handlers on a queue of its own.
+from snerd import SnerdQueue  # noqa: E402
+
+tasks = SnerdQueue()
+
+
+@tasks.task(name="overstay_task", never_retry=(ValueError,))
+def overstay_task(dir: str, sleep: float = 30, bad: bool = False) -> dict[str, Any]:
+    """`overstay` as a task function; with `bad`, a ValueError (never retried)."""
+    if bad:
+        raise ValueError("not a number")
+    return overstay({"dir": dir, "sleep": sleep})
