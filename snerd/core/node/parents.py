@@ -5,17 +5,24 @@ parent is judged where it can be known:
 
 - a live task of this node: the child waits, and `parent_finished` ends the wait when that
   task ends here;
-- a task this node saw finish (a shard's history, `ShardInfo.history`, which compaction keeps):
-  done if it succeeded; a dead-lettered one fails the child through;
+- a task this node saw finish in a shard it owns (the shard's history, `ShardInfo.history`,
+  which compaction keeps): done if it succeeded; a dead-lettered or cancelled one fails the
+  child through;
 - anything else (a parent in a shard another daemon owns, one still in an inbox, one that
   finished before this node took its shard, or one nobody ever enqueued): the child waits and
   the parent is **watched** (`snerd.core.watch.TaskWatch`): the node reads every shard's files
-  for it, every `watch_poll_us`, and acts on what they say. Completed: the wait ends. Dead:
-  the child is dead-lettered with `blocked_by_failed_parent: <id>`. Live: the child waits.
+  for it, every `watch_poll_us`, and acts on what they say. Completed: the wait ends. Dead
+  (dead-lettered or cancelled): the child is dead-lettered with
+  `blocked_by_failed_parent: <id>`. Live: the child waits.
   Unknown (a whole pass over the queue's files found no record of it): the child waits
   `unknown_parent_wait_us` for it to appear, and is dead-lettered with
   `unknown_parent: <id>` only once a look at the files begun after that still finds none (a
   slow filesystem that delays the looks delays the verdict, never makes it on stale news).
+
+A retry puts a dead letter (or a cancelled task) back: its children failed through meanwhile
+stay dead letters (retry them too), and a child judged after it waits for its new run. So
+nothing here takes "dead" for final: a history counts only while its shard is owned, and the
+watch's dead only while it is kept current (`_known`); a completion is final.
 
 A dead-lettered child fails its own children in turn (`TaskBook.finished`). State is in memory
 only: after a restart or a takeover the replay blocks each child again and the parents are
@@ -27,7 +34,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from snerd.core import events as ev
-from snerd.core.node.model import BLOCKED, FINISHING, NODE_RUNNING, SECOND, Task, require
+from snerd.core.node.model import (
+    ACTIVE,
+    BLOCKED,
+    FINISHING,
+    NODE_RUNNING,
+    SECOND,
+    Task,
+    require,
+)
 from snerd.core.ownership import shard_name
 from snerd.core.schema import OUTCOME_COMPLETED, OUTCOME_DEAD
 from snerd.core.watch import COMPLETED, DEAD, LIVE, UNKNOWN, TaskWatch
@@ -35,12 +50,14 @@ from snerd.core.watch import COMPLETED, DEAD, LIVE, UNKNOWN, TaskWatch
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
 
-__all__ = ["CYCLE", "FAILED_PARENT", "UNKNOWN_PARENT", "Parents"]
+__all__ = ["CYCLE", "FAILED_PARENT", "PARENT_ERRORS", "UNKNOWN_PARENT", "Parents"]
 
 #: The error a child is dead-lettered with, followed by the parent's id.
 FAILED_PARENT = "blocked_by_failed_parent: "
 UNKNOWN_PARENT = "unknown_parent: "
 CYCLE = "dependency_cycle_through: "
+#: Every error a child is failed through with, before any attempt of it ran.
+PARENT_ERRORS = (FAILED_PARENT, UNKNOWN_PARENT, CYCLE)
 
 
 class Parents:
@@ -202,16 +219,23 @@ class Parents:
 
     def _known(self, parent: str) -> str | None:
         """What this node knows of `parent`: LIVE, COMPLETED, DEAD, or None (nothing): from
-        its tasks, its shards' histories, or the watch (a parent other children wait on)."""
+        its tasks, the histories of the shards it owns, or the watch.
+
+        A dead letter (or a cancelled task) is not final: a retry may put it back, on
+        whichever node owns its shard. So a shard's history counts only while this node owns
+        it (what it left in the history of a shard given up is not the log's word any more:
+        the next owner may have retried the task), and the watch's word that a parent is
+        dead only while children wait on it, so that its scans are current; a completion is
+        final, and the watch's word on it counts however old."""
         if parent in self.node.book.tasks:
             return LIVE
         for info in self.node.shards.values():
-            entry = info.history.get(parent)
+            entry = info.history.get(parent) if info.phase is ACTIVE else None
             if entry is not None:
                 return COMPLETED if entry[1] == OUTCOME_COMPLETED else DEAD
         if parent in self.watch.ids:
             state = self.watch.state(parent)
-            if state in (COMPLETED, DEAD):
+            if state == COMPLETED or (state == DEAD and parent in self.children):
                 return state
         return None
 
