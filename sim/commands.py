@@ -64,6 +64,11 @@ class Commands:
         self.cancel_sent: dict[str, int] = {}
         #: Each task's latest execute (true time).
         self.last_execute: dict[str, int] = {}
+        #: Each task's latest live task record listed (true time: a life begun, by its
+        #: enqueue or a retry), and the start of the latest life a tombstone ended (a
+        #: retried child failed through by its parents ends so, without an execute).
+        self.live_at: dict[str, int] = {}
+        self.ended_life: dict[str, int] = {}
         self._seen = 0
         self._end_from = 0
 
@@ -153,7 +158,11 @@ class Commands:
         task = msg.get("task_id")
         if msg.get("action") == "retried" and msg.get("retried") is True and isinstance(task, str):
             self._catch_up()
-            later = max(self.last_execute.get(task, -1), self.cancel_sent.get(task, -1))
+            later = max(
+                self.last_execute.get(task, -1),
+                self.cancel_sent.get(task, -1),
+                self.ended_life.get(task, -1),
+            )
             if later <= sent:
                 self.awaiting[task] = sent
         return True
@@ -181,10 +190,27 @@ class Commands:
             elif kind == "execute":
                 self.last_execute[e["task"]] = e["t"]
                 self.awaiting.pop(e["task"], None)
-            elif kind == "record" and self.awaiting:
-                # A cancel sent before the retry, still in flight (or pending in an inbox),
-                # may end the retried task: then it need not run.
-                fields = e["fields"]
-                if fields.get(SNERD_OUTCOME) == OUTCOME_CANCELLED:
-                    self.awaiting.pop(fields.get(TASK_ID), None)
+            elif kind == "record":
+                self._life(e)
+                if self.awaiting:
+                    # A cancel sent before the retry, still in flight (or pending in an
+                    # inbox), may end the retried task: then it need not run.
+                    fields = e["fields"]
+                    if fields.get(SNERD_OUTCOME) == OUTCOME_CANCELLED:
+                        self.awaiting.pop(fields.get(TASK_ID), None)
         self._seen = len(history)
+
+    def _life(self, e: dict[str, Any]) -> None:
+        """A record listed: a task's life begins (a live task record) or ends (a tombstone).
+        A retried task whose new life ended is no longer waited for, executed or not (a
+        child failed through by its parents is judged by the checker, `sim.check.deps`)."""
+        fields = e["fields"]
+        task = fields.get("taskId")
+        if not isinstance(task, str) or "snerdKind" in fields:
+            return
+        if not fields.get("deletedAt"):
+            self.live_at[task] = e["t"]
+            return
+        life = self.ended_life[task] = self.live_at.get(task, -1)
+        if life >= self.awaiting.get(task, life + 1):
+            del self.awaiting[task]

@@ -42,16 +42,16 @@ def _safe_ppm(ttl_us: int, margin_us: int) -> int:
     return margin_us * 1_000_000 // (2 * ttl_us + margin_us)
 
 
-def _draw_commands(seed: int, deps_prob: float) -> dict[str, Any]:
+def _draw_commands(seed: int) -> dict[str, Any]:
     """The job-control settings of seed `seed`, from a generator of their own: adding them
-    left every other draw of every seed as it was. Commands in about 40 % of the worlds
-    without dependencies (a cancelled or retried parent is a rule of its own, not judged
-    here)."""
+    left every other draw of every seed as it was. Commands in about 40 % of the worlds,
+    those with dependencies too (a cancelled parent fails its children through, a retried
+    one is waited on again: `sim.check.deps`)."""
     rng = random.Random(f"commands-{seed}")
     on = rng.random() < 0.4
     rate = 0.2 + rng.random() * 1.3
     cancellable = rng.random() < 0.5
-    return {"command_rate": rate if on and not deps_prob else 0.0, "cancellable": cancellable}
+    return {"command_rate": rate if on else 0.0, "cancellable": cancellable}
 
 
 def _draw_batches(seed: int) -> dict[str, Any]:
@@ -311,7 +311,7 @@ class Settings:
         drawn["deps_prob"] = pick(0.2, 0.6) if on(0.4) else 0.0
         drawn["unknown_parent_wait_us"] = int(pick(2, 20) * SECOND)
         drawn["schedules"] = 1 + int(rng.random() * 2) if on(0.3) else 0
-        drawn |= _draw_commands(seed, drawn["deps_prob"])
+        drawn |= _draw_commands(seed)
         drawn |= _draw_batches(seed)
         drawn |= _draw_finals(seed)
         drawn |= _draw_backoff(seed)
@@ -367,8 +367,8 @@ class Settings:
             }
         if self.unsafe_absent_parents_done or twin == "absent-parents-done":
             # Children whose parents live on other nodes' shards, or come after them: only
-            # the watch keeps them waiting. (No commands: a world with dependencies has none,
-            # `_draw_commands`; a retried child of a failed parent rightly never runs.)
+            # the watch keeps them waiting. (No commands: the world the control was measured
+            # in, where nothing but the watch ends a wait.)
             changes |= {
                 "deps_prob": max(self.deps_prob, 0.4),
                 "shards": max(self.shards, 2),
@@ -396,7 +396,8 @@ class Settings:
             or self.unsafe_retry_skips_oldest
             or twin in ("ignore-cancel", "ignore-pause", "purge-all", "retry-skips-oldest")
         ):
-            # Commands often, in a world without dependencies (`_draw_commands`).
+            # Commands often, in a world without dependencies: the world the controls were
+            # measured in (drawn worlds send commands beside dependencies too).
             changes |= {"command_rate": max(self.command_rate, 0.5), "deps_prob": 0.0}
         if self.unsafe_batch_ack_early or twin == "batch-ack-early":
             # Batches often, and crashes that lose appends still in flight: an item acked

@@ -34,8 +34,9 @@ records, and process pauses. What the design promises, and so all that is judged
     sent at s, answered at a) puts back every task of that type (of any, for the queue)
     whose latest accepted record at s was a durable dead-letter tombstone still in its
     shard's history (fewer than `history_limit` other tasks, from the `control` entry, ended
-    in the shard after it by a): an accepted live record of it is handed to its writer after
-    s. A task some other command could have changed meanwhile (a cancel or retry of it, a
+    in the shard after it by a; no accepted `purge` record after it, decided by a, named it:
+    a purge answered with the shard `pending` is applied whenever its owner takes it in): an
+    accepted live record of it is handed to its writer after s. A task some other command could have changed meanwhile (a cancel or retry of it, a
     sweep of its type, in flight between its tombstone and a) is not judged, nor one with
     `auto_dedupe` (it is put back only while no live task holds its fingerprint).
 16. **Purge** (`PURGED_WRONG`). Every accepted `purge` record names only tasks whose latest
@@ -66,6 +67,7 @@ from sim.check.report import (
     at,
 )
 from snerd.core.control import CANCELLABLE, FOUND_DEAD, REQUEUEABLE, ended_state, purged_ids
+from snerd.core.node.parents import PARENT_ERRORS
 from snerd.core.schema import (
     AUTO_DEDUPE,
     COMMAND_BEFORE,
@@ -73,8 +75,10 @@ from snerd.core.schema import (
     DISPATCH_ATTEMPT,
     KIND_DISPATCH,
     KIND_PURGE,
+    LAST_ERROR_OBJ,
     OUTCOME_CANCELLED,
     TASK_TYPE,
+    TRIGGER_AFTER_IDS,
 )
 from snerd.core.shardlog import finished_at_us, tombstone_outcome
 
@@ -173,6 +177,7 @@ class _Judge:
         self.stopped = _stopped(a)
         self.out: list[Violation] = []
         self.running = 0
+        self._purges: dict[int, list[Record]] | None = None
         self.types: dict[str, str] = {}
         for r in a.records:
             value = r.fields.get(TASK_TYPE)
@@ -308,11 +313,38 @@ class _Judge:
         if any(r.action == "cancel" and r.target == task and _in_force_after(r, cmd.t)
                for r in self.cmds):
             return
-        if not any(x.task == task and x.t > cmd.t for x in self.a.executes):
-            self.flag(
-                RETRY_NOT_RUN, cmd,
-                f"{task} acked retried at {at(cmd.t_answer)} by {cmd.node}, never executed again",
+        if any(x.task == task and x.t > cmd.t for x in self.a.executes):
+            return
+        if self.failed_through(task, cmd.t):
+            return  # put back, then failed by its parents: invariant 9 judges that end
+        self.flag(
+            RETRY_NOT_RUN, cmd,
+            f"{task} acked retried at {at(cmd.t_answer)} by {cmd.node}, never executed again",
+        )
+
+    def failed_through(self, task: str, since: int) -> bool:
+        """`task` was put back after `since` (an accepted live record) and that life ended
+        dead-lettered by its parents (`trigger_after_ids`: one dead-lettered or cancelled,
+        or nowhere to be found) before any attempt: a child is held, using no attempt,
+        until its parents completed (docs/protocol.md, "Dependencies"). Whether that end
+        was right is invariant 9's to judge (`sim.check.deps`, each life of a child)."""
+        back = False
+        for r in self.a.task_records.get(task, ()):
+            if not r.accepted or r.kind is not None or r.t_queued <= since:
+                continue
+            if not r.tombstone:
+                back = True
+                continue
+            if not back:
+                continue  # the end of the life before it
+            error = r.fields.get(LAST_ERROR_OBJ)
+            return (
+                bool(r.fields.get(TRIGGER_AFTER_IDS))
+                and ended_state(tombstone_outcome(dict(r.fields))) == FOUND_DEAD
+                and isinstance(error, str)
+                and error.startswith(PARENT_ERRORS)
             )
+        return False
 
 
     def retry_type(self, cmd: Command) -> None:
@@ -332,6 +364,8 @@ class _Judge:
             if tomb.fields.get(AUTO_DEDUPE) is True:
                 continue  # (put back only while no live task holds its fingerprint)
             if self.touched(task, tomb.t_durable, cmd) or self.pushed_out(tomb, cmd, limit):
+                continue
+            if self.purged_by(tomb, cmd.t_answer):
                 continue
             if not any(
                 r.accepted and not r.tombstone and r.t_queued > cmd.t
@@ -358,6 +392,26 @@ class _Judge:
             if other.action in ("purge", "retry_type") and other.target in (None, kind):
                 return True
         return False
+
+    def purged_by(self, tomb: Record, until: int) -> bool:
+        """An accepted `purge` record after the tombstone in its shard, decided by `until`,
+        forgot the task: a retry that reached the owner after it finds nothing to put back
+        (the purge may come from a sweep answered long before, its shard `pending`, and
+        applied when an owner took it in)."""
+        return any(
+            r.accepted and r.index > tomb.index and r.t_queued <= until
+            and tomb.task_id in purged_ids(r.fields)
+            for r in self.purges_of(tomb.shard)
+        )
+
+    def purges_of(self, shard: int) -> list[Record]:
+        """The `purge` records of `shard`, in file order."""
+        if self._purges is None:
+            self._purges = {}
+            for r in self.a.records:
+                if r.kind == KIND_PURGE:
+                    self._purges.setdefault(r.shard, []).append(r)
+        return self._purges.get(shard, [])
 
     def pushed_out(self, tomb: Record, cmd: Command, limit: int) -> bool:
         """`limit` other tasks ended in the tombstone's shard after it, by `cmd`'s answer:

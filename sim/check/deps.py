@@ -36,10 +36,13 @@ from sim.check.report import (
     Violation,
     at,
 )
+from snerd.core.control import FOUND_DEAD, ended_state
 from snerd.core.schema import OUTCOME_COMPLETED
 from snerd.core.shardlog import tombstone_outcome
 
 __all__ = ["judge_dependencies"]
+
+_NEVER = 1 << 62
 
 
 def judge_dependencies(a: Analysis) -> list[Violation]:
@@ -56,7 +59,7 @@ def judge_dependencies(a: Analysis) -> list[Violation]:
         run = first.get(child.task)
         if run is not None:
             out += _ran_early(a, child, run, done)
-        out += _ended(a, child, done, ran=run is not None)
+        out += _ended(a, child, done)
     return out
 
 
@@ -113,9 +116,7 @@ def _ran_early(
     return []
 
 
-def _ended(
-    a: Analysis, child: Invoke, done: dict[str, Record | None], *, ran: bool
-) -> list[Violation]:
+def _ended(a: Analysis, child: Invoke, done: dict[str, Record | None]) -> list[Violation]:
     """How the child ended, against how its parents did (no tombstone: nothing judged)."""
     ends = _tombstones(a, child.task)
     if not ends:
@@ -125,25 +126,88 @@ def _ended(
     failed = [p for p in child.parents if done[p] is None and _tombstones(a, p)]
     ghosts = [p for p in child.parents if p not in a.invokes]
     if completed and (failed or ghosts):
-        what = (
-            f"its parent {failed[0]} was dead-lettered"
-            if failed
-            else f"its parent {ghosts[0]} was never enqueued"
-        )
+        if failed:
+            how = tombstone_outcome(dict(_tombstones(a, failed[0])[-1].fields))
+            what = f"its parent {failed[0]} ended {how} and never completed"
+        else:
+            what = f"its parent {ghosts[0]} was never enqueued"
         return [_violation(CHILD_NOT_FAILED, last, child, f"{what}, yet it completed")]
-    if ran or failed or ghosts or not all(_known_before(a, p, child) for p in child.parents):
+    if failed or ghosts:
         return []
-    what = "every parent completed, each durable before it was sent, yet it ended unrun"
-    return [_violation(CHILD_NOT_RUN, last, child, what)]
+    for start, sent, end in _lives(a, child):
+        if _ran_in(a, child.task, start, end) or not _failed(end):
+            continue
+        if not all(_known_before(a, p, sent) for p in child.parents):
+            continue
+        stopped = [p for p in child.parents if _ended_unfinished(a, p, sent, end.t_queued)]
+        if stopped:
+            continue
+        what = (
+            "every parent completed, each durable before it was sent"
+            + ("" if start is None or sent == child.t else " (again, by a retry)")
+            + ", yet it ended unrun"
+        )
+        return [_violation(CHILD_NOT_RUN, end, child, what)]
+    return []
 
 
-def _known_before(a: Analysis, parent: str, child: Invoke) -> bool:
-    """`parent` completed, and a record of it was durable before `child` was sent."""
+def _lives(a: Analysis, child: Invoke) -> list[tuple[Record | None, int, Record]]:
+    """Each life of `child` that ended: (the accepted task record that began it, when it was
+    sent, its tombstone). The first life was sent with the invoke; a later one (a retry put
+    the task back: a fresh record after a tombstone) when its owner decided that record."""
+    out: list[tuple[Record | None, int, Record]] = []
+    start: Record | None = None
+    sent = child.t
+    ended = False
+    for r in a.task_records.get(child.task, ()):
+        if not r.accepted or r.kind is not None:
+            continue
+        if r.tombstone:
+            out.append((start, sent, r))
+            start, ended = None, True
+        elif start is None:
+            start = r
+            if ended:
+                sent = r.t_queued
+    return out
+
+
+def _ran_in(a: Analysis, task: str, start: Record | None, end: Record) -> bool:
+    """An attempt of `task` was handed to a handler within the life from `start` to `end`."""
+    since = -1 if start is None else start.t_queued
+    return any(x.task == task and since < x.t <= end.t_durable for x in a.executes)
+
+
+def _failed(end: Record) -> bool:
+    """A life that ended dead-lettered (a cancel is the app's doing, not the dependency's)."""
+    return ended_state(tombstone_outcome(dict(end.fields))) == FOUND_DEAD
+
+
+def _ended_unfinished(a: Analysis, parent: str, since: int, until: int) -> bool:
+    """`parent`'s latest accepted word, at some time from `since` to `until`, was a tombstone
+    that did not say it completed (dead-lettered or cancelled, and put back by a retry only
+    later): a child judged then is failed through by the rule, whatever the parent did next."""
+    words = sorted(
+        (r for r in a.task_records.get(parent, ()) if r.accepted and r.kind is None),
+        key=_durable,
+    )
+    for i, r in enumerate(words):
+        if not r.tombstone or tombstone_outcome(dict(r.fields)) == OUTCOME_COMPLETED:
+            continue
+        later = words[i + 1].t_durable if i + 1 < len(words) else _NEVER
+        if r.t_durable <= until and later > since:
+            return True
+    return False
+
+
+def _known_before(a: Analysis, parent: str, t: int) -> bool:
+    """`parent` completed, and a record of it was durable before `t` (when the child, or its
+    life put back by a retry, was sent)."""
     if _completion(a, parent) is None:
         return False
     times = [r.t_durable for r in a.task_records.get(parent, ()) if r.accepted]
     times += [r.t_durable for r in a.inbox_by_task.get(parent, ())]
-    return any(t < child.t for t in times)
+    return any(time < t for time in times)
 
 
 def _violation(kind: str, last: Record, child: Invoke, what: str) -> Violation:

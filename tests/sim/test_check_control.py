@@ -119,3 +119,45 @@ def test_a_retried_task_must_run_again() -> None:
     assert kinds(h.copy().end()) == ["retry_not_run"]
     assert kinds(h.copy().run("a").end()) == []
     assert kinds(command(h.copy(), "cancel", task="a").end()) == []
+
+
+def test_a_retried_child_failed_through_by_its_parents_is_left_to_invariant_9() -> None:
+    """A child put back by a retry waits for its parents again, using no attempt; a dead
+    parent fails it through at once, and that end is the dependency check's to judge."""
+
+    def retried_child(error: str, *, put_back: bool = True) -> H:
+        h = H().start().acked("p").dispatch("p").execute("p").done("p", ok=False)
+        h.tomb("p", outcome="dead_letter").acked("c", parents=["p"])
+        h.tomb("c", outcome="dead_letter")
+        h = command(h, "retry", task="c")
+        if put_back:
+            h.enq_rec("c", triggerAfterIds=["p"])
+        h.tomb("c", outcome="dead_letter")
+        h.entries[-1]["fields"] |= {"triggerAfterIds": ["p"], "LastErrorObj": error}
+        reply = {"action": "retried", "task_id": "c", "found": "dead_letter", "retried": True}
+        return answer(h, "retry", reply, task="c").end()
+
+    assert kinds(retried_child("blocked_by_failed_parent: p")) == []
+    assert check(retried_child("blocked_by_failed_parent: p").history).ok
+    # Near misses: an end of its own without an attempt, or no record putting it back.
+    assert kinds(retried_child("boom")) == ["retry_not_run"]
+    assert kinds(retried_child("blocked_by_failed_parent: p", put_back=False)) == [
+        "retry_not_run"
+    ]
+
+
+def test_a_dead_letter_a_purge_forgot_is_not_owed_by_a_retry_of_its_type() -> None:
+    """A purge answered with the shard pending is applied when an owner takes it in, maybe
+    long after; a retry of the type that comes after that finds nothing to put back."""
+
+    def swept(*, purged: bool) -> H:
+        h = H().start().acked("a").tomb("a", outcome="dead_letter")
+        if purged:
+            purge = {"snerdKind": "purge", "tasks": ["a"], "type": "email", "before": None}
+            h.rec({**purge, "snerdNode": "n1", "snerdEpoch": 1})
+        h = command(h, "retry_type", type="email")
+        reply = {"action": "requeued", "task_type": "email", "count": 0, "pending": []}
+        return answer(h, "retry_type", reply, type="email").end()
+
+    assert kinds(swept(purged=False)) == ["retry_not_run"]
+    assert kinds(swept(purged=True)) == []

@@ -1056,6 +1056,48 @@ def test_a_child_of_parents_known_and_completed_must_not_end_unrun() -> None:
     assert kinds(check_dependencies(inbox.history)) == [CHILD_NOT_RUN]
 
 
+def test_a_child_of_a_cancelled_parent_ends_dead_lettered() -> None:
+    """A cancelled parent fails its children through, as a dead-lettered one does
+    (docs/protocol.md, "Job control")."""
+    h = H().start().acked("p").acked("c", parents=["p"]).tomb("p", outcome="cancelled")
+    [v] = check_dependencies(h.copy().tomb("c").history)
+    assert v.kind == CHILD_NOT_FAILED and "ended cancelled" in v.message
+    assert check_dependencies(dead(h, "c").history) == []
+
+
+def test_a_cancelled_child_is_not_left_waiting() -> None:
+    """A child cancelled before its parents let it run ended by the app's word, not theirs."""
+    h = H().start().start(shard=1).life("p", shard=1).acked("c", parents=["p"])
+    assert check_dependencies(h.copy().tomb("c", outcome="cancelled").history) == []
+    assert kinds(check_dependencies(dead(h, "c").history)) == [CHILD_NOT_RUN]
+
+
+def test_a_child_failed_through_by_a_parent_retried_later_passes() -> None:
+    """The parent was dead-lettered while the child waited; a retry put it back and it
+    completed: the child had been failed through by the rule, and stays a dead letter."""
+    h = H().start().start(shard=1).acked("p", shard=1)
+    dead(h, "p", shard=1).acked("c", parents=["p"])
+    dead(h, "c").enq_rec("p", shard=1).run("p", shard=1)
+    assert check_dependencies(h.history) == []
+    # Near miss: the parent was put back before the child was sent, and completed; the
+    # child was failed through on a dead letter that was no longer the parent's state.
+    early = H().start().start(shard=1).acked("p", shard=1)
+    dead(early, "p", shard=1).enq_rec("p", shard=1).acked("c", parents=["p"])
+    dead(early, "c").run("p", shard=1)
+    assert kinds(check_dependencies(early.history)) == [CHILD_NOT_RUN]
+
+
+def test_a_child_retried_once_its_parents_completed_must_run() -> None:
+    """Each life of a child is judged: one put back by a retry after its parent completed
+    must not end unrun again."""
+    h = H().start().start(shard=1).acked("p", shard=1)
+    dead(h, "p", shard=1).acked("c", parents=["p"])
+    dead(h, "c").enq_rec("p", shard=1).run("p", shard=1).enq_rec("c")  # c retried
+    [v] = check_dependencies(dead(h.copy(), "c").history)
+    assert v.kind == CHILD_NOT_RUN and "by a retry" in v.message
+    assert check_dependencies(h.copy().run("c").history) == []
+
+
 def test_a_history_without_parents_has_no_dependency_to_judge() -> None:
     h = H().start().life("a").acked("b").run("b")
     for entry in h.history:

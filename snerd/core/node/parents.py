@@ -5,17 +5,25 @@ parent is judged where it can be known:
 
 - a live task of this node: the child waits, and `parent_finished` ends the wait when that
   task ends here;
-- a task this node saw finish (a shard's history, `ShardInfo.history`, which compaction keeps):
-  done if it succeeded; a dead-lettered one fails the child through;
+- a task this node saw finish in a shard it owns (the shard's history, `ShardInfo.history`,
+  which compaction keeps): done if it succeeded; a dead-lettered or cancelled one fails the
+  child through;
 - anything else (a parent in a shard another daemon owns, one still in an inbox, one that
   finished before this node took its shard, or one nobody ever enqueued): the child waits and
   the parent is **watched** (`snerd.core.watch.TaskWatch`): the node reads every shard's files
-  for it, every `watch_poll_us`, and acts on what they say. Completed: the wait ends. Dead:
-  the child is dead-lettered with `blocked_by_failed_parent: <id>`. Live: the child waits.
+  for it, every `watch_poll_us`, and acts on what they say. Completed: the wait ends. Dead
+  (dead-lettered or cancelled), by a scan begun after the child began to wait that read
+  every file to its end: the child is dead-lettered with `blocked_by_failed_parent: <id>`.
+  Live: the child waits.
   Unknown (a whole pass over the queue's files found no record of it): the child waits
   `unknown_parent_wait_us` for it to appear, and is dead-lettered with
   `unknown_parent: <id>` only once a look at the files begun after that still finds none (a
   slow filesystem that delays the looks delays the verdict, never makes it on stale news).
+
+A retry puts a dead letter (or a cancelled task) back: its children failed through meanwhile
+stay dead letters (retry them too), and a child judged after it waits for its new run. So
+nothing here takes "dead" for final: a history counts only while its shard is owned, and the
+watch's dead only as the scan that read it says it (`_known`); a completion is final.
 
 A dead-lettered child fails its own children in turn (`TaskBook.finished`). State is in memory
 only: after a restart or a takeover the replay blocks each child again and the parents are
@@ -27,7 +35,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from snerd.core import events as ev
-from snerd.core.node.model import BLOCKED, FINISHING, NODE_RUNNING, SECOND, Task, require
+from snerd.core.node.model import (
+    ACTIVE,
+    BLOCKED,
+    FINISHING,
+    NODE_RUNNING,
+    SECOND,
+    Task,
+    require,
+)
 from snerd.core.ownership import shard_name
 from snerd.core.schema import OUTCOME_COMPLETED, OUTCOME_DEAD
 from snerd.core.watch import COMPLETED, DEAD, LIVE, UNKNOWN, TaskWatch
@@ -35,12 +51,14 @@ from snerd.core.watch import COMPLETED, DEAD, LIVE, UNKNOWN, TaskWatch
 if TYPE_CHECKING:
     from snerd.core.node.node import Node
 
-__all__ = ["CYCLE", "FAILED_PARENT", "UNKNOWN_PARENT", "Parents"]
+__all__ = ["CYCLE", "FAILED_PARENT", "PARENT_ERRORS", "UNKNOWN_PARENT", "Parents"]
 
 #: The error a child is dead-lettered with, followed by the parent's id.
 FAILED_PARENT = "blocked_by_failed_parent: "
 UNKNOWN_PARENT = "unknown_parent: "
 CYCLE = "dependency_cycle_through: "
+#: Every error a child is failed through with, before any attempt of it ran.
+PARENT_ERRORS = (FAILED_PARENT, UNKNOWN_PARENT, CYCLE)
 
 
 class Parents:
@@ -54,6 +72,9 @@ class Parents:
         self.children: dict[str, set[str]] = {}
         #: Blocked child id -> the parents it still waits on (never empty).
         self.blockers: dict[str, set[str]] = {}
+        #: Blocked child id -> when it began to wait (mono): a scan that says a parent is
+        #: dead fails only the children that waited before the scan began.
+        self.held_at: dict[str, int] = {}
         self.watch = TaskWatch(fence=self.config.fence)
         #: A `ScanQueue` is out; when the next one is due (mono).
         self.scanning = False
@@ -83,6 +104,7 @@ class Parents:
         for task in tasks.values():
             if task.state is BLOCKED:
                 require(task.task_id in self.blockers, f"{task.task_id} blocked, waits on none")
+        require(self.held_at.keys() == self.blockers.keys(), "held_at is not the blocked ones")
 
     def scan_due(self) -> int | None:
         """When to read the queue's files for watched parents next (mono): None while a read
@@ -126,6 +148,7 @@ class Parents:
             self._fail(task, f"{FAILED_PARENT}{failed}")
             return True
         self.blockers[task.task_id] = waiting
+        self.held_at[task.task_id] = self.node.now.mono
         for parent in waiting:
             self.children.setdefault(parent, set()).add(task.task_id)
         return True
@@ -151,6 +174,7 @@ class Parents:
 
     def forget(self, task_id: str) -> None:
         """`task_id` left this node without ending (its shard was given back or lost)."""
+        self.held_at.pop(task_id, None)
         for parent in self.blockers.pop(task_id, ()):
             children = self.children[parent]
             children.discard(task_id)
@@ -184,7 +208,12 @@ class Parents:
             if state == COMPLETED:
                 self._release(parent)
             elif state == DEAD:
-                self._fail_children(parent, f"{FAILED_PARENT}{parent}")
+                if not self.watch.more:
+                    # Every file read to its end by this scan, begun after these children
+                    # began to wait: dead now, not before a retry put it back.
+                    self._fail_children(
+                        parent, f"{FAILED_PARENT}{parent}", waiting_since=self.scan_began_mono
+                    )
             elif state == UNKNOWN:
                 since = self.unknown_since.setdefault(parent, self.node.now.mono)
                 if since + wait <= self.scan_began_mono and not self.watch.more:
@@ -202,17 +231,23 @@ class Parents:
 
     def _known(self, parent: str) -> str | None:
         """What this node knows of `parent`: LIVE, COMPLETED, DEAD, or None (nothing): from
-        its tasks, its shards' histories, or the watch (a parent other children wait on)."""
+        its tasks, the histories of the shards it owns, or the watch (a completion only).
+
+        A dead letter (or a cancelled task) is not final: a retry may put it back, on
+        whichever node owns its shard. So a shard's history counts only while this node owns
+        it (what it left in the history of a shard given up is not the log's word any more:
+        the next owner may have retried the task), and the watch's word that a parent is
+        dead is acted on only by the scan that read it (`on_scanned`), for the children that
+        waited before that scan began; a completion is final, and the watch's word on it
+        counts however old."""
         if parent in self.node.book.tasks:
             return LIVE
         for info in self.node.shards.values():
-            entry = info.history.get(parent)
+            entry = info.history.get(parent) if info.phase is ACTIVE else None
             if entry is not None:
                 return COMPLETED if entry[1] == OUTCOME_COMPLETED else DEAD
-        if parent in self.watch.ids:
-            state = self.watch.state(parent)
-            if state in (COMPLETED, DEAD):
-                return state
+        if parent in self.watch.ids and self.watch.state(parent) == COMPLETED:
+            return COMPLETED
         return None
 
     def _watched(self) -> list[str]:
@@ -237,12 +272,18 @@ class Parents:
             parents.discard(parent)
             if not parents:
                 del self.blockers[child_id]
+                del self.held_at[child_id]
                 book.unblock(book.tasks[child_id])
 
-    def _fail_children(self, parent: str, error: str) -> None:
+    def _fail_children(self, parent: str, error: str, waiting_since: int | None = None) -> None:
+        """Fail `parent`'s children through (only those that began to wait by
+        `waiting_since`, when given)."""
         self.unknown_since.pop(parent, None)
         tasks = self.node.book.tasks
-        for child_id in sorted(self.children.get(parent, ())):
+        failed = sorted(self.children.get(parent, ()))
+        if waiting_since is not None:
+            failed = [c for c in failed if self.held_at[c] <= waiting_since]
+        for child_id in failed:
             self.forget(child_id)
             self._fail(tasks[child_id], error)
 

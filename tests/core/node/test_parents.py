@@ -1,13 +1,14 @@
 """Dependencies across nodes (`snerd.core.node.parents`): a child waits for each parent
 wherever it is — a shard another node owns, an inbox, a history — and fails through a dead
 one; a parent no file holds is waited on for a bounded time. Two nodes on one disk, each
-owning one of two shards: ids `c1`, `c3`, `p1` route to shard 0 (node a), `p2`, `k1`, `k2`
+owning one of two shards: ids `c1`, `c3`, `c7`, `p1` route to shard 0 (node a), `p2`, `k1`, `k2`
 to shard 1 (node b)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from snerd.core import events as ev
 from snerd.core.node import NodeConfig
 from snerd.core.node.model import TaskState, route_shard
 from snerd.core.records import encode_record
@@ -160,7 +161,7 @@ def test_a_cycle_across_two_nodes_is_broken_and_each_part_dead_lettered() -> Non
     assert errors & {"dependency_cycle_through: k1", "dependency_cycle_through: c1"}
 
 
-def test_a_child_of_a_parent_the_watch_saw_end_is_judged_at_once() -> None:
+def test_a_child_of_a_parent_the_watch_saw_dead_is_failed_through_at_its_next_scan() -> None:
     a, b = split()
     a.register("t")
     b.register("slow")
@@ -170,7 +171,8 @@ def test_a_child_of_a_parent_the_watch_saw_end_is_judged_at_once() -> None:
     b.result("p2", ok=False, error="boom")
     both(a, b, 1)
     assert "c1" not in a.node.tasks
-    # p2 is still what the watch last read; a child that comes now is failed through too.
+    # A child that comes now is failed through too, once a scan says p2 is still dead (a
+    # retry may have put it back meanwhile: the last test of this file).
     b.enqueue("c3", trigger_after_ids=["p2"])  # through b's inbox for a's shard
     both(a, b, 1)
     assert "c3" not in a.node.tasks
@@ -249,3 +251,60 @@ def test_a_parent_that_comes_to_this_node_during_the_wait_stops_the_wait() -> No
     sh.register("slow")
     sh.result("p")
     assert "c" in sh.executed_ids()
+
+
+def _put_back_elsewhere(sh: FakeShell, task_id: str, shard: int) -> None:
+    """A fresh live record of `task_id` lands in `shard`'s log, written by another daemon: a
+    retry there put the dead letter back."""
+    record = {"taskId": task_id, "taskType": "slow", "retryCount": 0}
+    sh.disk["logs"].setdefault(shard, bytearray()).extend(encode_record(record))
+
+
+def test_a_dead_letter_in_the_history_of_a_shard_given_up_is_not_the_parents_word() -> None:
+    # Simulator seed 216 (commands in worlds with dependencies): a node had seen a parent
+    # dead-lettered in a shard it owned, then gave the shard up; the next owner retried the
+    # parent. The node still read the shard's history it had kept, and failed every child of
+    # the parent through (retried or new, even after the parent completed).
+    sh = FakeShell(NodeConfig(node_id="a@pid-1-a", new_queue_shards=2))
+    sh.start()
+    sh.advance(sh.node.config.ownership.renew_interval_us / SECOND)
+    assert sh.node.owned_shards == [0, 1]
+    sh.register("t")
+    sh.enqueue("p1")
+    sh.result("p1", ok=False, error="boom")  # dead-lettered (no retries), in shard 0
+    sh.feed(ev.LockLost(shard=0, error="Input/output error (EIO)"))
+    assert sh.node.owned_shards == [1]
+    _put_back_elsewhere(sh, "p1", 0)
+    sh.enqueue("k1", trigger_after_ids=["p1"])  # in shard 1, which it still owns
+    assert sh.node.tasks["k1"].state is TaskState.BLOCKED
+    sh.advance(1)
+    assert sh.node.tasks["k1"].state is TaskState.BLOCKED  # the files say p1 is live
+    assert sh.node.parents.watch.state("p1") == "live"
+
+
+def test_a_child_of_a_parent_retried_since_the_watch_saw_it_dead_waits_for_it() -> None:
+    # The watch's word on a parent no child waits on any more is not kept current: a retry
+    # may have put the parent back since. A child that comes later waits for a scan.
+    a, b = split()
+    a.register("t")
+    b.register("slow")
+    b.enqueue("p2", task_type="slow")
+    a.enqueue("c1", trigger_after_ids=["p2"])
+    both(a, b, 1)
+    b.result("p2", ok=False, error="boom")
+    both(a, b, 1)
+    assert "c1" not in a.node.tasks  # failed through
+    assert a.node.parents.watch.state("p2") == "dead"  # what it last read, and keeps
+    b.line({"action": "retry", "task_id": "p2"})
+    assert b.messages("retried")[-1]["retried"] is True
+    assert b.executed_ids() == ["p2", "p2"]
+    # Two children, taken in by one ingest (through b's inbox for a's shard): the second
+    # comes while the first waits, before any scan (simulator seed 307).
+    b.enqueue("c3", trigger_after_ids=["p2"])
+    b.enqueue("c7", trigger_after_ids=["p2"])
+    both(a, b, 1)
+    assert a.node.tasks["c3"].state is TaskState.BLOCKED
+    assert a.node.tasks["c7"].state is TaskState.BLOCKED
+    b.result("p2")
+    both(a, b, 1)
+    assert sorted(a.executed_ids()) == ["c3", "c7"]
