@@ -137,6 +137,7 @@ class Compaction:
         info.appends_in_flight -= 1
         if not info.appends_in_flight:
             self.node.tenure.appends_drained(shard, info)
+        self.node.control.compaction_over(shard)
 
     def on_compacted(self, event: ev.Compacted) -> None:
         p = self.out.pending.pop(event.token)

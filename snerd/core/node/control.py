@@ -106,7 +106,10 @@ class Control:
         self.stopped: dict[str, int] = {}
         #: Tombstones being read back for a retry: token -> (shard, task id, ask or 0); and the
         #: ones read, for an ingest that waits on them: task id -> fields.
-        self.reading: dict[int, tuple[int, str, int]] = {}
+        self.reading: dict[int, tuple[int, str, int, fx.Location]] = {}
+        #: Tombstone reads that failed while their shard was being compacted (the log file
+        #: replaced under them), read again once it is: shard -> [(task id, ask or 0)].
+        self.reread: dict[int, list[tuple[str, int]]] = {}
         self.read: dict[str, dict[str, Any]] = {}
         #: `get`s waiting for their read: token -> task id.
         self.lookups: dict[int, str] = {}
@@ -402,7 +405,7 @@ class Control:
         entry = self.shards[shard].history.get(cmd.task_id)
         if entry is None or rule.ended_state(entry[1]) not in rule.REQUEUEABLE:
             return False
-        if not any(t == cmd.task_id for _s, t, _n in self.reading.values()):
+        if not any(t == cmd.task_id for _s, t, _n, _loc in self.reading.values()):
             self._read_tombstone(shard, cmd.task_id, entry[0], 0)
         return True
 
@@ -439,14 +442,14 @@ class Control:
 
     def _read_tombstone(self, shard: int, task_id: str, loc: fx.Location, n: int) -> None:
         token = self.out.next_token()
-        self.reading[token] = (shard, task_id, n)
+        self.reading[token] = (shard, task_id, n, loc)
         self.out.emit(fx.ReadRecord(token=token, location=loc))
 
     def on_record_read(self, event: ev.RecordRead) -> None:
         entry = self.reading.pop(event.token, None)
         if entry is None:
             return
-        shard, task_id, n = entry
+        shard, task_id, n, loc = entry
         ask = self.asks.get(n) if n else None
         info = self.shards.get(shard)
         usable = info is not None and info.phase is ACTIVE and task_id in info.history
@@ -456,6 +459,18 @@ class Control:
                 ask.local -= 1
                 ask.late.append(shard)
                 self._maybe_done(n, ask)
+            return
+        current = info.history.get(task_id)
+        if current is not None and current[0] != loc:
+            # A compaction moved the tombstone while it was read: what came back is of the
+            # old file (or of another record of the new one). Read it again where it is now
+            # (simulator seed 473: a retry of a type's dead letters left one out).
+            self._read_tombstone(shard, task_id, current[0], n)
+            return
+        if event.fields is None and usable and info.compacting:
+            # (Simulator seed 473: read while the compaction replaced the file, the tombstone
+            # was "not there", and a retry of its type left it out.)
+            self.reread.setdefault(shard, []).append((task_id, n))
             return
         if event.fields is None or not usable:
             if event.fields is None:
@@ -476,6 +491,22 @@ class Control:
         if not answer.done:
             ask.local -= 1
             self._finish(n, ask, answer, shard)
+
+    def compaction_over(self, shard: int) -> None:
+        """The compaction of `shard` ended (installed, or moot after a step-down): the
+        tombstone reads it failed are made again where the records are now, or, the shard
+        given up, left to its next owner as any read that comes back late."""
+        for task_id, n in self.reread.pop(shard, ()):
+            info = self.shards.get(shard)
+            entry = info.history.get(task_id) if info is not None else None
+            if info is not None and info.phase is ACTIVE and entry is not None:
+                self._read_tombstone(shard, task_id, entry[0], n)
+                continue
+            ask = self.asks.get(n) if n else None
+            if ask is not None:
+                ask.local -= 1
+                ask.late.append(shard)
+                self._maybe_done(n, ask)
 
     def _requeue(self, shard: int, tombstone: dict[str, Any], found: str, n: int) -> rule.Answer:
         """Write the record that puts a finished task back (the `dlq replay` rule), answered
@@ -583,7 +614,7 @@ class Control:
         the record of a retry written (`_requeue`); each counted in the ask as it lands."""
         ask = self.asks[n]
         for task_id in self._selected(shard, cmd):
-            if any(t == task_id for _s, t, _n in self.reading.values()):
+            if any(t == task_id for _s, t, _n, _loc in self.reading.values()):
                 continue  # (being read for another retry: that one puts it back)
             ask.local += 1
             self._read_tombstone(shard, task_id, self.shards[shard].history[task_id][0], n)
@@ -596,7 +627,7 @@ class Control:
             if task_id in self.read:
                 continue
             waiting = True
-            if not any(t == task_id for _s, t, _n in self.reading.values()):
+            if not any(t == task_id for _s, t, _n, _loc in self.reading.values()):
                 self._read_tombstone(shard, task_id, self.shards[shard].history[task_id][0], 0)
         return waiting
 
