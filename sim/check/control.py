@@ -32,8 +32,8 @@ records, and process pauses. What the design promises, and so all that is judged
     after s (sent after s, answered after s or never, or answered pending). `"retried": true` names a retryable state (dead, cancelled).
     A retry of a type's dead letters (`retry_type`, answered `requeued` with `"pending": []`,
     sent at s, answered at a) puts back every task of that type (of any, for the queue)
-    whose latest accepted record at s was a durable dead-letter tombstone still in its
-    shard's history (fewer than `history_limit` other tasks, from the `control` entry, ended
+    whose latest accepted record at s was a durable dead-letter tombstone, its death told to
+    an SDK (`dead_letter`) before s, still in its shard's history (fewer than `history_limit` other tasks, from the `control` entry, ended
     in the shard after it by a; no accepted `purge` record after it, decided by a, named it:
     a purge answered with the shard `pending` is applied whenever its owner takes it in): an
     accepted live record of it is handed to its writer after s. A task some other command could have changed meanwhile (a cancel or retry of it, a
@@ -174,6 +174,11 @@ class _Judge:
     def __init__(self, a: Analysis) -> None:
         self.a = a
         self.cmds = commands(a)
+        #: Per task: when its SDK was told it was dead-lettered (`dead_letter`).
+        self.dead_at: dict[str, list[int]] = {}
+        for _i, e in a.control_entries:
+            if e["kind"] == "dead_letter" and isinstance(e.get("task"), str):
+                self.dead_at.setdefault(e["task"], []).append(e["t"])
         self.stopped = _stopped(a)
         self.out: list[Violation] = []
         self.running = 0
@@ -364,6 +369,11 @@ class _Judge:
             if tomb.fields.get(AUTO_DEDUPE) is True:
                 continue  # (put back only while no live task holds its fingerprint)
             if self.touched(task, tomb.t_durable, cmd) or self.pushed_out(tomb, cmd, limit):
+                continue
+            if not any(tomb.t_queued <= t < cmd.t for t in self.dead_at.get(task, ())):
+                # Its owner had not told of its death when the retry was sent: its tombstone
+                # was in the file (the disk full, or the fsync slow) but its append not yet
+                # committed, so the owner did not hold it dead (jepsen-lite's disk-full run).
                 continue
             if self.purged_by(tomb, cmd.t_answer):
                 continue

@@ -152,7 +152,7 @@ History = Sequence[Mapping[str, Any]]
 _DISTURBANCES = frozenset({"crash", "restart", "pause", "resume", "clock_step"})
 #: Entries `sim.check.control` reads (kept raw, in history order).
 _CONTROL_KINDS = frozenset(
-    {"command", "control", "pause", "resume", "crash", "handler_done", "stop"}
+    {"command", "control", "pause", "resume", "crash", "handler_done", "stop", "dead_letter"}
 )
 
 

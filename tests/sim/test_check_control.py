@@ -152,6 +152,7 @@ def test_a_dead_letter_a_purge_forgot_is_not_owed_by_a_retry_of_its_type() -> No
 
     def swept(*, purged: bool) -> H:
         h = H().start().acked("a").tomb("a", outcome="dead_letter")
+        h.add("dead_letter", task="a", node="n1")  # (its owner told its SDK)
         if purged:
             purge = {"snerdKind": "purge", "tasks": ["a"], "type": "email", "before": None}
             h.rec({**purge, "snerdNode": "n1", "snerdEpoch": 1})
@@ -161,3 +162,20 @@ def test_a_dead_letter_a_purge_forgot_is_not_owed_by_a_retry_of_its_type() -> No
 
     assert kinds(swept(purged=False)) == ["retry_not_run"]
     assert kinds(swept(purged=True)) == []
+
+
+def test_a_dead_letter_its_owner_had_not_told_of_is_not_owed_by_a_retry_of_its_type() -> None:
+    """A tombstone in the file whose append its owner had not committed (the disk full, an
+    fsync failed) is not a dead letter the owner holds: a retry of its type sent then owes
+    nothing for it (jepsen-lite's disk-full run)."""
+
+    def swept(*, told: bool) -> H:
+        h = H().start().acked("a").tomb("a", outcome="dead_letter")
+        if told:
+            h.add("dead_letter", task="a", node="n1")
+        h = command(h, "retry_type", type="email")
+        reply = {"action": "requeued", "task_type": "email", "count": 0, "pending": []}
+        return answer(h, "retry_type", reply, type="email").end()
+
+    assert kinds(swept(told=True)) == ["retry_not_run"]
+    assert kinds(swept(told=False)) == []
