@@ -26,7 +26,6 @@ an event loop.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,12 +41,11 @@ from snerd.core.records import encode_record
 from snerd.core.schema import INBOX_FROM, SNERD_NODE
 from snerd.io.files import fsync_dir, make_dirs, open_file, write_all
 from snerd.io.inbox import (
-    inbox_files,
     inbox_path,
-    inbox_progress,
     log_identity_and_size,
     read_log_tail,
     remove_inbox,
+    remove_ingested,
 )
 from snerd.queuedir import Queue, QueueError, UsageError, open_queue, probe_lock, wall_now_us
 
@@ -385,11 +383,4 @@ def _write_new(queue: Queue, path: str, line: bytes) -> None:
 def _sweep(queue: Queue, shard: int) -> None:
     """Remove the inbox files of earlier tools that the shard's owner has ingested in full
     (its `.read` hint reaches the file's end): their answers are in its log."""
-    with contextlib.suppress(OSError):
-        tools = tuple(
-            (shard, name) for name, _path, _size in inbox_files(queue.directory, shard)
-            if name.startswith(_TOOL)
-        )
-        for s, name, read, size in inbox_progress(queue.directory, tools):
-            if size is not None and read is not None and read >= size:
-                remove_inbox(queue.directory, s, name)
+    remove_ingested(queue.directory, shard, _TOOL)

@@ -27,11 +27,13 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from snerd.core import effects as fx
 from snerd.core import events as ev
 from snerd.core.control import decided_in
+from snerd.core.node.model import ingested
 from snerd.core.records import LINE_LIMIT
 from snerd.core.watch import pick_marks, resume_at
 from snerd.io.files import open_dir, open_file, read_small, replace_file, unlink_file
@@ -47,6 +49,7 @@ __all__ = [
     "read_inboxes",
     "read_log_tail",
     "remove_inbox",
+    "remove_ingested",
 ]
 
 #: The inbox folder inside a shard's folder, and the suffix of an inbox file.
@@ -116,6 +119,25 @@ def remove_inbox(directory: str | os.PathLike[str], shard: int, segment: str) ->
     for path in (inbox_path(directory, shard, segment), _hint_path(directory, shard, segment)):
         with contextlib.suppress(FileNotFoundError):
             unlink_file(path, root=directory)
+
+
+def remove_ingested(
+    directory: str | os.PathLike[str],
+    shard: int,
+    prefix: str,
+    gone: Callable[[str], bool] = lambda _path: True,
+) -> None:
+    """Remove the inbox files of `shard` whose writer id starts with `prefix`, that `gone`
+    says no live writer holds (given the file's path), and that their owner has taken in to
+    their end (`snerd.core.node.model.ingested`). Errors are left for the next look."""
+    with contextlib.suppress(OSError):
+        names = tuple(
+            (shard, name) for name, path, _size in inbox_files(directory, shard)
+            if name.startswith(prefix) and gone(path)
+        )
+        for s, name, read, size in inbox_progress(directory, names):
+            if size is not None and ingested(read, size):
+                remove_inbox(directory, s, name)
 
 
 def inbox_files(directory: str | os.PathLike[str], shard: int) -> list[tuple[str, str, int]]:

@@ -66,13 +66,7 @@ from snerd.core.records import encode_record
 from snerd.core.schema import DROP_ERROR, DROP_OF, SNERD_NODE
 from snerd.core.timefmt import format_rfc3339
 from snerd.io.files import fsync_dir, make_dirs, open_file, write_all
-from snerd.io.inbox import (
-    inbox_files,
-    inbox_path,
-    inbox_progress,
-    log_identity_and_size,
-    remove_inbox,
-)
+from snerd.io.inbox import inbox_path, log_identity_and_size, remove_ingested
 from snerd.queuedir import Queue, QueueError, UsageError, open_queue, probe_lock, wall_now_us
 from snerd.sdk.errors import EnqueueError
 from snerd.sdk.messages import Enqueued, build_enqueue_message, task_spec_message
@@ -382,26 +376,22 @@ class Producer:
 def _sweep(queue: Queue, shard: int) -> None:
     """Remove the inbox files of producers gone (no flock held on the file) that the shard's
     owner has ingested in full."""
-    with contextlib.suppress(OSError):
-        gone = []
-        for name, path, _size in inbox_files(queue.directory, shard):
-            if not name.startswith(PREFIX):
-                continue
-            try:
-                fd = open_file(path, os.O_RDONLY, root=queue.directory)
-            except OSError:
-                continue
-            try:
-                portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
-            except portalocker.exceptions.LockException:
-                continue  # its producer is alive
-            else:
-                gone.append((shard, name))
-            finally:
-                os.close(fd)
-        for s, name, read, size in inbox_progress(queue.directory, tuple(gone)):
-            if size is not None and read is not None and read >= size:
-                remove_inbox(queue.directory, s, name)
+    remove_ingested(queue.directory, shard, PREFIX, lambda path: _unlocked(queue, path))
+
+
+def _unlocked(queue: Queue, path: str) -> bool:
+    """No process holds a flock on the file at `path` (its producer is gone)."""
+    try:
+        fd = open_file(path, os.O_RDONLY, root=queue.directory)
+    except OSError:
+        return False
+    try:
+        portalocker.lock(fd, portalocker.LOCK_EX | portalocker.LOCK_NB)
+    except portalocker.exceptions.LockException:
+        return False  # its producer is alive
+    finally:
+        os.close(fd)
+    return True
 
 
 #: The producers of this process, so a fork's child forgets their files.

@@ -31,6 +31,7 @@ from snerd.core.node.model import (
     InboxSegment,
     ShardInfo,
     inbox_segment_name,
+    ingested,
     new_location,
     new_record,
     require,
@@ -235,7 +236,7 @@ class InboxIngest:
                 continue
             if size is None:
                 del self.segments[(shard, name)]  # gone already
-            elif size == 0 or (read is not None and read >= size):
+            elif size == 0 or ingested(read, size):
                 # All of it is ingested (a failed write's partial line, which the owner never
                 # reads past, keeps a file from ever getting here).
                 del self.segments[(shard, name)]

@@ -60,6 +60,7 @@ __all__ = [
     "Task",
     "TaskState",
     "inbox_segment_name",
+    "ingested",
     "new_ack_enqueued",
     "new_append",
     "new_based_record",
@@ -278,6 +279,13 @@ def inbox_segment_name(writer: str, n: int) -> str:
     """The name of a writer's `n`th inbox segment of a shard (0: the writer's id itself): one
     rule for the daemon's segments and a producer's, so a file is always one writer's."""
     return writer if n == 0 else f"{writer}~{n}"
+
+
+def ingested(read: int | None, size: int) -> bool:
+    """An inbox file of `size` bytes is taken in to its end by its owner: the `.read` hint it
+    wrote (None: none) reaches the size. The one rule by which a writer removes a file: a
+    daemon its closed segments, a tool or a producer the files of writers gone."""
+    return read is not None and read >= size
 
 
 def route_shard(key: str, shards: int) -> int:
