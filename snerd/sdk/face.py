@@ -30,12 +30,9 @@ import inspect
 import json
 import sys
 import threading
-import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import is_not
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, ParamSpec, Self, TypeAlias, TypeVar
@@ -46,7 +43,6 @@ import sniffio
 
 from snerd.core.protocol import (
     DEFAULT_RESULT_MAX_BYTES,
-    ENQUEUE_OPTIONS,
     MAX_BATCH_TASKS,
     unknown_result,
 )
@@ -66,10 +62,10 @@ from snerd.sdk.messages import (
     ReplyKey,
     Scheduled,
     batch_message,
-    build_enqueue_message,
     build_schedule_message,
     build_unschedule_message,
     describe_error,
+    enqueue_call_message,
     enqueued_from_ack,
     scheduled_from_reply,
     task_spec_message,
@@ -663,36 +659,13 @@ class QueueFace(JobControl):
             DaemonExited: the daemon stopped before answering.
             QueueNotRunning: not started, or shutting down.
         """
-        if task_type is None:
-            raise TypeError("enqueue() needs a task_type")
-        if task_id is None:
-            task_id = uuid.uuid4().hex
-        given = (
-            rate_limit_group,
-            max_per_minute,
-            auto_dedupe,
-            urgency_score,
-            execute_at,
-            cron,
-            webhook_url,
-            max_execution_seconds,
-            pool,
-            trigger_after_ids,
-            unique_key,
-            unique_until,
-            backoff,
-            backoff_max_seconds,
+        message = enqueue_call_message(
+            task_id, task_type, data, max_retries, retry_after_hours,
+            (rate_limit_group, max_per_minute, auto_dedupe, urgency_score, execute_at, cron,
+             webhook_url, max_execution_seconds, pool, trigger_after_ids, unique_key,
+             unique_until, backoff, backoff_max_seconds),
         )
-        # (Most enqueues set none of them: no dict to build and walk then. By identity: a value
-        # such as an array may not compare with None.)
-        options = (
-            dict(zip(ENQUEUE_OPTIONS, given, strict=True))
-            if any(map(is_not, given, repeat(None)))
-            else {}
-        )
-        message = build_enqueue_message(
-            task_id, task_type, data, max_retries, retry_after_hours, options
-        )
+        task_id = message["task_id"]
         if not self._accepting:
             raise self._not_running_error()
         if task_id in self._pending:

@@ -35,11 +35,13 @@ import re
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from json.encoder import (  # type: ignore[attr-defined]
     JSONEncoder,
     c_make_encoder,
     encode_basestring_ascii,
 )
+from operator import is_not
 from typing import Any, TypeAlias
 
 import orjson
@@ -77,6 +79,7 @@ __all__ = [
     "control_message",
     "describe_error",
     "details_from_reply",
+    "enqueue_call_message",
     "enqueued_from_ack",
     "json_text",
     "parse_task_data",
@@ -240,6 +243,37 @@ ENQUEUE_ARGS = ("task_id", "task_type", "data", "max_retries", "retry_after_hour
 _ENQUEUE_ARGS = frozenset(ENQUEUE_ARGS)
 
 
+def enqueue_call_message(
+    task_id: str | None,
+    task_type: str | None,
+    data: Any,
+    max_retries: int,
+    retry_after_hours: float,
+    given: tuple[Any, ...],
+) -> dict[str, Any]:
+    """The `enqueue` message of a call of `enqueue` (a face's or a producer's): `given` is
+    its other arguments in `ENQUEUE_OPTIONS` order, those that are None left out; `task_id`
+    made (uuid4 hex) when None.
+
+    Raises:
+        TypeError: no `task_type`.
+        EnqueueError: as `build_enqueue_message`.
+    """
+    if task_type is None:
+        raise TypeError("enqueue() needs a task_type")
+    if task_id is None:
+        task_id = uuid.uuid4().hex
+    # (Most enqueues set none of them: no dict to build and walk then. By identity: a value
+    # such as an array may not compare with None.)
+    options = (
+        dict(zip(ENQUEUE_OPTIONS, given, strict=True))
+        if any(map(is_not, given, repeat(None)))
+        else {}
+    )
+    return build_enqueue_message(task_id, task_type, data, max_retries, retry_after_hours,
+                                 options)
+
+
 def task_spec_message(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The `enqueue` message of one task of `enqueue_many`: `spec` holds `enqueue`'s
     arguments by name (`task_type` required; `task_id` made, uuid4 hex, when absent or None).
@@ -252,16 +286,11 @@ def task_spec_message(spec: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(spec) - _ENQUEUE_ARGS)
     if unknown:
         raise TypeError(f"a task of enqueue_many() has an unexpected argument {unknown[0]!r}")
-    task_type = spec.get("task_type")
-    if task_type is None:
+    if spec.get("task_type") is None:
         raise TypeError("each task of enqueue_many() needs a task_type")
-    task_id = spec.get("task_id")
-    if task_id is None:
-        task_id = uuid.uuid4().hex
-    options = {key: spec[key] for key in ENQUEUE_OPTIONS if spec.get(key) is not None}
-    return build_enqueue_message(
-        task_id, task_type, spec.get("data"), spec.get("max_retries", 3),
-        spec.get("retry_after_hours", 0.0), options,
+    return enqueue_call_message(
+        spec.get("task_id"), spec["task_type"], spec.get("data"), spec.get("max_retries", 3),
+        spec.get("retry_after_hours", 0.0), tuple(spec.get(key) for key in ENQUEUE_OPTIONS),
     )
 
 

@@ -48,7 +48,6 @@ import datetime as dt
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +68,7 @@ from snerd.io.files import fsync_dir, make_dirs, open_file, write_all
 from snerd.io.inbox import inbox_path, log_identity_and_size, remove_ingested
 from snerd.queuedir import Queue, QueueError, UsageError, open_queue, probe_lock, wall_now_us
 from snerd.sdk.errors import EnqueueError
-from snerd.sdk.messages import Enqueued, build_enqueue_message, task_spec_message
+from snerd.sdk.messages import Enqueued, enqueue_call_message, task_spec_message
 
 __all__ = ["PREFIX", "SEGMENT_BYTES", "Producer", "producer"]
 
@@ -165,17 +164,11 @@ class Producer:
                 enqueue waited for its owner), or the write failed.
             UsageError: the producer is closed.
         """
-        if task_type is None:
-            raise TypeError("enqueue() needs a task_type")
-        if task_id is None:
-            task_id = uuid.uuid4().hex
-        given = (rate_limit_group, max_per_minute, auto_dedupe, urgency_score, execute_at, cron,
-                 webhook_url, max_execution_seconds, pool, trigger_after_ids, unique_key,
-                 unique_until, backoff, backoff_max_seconds)
-        options = {k: v for k, v in zip(proto.ENQUEUE_OPTIONS, given, strict=True)
-                   if v is not None}
-        message = build_enqueue_message(
-            task_id, task_type, data, max_retries, retry_after_hours, options
+        message = enqueue_call_message(
+            task_id, task_type, data, max_retries, retry_after_hours,
+            (rate_limit_group, max_per_minute, auto_dedupe, urgency_score, execute_at, cron,
+             webhook_url, max_execution_seconds, pool, trigger_after_ids, unique_key,
+             unique_until, backoff, backoff_max_seconds),
         )
         (outcome,) = self._write([message])
         if isinstance(outcome, EnqueueError):

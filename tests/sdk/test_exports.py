@@ -101,6 +101,7 @@ SDK_PUBLIC = {
         "control_message",
         "describe_error",
         "details_from_reply",
+        "enqueue_call_message",
         "enqueued_from_ack",
         "json_text",
         "parse_task_data",
