@@ -43,9 +43,9 @@ import sniffio
 
 from snerd.core.protocol import (
     DEFAULT_RESULT_MAX_BYTES,
-    MAX_BATCH_TASKS,
     unknown_result,
 )
+from snerd.sdk.bulk import BulkEnqueue
 from snerd.sdk.context import yield_progress
 from snerd.sdk.control import REPLY_ACTIONS, JobControl
 from snerd.sdk.errors import (
@@ -61,17 +61,15 @@ from snerd.sdk.messages import (
     Enqueued,
     ReplyKey,
     Scheduled,
-    batch_message,
     build_schedule_message,
     build_unschedule_message,
     describe_error,
     enqueue_call_message,
     enqueued_from_ack,
     scheduled_from_reply,
-    task_spec_message,
 )
 from snerd.sdk.signals import Signal, Waiter, signal_factory
-from snerd.sdk.tasks import TaskFunction, task_options
+from snerd.sdk.tasks import TaskFactory
 from snerd.sdk.workers import AttemptEnded, DeadLetterHandler, Handler, HandlerWorkers, is_async
 
 __all__ = [
@@ -110,7 +108,7 @@ class _Registry:
     progress: list[ProgressCallback] = field(default_factory=list)
 
 
-class QueueFace(JobControl):
+class QueueFace(JobControl, BulkEnqueue, TaskFactory):
     """Everything the SDK and the engine share; subclasses say how messages go out and what
     runs behind them.
 
@@ -472,57 +470,6 @@ class QueueFace(JobControl):
 
         return register
 
-    def task(
-        self,
-        fn: Callable[_P, _R] | None = None,
-        *,
-        name: str | None = None,
-        retries: int | None = None,
-        retry_after: float | dt.timedelta | None = None,
-        backoff: str | None = None,
-        backoff_max: float | dt.timedelta | None = None,
-        timeout: float | dt.timedelta | None = None,
-        pool: str | None = None,
-        rate: int | None = None,
-        rate_group: str | None = None,
-        dedupe: bool | Callable[..., str] | None = None,
-        urgency: float | None = None,
-        never_retry: tuple[type[BaseException], ...] = (),
-    ) -> Any:
-        """Register a function as a task type with its defaults (`snerd.sdk.tasks`): used as
-        `@q.task` or `@q.task(retries=3, ...)`, it returns a `TaskFunction` whose `enqueue`
-        (async) and `enqueue_sync` (blocking) enqueue a run of it with its arguments.
-
-        Args:
-            name: the task type (default: the function's `module.qualname`).
-            retries: `max_retries` (default 3, `enqueue`'s).
-            retry_after: the wait before a retry, seconds or a timedelta.
-            backoff: `"constant"` or `"exponential"` (doubling from `retry_after`, with
-                jitter); default the daemon's `SNERD_BACKOFF`.
-            backoff_max: where exponential backoff stops growing (default 7 days).
-            timeout: the hard timeout of one attempt (`max_execution_seconds`).
-            pool: the worker pool (`SNERD_POOLS`).
-            rate: most dispatches a minute, counted for the group `rate_group` (default the
-                task's name).
-            dedupe: True: drop an enqueue while a twin with the same arguments counts; a
-                function of the arguments: its value is the `unique_key`.
-            urgency: `urgency_score` (higher runs first).
-            never_retry: exception classes that fail the task for good (no retry).
-        """
-
-        def register(f: Callable[_P, _R]) -> TaskFunction[_P, _R]:
-            task_name = name or f"{f.__module__}.{f.__qualname__}"
-            options, key_of = task_options(
-                retries=retries, retry_after=retry_after, backoff=backoff,
-                backoff_max=backoff_max, timeout=timeout, pool=pool, rate=rate,
-                rate_group=rate_group, dedupe=dedupe, urgency=urgency, name=task_name,
-            )
-            task = TaskFunction(self, f, task_name, options, key_of, tuple(never_retry))
-            self.register_handler(task_name, task.handler())
-            return task
-
-        return register if fn is None else register(fn)
-
     def max_retry_handler(self, task_type: str) -> Callable[[_F], _F]:
         """Decorator form of `register_max_retry_handler`."""
 
@@ -685,62 +632,6 @@ class QueueFace(JobControl):
             raise waiter.error
         result: Enqueued = waiter.value
         return result
-
-    async def enqueue_many(
-        self, tasks: Iterable[Mapping[str, Any]]
-    ) -> list[Enqueued | SnerdError]:
-        """Store many tasks at once: each a mapping of `enqueue`'s arguments by name
-        (`task_type` required; `task_id` made when absent), sent in `enqueue_batch` lines
-        of at most `MAX_BATCH_TASKS` (the daemon writes each line's tasks in one append
-        per shard, one fsync each). Returns once every task is answered.
-
-        Returns:
-            Each task's outcome, in order: an `Enqueued`, or the error that refused it, not
-            raised (a bad task refuses only itself): an `EnqueueError` with the daemon's text,
-            or `DuplicateTaskId` for an id already waiting here.
-
-        Raises:
-            TypeError: a task with an argument `enqueue` does not have, or no `task_type`
-                (nothing is sent).
-            DaemonExited, QueueNotRunning: no daemon to answer.
-        """
-        outcomes: list[Enqueued | SnerdError | None] = []
-        messages: list[tuple[int, dict[str, Any]]] = []
-        for spec in tasks:
-            try:
-                messages.append((len(outcomes), task_spec_message(spec)))
-                outcomes.append(None)
-            except EnqueueError as exc:
-                outcomes.append(exc)
-        if not self._accepting:
-            raise self._not_running_error()
-        waiting: list[tuple[int, str, Waiter]] = []
-        try:
-            for start in range(0, len(messages), MAX_BATCH_TASKS):
-                line = []
-                for i, message in messages[start : start + MAX_BATCH_TASKS]:
-                    task_id = message["task_id"]
-                    if task_id in self._pending:
-                        outcomes[i] = DuplicateTaskId(
-                            f"[Snerd] An enqueue of task '{task_id}' is already waiting for "
-                            "its ack", task_id=task_id)
-                        continue
-                    waiter = Waiter(self._new_signal())
-                    self._pending[task_id] = waiter
-                    waiting.append((i, task_id, waiter))
-                    line.append(message)
-                if line:
-                    self._post(batch_message(line))
-            for i, _task_id, waiter in waiting:
-                await waiter.event.wait()
-                if waiter.error is not None and not isinstance(waiter.error, EnqueueError):
-                    raise waiter.error  # the daemon is gone: no task's answer is known
-                outcomes[i] = waiter.error if waiter.error is not None else waiter.value
-        finally:
-            for _i, task_id, waiter in waiting:
-                if self._pending.get(task_id) is waiter:
-                    del self._pending[task_id]
-        return [o for o in outcomes if o is not None]
 
     async def schedule(
         self,

@@ -43,10 +43,72 @@ from snerd.sdk.messages import ENQUEUE_ARGS, Enqueued
 if TYPE_CHECKING:
     from snerd.sdk.face import QueueFace
 
-__all__ = ["TaskFunction", "TaskHandler", "task_options"]
+__all__ = ["TaskFactory", "TaskFunction", "TaskHandler", "task_options"]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+
+
+class TaskFactory:
+    """`task` of `QueueFace` (a mixin, as `snerd.sdk.control.JobControl` is)."""
+
+    if TYPE_CHECKING:
+
+        def register_handler(
+            self, task_type: str, handler: Callable[[Any], Any], *, isolation: str | None = None
+        ) -> None: ...
+
+    def task(
+        self,
+        fn: Callable[_P, _R] | None = None,
+        *,
+        name: str | None = None,
+        retries: int | None = None,
+        retry_after: float | dt.timedelta | None = None,
+        backoff: str | None = None,
+        backoff_max: float | dt.timedelta | None = None,
+        timeout: float | dt.timedelta | None = None,
+        pool: str | None = None,
+        rate: int | None = None,
+        rate_group: str | None = None,
+        dedupe: bool | Callable[..., str] | None = None,
+        urgency: float | None = None,
+        never_retry: tuple[type[BaseException], ...] = (),
+    ) -> Any:
+        """Register a function as a task type with its defaults (`snerd.sdk.tasks`): used as
+        `@q.task` or `@q.task(retries=3, ...)`, it returns a `TaskFunction` whose `enqueue`
+        (async) and `enqueue_sync` (blocking) enqueue a run of it with its arguments.
+
+        Args:
+            name: the task type (default: the function's `module.qualname`).
+            retries: `max_retries` (default 3, `enqueue`'s).
+            retry_after: the wait before a retry, seconds or a timedelta.
+            backoff: `"constant"` or `"exponential"` (doubling from `retry_after`, with
+                jitter); default the daemon's `SNERD_BACKOFF`.
+            backoff_max: where exponential backoff stops growing (default 7 days).
+            timeout: the hard timeout of one attempt (`max_execution_seconds`).
+            pool: the worker pool (`SNERD_POOLS`).
+            rate: most dispatches a minute, counted for the group `rate_group` (default the
+                task's name).
+            dedupe: True: drop an enqueue while a twin with the same arguments counts; a
+                function of the arguments: its value is the `unique_key`.
+            urgency: `urgency_score` (higher runs first).
+            never_retry: exception classes that fail the task for good (no retry).
+        """
+
+        def register(f: Callable[_P, _R]) -> TaskFunction[_P, _R]:
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            options, key_of = task_options(
+                retries=retries, retry_after=retry_after, backoff=backoff,
+                backoff_max=backoff_max, timeout=timeout, pool=pool, rate=rate,
+                rate_group=rate_group, dedupe=dedupe, urgency=urgency, name=task_name,
+            )
+            task = TaskFunction(self, f, task_name, options, key_of, tuple(never_retry))  # type: ignore[arg-type]
+            self.register_handler(task_name, task.handler())
+            return task
+
+        return register if fn is None else register(fn)
+
 
 
 def task_options(

@@ -53,6 +53,7 @@ SNERD_PUBLIC = [
 
 #: Each `snerd.sdk` module's `__all__`.
 SDK_PUBLIC = {
+    "snerd.sdk.bulk": ["BulkEnqueue"],
     "snerd.sdk.control": ["JobControl", "REPLY_ACTIONS"],
     "snerd.sdk.context": [
         "CURRENT_ATTEMPT",
@@ -127,7 +128,7 @@ SDK_PUBLIC = {
     ],
     "snerd.sdk.producer": ["PREFIX", "Producer", "SEGMENT_BYTES", "producer"],
     "snerd.sdk.signals": ["Signal", "Waiter", "signal_factory"],
-    "snerd.sdk.tasks": ["TaskFunction", "TaskHandler", "task_options"],
+    "snerd.sdk.tasks": ["TaskFactory", "TaskFunction", "TaskHandler", "task_options"],
     "snerd.sdk.workers": [
         "AttemptEnded",
         "DeadLetterHandler",
