@@ -58,7 +58,7 @@ from snerd.commands import LogSpot, owner_mark
 from snerd.config import ConfigError, load_tool_settings, make_node_id
 from snerd.core import enqueue as enqueue_rule
 from snerd.core import protocol as proto
-from snerd.core.node.model import inbox_segment_name, route_shard
+from snerd.core.node.model import INBOX_SEGMENT_BYTES, inbox_segment_name, route_shard
 from snerd.core.node.verdicts import verdict_at
 from snerd.core.ownership import shard_name
 from snerd.core.records import encode_record
@@ -79,8 +79,8 @@ _POLL_S = 0.02
 #: How often membership.json is read again for the shard count.
 _SHARDS_EVERY_S = 1.0
 #: A segment this large is closed; the next append to its shard starts another (the
-#: daemon's `inbox_segment_bytes`).
-SEGMENT_BYTES = 16 * 1024 * 1024
+#: daemon's rule).
+SEGMENT_BYTES = INBOX_SEGMENT_BYTES
 
 
 @dataclass(slots=True)

@@ -37,6 +37,7 @@ __all__ = [
     "ENQUEUING",
     "FENCING",
     "FINISHING",
+    "INBOX_SEGMENT_BYTES",
     "LOADING",
     "LOCKING",
     "NODE_RUNNING",
@@ -75,6 +76,10 @@ __all__ = [
 ]
 
 SECOND = 1_000_000
+
+#: A writer closes an inbox segment once it holds this much, and writes the next to another
+#: (`NodeConfig.inbox_segment_bytes`, a producer's segments alike).
+INBOX_SEGMENT_BYTES = 16 * 1024 * 1024
 
 
 class NodePhase(enum.Enum):
@@ -268,7 +273,7 @@ class NodeConfig:
     unsafe_wrong_result: bool = False
     #: This node's own inbox files: a new segment is started once one holds this much, and
     #: closed segments are removed once their owner has ingested them (checked this often).
-    inbox_segment_bytes: int = 16 * 1024 * 1024
+    inbox_segment_bytes: int = INBOX_SEGMENT_BYTES
     inbox_check_us: int = SECOND
     #: How long a drain waits, at most, for the owners to ingest this node's inboxes so that
     #: it can remove them (a shard nobody owns would hold the drain up to its timeout).
